@@ -1,0 +1,42 @@
+# The two commands a newcomer runs: `make demo` and `make test`.
+# Both install what is missing first, so they work on a fresh machine.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint check bench redis-server clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+# redis-server is needed by the test suite (it starts its own on a free port).
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server could not be installed"; exit 1; }
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP) redis-server
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check sandboxq tests examples bench
+	$(VENV)/bin/ruff format --check sandboxq tests examples bench
+	$(VENV)/bin/mypy
+
+check: lint test
+
+bench: $(STAMP) redis-server
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,57 @@
+"""sandboxq: a job queue for CPU-heavy work whose handlers run in sandboxed child processes.
+
+Names are imported lazily so a producer that only enqueues never loads process machinery.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from sandboxq.errors import (
+    AttemptFailed,
+    BackendError,
+    ConfigError,
+    JobFailed,
+    PoolBroken,
+    ProcessorError,
+    SandboxqError,
+    SerializationError,
+    SoftTimeout,
+)
+from sandboxq.models import Action, JobState, Outcome
+
+if TYPE_CHECKING:
+    from sandboxq.pool.child import current_job
+    from sandboxq.pool.pool import Pool
+
+_LAZY = {
+    "Pool": "sandboxq.pool.pool",
+    "current_job": "sandboxq.pool.child",
+    "Queue": "sandboxq.client",
+    "Job": "sandboxq.client",
+    "SandboxWorker": "sandboxq.worker",
+}
+
+__all__ = [
+    "Action",
+    "AttemptFailed",
+    "BackendError",
+    "ConfigError",
+    "JobFailed",
+    "JobState",
+    "Outcome",
+    "Pool",
+    "PoolBroken",
+    "ProcessorError",
+    "SandboxqError",
+    "SerializationError",
+    "SoftTimeout",
+    "current_job",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'sandboxq' has no attribute {name!r}")

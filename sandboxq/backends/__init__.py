@@ -1,0 +1,38 @@
+"""Backends: where jobs live, chosen by URL and imported lazily.
+
+memory://            in-process (the embedded default; shared by every Queue and worker
+                     of this process that names the same queue)
+redis://host:port/db, rediss://..., unix:///path/to/socket
+                     Redis, for production (see backends/redis/)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sandboxq.backends.base import Backend
+from sandboxq.errors import ConfigError
+from sandboxq.models import check_queue_name
+
+URL_ENV = "SANDBOXQ_URL"
+DEFAULT_URL = "memory://"
+
+
+def resolve_url(url: str | None) -> str:
+    """``url``, else ``$SANDBOXQ_URL``, else ``memory://``."""
+    return url or os.environ.get(URL_ENV) or DEFAULT_URL
+
+
+def open_backend(url: str | None, queue: str, **options: Any) -> Backend:
+    url = resolve_url(url)
+    check_queue_name(queue)
+    if url.startswith("memory://"):
+        from sandboxq.backends.memory import MemoryBackend
+
+        return MemoryBackend.shared(queue, **options)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from sandboxq.backends.redis.backend import RedisBackend
+
+        return RedisBackend(url, queue, **options)
+    raise ConfigError(f"unsupported backend URL {url!r}: use memory:// or redis://host:port/db")

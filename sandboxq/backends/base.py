@@ -1,0 +1,204 @@
+"""The Backend protocol: where jobs live, and the contract every backend keeps.
+
+One backend instance serves one queue. Every method is synchronous and thread-safe: the
+worker calls ``renew`` from its heartbeat thread while its claim loop calls ``claim`` and
+``finish``. The contract suite in ``sandboxq.testing.contract`` runs against every backend.
+
+Job lifecycle (states are ``JobState`` values):
+
+    enqueue ──► waiting ◄──────────────┐ retry (no delay) / requeue / stalled recovery
+       │  delay   ▲ promote (due)      │
+       └──► delayed                    │
+               waiting ── claim ──► active ── finish(complete) ──► completed
+                                       │  ── finish(fail) / too many stalls ──► failed
+                                       │  ── finish(retry, delay) ──► delayed
+                                       └─ cancel ──► cancelled  (also from waiting/delayed)
+
+Ownership (invariant 1): ``claim`` gives each job a fresh lease token and an owner (the
+worker id); ``renew`` and ``finish`` change a job only when the caller passes the owner
+and token of its *current* lease. Anything else is rejected and changes nothing, so a
+worker that lost its lease can neither resurrect the job nor extend another owner's lease.
+Lease expiry is computed with the backend's own clock (Redis ``TIME``), never the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from sandboxq.models import AttemptRecord, JobInfo, JobState
+
+FinishAction = Literal["complete", "retry", "fail", "requeue"]
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    payload: bytes  # encoded [args, kwargs]
+    codec: str = "json"
+    options_json: str = "{}"  # JobOptions.model_dump_json(exclude_defaults=True)
+    job_id: str | None = None  # None: the backend assigns a unique id
+    priority: int = 0  # higher first; FIFO within one priority
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A job leased to the caller. ``attempt`` counts attempts charged so far, this one included."""
+
+    id: str
+    token: str
+    payload: bytes
+    codec: str
+    options_json: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    id: str  # position in the stream, usable as ``since``
+    kind: str  # added, active, progress, completed, failed, retried, stalled, cancelled, ...
+    job_id: str
+    data: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishResult:
+    accepted: bool  # False: the caller no longer owned the job; nothing was changed
+    claimed: list[Claimed]  # the next jobs, when ``claim`` > 0 was asked for
+
+
+class Backend(Protocol):
+    queue: str
+
+    def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
+        """Add ``jobs`` in one round trip; returns ``(job_id, created)`` per job, in order.
+
+        A ``job_id`` that already exists (in any state still retained) is not added again:
+        its id comes back with ``created=False``. New jobs are ``waiting``, or ``delayed``
+        until now + ``delay_s``. Emits ``added``; wakes one idle ``wait_for_jobs`` per job.
+        """
+        ...
+
+    def claim(self, worker_id: str, count: int, lease_s: float) -> list[Claimed]:
+        """Lease up to ``count`` jobs to ``worker_id`` for ``lease_s`` seconds.
+
+        First promotes due delayed jobs to waiting. Takes the highest priority first, FIFO
+        within a priority. Each claimed job becomes ``active`` with a fresh token, owner
+        ``worker_id``, lease expiry = backend now + ``lease_s``, attempts + 1. Emits
+        ``active``. A record too broken to claim is failed on the spot with a stated cause
+        and skipped.
+        """
+        ...
+
+    def renew(self, worker_id: str, leases: Sequence[tuple[str, str]], lease_s: float) -> list[str]:
+        """Extend each ``(job_id, token)`` lease still owned by ``worker_id`` to backend now +
+        ``lease_s``; returns the ids it could *not* renew (lease lost, expired and
+        recovered, cancelled, finished). Uses a connection of its own where the backend has
+        connections, so a busy claim loop cannot delay it."""
+        ...
+
+    def finish(
+        self,
+        worker_id: str,
+        job_id: str,
+        token: str,
+        action: FinishAction,
+        attempt: AttemptRecord,
+        *,
+        result: bytes | None = None,
+        error: str | None = None,
+        retry_delay_s: float = 0.0,
+        claim: int = 0,
+        lease_s: float = 30.0,
+    ) -> FinishResult:
+        """End the current attempt of a job the caller owns, then claim up to ``claim`` more,
+        all in one round trip.
+
+        ``complete``: completed, ``result`` stored. ``fail``: failed with ``error``.
+        ``retry``: delayed until now + ``retry_delay_s`` (waiting when 0). ``requeue``: back
+        to waiting *without* charging the attempt (attempts - 1; graceful shutdown). Every
+        action appends ``attempt`` to the job's history and records its outcome and error.
+        Finished jobs are trimmed by the retention settings. Rejected (``accepted=False``,
+        nothing changed) unless ``(worker_id, token)`` is the job's current lease.
+        """
+        ...
+
+    def record_progress(
+        self, worker_id: str, job_id: str, token: str, fraction: float, message: str | None
+    ) -> bool:
+        """Store the job's latest progress and emit ``progress``; owner-checked like ``renew``
+        (False, nothing changed, when the caller no longer owns the job)."""
+        ...
+
+    def recover_stalled(self) -> list[tuple[str, str]]:
+        """Jobs whose lease expired (backend clock): clear owner and token (late acks and
+        renewals are then rejected), stalls + 1; over the job's ``max_stalls`` → ``failed``
+        with a stated cause, else back to ``waiting``. Returns ``(job_id, new_state)``.
+        Emits ``stalled``."""
+        ...
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a job that has not finished: it becomes ``cancelled`` at once, its lease (if
+        any) is revoked so the owner's renewals and acks are rejected, and the owner's
+        ``watch_cancellations`` callback gets the id within milliseconds. False if the job
+        is unknown or already finished."""
+        ...
+
+    def get(self, job_id: str) -> JobInfo | None:
+        """The job's record and attempt history, or None if unknown (or trimmed). A record
+        that cannot be parsed raises ``BackendError`` naming the job."""
+        ...
+
+    def get_result(self, job_id: str) -> bytes | None:
+        """The encoded result of a completed job."""
+        ...
+
+    def counts(self) -> dict[JobState, int]:
+        """Number of jobs in each state (every state present, zero included)."""
+        ...
+
+    def retry_failed(self, job_id: str) -> bool:
+        """Put a failed or cancelled job back to waiting with its attempts reset."""
+        ...
+
+    def purge(self, state: JobState) -> int:
+        """Delete every job in ``state`` (not ``active``); returns how many."""
+        ...
+
+    def list_jobs(self, state: JobState, limit: int = 100) -> list[str]:
+        """Ids of jobs in ``state``; finished states newest first."""
+        ...
+
+    def wait_for_jobs(self, timeout_s: float) -> None:
+        """Block until a job may be claimable (an enqueue, retry, requeue or recovery since
+        the last call, or a delayed job falling due) or ``timeout_s`` passes. Spurious
+        returns are allowed; missing a wake-up is not. Costs the backend nothing while idle
+        (a blocking command, not a polling loop)."""
+        ...
+
+    def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
+        """Block until the job is finished (returns its state) or the timeout passes (None)."""
+        ...
+
+    def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
+        """Events after ``since`` (None: from the oldest retained); with ``block_s``, waits up
+        to that long for new ones before the iterator ends."""
+        ...
+
+    def watch_cancellations(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(job_id)`` (on a backend thread) whenever a job is cancelled;
+        returns a function that stops watching."""
+        ...
+
+    def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        """Publish (or refresh) a live worker's description; it vanishes after ``ttl_s``."""
+        ...
+
+    def unregister_worker(self, worker_id: str) -> None: ...
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Descriptions of the live workers (each includes its ``worker_id``)."""
+        ...
+
+    def close(self) -> None: ...

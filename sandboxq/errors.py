@@ -1,0 +1,109 @@
+"""The exception tree. Every error sandboxq raises derives from ``SandboxqError``.
+
+    SandboxqError
+    ├── ConfigError            invalid settings or job options (also a ValueError)
+    ├── ProcessorError         "pkg.mod:fn" cannot be imported or is not callable
+    ├── SerializationError     a payload cannot be encoded/decoded, or is too large
+    ├── AttemptFailed          one attempt ended other than ``ok`` (outcome, pid, exitcode,
+    │                          signal, remote traceback)
+    ├── JobFailed              a job ended ``failed`` or ``cancelled`` (its last attempt's cause)
+    ├── PoolBroken             the pool cannot start children at all
+    └── BackendError           the backend is unreachable or answered something unexpected
+
+    SoftTimeout                raised *inside a handler* at the soft deadline; derives from
+                               ``Exception`` (not from SandboxqError) so ``except Exception``
+                               cleanup in user code sees it and ``finally`` blocks run.
+
+Errors keep their fields when pickled: they travel from child to parent over the pipe and
+from worker to producer inside job records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SandboxqError(Exception):
+    """Root of every sandboxq error.
+
+    Subclasses declare their fields in ``_fields``; ``__reduce__`` rebuilds them so an
+    error survives pickling with every field intact (the default Exception pickling keeps
+    only ``args``).
+    """
+
+    _fields: tuple[str, ...] = ()
+
+    def __init__(self, message: str = "", **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        for name in self._fields:
+            setattr(self, name, fields.pop(name, None))
+        if fields:
+            raise TypeError(f"{type(self).__name__} got unknown fields: {sorted(fields)}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, {n: getattr(self, n) for n in self._fields}))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[SandboxqError], message: str, fields: dict[str, Any]) -> SandboxqError:
+    return cls(message, **fields)
+
+
+class ConfigError(SandboxqError, ValueError):
+    """Settings or job options that cannot work together (soft >= hard, unknown names...)."""
+
+
+class ProcessorError(SandboxqError, ImportError):
+    """A processor path that does not resolve to a callable."""
+
+    _fields = ("processor",)
+
+
+class SerializationError(SandboxqError, TypeError):
+    """A value the codec cannot encode or decode, or one over the size limit."""
+
+
+class AttemptFailed(SandboxqError):
+    """One attempt that did not end ``ok``.
+
+    ``outcome`` is the outcome name (``"error"``, ``"hard_timeout"``, ``"crashed"``...).
+    ``exitcode`` / ``signal`` / ``pid`` are set where they apply; ``error_type`` and
+    ``remote_traceback`` describe an exception raised in the child. When the child's
+    exception could be unpickled it is also chained as ``__cause__``.
+    """
+
+    _fields = ("outcome", "pid", "exitcode", "signal", "error_type", "remote_traceback")
+    outcome: str
+    pid: int | None
+    exitcode: int | None
+    signal: int | None
+    error_type: str | None
+    remote_traceback: str | None
+
+
+class JobFailed(SandboxqError):
+    """A job whose final state is ``failed`` or ``cancelled``."""
+
+    _fields = ("job_id", "outcome", "attempts", "error")
+    job_id: str
+    outcome: str | None
+    attempts: int
+    error: str | None
+
+
+class PoolBroken(SandboxqError):
+    """Children die before they are ready, again and again: the pool cannot serve."""
+
+
+class BackendError(SandboxqError):
+    """The backend could not be reached or returned something it should not have."""
+
+
+class SoftTimeout(Exception):
+    """Raised inside a handler when its soft deadline passes: clean up and return or raise.
+
+    If the handler swallows it and keeps running, the child is killed at the hard deadline.
+    """

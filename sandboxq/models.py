@@ -1,0 +1,148 @@
+"""Data that crosses module boundaries: outcomes, job options, job and attempt records.
+
+Units: durations are float seconds named ``*_s``; stored timestamps are int milliseconds
+named ``*_ms`` (the backend's clock). Every model is frozen and rejects unknown fields, so
+a misspelt option is an error instead of a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sandboxq.errors import ConfigError
+
+#: Priorities are packed with a sequence number into one exact float score in Redis.
+MAX_PRIORITY = 1000
+
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
+
+
+def check_queue_name(name: str) -> str:
+    """Queue names become part of Redis keys inside a ``{hash tag}``: keep them plain."""
+    if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
+        raise ConfigError(
+            f"queue name {name!r} is invalid: use 1-200 letters, digits, '_', '-', '.' or ':'"
+        )
+    return name
+
+
+class Outcome(StrEnum):
+    """How one attempt ended."""
+
+    OK = "ok"  # the handler returned
+    ERROR = "error"  # the handler raised (or its result could not be encoded)
+    SOFT_TIMEOUT = "soft_timeout"  # returned or raised after the soft-timeout signal
+    HARD_TIMEOUT = "hard_timeout"  # killed at the hard deadline
+    EXIT = "exit"  # the handler ended the child with an exit code
+    CRASHED = "crashed"  # killed by a signal we did not send (SIGSEGV, OOM killer...)
+    MEMORY_LIMIT = "memory_limit"  # killed for going over max_memory_mb
+    LEASE_LOST = "lease_lost"  # killed because the worker no longer owns the job
+    CANCELLED = "cancelled"  # killed because a user cancelled the job
+    INTERRUPTED = "interrupted"  # stopped by a worker shutdown; requeued, not charged
+
+
+class Action(StrEnum):
+    """What the exit policy does with an outcome."""
+
+    COMPLETE = "complete"
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+class JobState(StrEnum):
+    WAITING = "waiting"
+    DELAYED = "delayed"
+    ACTIVE = "active"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _positive_seconds(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def check_timeouts(soft_timeout_s: float | None, hard_timeout_s: float | None) -> None:
+    """The one cross-check of a timeout pair, shared by job options and settings."""
+    if (
+        soft_timeout_s is not None
+        and hard_timeout_s is not None
+        and soft_timeout_s >= hard_timeout_s
+    ):
+        raise ConfigError(
+            f"soft_timeout_s ({soft_timeout_s}) must be less than hard_timeout_s ({hard_timeout_s})"
+        )
+
+
+class JobOptions(_Frozen):
+    """Per-job options; ``None`` means "use the worker's default"."""
+
+    job_id: str | None = Field(default=None, min_length=1, max_length=512)
+    soft_timeout_s: float | None = None
+    hard_timeout_s: float | None = None
+    retries: int | None = Field(default=None, ge=0, le=1000)
+    backoff_s: float = Field(default=1.0, ge=0, le=7 * 24 * 3600, allow_inf_nan=False)
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    delay_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600, allow_inf_nan=False)
+    max_memory_mb: float | None = None
+    max_stalls: int = Field(default=1, ge=0, le=1000)
+
+    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
+    @classmethod
+    def _positive(cls, value: float | None, info: Any) -> float | None:
+        return _positive_seconds(info.field_name, value)
+
+    @model_validator(mode="after")
+    def _soft_before_hard(self) -> JobOptions:
+        check_timeouts(self.soft_timeout_s, self.hard_timeout_s)
+        return self
+
+
+class AttemptRecord(_Frozen):
+    """One execution of a job: the answer to "why did my job die"."""
+
+    attempt: int
+    outcome: Outcome
+    action: Action | None = None
+    worker_id: str | None = None
+    pid: int | None = None
+    exitcode: int | None = None
+    signal: int | None = None
+    started_ms: int | None = None
+    ended_ms: int | None = None
+    error: str | None = None
+
+
+class JobInfo(_Frozen):
+    """A job as a user sees it (``job.info()``)."""
+
+    id: str
+    queue: str
+    state: JobState
+    codec: str = "json"
+    attempts: int = 0
+    stalls: int = 0
+    options: JobOptions = JobOptions()
+    created_ms: int | None = None
+    finished_ms: int | None = None
+    outcome: Outcome | None = None
+    error: str | None = None
+    history: list[AttemptRecord] = []

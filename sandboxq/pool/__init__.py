@@ -1,0 +1,1 @@
+"""The sandboxed child pool: children, their supervisor, and process-tree kills."""

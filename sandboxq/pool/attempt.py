@@ -1,0 +1,76 @@
+"""One attempt as the parent sees it: what to run (``Task``), how it ended (``AttemptResult``)."""
+
+from __future__ import annotations
+
+import pickle
+import signal as signals
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sandboxq.codec import CodecName
+from sandboxq.errors import AttemptFailed
+from sandboxq.models import Outcome
+from sandboxq.pool.messages import RemoteError
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One attempt to run the processor, with its limits already resolved."""
+
+    payload: bytes  # encoded [args, kwargs]
+    codec: CodecName
+    soft_timeout_s: float | None = None
+    hard_timeout_s: float | None = None
+    max_memory_mb: float | None = None
+    job_id: str | None = None
+    attempt: int = 1
+    on_progress: Callable[[float, str | None], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    token: int
+    outcome: Outcome
+    result: bytes | None = None  # encoded, when the outcome is ok
+    pid: int | None = None
+    exitcode: int | None = None
+    signal: int | None = None
+    started_ms: int | None = None
+    ended_ms: int | None = None
+    runtime_s: float | None = None  # start to outcome, on the monotonic clock
+    error: RemoteError | None = None
+    detail: str | None = None  # why, in words, when there is no remote error
+
+    @property
+    def cause(self) -> str:
+        """One line that answers "why did this attempt end like this"."""
+        if self.error is not None:
+            what = f"{self.error.type_name}: {self.error.message}"
+            if self.outcome is Outcome.ERROR:
+                return what
+            return f"{self.outcome}: {what}"
+        return f"{self.outcome}: {self.detail}" if self.detail else str(self.outcome)
+
+    def to_error(self) -> AttemptFailed:
+        err = AttemptFailed(
+            self.cause,
+            outcome=str(self.outcome),
+            pid=self.pid,
+            exitcode=self.exitcode,
+            signal=self.signal,
+            error_type=self.error.type_name if self.error else None,
+            remote_traceback=self.error.traceback if self.error else None,
+        )
+        if self.error is not None and self.error.pickled is not None:
+            try:
+                err.__cause__ = pickle.loads(self.error.pickled)
+            except Exception:  # the class may exist only in the child
+                pass
+        return err
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signals.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,63 @@
+"""Imported by the fork server (as a preload module) to make it die with the worker.
+
+Why: multiprocess's fork server hands the write end of its "alive" pipe to every child,
+so it only exits once the worker *and* all children are gone. After a SIGKILL of the
+worker a hung child keeps the fork server alive, and the child itself never notices:
+its own ``PR_SET_PDEATHSIG`` watches the fork server, not the worker. Both would run
+forever.
+
+So, inside the fork server:
+
+    worker ──(parent death: SIGTERM)──► fork server: kill every descendant, exit
+                                              │ PR_SET_CHILD_SUBREAPER: orphaned
+                                              │ grandchildren are re-parented here,
+                                              ▼ so "every descendant" is all of them
+                                        children (PR_SET_PDEATHSIG=SIGKILL on the
+                                        fork server, as a second line)
+
+``PR_SET_PDEATHSIG`` fires when the *thread* that started us exits, not only the process;
+the handler therefore checks that the worker process is really gone (our parent pid
+changed) and ignores the signal otherwise. The kernel re-arms it for the new parent thread.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import warnings
+from types import FrameType
+
+from sandboxq.pool import linux
+from sandboxq.pool.kill import descendants, kill_tree
+
+
+def _kill_everything_and_exit() -> None:
+    # Twice: a child may fork while the first sweep runs.
+    for _ in range(2):
+        for proc in descendants(os.getpid()):
+            kill_tree(proc.pid)
+    os._exit(0)
+
+
+def _on_parent_death(signum: int, frame: FrameType | None) -> None:
+    if os.getppid() != _worker_pid:
+        _kill_everything_and_exit()
+
+
+def _install() -> None:
+    global _worker_pid
+    _worker_pid = os.getppid()
+    linux.become_subreaper()
+    signal.signal(signal.SIGTERM, _on_parent_death)
+    # Re-parented orphans are reaped by the fork server's SIGCHLD loop, which warns
+    # about pids it did not fork; for a subreaper that is expected.
+    warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
+    if not linux.die_with_parent(signal.SIGTERM):
+        _kill_everything_and_exit()
+
+
+_worker_pid = -1
+# Only the fork server runs `python -c "from multiprocess.forkserver import main; ..."`.
+if sys.argv[:1] == ["-c"] and "multiprocess.forkserver" in sys.modules:
+    _install()

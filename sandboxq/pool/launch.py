@@ -1,0 +1,39 @@
+"""Starting a child process through multiprocess, without re-running the parent's ``__main__``.
+
+multiprocess sends each new process "preparation data" that makes it re-import the
+parent's main script as ``__mp_main__``. Our children only run a processor named by import
+path, so that import is pure cost (and fails outright when ``__main__`` is stdin or a
+REPL). ``start`` marks the current thread while it launches; the wrapper below drops the
+main-module keys for launches so marked and leaves every other multiprocess user alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from multiprocess import spawn
+
+_MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
+_marked = threading.local()
+_original_preparation_data = spawn.get_preparation_data
+
+
+def _preparation_data(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = _original_preparation_data(name)
+    if getattr(_marked, "active", False):
+        for key in _MAIN_KEYS:
+            data.pop(key, None)
+    return data
+
+
+spawn.get_preparation_data = _preparation_data
+
+
+def start(process: Any) -> None:
+    """``process.start()``, with the child skipping the parent's ``__main__``."""
+    _marked.active = True
+    try:
+        process.start()
+    finally:
+        _marked.active = False

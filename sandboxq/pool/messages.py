@@ -1,0 +1,92 @@
+"""The messages that cross a child's pipe. Each child has its own duplex pipe:
+
+    parent ── Run ──────────────────────────►  child
+    parent ◄── Ready | Progress | Finished | Failed ──  child
+
+``Ready`` is sent once, after the child has imported its processor. A child runs one
+``Run`` at a time and answers it with exactly one ``Finished`` or ``Failed`` (or by dying).
+Every message carries the attempt's ``token`` so the parent can drop a stale message
+instead of crediting it to the wrong attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
+
+from sandboxq.codec import CodecName
+
+
+class _Message:
+    """Pickles as (class, field values): several times faster than the default for slotted
+    dataclasses, which walks ``dataclasses.fields()`` on every message."""
+
+    __slots__ = ()
+    __match_args__: tuple[str, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), _values[type(self)](self))
+
+
+_values: dict[type, Any] = {}
+
+
+def _message(cls: type) -> type:
+    fields: tuple[str, ...] = cls.__match_args__  # type: ignore[attr-defined]
+    get = attrgetter(*fields)
+    _values[cls] = (lambda m: (get(m),)) if len(fields) == 1 else get
+    return cls
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Run(_Message):
+    token: int
+    payload: bytes  # encoded [args, kwargs]
+    codec: CodecName
+    max_result_bytes: int
+    job_id: str | None = None
+    attempt: int = 1
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Ready(_Message):
+    pid: int
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Progress(_Message):
+    token: int
+    fraction: float
+    message: str | None
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Finished(_Message):
+    token: int
+    result: bytes  # encoded with the Run's codec
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class RemoteError(_Message):
+    """An exception raised in the child, described so it always crosses the pipe."""
+
+    type_name: str
+    message: str
+    traceback: str
+    pickled: bytes | None  # the exception itself, when it pickles and unpickles
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Failed(_Message):
+    token: int
+    error: RemoteError
+
+
+ChildMessage = Ready | Progress | Finished | Failed

@@ -1,0 +1,167 @@
+"""The public pool: sandboxed children for one processor, usable without any backend.
+
+    with Pool(processor="pkg.mod:fn", size=4, hard_timeout_s=30) as pool:
+        future = pool.submit(*args, **kwargs)     # concurrent.futures.Future
+        future.result()                           # value, or AttemptFailed(.outcome, ...)
+
+``submit`` is a thin layer over ``execute(task, on_done)``, which the worker uses: it
+takes payloads already encoded (JSON from Redis, passed through without decoding) and
+reports each attempt's ``AttemptResult`` on the supervisor thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from datetime import timedelta
+from typing import Any
+
+import multiprocess
+
+from sandboxq import codec
+from sandboxq.models import Outcome
+from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.supervisor import Supervisor
+from sandboxq.processor import resolve, split_path
+from sandboxq.settings import PoolSettings, StartMethod, build
+
+Seconds = float | timedelta | None
+
+#: Imported by the fork server before it forks anything (see forkserver_hooks).
+_FORKSERVER_PRELOAD = ["sandboxq.pool.forkserver_hooks", "sandboxq.pool.child"]
+
+_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+def _context(start_method: StartMethod, processor: str) -> Any:
+    ctx = multiprocess.get_context(start_method)
+    if start_method == "forkserver":
+        # The preload list is global and only read when the fork server starts; every
+        # pool adds its processor's module so replacements start without re-importing.
+        module = split_path(processor)[0]
+        if module not in _FORKSERVER_PRELOAD:
+            _FORKSERVER_PRELOAD.append(module)
+        ctx.set_forkserver_preload(list(_FORKSERVER_PRELOAD))
+    return ctx
+
+
+class Pool:
+    """Long-lived sandboxed children running ``processor``, one attempt per child at a time.
+
+    Each attempt gets a soft timeout (``SoftTimeout`` raised in the handler), a hard timeout
+    (the child's whole process tree is killed) and an optional memory limit. A failed
+    attempt's future raises ``AttemptFailed`` whose ``.outcome`` names how it ended.
+    Leaving the ``with`` block waits for submitted work, then stops every child.
+    """
+
+    def __init__(
+        self,
+        processor: str,
+        size: int | None = None,
+        *,
+        soft_timeout_s: Seconds = None,
+        hard_timeout_s: Seconds = None,
+        max_memory_mb: float | None = None,
+        max_jobs_per_child: int | None = None,
+        start_method: StartMethod = "forkserver",
+        max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
+        memory_check_interval_s: float = 0.05,
+    ) -> None:
+        self.settings = build(
+            PoolSettings,
+            processor=processor,
+            size=size if size is not None else os.cpu_count() or 1,
+            soft_timeout_s=soft_timeout_s,
+            hard_timeout_s=hard_timeout_s,
+            max_memory_mb=max_memory_mb,
+            max_jobs_per_child=max_jobs_per_child,
+            start_method=start_method,
+            max_result_bytes=max_result_bytes,
+            memory_check_interval_s=memory_check_interval_s,
+        )
+        resolve(processor)  # an unimportable processor fails here, with the import error
+        s = self.settings
+        self._supervisor = Supervisor(
+            _context(s.start_method, processor),
+            processor,
+            s.size,
+            max_jobs_per_child=s.max_jobs_per_child,
+            max_result_bytes=s.max_result_bytes,
+            memory_check_interval_s=s.memory_check_interval_s,
+        )
+        self._supervisor.start()
+        _live_pools.add(self)
+
+    @property
+    def size(self) -> int:
+        return self.settings.size
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the current children."""
+        return self._supervisor.pids
+
+    def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run ``processor(*args, **kwargs)`` in a child; returns a Future of its result."""
+        future: Future[Any] = Future()
+        self.execute(self.make_task(*args, **kwargs), lambda attempt: _settle(future, attempt))
+        return future
+
+    def make_task(self, *args: Any, **kwargs: Any) -> Task:
+        """A task for ``processor(*args, **kwargs)`` with this pool's limits (for ``execute``)."""
+        s = self.settings
+        return Task(
+            codec.encode_call("pickle", args, kwargs),
+            "pickle",
+            soft_timeout_s=s.soft_timeout_s,
+            hard_timeout_s=s.hard_timeout_s,
+            max_memory_mb=s.max_memory_mb,
+        )
+
+    def execute(self, task: Task, on_done: Callable[[AttemptResult], None]) -> int:
+        """Queue one attempt; ``on_done`` is called once, on the supervisor thread.
+
+        Returns the attempt's token, which ``kill`` takes.
+        """
+        return self._supervisor.submit(task, on_done)
+
+    def kill(self, token: int, outcome: Outcome, detail: str) -> None:
+        """End attempt ``token`` now with ``outcome``; kills its child's tree if it runs."""
+        self._supervisor.kill(token, outcome, detail)
+
+    def shutdown(self, wait: bool = True, *, cancel: bool = False) -> None:
+        """Stop the pool. ``cancel`` ends queued and running attempts as ``interrupted``."""
+        self._supervisor.close(cancel=cancel)
+        if wait:
+            self._supervisor.join()
+            self._supervisor.release()
+        _live_pools.discard(self)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown(wait=True, cancel=exc[0] is not None)
+
+
+def _settle(future: Future[Any], attempt: AttemptResult) -> None:
+    if future.cancelled():
+        return
+    if attempt.outcome is Outcome.OK and attempt.result is not None:
+        try:
+            future.set_result(codec.decode("pickle", attempt.result, what="result"))
+        except Exception as exc:
+            future.set_exception(exc)
+    else:
+        future.set_exception(attempt.to_error())
+
+
+@atexit.register
+def _stop_live_pools() -> None:
+    # Runs before multiprocess's own exit hook, which would otherwise wait forever for
+    # children that are blocked reading their pipes.
+    for pool in list(_live_pools):
+        pool.shutdown(wait=True, cancel=True)

@@ -1,0 +1,580 @@
+"""The supervisor: one thread that owns every child and runs each attempt to its end.
+
+    submit / kill / close (any thread)
+        │ commands deque + one byte on the wake pipe
+        ▼
+    select(child pipes, child sentinels, wake pipe; timeout = next deadline)
+        │                    │                     │
+        │ Ready/Progress/    │ a child died:       │ a deadline passed:
+        │ Finished/Failed    │ exit code → outcome │ soft signal, hard tree-kill,
+        ▼                    ▼                     ▼ memory sample
+    on_done(AttemptResult) ── then: dispatch pending tasks to idle children
+
+Nothing polls: the select timeout is the nearest soft/hard deadline or memory sample, so a
+kill lands within a millisecond or two of its deadline. A child runs one attempt at a time
+and a task is only sent to an idle child, so "sent" is "started" and the deadline clock
+starts at dispatch. A kill names an attempt token, and the supervisor is the only thread
+that dispatches, so a kill can never hit the next job a reused child picked up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import select
+import selectors
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from sandboxq.errors import PoolBroken
+from sandboxq.models import Outcome
+from sandboxq.pool import launch
+from sandboxq.pool.attempt import AttemptResult, Task, signal_name
+from sandboxq.pool.channel import Channel
+from sandboxq.pool.child import SIGSOFT, child_main
+from sandboxq.pool.kill import kill_tree, tree_rss
+from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
+
+log = logging.getLogger("sandboxq.pool")
+
+OnDone = Callable[[AttemptResult], None]
+
+#: Children that die before they are ready, in a row, before the pool gives up.
+MAX_START_FAILURES = 3
+#: How long idle children get to exit on their own at shutdown before they are killed.
+EXIT_GRACE_S = 1.0
+#: Queue tasks in a busy child's channel only while attempts average less than this...
+PIPELINE_BELOW_S = 0.005
+#: ...at most this many per child, topped up this many at a time.
+PIPELINE_DEPTH = 8
+PIPELINE_REFILL = 4
+
+
+def _readable(channel: Channel) -> bool:
+    return bool(select.select([channel], [], [], 0)[0])
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _Attempt:
+    """One submitted attempt: pending, then queued in a child, then running (deadlines in
+    ``time.monotonic()``, set when it starts)."""
+
+    __slots__ = (
+        "hard_deadline",
+        "kill_detail",
+        "kill_outcome",
+        "memory_check_at",
+        "on_done",
+        "soft_deadline",
+        "soft_sent",
+        "started",
+        "started_ms",
+        "task",
+        "token",
+        "tree",
+    )
+
+    def __init__(self, token: int, task: Task, on_done: OnDone) -> None:
+        self.token = token
+        self.task = task
+        self.on_done = on_done
+        self.started = 0.0
+        self.started_ms: int | None = None
+        self.soft_deadline: float | None = None
+        self.hard_deadline: float | None = None
+        self.memory_check_at: float | None = None
+        self.soft_sent = False
+        self.kill_outcome: Outcome | None = None
+        self.kill_detail: str | None = None
+        self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
+
+    def start(self, now: float, memory_every: float) -> None:
+        task = self.task
+        self.started = now
+        self.started_ms = _now_ms()
+        self.soft_deadline = now + task.soft_timeout_s if task.soft_timeout_s else None
+        self.hard_deadline = now + task.hard_timeout_s if task.hard_timeout_s else None
+        self.memory_check_at = now + memory_every if task.max_memory_mb else None
+
+    def next_event(self) -> float | None:
+        if self.kill_outcome is not None:
+            return None  # killed; waiting for the sentinel
+        times = [self.hard_deadline, self.memory_check_at]
+        if not self.soft_sent:
+            times.append(self.soft_deadline)
+        return min((t for t in times if t is not None), default=None)
+
+
+class _Child:
+    """A pool process: at most one running attempt, and while jobs are short, up to
+    ``PIPELINE_DEPTH`` more already sent down its channel (queued, not started)."""
+
+    __slots__ = (
+        "conn",
+        "jobs_done",
+        "pid",
+        "process",
+        "queued",
+        "ready",
+        "retiring",
+        "running",
+        "soft_token",
+    )
+
+    def __init__(self, process: Any, conn: Channel, soft_token: Any) -> None:
+        self.process = process
+        self.conn = conn
+        self.soft_token = soft_token  # shared: which attempt the soft signal is meant for
+        self.pid: int = process.pid
+        self.ready = False
+        self.retiring = False
+        self.running: _Attempt | None = None
+        self.queued: deque[_Attempt] = deque()
+        self.jobs_done = 0
+
+    def assigned(self) -> int:
+        return self.jobs_done + (self.running is not None) + len(self.queued)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        ctx: Any,
+        processor: str,
+        size: int,
+        *,
+        max_jobs_per_child: int | None,
+        max_result_bytes: int,
+        memory_check_interval_s: float,
+    ) -> None:
+        self._ctx = ctx
+        self._processor = processor
+        self._size = size
+        self._max_jobs_per_child = max_jobs_per_child
+        self._max_result_bytes = max_result_bytes
+        self._memory_every = memory_check_interval_s
+        self._tokens = itertools.count(1)
+        self._commands: deque[tuple[Any, ...]] = deque()
+        self._pending: deque[_Attempt] = deque()
+        self._children: list[_Child] = []
+        self._idle: list[_Child] = []
+        self._recent_job_s = 1.0  # moving average of attempt durations
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._woken = False
+        self._closing = False
+        self._closed = False
+        self._start_failures = 0
+        self.broken: PoolBroken | None = None
+        self._spawned = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="sandboxq-supervisor", daemon=True)
+
+    # -- any thread -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread; returns once the first children have been started."""
+        self._thread.start()
+        self._spawned.wait()
+
+    def submit(self, task: Task, on_done: OnDone) -> int:
+        if self.broken is not None:
+            raise self.broken
+        if self._closing:
+            raise RuntimeError("cannot submit to a pool that is shutting down")
+        token = next(self._tokens)
+        self._command("run", _Attempt(token, task, on_done))
+        return token
+
+    def kill(self, token: int, outcome: Outcome, detail: str) -> None:
+        """End attempt ``token`` with ``outcome`` (killing its child if it runs)."""
+        self._command("kill", token, outcome, detail)
+
+    def close(self, *, cancel: bool) -> None:
+        """Stop accepting work; ``cancel`` ends queued and running attempts as interrupted."""
+        self._closing = True
+        self._command("close", cancel)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def release(self) -> None:
+        """Close the wake pipe, once the thread has stopped (after ``join``)."""
+        if self._closed and self._wake_r >= 0:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.pid for c in list(self._children)]
+
+    def _command(self, *command: Any) -> None:
+        self._commands.append(command)
+        # One wake byte per batch of commands: the supervisor clears the flag before
+        # draining the deque, so a command appended while it is set is always seen.
+        if not self._woken and not self._closed:
+            self._woken = True
+            try:
+                os.write(self._wake_w, b"\0")
+            except OSError:  # the supervisor has exited and closed the pipe
+                pass
+
+    # -- the supervisor thread ----------------------------------------------------------
+
+    def _main(self) -> None:
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
+        try:
+            try:
+                for _ in range(self._size):
+                    self._spawn()
+            finally:
+                self._spawned.set()
+            while not (
+                self._closing and not self._commands and not self._pending and not self._busy()
+            ):
+                self._dispatch()
+                timeout = self._next_event(time.monotonic())
+                for key, _ in self._selector.select(timeout):
+                    key.data(key.fileobj)
+                self._enforce_deadlines(time.monotonic())
+        except BaseException as exc:
+            log.exception("pool supervisor crashed")
+            self.broken = PoolBroken(f"the pool supervisor crashed: {exc!r}")
+        finally:
+            self._closing = True
+            self._shutdown()
+
+    def _busy(self) -> bool:
+        return any(c.running is not None or c.queued for c in self._children)
+
+    def _next_event(self, now: float) -> float | None:
+        times = [t for c in self._children if c.running and (t := c.running.next_event())]
+        return max(0.0, min(times) - now) if times else None
+
+    def _on_wake(self, _fd: Any) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except (BlockingIOError, OSError):
+            pass
+        self._woken = False
+        while self._commands:
+            kind, *rest = self._commands.popleft()
+            if kind == "run":
+                self._pending.append(rest[0])
+            elif kind == "kill":
+                self._kill_token(*rest)
+            elif kind == "close" and rest[0]:
+                self._cancel_all()
+
+    def _spawn(self) -> None:
+        channel, child_end = Channel.pair()
+        soft_token = self._ctx.RawValue("q", 0)
+        process = self._ctx.Process(
+            target=child_main, args=(child_end, self._processor, soft_token), name="sandboxq-child"
+        )
+        launch.start(process)
+        child_end.close()
+        child = _Child(process, channel, soft_token)
+        self._children.append(child)
+        self._selector.register(channel, selectors.EVENT_READ, lambda _: self._on_messages(child))
+        self._selector.register(
+            process.sentinel, selectors.EVENT_READ, lambda _: self._on_exit(child)
+        )
+
+    # -- dispatch: idle children first; while jobs are short, pipeline one more each -----
+
+    def _dispatch(self) -> None:
+        while self._pending and self._idle:
+            self._send(self._idle.pop(), 1)
+        if self._pending and self._recent_job_s < PIPELINE_BELOW_S:
+            limit = self._max_jobs_per_child
+            for child in self._children:
+                run = child.running
+                if run is None or run.kill_outcome is not None:
+                    continue
+                room = PIPELINE_DEPTH - len(child.queued)
+                if limit is not None:
+                    room = min(room, limit - child.assigned())
+                # Top up in batches: one write carries several tasks.
+                if room >= PIPELINE_REFILL or (room > 0 and len(self._pending) <= room):
+                    self._send(child, room)
+                if not self._pending:
+                    return
+
+    def _send(self, child: _Child, count: int) -> None:
+        """Send up to ``count`` pending tasks to ``child`` in one write.
+
+        The first starts now if the child was idle; the rest queue in its channel. Waking a
+        sleeping child costs the parent tens of microseconds, which dominates short jobs, so
+        while jobs are short (``PIPELINE_BELOW_S``) busy children get tasks queued ahead.
+        For longer jobs that cost is noise, and a task queued behind a long job would wait
+        while another child sits idle, so longer jobs are only sent to idle children.
+        """
+        batch = [self._pending.popleft() for _ in range(min(count, len(self._pending)))]
+        runs = [
+            Run(
+                a.token,
+                a.task.payload,
+                a.task.codec,
+                self._max_result_bytes,
+                a.task.job_id,
+                a.task.attempt,
+            )
+            for a in batch
+        ]
+        try:
+            child.conn.send(*runs)
+        except OSError:  # it just died; its sentinel will tell us how
+            self._pending.extendleft(reversed(batch))
+            return
+        if child.running is None:
+            first = child.running = batch.pop(0)
+            first.start(time.monotonic(), self._memory_every)
+        child.queued.extend(batch)
+
+    # -- messages from children ------------------------------------------------------------
+
+    def _on_messages(self, child: _Child) -> None:
+        try:
+            messages = child.conn.receive_available()
+        except (EOFError, OSError):  # died mid-message or closed; the sentinel follows
+            self._selector.unregister(child.conn)
+            child.conn.close()
+            return
+        for msg in messages:
+            self._on_message(child, msg)
+
+    def _on_message(self, child: _Child, msg: Any) -> None:
+        run = child.running
+        if isinstance(msg, Progress):
+            if run and run.token == msg.token and run.task.on_progress:
+                self._call(run.task.on_progress, msg.fraction, msg.message)
+        elif isinstance(msg, Finished | Failed):
+            if run is None or run.token != msg.token or run.kill_outcome is not None:
+                return  # stale, or being killed: the kill decides the outcome
+            child.running = None
+            if isinstance(msg, Finished):
+                outcome = Outcome.SOFT_TIMEOUT if run.soft_sent else Outcome.OK
+                self._settle(run, outcome, child.pid, result=msg.result)
+            else:
+                outcome = Outcome.SOFT_TIMEOUT if run.soft_sent else Outcome.ERROR
+                self._settle(run, outcome, child.pid, error=msg.error)
+            child.jobs_done += 1
+            self._recent_job_s += (time.monotonic() - run.started - self._recent_job_s) * 0.2
+            self._advance(child)
+        elif isinstance(msg, Ready):
+            child.ready = True
+            self._start_failures = 0
+            self._idle.append(child)
+
+    def _advance(self, child: _Child) -> None:
+        """The running attempt ended and the child lives: start its next, retire it, or idle it."""
+        if child.queued:
+            # The child went straight on to the next task in its channel.
+            nxt = child.running = child.queued.popleft()
+            nxt.start(time.monotonic(), self._memory_every)
+            if nxt.kill_outcome is not None:  # killed while it was queued
+                kill_tree(child.pid)
+            return
+        limit = self._max_jobs_per_child
+        if limit and child.jobs_done >= limit and not self._closing:
+            self._retire(child)
+        else:
+            self._idle.append(child)
+
+    def _drain(self, child: _Child) -> None:
+        """Read what a child already sent: a finished attempt is never mistaken for a hung one."""
+        while not child.conn.closed and _readable(child.conn):
+            self._on_messages(child)
+
+    def _settle(self, attempt: _Attempt, outcome: Outcome, pid: int | None, **fields: Any) -> None:
+        runtime = time.monotonic() - attempt.started if attempt.started_ms else None
+        result = AttemptResult(
+            attempt.token,
+            outcome,
+            pid=pid,
+            started_ms=attempt.started_ms,
+            ended_ms=_now_ms(),
+            runtime_s=runtime,
+            **fields,
+        )
+        self._call(attempt.on_done, result)
+
+    def _retire(self, child: _Child) -> None:
+        """Close the channel (the child exits on EOF) and start its replacement right away."""
+        child.retiring = True
+        self._selector.unregister(child.conn)
+        child.conn.close()
+        self._spawn()
+
+    # -- a child died ----------------------------------------------------------------------
+
+    def _on_exit(self, child: _Child) -> None:
+        if not child.conn.closed:
+            self._drain(child)
+        self._selector.unregister(child.process.sentinel)
+        if not child.conn.closed:
+            self._selector.unregister(child.conn)
+            child.conn.close()
+        child.process.join(EXIT_GRACE_S)
+        exitcode = child.process.exitcode
+        self._children.remove(child)
+        if child in self._idle:
+            self._idle.remove(child)
+        run = child.running
+        kill_tree(child.pid, run.tree if run else ())  # grandchildren it left behind
+        if run is not None:
+            self._settle_death(child, run, exitcode)
+        # Queued attempts never started: back to the front of the line, in order.
+        for attempt in reversed(child.queued):
+            if attempt.kill_outcome is not None:
+                self._settle(attempt, attempt.kill_outcome, None, detail=attempt.kill_detail)
+            else:
+                self._pending.appendleft(attempt)
+        child.queued.clear()
+        child.process.close()
+        if not child.ready and not child.retiring:
+            self._start_failures += 1
+            if self._start_failures >= MAX_START_FAILURES:
+                self._break(
+                    f"children exit before they are ready (last exit code {exitcode}); "
+                    "see the child's stderr"
+                )
+        if not self._closing and not child.retiring and self.broken is None:
+            self._spawn()
+
+    def _settle_death(self, child: _Child, run: _Attempt, exitcode: int | None) -> None:
+        child.running = None
+        signum = -exitcode if exitcode is not None and exitcode < 0 else None
+        code = exitcode if exitcode is not None and exitcode >= 0 else None
+        if run.kill_outcome is not None:
+            outcome, detail = run.kill_outcome, run.kill_detail
+        elif code is not None:
+            outcome, detail = Outcome.EXIT, f"the handler exited with code {code}"
+        else:
+            outcome = Outcome.CRASHED
+            detail = f"the child was killed by {signal_name(signum or 0)}"
+        self._settle(run, outcome, child.pid, exitcode=code, signal=signum, detail=detail)
+
+    def _break(self, why: str) -> None:
+        self.broken = PoolBroken(why)
+        self._closing = True
+        while self._pending:
+            self._settle(self._pending.popleft(), Outcome.CRASHED, None, detail=why)
+
+    # -- deadlines and kills ---------------------------------------------------------------
+
+    def _enforce_deadlines(self, now: float) -> None:
+        for child in list(self._children):
+            run = child.running
+            if run is None or run.kill_outcome is not None:
+                continue
+            if run.hard_deadline is not None and now >= run.hard_deadline:
+                self._drain(child)
+                if child.running is run:
+                    self._kill(
+                        child,
+                        Outcome.HARD_TIMEOUT,
+                        f"killed at the hard deadline of {run.task.hard_timeout_s:g} s",
+                    )
+                continue
+            if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
+                run.soft_sent = True
+                # The child raises SoftTimeout only if it still runs this token, so the
+                # signal can never land in the next task it took from its channel.
+                child.soft_token.value = run.token
+                try:
+                    os.kill(child.pid, SIGSOFT)
+                except ProcessLookupError:
+                    pass
+            if run.memory_check_at is not None and now >= run.memory_check_at:
+                self._check_memory(child, run, now)
+
+    def _check_memory(self, child: _Child, run: _Attempt, now: float) -> None:
+        assert run.task.max_memory_mb is not None
+        rss, tree = tree_rss(child.pid)
+        run.tree = list({p.pid: p for p in (*run.tree, *tree)}.values())
+        limit = run.task.max_memory_mb * 1024 * 1024
+        if rss > limit:
+            self._kill(
+                child,
+                Outcome.MEMORY_LIMIT,
+                f"used {rss / 2**20:.0f} MB, over the limit of {run.task.max_memory_mb:g} MB",
+            )
+        else:
+            run.memory_check_at = now + self._memory_every
+
+    def _kill(self, child: _Child, outcome: Outcome, detail: str) -> None:
+        run = child.running
+        assert run is not None
+        run.kill_outcome, run.kill_detail = outcome, detail
+        kill_tree(child.pid, run.tree)
+
+    def _kill_token(self, token: int, outcome: Outcome, detail: str) -> None:
+        for child in self._children:
+            if child.running is not None and child.running.token == token:
+                self._drain(child)
+            run = child.running
+            if run is not None and run.token == token:
+                if run.kill_outcome is None:
+                    self._kill(child, outcome, detail)
+                return
+            for attempt in child.queued:
+                if attempt.token == token:  # killed when it starts, or settled if the child dies
+                    attempt.kill_outcome, attempt.kill_detail = outcome, detail
+                    return
+        for attempt in self._pending:
+            if attempt.token == token:
+                self._pending.remove(attempt)
+                self._settle(attempt, outcome, None, detail=detail)
+                return
+
+    def _cancel_all(self) -> None:
+        why = "the pool was shut down"
+        while self._pending:
+            self._settle(self._pending.popleft(), Outcome.INTERRUPTED, None, detail=why)
+        for child in self._children:
+            for attempt in child.queued:
+                attempt.kill_outcome, attempt.kill_detail = Outcome.INTERRUPTED, why
+            if child.running is not None and child.running.kill_outcome is None:
+                self._kill(child, Outcome.INTERRUPTED, why)
+
+    def _shutdown(self) -> None:
+        """Close every channel, give idle children a moment to exit, then kill what is left."""
+        self._on_wake(None)  # commands that raced with close: run ones end as interrupted
+        self._cancel_all()
+        for child in self._children:
+            if not child.conn.closed:
+                child.conn.close()
+        deadline = time.monotonic() + EXIT_GRACE_S
+        for child in self._children:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+        for child in self._children:
+            run = child.running
+            kill_tree(child.pid, run.tree if run else ())
+            child.process.join(EXIT_GRACE_S)
+            if run is not None:  # only after a supervisor crash or a cancelling close
+                self._settle_death(child, run, child.process.exitcode)
+            for attempt in child.queued:
+                self._settle(attempt, Outcome.INTERRUPTED, None, detail="the pool stopped")
+            child.process.close()
+        self._children.clear()
+        self._selector.close()
+        self._closed = True
+
+    @staticmethod
+    def _call(fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # a callback's bug must not take the supervisor down
+            log.exception("pool callback %r failed", fn)

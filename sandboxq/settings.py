@@ -1,0 +1,67 @@
+"""Validated settings for the pool and the worker (pydantic, frozen, unknown names rejected).
+
+Errors come out as ``ConfigError`` naming the setting, whichever door they came in by
+(Python keyword, CLI flag, environment variable).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sandboxq.codec import DEFAULT_MAX_BYTES
+from sandboxq.errors import ConfigError
+from sandboxq.models import check_timeouts
+
+StartMethod = Literal["forkserver", "spawn"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def build(model: type[M], **values: Any) -> M:
+    """Validate ``values`` into ``model``, turning pydantic's error into a ConfigError."""
+    values = {k: _seconds(v) for k, v in values.items()}
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or model.__name__}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise ConfigError(f"invalid {model.__name__}: {problems}") from None
+
+
+def _seconds(value: Any) -> Any:
+    """Accept ``timedelta`` wherever a ``*_s`` duration is expected; convert once, here."""
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PoolSettings(_Settings):
+    processor: str = Field(min_length=3)
+    size: int = Field(ge=1, le=1024)
+    soft_timeout_s: float | None = None
+    hard_timeout_s: float | None = None
+    max_memory_mb: float | None = None
+    max_jobs_per_child: int | None = Field(default=None, ge=1)
+    start_method: StartMethod = "forkserver"
+    max_result_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
+    memory_check_interval_s: float = Field(default=0.05, gt=0, le=60)
+
+    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
+    @classmethod
+    def _positive(cls, value: float | None, info: Any) -> float | None:
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise ValueError(f"must be a positive, finite number, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _soft_before_hard(self) -> PoolSettings:
+        check_timeouts(self.soft_timeout_s, self.hard_timeout_s)
+        return self

@@ -1,0 +1,194 @@
+"""A catalogue of misbehaving handlers, for testing timeout, kill and retry handling.
+
+Use them as processors by path, e.g. ``Pool("sandboxq.testing.handlers:sleep_forever")``.
+Each docstring states the outcome it must produce. "soft" means a soft timeout is set
+(``soft_timeout_s``), "hard" a hard timeout.
+
+| handler                   | soft + hard      | hard only      |
+|---------------------------|------------------|----------------|
+| sleep_forever             | soft_timeout     | hard_timeout   |
+| cpu_spin                  | soft_timeout     | hard_timeout   |
+| hold_gil                  | hard_timeout     | hard_timeout   |
+| catastrophic_regex        | soft_timeout     | hard_timeout   |
+| swallow_soft_timeout      | hard_timeout     | hard_timeout   |
+| ignore_signals            | hard_timeout     | hard_timeout   |
+| grandchild_hang           | soft_timeout     | hard_timeout   |
+| setsid_grandchild_hang    | soft_timeout     | hard_timeout   |
+| block_in_syscall          | soft_timeout     | hard_timeout   |
+| os_exit(n) / sys_exit(n)  | exit (code n)    | exit (code n)  |
+| segfault                  | crashed SIGSEGV  | crashed        |
+| abort                     | crashed SIGABRT  | crashed        |
+| grow_memory               | memory_limit (with max_memory_mb)  |
+| raise_unpicklable         | error (type and message still arrive) |
+| return_unserializable     | error (the result cannot be encoded)  |
+| return_huge(mb)           | error over max_result_bytes, else ok  |
+| succeed_after(s, value)   | ok               | ok             |
+
+Handlers that start processes take an optional ``pid_file``: they append each pid they
+start to it, so a test can check that nothing outlived the kill.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from sandboxq.errors import SoftTimeout
+
+_SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
+
+
+def _record(pid_file: str | None, pid: int) -> None:
+    if pid_file:
+        with open(pid_file, "a") as f:
+            f.write(f"{pid}\n")
+
+
+def echo(*args: Any, **kwargs: Any) -> Any:
+    """ok: returns its arguments (``[args, kwargs]``), or the single argument."""
+    if len(args) == 1 and not kwargs:
+        return args[0]
+    return [list(args), kwargs]
+
+
+def succeed_after(seconds: float, value: Any = None) -> Any:
+    """ok after ``seconds``: returns ``value``."""
+    time.sleep(seconds)
+    return value
+
+
+def sleep_forever() -> None:
+    """Sleeps in Python: the soft signal interrupts it (soft_timeout), else hard_timeout."""
+    while True:
+        time.sleep(3600)
+
+
+def cpu_spin() -> None:
+    """A pure-Python CPU loop: signal handlers still run between bytecodes."""
+    n = 0
+    while True:
+        n += 1
+
+
+def hold_gil() -> int:
+    """One long C call that holds the GIL and keeps Python signal handlers from running,
+    so SoftTimeout can never be raised: only the hard kill ends it."""
+    return sum(range(10**13))
+
+
+def catastrophic_regex() -> bool:
+    """Exponential backtracking. The regex engine checks for signals (soft_timeout works)
+    but starves every other thread of this process."""
+    return re.match(r"(a+)+$", "a" * 64 + "b") is not None
+
+
+def swallow_soft_timeout() -> None:
+    """Catches SoftTimeout and keeps going: hard_timeout."""
+    while True:
+        try:
+            time.sleep(3600)
+        except SoftTimeout:
+            continue
+
+
+def ignore_signals() -> None:
+    """Ignores SIGTERM, SIGUSR1 and SIGINT, then hangs: hard_timeout."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        time.sleep(3600)
+
+
+def grandchild_hang(pid_file: str | None = None) -> None:
+    """Starts a grandchild (same process group) and hangs; the kill takes both."""
+    proc = subprocess.Popen(_SLEEPER)
+    _record(pid_file, proc.pid)
+    sleep_forever()
+
+
+def setsid_grandchild_hang(pid_file: str | None = None) -> None:
+    """Starts a grandchild that leaves the process group (setsid) and hangs; the kill
+    still finds it by walking the process tree."""
+    proc = subprocess.Popen(_SLEEPER, start_new_session=True)
+    _record(pid_file, proc.pid)
+    sleep_forever()
+
+
+def block_in_syscall() -> None:
+    """Blocks in read() on a pipe nobody writes to."""
+    r, _w = os.pipe()
+    os.read(r, 1)
+
+
+def os_exit(code: int = 3) -> None:
+    """Ends the child at once with ``code``: outcome exit."""
+    os._exit(code)
+
+
+def sys_exit(code: int = 3) -> None:
+    """Raises SystemExit(code): outcome exit with that code."""
+    sys.exit(code)
+
+
+def segfault() -> None:
+    """Reads address 0: crashed with SIGSEGV."""
+    ctypes.string_at(0)
+
+
+def abort() -> None:
+    """Calls abort(): crashed with SIGABRT."""
+    os.abort()
+
+
+def grow_memory(step_mb: int = 32, pause_s: float = 0.01) -> None:
+    """Allocates ``step_mb`` MB every ``pause_s`` forever: memory_limit."""
+    hoard = []
+    while True:
+        hoard.append(bytearray(step_mb * 1024 * 1024))  # bytearray touches every page
+        time.sleep(pause_s)
+
+
+class _Unpicklable(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()  # locks cannot be pickled
+
+
+def raise_unpicklable() -> None:
+    """Raises an exception that cannot be pickled: error, type and message still arrive."""
+    raise _Unpicklable("this exception holds a lock")
+
+
+def return_unserializable() -> Any:
+    """Returns a value no codec can encode (a lock): error."""
+    return threading.Lock()
+
+
+def return_huge(mb: int = 64) -> bytes | str:
+    """Returns ``mb`` MB: error when over ``max_result_bytes``, else ok."""
+    return "x" * (mb * 1024 * 1024)
+
+
+def progress_steps(steps: int = 4) -> int:
+    """Reports progress ``steps`` times, then returns ``steps``: ok."""
+    from sandboxq.pool.child import current_job
+
+    for i in range(1, steps + 1):
+        current_job().progress(i / steps, f"step {i}")
+    return steps
+
+
+def cleanup_on_soft_timeout(marker_file: str) -> None:
+    """Sleeps; its ``finally`` writes ``marker_file``, proving cleanup ran at the soft timeout."""
+    try:
+        sleep_forever()
+    finally:
+        with open(marker_file, "w") as f:
+            f.write("cleaned up")

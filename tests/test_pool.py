@@ -1,0 +1,280 @@
+"""The sandboxed pool against real misbehaving children: every catalogue handler ends with
+its stated outcome, the kill lands close to its deadline, the pool serves the next job,
+and nothing is left running."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandboxq import AttemptFailed, ConfigError, Pool, ProcessorError, SerializationError
+from sandboxq.models import Outcome
+from sandboxq.pool.attempt import AttemptResult
+
+H = "sandboxq.testing.handlers:"
+SOFT, HARD = 0.3, 0.6
+#: A generous bound for a loaded 2-core CI machine; bench/ measures the real figures.
+KILL_MARGIN_S = 0.25
+
+
+def attempt(pool: Pool, *args: object, **kwargs: object) -> AttemptResult:
+    done: Future[AttemptResult] = Future()
+    pool.execute(pool.make_task(*args, **kwargs), done.set_result)
+    return done.result(timeout=30)
+
+
+def wait_dead(pids: list[int], timeout_s: float = 3.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [
+            p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+        ]
+        time.sleep(0.02)
+    return alive
+
+
+CATALOGUE = [
+    # handler, soft timeout set?, expected outcome
+    ("sleep_forever", True, Outcome.SOFT_TIMEOUT),
+    ("sleep_forever", False, Outcome.HARD_TIMEOUT),
+    ("cpu_spin", True, Outcome.SOFT_TIMEOUT),
+    ("cpu_spin", False, Outcome.HARD_TIMEOUT),
+    ("hold_gil", True, Outcome.HARD_TIMEOUT),
+    ("catastrophic_regex", True, Outcome.SOFT_TIMEOUT),
+    ("swallow_soft_timeout", True, Outcome.HARD_TIMEOUT),
+    ("ignore_signals", True, Outcome.HARD_TIMEOUT),
+    ("block_in_syscall", False, Outcome.HARD_TIMEOUT),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("handler", "soft", "expected"), CATALOGUE)
+def test_hung_handlers_end_with_their_outcome(handler: str, soft: bool, expected: Outcome) -> None:
+    with Pool(
+        H + handler, size=1, soft_timeout_s=SOFT if soft else None, hard_timeout_s=HARD
+    ) as pool:
+        first_pid = pool.pids[0] if pool.pids else None
+        result = attempt(pool)
+        assert result.outcome is expected, result.cause
+        assert result.runtime_s is not None
+        if expected is Outcome.HARD_TIMEOUT:
+            assert HARD <= result.runtime_s < HARD + KILL_MARGIN_S
+            assert result.signal == signal.SIGKILL
+            assert not wait_dead([result.pid or 0])
+        else:
+            assert SOFT <= result.runtime_s < SOFT + KILL_MARGIN_S
+            assert result.error is not None and result.error.type_name.endswith("SoftTimeout")
+        # The pool goes on: the next attempt runs (and ends the same way) in a live child.
+        again = attempt(pool)
+        assert again.outcome is expected
+        if expected is Outcome.HARD_TIMEOUT:
+            assert again.pid != first_pid
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("handler", ["grandchild_hang", "setsid_grandchild_hang"])
+def test_hard_kill_takes_grandchildren(handler: str, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    with Pool(H + handler, size=1, hard_timeout_s=HARD) as pool:
+        result = attempt(pool, str(pid_file))
+        assert result.outcome is Outcome.HARD_TIMEOUT
+        grandchildren = [int(x) for x in pid_file.read_text().split()]
+        assert grandchildren
+        assert not wait_dead(grandchildren), "a grandchild outlived the hard kill"
+
+
+@pytest.mark.timeout(30)
+def test_soft_timeout_lets_cleanup_run(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    with Pool(H + "cleanup_on_soft_timeout", size=1, soft_timeout_s=SOFT, hard_timeout_s=5) as pool:
+        with pytest.raises(AttemptFailed) as info:
+            pool.submit(str(marker)).result(timeout=10)
+    assert info.value.outcome == "soft_timeout"
+    assert marker.read_text() == "cleaned up"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("handler", ["os_exit", "sys_exit"])
+def test_exit_codes_are_reported(handler: str) -> None:
+    with Pool(H + handler, size=1) as pool:
+        with pytest.raises(AttemptFailed) as info:
+            pool.submit(10).result(timeout=10)
+        assert info.value.outcome == "exit"
+        assert info.value.exitcode == 10
+        assert "code 10" in str(info.value)
+        with pytest.raises(AttemptFailed):  # a replacement child is serving
+            pool.submit(11).result(timeout=10)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("handler", "signum"), [("segfault", signal.SIGSEGV), ("abort", signal.SIGABRT)]
+)
+def test_crashes_name_the_signal(handler: str, signum: int) -> None:
+    with Pool(H + handler, size=1) as pool, pytest.raises(AttemptFailed) as info:
+        pool.submit().result(timeout=10)
+    assert info.value.outcome == "crashed"
+    assert info.value.signal == signum
+    assert signal.Signals(signum).name in str(info.value)
+
+
+@pytest.mark.timeout(30)
+def test_memory_limit_kills_the_tree() -> None:
+    with Pool(H + "grow_memory", size=1, max_memory_mb=200, hard_timeout_s=20) as pool:
+        result = attempt(pool)
+    assert result.outcome is Outcome.MEMORY_LIMIT, result.cause
+    assert "over the limit of 200 MB" in result.cause
+
+
+@pytest.mark.timeout(30)
+def test_exception_that_cannot_be_pickled_still_arrives() -> None:
+    with Pool(H + "raise_unpicklable", size=1) as pool, pytest.raises(AttemptFailed) as info:
+        pool.submit().result(timeout=10)
+    err = info.value
+    assert err.outcome == "error"
+    assert err.error_type == "sandboxq.testing.handlers._Unpicklable"
+    assert "holds a lock" in str(err)
+    assert err.remote_traceback and "raise_unpicklable" in err.remote_traceback
+
+
+@pytest.mark.timeout(30)
+def test_handler_exception_is_chained_with_remote_traceback() -> None:
+    with Pool(H + "segfault", size=1) as pool:  # any processor; we call with bad arity
+        with pytest.raises(AttemptFailed) as info:
+            pool.submit("unexpected").result(timeout=10)
+    assert isinstance(info.value.__cause__, TypeError)
+    assert info.value.remote_traceback and "TypeError" in info.value.remote_traceback
+
+
+@pytest.mark.timeout(30)
+def test_unserializable_and_huge_results_fail_one_job() -> None:
+    with Pool(H + "return_unserializable", size=1) as pool:
+        with pytest.raises(AttemptFailed, match="cannot be encoded"):
+            pool.submit().result(timeout=10)
+    with Pool(H + "return_huge", size=1, max_result_bytes=1024 * 1024) as pool:
+        with pytest.raises(AttemptFailed, match="over the limit"):
+            pool.submit(2).result(timeout=10)
+        assert len(pool.submit(0).result(timeout=10)) == 0  # the same child serves on
+
+
+@pytest.mark.timeout(30)
+def test_results_and_progress() -> None:
+    seen: list[tuple[float, str | None]] = []
+    with Pool(H + "progress_steps", size=2) as pool:
+        task = pool.make_task(4)
+        task = type(task)(
+            **{
+                **{f: getattr(task, f) for f in task.__slots__},
+                "on_progress": lambda f, m: seen.append((f, m)),
+            }
+        )
+        done: Future[AttemptResult] = Future()
+        pool.execute(task, done.set_result)
+        result = done.result(timeout=10)
+        assert result.outcome is Outcome.OK and pickle.loads(result.result or b"") == 4
+        assert [f for f, _ in seen] == [0.25, 0.5, 0.75, 1.0]
+        assert [pool.submit(i).result(timeout=10) for i in range(1, 4)] == [1, 2, 3]
+
+
+@pytest.mark.timeout(30)
+def test_many_short_jobs_all_complete_in_order() -> None:
+    with Pool(H + "echo", size=2) as pool:
+        futures = [pool.submit(i) for i in range(3000)]
+        assert [f.result(timeout=30) for f in futures] == list(range(3000))
+
+
+@pytest.mark.timeout(30)
+def test_max_jobs_per_child_recycles_children() -> None:
+    with Pool(H + "echo", size=1, max_jobs_per_child=3) as pool:
+        pids = set()
+        for i in range(7):
+            assert pool.submit(i).result(timeout=10) == i
+            pids.update(pool.pids)
+        # 7 jobs at 3 per child: at least 3 different children served them.
+        assert len(pids) >= 3
+
+
+@pytest.mark.timeout(30)
+def test_kill_by_token_ends_that_attempt_only() -> None:
+    with Pool(H + "succeed_after", size=1) as pool:
+        done: Future[AttemptResult] = Future()
+        token = pool.execute(pool.make_task(30), done.set_result)
+        time.sleep(0.2)
+        pool.kill(token, Outcome.CANCELLED, "cancelled by a test")
+        result = done.result(timeout=5)
+        assert result.outcome is Outcome.CANCELLED and result.pid is not None
+        # A kill for an attempt that already ended must not touch the next one.
+        first: Future[AttemptResult] = Future()
+        token = pool.execute(pool.make_task(0, "first"), first.set_result)
+        assert first.result(timeout=10).outcome is Outcome.OK
+        later = pool.submit(0.3, "second")
+        pool.kill(token, Outcome.CANCELLED, "stale kill")
+        assert later.result(timeout=10) == "second"
+
+
+@pytest.mark.timeout(30)
+def test_kill_of_a_queued_attempt_never_runs_it() -> None:
+    with Pool(H + "succeed_after", size=1) as pool:
+        busy = pool.submit(0.5, "busy")
+        queued: Future[AttemptResult] = Future()
+        token = pool.execute(pool.make_task(0, "queued"), queued.set_result)
+        pool.kill(token, Outcome.CANCELLED, "cancelled while queued")
+        result = queued.result(timeout=5)
+        assert result.outcome is Outcome.CANCELLED and result.pid is None
+        assert busy.result(timeout=5) == "busy"
+
+
+@pytest.mark.timeout(30)
+def test_shutdown_cancel_interrupts_and_leaves_nothing() -> None:
+    pool = Pool(H + "sleep_forever", size=2)
+    futures = [pool.submit() for _ in range(4)]
+    time.sleep(0.3)
+    pids = pool.pids
+    pool.shutdown(cancel=True)
+    for f in futures:
+        with pytest.raises(AttemptFailed) as info:
+            f.result(timeout=5)
+        assert info.value.outcome == "interrupted"
+    assert not wait_dead(pids)
+    with pytest.raises(RuntimeError):
+        pool.submit()
+
+
+def test_bad_processor_fails_at_start_with_the_import_error() -> None:
+    with pytest.raises(ProcessorError, match="No module named 'no_such_module'"):
+        Pool("no_such_module:fn", size=1)
+    with pytest.raises(ProcessorError, match="has no attribute"):
+        Pool(H + "no_such_handler", size=1)
+    with pytest.raises(ProcessorError, match="not of the form"):
+        Pool("sandboxq.testing.handlers", size=1)
+    with pytest.raises(ProcessorError, match="not a callable"):
+        Pool("sandboxq.testing.handlers:_SLEEPER", size=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"soft_timeout_s": 2, "hard_timeout_s": 1}, "must be less than"),
+        ({"hard_timeout_s": -1}, "hard_timeout_s"),
+        ({"hard_timeout_s": float("nan")}, "hard_timeout_s"),
+        ({"size": 0}, "size"),
+        ({"max_jobs_per_child": 0}, "max_jobs_per_child"),
+    ],
+)
+def test_bad_settings_name_the_setting(kwargs: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        Pool(H + "echo", **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_unpicklable_arguments_fail_at_submit() -> None:
+    with Pool(H + "echo", size=1) as pool, pytest.raises(SerializationError):
+        pool.submit(threading.Lock())

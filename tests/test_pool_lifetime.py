@@ -1,0 +1,103 @@
+"""No orphans (invariant 4): when the parent is SIGKILLed, every child and grandchild dies
+within about a second. Each test runs the parent as a separate Python process, so the
+fork server it starts is its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+PARENT = textwrap.dedent(
+    """
+    import os, sys, time
+    from sandboxq import Pool
+    H = "sandboxq.testing.handlers:"
+    pid_file = sys.argv[1]
+    pools = [Pool(H + "grandchild_hang", size=2), Pool(H + "setsid_grandchild_hang", size=1)]
+    for pool in pools:
+        for _ in range(pool.size):
+            pool.submit(pid_file)
+    time.sleep(1.0)
+    with open(pid_file, "a") as f:
+        for pool in pools:
+            f.write("".join(f"{pid}\\n" for pid in pool.pids))
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.mark.timeout(30)
+def test_sigkill_of_the_parent_leaves_nothing_running(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_file)], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().strip() == b"ready"
+        family = [p.pid for p in psutil.Process(parent.pid).children(recursive=True)]
+        recorded = [int(x) for x in pid_file.read_text().split()]
+        # 3 children + 3 grandchildren, one of which left the process group.
+        assert len(recorded) == 6
+        assert set(recorded) <= set(family) | set(recorded)
+        everyone = sorted(set(family) | set(recorded))
+        assert not set(recorded) - set(everyone)
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+    started = time.monotonic()
+    while _alive(everyone) and time.monotonic() - started < 5:
+        time.sleep(0.02)
+    left = _alive(everyone)
+    assert not left, f"still running after the parent's SIGKILL: {left}"
+    # "Within about a second"; generous here for a loaded CI machine, measured in bench/.
+    assert time.monotonic() - started < 2.0
+
+
+THREADS = textwrap.dedent(
+    """
+    import threading
+    from sandboxq import Pool
+    H = "sandboxq.testing.handlers:"
+    first = Pool(H + "echo", size=1)   # its supervisor thread starts the fork server
+    second = Pool(H + "echo", size=1)
+    pids = second.pids
+    first.shutdown()                   # that thread exits: the fork server must not care
+    import time; time.sleep(0.3)
+    assert second.pids == pids, (second.pids, pids)
+    assert second.submit(7).result(timeout=10) == 7
+    second.shutdown()
+    print("ok", flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(30)
+def test_fork_server_outlives_the_thread_that_started_it() -> None:
+    """PR_SET_PDEATHSIG fires when the parent *thread* exits; only the death of the parent
+    process may take the fork server (and every pool's children) down."""
+    out = subprocess.run(
+        [sys.executable, "-c", THREADS], capture_output=True, timeout=25, check=False
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout.strip() == b"ok"
