@@ -101,3 +101,41 @@ def test_fork_server_outlives_the_thread_that_started_it() -> None:
     )
     assert out.returncode == 0, out.stderr.decode()
     assert out.stdout.strip() == b"ok"
+
+
+PRELOAD = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, sys.argv[1])   # the processor module lives outside the cwd
+    from sandboxq import Pool
+    with Pool("marker_module:pid", size=1, hard_timeout_s=0.2) as pool:
+        pids = {pool.submit().result(timeout=10) for _ in range(4)}
+        try:
+            pool.submit(sleep=5).result(timeout=10)   # killed: a replacement child starts
+        except Exception:
+            pass
+        pids.add(pool.submit().result(timeout=10))
+    print(len(pids), flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(30)
+def test_processor_module_is_imported_once_in_the_fork_server(tmp_path: Path) -> None:
+    """Children (replacements included) fork from a server that already imported the
+    processor, so a module that imports numpy does not slow every replacement."""
+    imports = tmp_path / "imports"
+    (tmp_path / "marker_module.py").write_text(
+        "import os, time\n"
+        f"open({str(imports)!r}, 'a').write(f'{{os.getpid()}}\\n')\n"
+        "def pid(sleep=0):\n    time.sleep(sleep)\n    return os.getpid()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", PRELOAD, str(tmp_path)],
+        capture_output=True, timeout=25, check=False, cwd="/",
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    assert int(out.stdout) == 2  # the first child, then its replacement after the kill
+    importers = imports.read_text().split()
+    # Once in the parent (the pool checks the processor at start), once in the fork server.
+    assert len(importers) == 2, importers
