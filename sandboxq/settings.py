@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sandboxq.codec import DEFAULT_MAX_BYTES
 from sandboxq.errors import ConfigError
-from sandboxq.models import check_timeouts
+from sandboxq.models import Action, check_timeouts
 
 StartMethod = Literal["forkserver", "spawn"]
 
@@ -65,3 +65,49 @@ class PoolSettings(_Settings):
     def _soft_before_hard(self) -> PoolSettings:
         check_timeouts(self.soft_timeout_s, self.hard_timeout_s)
         return self
+
+
+class WorkerSettings(_Settings):
+    queue: str = Field(min_length=1)
+    processor: str = Field(min_length=3)
+    url: str | None = None
+    concurrency: int = Field(ge=1, le=1024)
+    lease_s: float = Field(default=30.0, ge=0.3, le=24 * 3600, allow_inf_nan=False)
+    renew_interval_s: float | None = None  # default lease_s / 3
+    stall_check_s: float | None = None  # default min(lease_s / 2, 5)
+    soft_timeout_s: float | None = None
+    hard_timeout_s: float | None = None
+    retries: int = Field(default=0, ge=0, le=1000)
+    max_memory_mb: float | None = None
+    max_jobs_per_child: int | None = Field(default=None, ge=1)
+    exit_codes: dict[int, Action] = Field(default_factory=dict)
+    prefetch: int = Field(default=1, ge=0, le=1000)
+    stop_timeout_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
+    start_method: StartMethod = "forkserver"
+    allow_pickle: bool = False
+
+    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb", "renew_interval_s",
+                     "stall_check_s")
+    @classmethod
+    def _positive(cls, value: float | None, info: Any) -> float | None:
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise ValueError(f"must be a positive, finite number, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerSettings:
+        check_timeouts(self.soft_timeout_s, self.hard_timeout_s)
+        if self.renew_interval_s is not None and self.renew_interval_s > self.lease_s / 3:
+            raise ConfigError(
+                f"renew_interval_s ({self.renew_interval_s}) must be at most lease_s / 3 "
+                f"({self.lease_s / 3:g}) so a lease survives a missed renewal"
+            )
+        return self
+
+    @property
+    def renew_every_s(self) -> float:
+        return self.renew_interval_s or self.lease_s / 3
+
+    @property
+    def stall_every_s(self) -> float:
+        return self.stall_check_s or min(self.lease_s / 2, 5.0)

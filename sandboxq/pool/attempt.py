@@ -25,6 +25,9 @@ class Task:
     job_id: str | None = None
     attempt: int = 1
     on_progress: Callable[[float, str | None], None] | None = None
+    #: ``time.monotonic()`` by which the attempt must end unless ``Pool.extend_fence`` moves
+    #: it: a worker's lease that was not renewed in time (self-fencing, invariant 2).
+    fence_deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,12 +69,14 @@ class _Attempt:
     ``time.monotonic()``, set when it starts)."""
 
     __slots__ = (
+        "fence_deadline",
         "hard_deadline",
         "kill_detail",
         "kill_outcome",
         "memory_check_at",
         "on_done",
         "soft_deadline",
+        "soft_outcome",
         "soft_sent",
         "started",
         "started_ms",
@@ -92,7 +94,9 @@ class _Attempt:
         self.soft_deadline: float | None = None
         self.hard_deadline: float | None = None
         self.memory_check_at: float | None = None
+        self.fence_deadline = task.fence_deadline
         self.soft_sent = False
+        self.soft_outcome = Outcome.SOFT_TIMEOUT  # what ending after the soft signal means
         self.kill_outcome: Outcome | None = None
         self.kill_detail: str | None = None
         self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
@@ -108,7 +112,7 @@ class _Attempt:
     def next_event(self) -> float | None:
         if self.kill_outcome is not None:
             return None  # killed; waiting for the sentinel
-        times = [self.hard_deadline, self.memory_check_at]
+        times = [self.hard_deadline, self.memory_check_at, self.fence_deadline]
         if not self.soft_sent:
             times.append(self.soft_deadline)
         return min((t for t in times if t is not None), default=None)
@@ -199,6 +203,22 @@ class Supervisor:
         """End attempt ``token`` with ``outcome`` (killing its child if it runs)."""
         self._command("kill", token, outcome, detail)
 
+    def extend_fence(self, token: int, deadline: float) -> None:
+        """Move attempt ``token``'s fence deadline (its lease was renewed)."""
+        self._command("fence", token, deadline)
+
+    def soft_stop(self, token: int) -> None:
+        """Send attempt ``token`` its soft-timeout signal now (graceful shutdown)."""
+        self._command("soft", token)
+
+    def release_unstarted(self, outcome: Outcome, detail: str) -> None:
+        """End every attempt no child has been handed yet with ``outcome`` (not run)."""
+        self._command("release", outcome, detail)
+
+    def running_pids(self) -> dict[int, int]:
+        """Attempt token → child pid for what runs now (a snapshot, for status displays)."""
+        return {c.running.token: c.pid for c in list(self._children) if c.running is not None}
+
     def close(self, *, cancel: bool) -> None:
         """Stop accepting work; ``cancel`` ends queued and running attempts as interrupted."""
         self._closing = True
@@ -273,6 +293,14 @@ class Supervisor:
                 self._pending.append(rest[0])
             elif kind == "kill":
                 self._kill_token(*rest)
+            elif kind == "fence":
+                if attempt := self._find(rest[0]):
+                    attempt.fence_deadline = rest[1]
+            elif kind == "soft":
+                self._soft_stop(rest[0])
+            elif kind == "release":
+                while self._pending:
+                    self._settle(self._pending.popleft(), rest[0], None, detail=rest[1])
             elif kind == "close" and rest[0]:
                 self._cancel_all()
 
@@ -320,7 +348,19 @@ class Supervisor:
         For longer jobs that cost is noise, and a task queued behind a long job would wait
         while another child sits idle, so longer jobs are only sent to idle children.
         """
-        batch = [self._pending.popleft() for _ in range(min(count, len(self._pending)))]
+        now = time.monotonic()
+        batch: list[_Attempt] = []
+        while len(batch) < count and self._pending:
+            attempt = self._pending.popleft()
+            if attempt.fence_deadline is not None and now >= attempt.fence_deadline:
+                detail = "the lease expired before the job started"
+                self._settle(attempt, Outcome.LEASE_LOST, None, detail=detail)
+            else:
+                batch.append(attempt)
+        if not batch:
+            if child.running is None:
+                self._idle.append(child)
+            return
         runs = [
             Run(
                 a.token,
@@ -339,7 +379,7 @@ class Supervisor:
             return
         if child.running is None:
             first = child.running = batch.pop(0)
-            first.start(time.monotonic(), self._memory_every)
+            first.start(now, self._memory_every)
         child.queued.extend(batch)
 
     # -- messages from children ------------------------------------------------------------
@@ -364,10 +404,10 @@ class Supervisor:
                 return  # stale, or being killed: the kill decides the outcome
             child.running = None
             if isinstance(msg, Finished):
-                outcome = Outcome.SOFT_TIMEOUT if run.soft_sent else Outcome.OK
+                outcome = run.soft_outcome if run.soft_sent else Outcome.OK
                 self._settle(run, outcome, child.pid, result=msg.result)
             else:
-                outcome = Outcome.SOFT_TIMEOUT if run.soft_sent else Outcome.ERROR
+                outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
                 self._settle(run, outcome, child.pid, error=msg.error)
             child.jobs_done += 1
             self._recent_job_s += (time.monotonic() - run.started - self._recent_job_s) * 0.2
@@ -488,17 +528,43 @@ class Supervisor:
                         f"killed at the hard deadline of {run.task.hard_timeout_s:g} s",
                     )
                 continue
+            if run.fence_deadline is not None and now >= run.fence_deadline:
+                self._kill(child, Outcome.LEASE_LOST, "the lease could not be renewed in time")
+                continue
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
-                run.soft_sent = True
-                # The child raises SoftTimeout only if it still runs this token, so the
-                # signal can never land in the next task it took from its channel.
-                child.soft_token.value = run.token
-                try:
-                    os.kill(child.pid, SIGSOFT)
-                except ProcessLookupError:
-                    pass
+                self._send_soft(child, run)
             if run.memory_check_at is not None and now >= run.memory_check_at:
                 self._check_memory(child, run, now)
+
+    def _send_soft(self, child: _Child, run: _Attempt) -> None:
+        run.soft_sent = True
+        # The child raises SoftTimeout only if it still runs this token, so the signal
+        # can never land in the next task it took from its channel.
+        child.soft_token.value = run.token
+        try:
+            os.kill(child.pid, SIGSOFT)
+        except ProcessLookupError:
+            pass
+
+    def _soft_stop(self, token: int) -> None:
+        for child in self._children:
+            run = child.running
+            if run is not None and run.token == token:
+                run.soft_outcome = Outcome.INTERRUPTED
+                if not run.soft_sent:
+                    self._send_soft(child, run)
+
+    def _find(self, token: int) -> _Attempt | None:
+        for child in self._children:
+            if child.running is not None and child.running.token == token:
+                return child.running
+            for attempt in child.queued:
+                if attempt.token == token:
+                    return attempt
+        for attempt in self._pending:
+            if attempt.token == token:
+                return attempt
+        return None
 
     def _check_memory(self, child: _Child, run: _Attempt, now: float) -> None:
         assert run.task.max_memory_mb is not None

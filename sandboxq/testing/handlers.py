@@ -23,6 +23,7 @@ Each docstring states the outcome it must produce. "soft" means a soft timeout i
 | return_unserializable     | error (the result cannot be encoded)  |
 | return_huge(mb)           | error over max_result_bytes, else ok  |
 | succeed_after(s, value)   | ok               | ok             |
+| spin_gil_for(s)           | ok (holds the GIL in C calls for s seconds) |
 
 Handlers that start processes take an optional ``pid_file``: they append each pid they
 start to it, so a test can check that nothing outlived the kill.
@@ -81,6 +82,19 @@ def hold_gil() -> int:
     """One long C call that holds the GIL and keeps Python signal handlers from running,
     so SoftTimeout can never be raised: only the hard kill ends it."""
     return sum(range(10**13))
+
+
+def spin_gil_for(seconds: float) -> bool:
+    """Holds the GIL inside C calls (``sum(range(n))``) for about ``seconds`` in all,
+    burning a core; signal handlers only run between the calls: ok."""
+    t0 = time.perf_counter()
+    sum(range(2_000_000))
+    per_call = max(time.perf_counter() - t0, 1e-4)
+    n = int(2_000_000 * min(seconds, 2.0) / per_call)  # each call holds the GIL ~2 s at most
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(range(max(1, int(n * min(1.0, (end - time.monotonic()) / min(seconds, 2.0))))))
+    return True
 
 
 def catastrophic_regex() -> bool:

@@ -1,0 +1,3 @@
+from sandboxq.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""The producer API: ``Queue`` (enqueue, counts, events) and ``Job`` (state, result, cancel).
+
+Importing this module loads no process machinery: producers only need a backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from sandboxq import codec as codecs
+from sandboxq.backends import open_backend
+from sandboxq.backends.base import Backend, Event, NewJob
+from sandboxq.errors import JobFailed, SandboxqError
+from sandboxq.models import JobInfo, JobOptions, JobState
+from sandboxq.settings import build
+
+Call = tuple[Sequence[Any], dict[str, Any]]
+
+
+class Job:
+    """A handle on one job; every call asks the backend afresh."""
+
+    def __init__(self, queue: Queue, job_id: str) -> None:
+        self.queue = queue
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.queue.name!r}, {self.id!r})"
+
+    def info(self) -> JobInfo:
+        info = self.queue.backend.get(self.id)
+        if info is None:
+            raise SandboxqError(f"job {self.id!r} of queue {self.queue.name!r} does not exist")
+        return info
+
+    def state(self) -> JobState:
+        return self.info().state
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        """The job's return value once it completes.
+
+        Raises ``JobFailed`` (with ``.outcome``, ``.attempts``, ``.error``) if it failed or
+        was cancelled, and ``TimeoutError`` if it is not finished within ``timeout_s``.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"job {self.id!r} did not finish within {timeout_s} s")
+            state = self.queue.backend.wait_for_finish(self.id, min(left, 3600.0))
+            if state is not None:
+                break
+        info = self.info()
+        if info.state is JobState.COMPLETED:
+            data = self.queue.backend.get_result(self.id)
+            if data is None:
+                return None
+            return codecs.decode(codecs.check_codec(info.codec), data, what="result")
+        raise JobFailed(
+            f"job {self.id!r} {info.state}: {info.error or info.outcome or 'no cause recorded'}",
+            job_id=self.id,
+            outcome=str(info.outcome) if info.outcome else None,
+            attempts=info.attempts,
+            error=info.error,
+        )
+
+    def cancel(self) -> bool:
+        """Cancel the job; a running job's child is killed. False if it had already finished."""
+        return self.queue.backend.cancel(self.id)
+
+
+class Queue:
+    """A named queue on a backend chosen by URL (``None``: ``$SANDBOXQ_URL``, else memory://).
+
+    Payloads are JSON by default; ``codec="pickle"`` is an explicit opt-in for trusted
+    deployments (workers must opt in too).
+    """
+
+    def __init__(
+        self, name: str, url: str | None = None, *, codec: str = "json", **backend_options: Any
+    ) -> None:
+        self.name = name
+        self.codec = codecs.check_codec(codec)
+        self.backend: Backend = open_backend(url, name, **backend_options)
+        self._options = JobOptions()
+
+    def options(self, **options: Any) -> Queue:
+        """A view of this queue whose jobs get ``options`` (see ``JobOptions``)."""
+        view = object.__new__(Queue)
+        view.__dict__.update(self.__dict__)
+        view._options = build(JobOptions, **{**self._options.model_dump(exclude_unset=True), **options})
+        return view
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+        """Enqueue ``processor(*args, **kwargs)``; returns its Job (an existing one when a
+        ``job_id`` option names a job that already exists)."""
+        return self.enqueue_many([(args, kwargs)])[0]
+
+    def enqueue_many(self, calls: Iterable[Call]) -> list[Job]:
+        """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs."""
+        opts = self._options
+        options_json = opts.model_dump_json(exclude_defaults=True)
+        jobs = []
+        for args, kwargs in calls:
+            payload = codecs.encode_call(self.codec, tuple(args), dict(kwargs))
+            jobs.append(NewJob(payload, self.codec, options_json, opts.job_id, opts.priority, opts.delay_s))
+        if opts.job_id is not None and len(jobs) > 1:
+            raise SandboxqError("a job_id option names one job; enqueue_many got several calls")
+        return [Job(self, job_id) for job_id, _created in self.backend.enqueue(jobs)]
+
+    def job(self, job_id: str) -> Job:
+        return Job(self, job_id)
+
+    def counts(self) -> dict[JobState, int]:
+        return self.backend.counts()
+
+    def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
+        return self.backend.events(since, block_s)
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,120 @@
+"""Lease renewal on its own thread (invariants 2 and 5).
+
+    every renew_interval_s:  backend.renew(owned leases)  ── its own connection
+        renewed  ──► pool.extend_fence(token, renew_started + lease_s - margin)
+        rejected ──► on_lost(job): the child is killed (outcome lease_lost), no ack
+
+The heartbeat never kills on a timer of its own: each attempt carries a fence deadline
+in the pool's supervisor, which enforces it like any other deadline. So if Redis hangs,
+this thread may block in ``renew`` for as long as it likes; the fence still falls on
+time and the child dies before the lease can expire on the server.
+
+Handlers run in other processes, so nothing they do (GIL-holding C calls, CPU spin) can
+delay this thread: it competes only with the worker's own threads for the parent's GIL.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sandboxq.backends.base import Backend
+from sandboxq.errors import BackendError
+
+log = logging.getLogger("sandboxq.heartbeat")
+
+
+def fence_margin_s(lease_s: float) -> float:
+    """How long before the lease would expire on the server the child is killed.
+
+    Covers the kill itself (milliseconds) and drift between our monotonic clock and the
+    server's: a tenth of the lease, at most one second.
+    """
+    return min(1.0, lease_s * 0.1)
+
+
+class Lease:
+    """A job this worker owns: its lease token and the pool attempt running it."""
+
+    __slots__ = ("attempt_token", "job_id", "lease_token", "renewed_at")
+
+    def __init__(self, job_id: str, lease_token: str, attempt_token: int, renewed_at: float):
+        self.job_id = job_id
+        self.lease_token = lease_token
+        self.attempt_token = attempt_token
+        self.renewed_at = renewed_at  # monotonic time just before the claim/renew call
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        backend: Backend,
+        worker_id: str,
+        lease_s: float,
+        interval_s: float,
+        leases: Callable[[], list[Lease]],
+        extend_fence: Callable[[int, float], None],
+        on_lost: Callable[[Lease, str], None],
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        self._backend = backend
+        self._worker_id = worker_id
+        self._lease_s = lease_s
+        self._interval_s = interval_s
+        self._leases = leases
+        self._extend_fence = extend_fence
+        self._on_lost = on_lost
+        self._on_tick = on_tick
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sandboxq-heartbeat", daemon=True)
+        #: Longest gap between two successful renewals, for tests and benchmarks.
+        self.max_gap_s = 0.0
+        self.renewals = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop.wait(self._interval_s):
+            if self.renew_now():
+                now = time.monotonic()
+                self.max_gap_s = max(self.max_gap_s, now - last_ok)
+                last_ok = now
+            if self._on_tick is not None:
+                try:
+                    self._on_tick()
+                except Exception:
+                    log.exception("heartbeat tick failed")
+
+    def renew_now(self) -> bool:
+        """Renew every owned lease once; False if the backend could not be reached."""
+        leases = self._leases()
+        if not leases:
+            return True
+        started = time.monotonic()
+        try:
+            lost = set(
+                self._backend.renew(
+                    self._worker_id, [(x.job_id, x.lease_token) for x in leases], self._lease_s
+                )
+            )
+        except BackendError as exc:
+            # No kill here: each attempt's fence deadline falls on its own if this lasts.
+            log.warning("could not renew %d lease(s): %s", len(leases), exc)
+            return False
+        self.renewals += 1
+        fence = started + self._lease_s - fence_margin_s(self._lease_s)
+        for lease in leases:
+            if lease.job_id in lost:
+                self._on_lost(lease, "the lease renewal was rejected")
+            else:
+                lease.renewed_at = started
+                self._extend_fence(lease.attempt_token, fence)
+        return True

@@ -1,0 +1,432 @@
+"""SandboxWorker: claims jobs under leases and runs them in the sandboxed pool.
+
+    fetcher thread ── claim(free slots) ──► start: Task(fence = lease) ──► pool
+         │ nothing to claim: wait_for_jobs (blocking, no polling)        │
+    heartbeat thread ── renew leases ──► pool.extend_fence / kill lost   │ on_done
+    reaper thread ── recover_stalled                                      ▼
+    main thread ◄──────────────── events queue (done, progress, stop) ───┘
+         └── exit policy ──► finish(action, claim = free slots) ──► start the next
+
+The main thread owns every ``finish``: one round trip acks a job and claims the next. The
+fetcher only fills slots the finishes left empty, so an idle worker blocks in Redis and a
+busy one costs one round trip per job. Slots are reserved under a lock before any claim,
+so the two never claim more than ``concurrency + prefetch`` jobs between them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from queue import Empty, SimpleQueue
+import signal
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandboxq.backends import open_backend
+from sandboxq.backends.base import Claimed, FinishAction
+from sandboxq.errors import BackendError
+from sandboxq.heartbeat import Heartbeat, Lease, fence_margin_s
+from sandboxq.models import Action, AttemptRecord, JobOptions, Outcome
+from sandboxq.outcomes import ExitPolicy, backoff_s
+from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.pool import Pool, Seconds
+from sandboxq.processor import resolve
+from sandboxq.reaper import Reaper
+from sandboxq.settings import StartMethod, WorkerSettings, build
+
+log = logging.getLogger("sandboxq.worker")
+
+#: How long an idle fetcher blocks in one wait (it also rechecks "stop" this often).
+IDLE_WAIT_S = 1.0
+
+
+class _Active:
+    """A job this worker owns: the claim, its resolved options, and its lease."""
+
+    __slots__ = ("job", "lease", "options")
+
+    def __init__(self, job: Claimed, options: JobOptions, lease: Lease) -> None:
+        self.job = job
+        self.options = options
+        self.lease = lease
+
+
+class SandboxWorker:
+    """Runs ``processor`` for jobs of ``queue``; ``run()`` blocks until stopped.
+
+    SIGTERM / SIGINT (or ``stop()``) drain: stop claiming, keep renewing, let running jobs
+    finish for up to ``stop_timeout_s``, then soft-signal, then kill; interrupted jobs go
+    back to the queue without being charged an attempt. A second signal stops at once.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        processor: str,
+        url: str | None = None,
+        concurrency: int | None = None,
+        *,
+        lease_s: float = 30.0,
+        soft_timeout_s: Seconds = None,
+        hard_timeout_s: Seconds = None,
+        retries: int = 0,
+        max_memory_mb: float | None = None,
+        max_jobs_per_child: int | None = None,
+        exit_codes: dict[int, str] | None = None,
+        prefetch: int = 1,
+        stop_timeout_s: float = 30.0,
+        renew_interval_s: float | None = None,
+        stall_check_s: float | None = None,
+        start_method: StartMethod = "forkserver",
+        allow_pickle: bool = False,
+        backend_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.settings = s = build(
+            WorkerSettings, queue=queue, processor=processor, url=url,
+            concurrency=concurrency or os.cpu_count() or 1, lease_s=lease_s,
+            soft_timeout_s=soft_timeout_s, hard_timeout_s=hard_timeout_s, retries=retries,
+            max_memory_mb=max_memory_mb, max_jobs_per_child=max_jobs_per_child,
+            exit_codes=exit_codes or {}, prefetch=prefetch, stop_timeout_s=stop_timeout_s,
+            renew_interval_s=renew_interval_s, stall_check_s=stall_check_s,
+            start_method=start_method, allow_pickle=allow_pickle,
+        )
+        resolve(processor)  # an unimportable processor fails here, with its import error
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.backend = open_backend(url, queue, **(backend_options or {}))
+        self.policy = ExitPolicy(exit_codes=s.exit_codes)
+        self.capacity = s.concurrency + s.prefetch
+        self.stats: dict[str, int] = dict.fromkeys(
+            ("completed", "failed", "retried", "requeued", "rejected_acks", "lease_lost",
+             "cancelled", "malformed"), 0)
+        self._events: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
+        self._active: dict[str, _Active] = {}
+        self._slots = threading.Condition()
+        self._reserved = 0
+        self._stopping = threading.Event()
+        self._stop_now = threading.Event()
+        self._pool: Pool | None = None
+        self._started_ms = int(time.time() * 1000)
+
+    # -- public -----------------------------------------------------------------------------
+
+    def run(self, burst: bool = False) -> None:
+        """Work until stopped; with ``burst``, return once no job is waiting or delayed and
+        nothing is in flight."""
+        s = self.settings
+        self._pool = Pool(s.processor, s.concurrency, max_jobs_per_child=s.max_jobs_per_child,
+                          start_method=s.start_method)
+        heartbeat = Heartbeat(self.backend, self.id, s.lease_s, s.renew_every_s, self._leases,
+                              self._pool.extend_fence, self._lease_lost, self._register)
+        reaper = Reaper(self.backend, s.stall_every_s)
+        unwatch = self.backend.watch_cancellations(self._on_cancel)
+        fetcher = threading.Thread(target=self._fetch, args=(burst,), name="sandboxq-fetcher",
+                                   daemon=True)
+        restore = self._install_signal_handlers()
+        self.heartbeat = heartbeat
+        try:
+            self._register()
+            heartbeat.start()
+            reaper.start()
+            fetcher.start()
+            self._main_loop()
+        finally:
+            self.stop()
+            fetcher.join()
+            unwatch()
+            reaper.stop()
+            heartbeat.stop()
+            self._pool.shutdown(cancel=True)
+            self._unregister()
+            restore()
+
+    def stop(self, now: bool = False) -> None:
+        """Drain (or with ``now``, interrupt at once); safe from any thread or signal handler."""
+        if now:
+            self._stop_now.set()
+        self._stopping.set()
+        self._events.put(("stop",))
+        with self._slots:
+            self._slots.notify_all()
+
+    # -- claiming -----------------------------------------------------------------------------
+
+    def _reserve(self, finishing: int = 0) -> int:
+        """Reserve every free slot (``finishing`` jobs about to be acked count as free)."""
+        with self._slots:
+            if self._stopping.is_set():
+                return 0
+            free = max(0, self.capacity - len(self._active) - self._reserved + finishing)
+            self._reserved += free
+            return free
+
+    def _unreserve(self, count: int) -> None:
+        with self._slots:
+            self._reserved -= count
+            self._slots.notify_all()
+
+    def _fetch(self, burst: bool) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            with self._slots:
+                while not self._stopping.is_set() and (
+                    len(self._active) + self._reserved >= self.capacity
+                ):
+                    self._slots.wait()
+            count = self._reserve()
+            if not count:
+                continue
+            started = time.monotonic()
+            try:
+                claimed = self.backend.claim(self.id, count, self.settings.lease_s)
+                failures = 0
+            except BackendError as exc:
+                self._unreserve(count)
+                failures += 1
+                log.warning("claim failed (%s); retrying", exc)
+                self._stopping.wait(min(2.0, 0.05 * 2**failures))
+                continue
+            for job in claimed:
+                self._start(job, started)
+            self._unreserve(count)
+            if not claimed:
+                if burst and self._queue_is_drained():
+                    self._events.put(("drained",))
+                    return
+                try:
+                    self.backend.wait_for_jobs(IDLE_WAIT_S)
+                except BackendError as exc:
+                    log.warning("waiting for jobs failed: %s", exc)
+                    self._stopping.wait(IDLE_WAIT_S)
+
+    def _queue_is_drained(self) -> bool:
+        with self._slots:
+            if self._active:
+                return False
+        counts = self.backend.counts()
+        return not any(counts.get(state, 0) for state in ("waiting", "delayed", "active"))
+
+    def _start(self, job: Claimed, claimed_at: float) -> None:
+        """Hand a claimed job to the pool, or fail it at once if it cannot run."""
+        s = self.settings
+        try:
+            options = JobOptions.model_validate_json(job.options_json)
+        except ValidationError as exc:
+            self._reject(job, f"malformed job options: {exc.errors()[0]['msg']}")
+            return
+        if job.codec == "pickle" and not s.allow_pickle:
+            self._reject(job, "pickle payloads are refused by this worker (allow_pickle=False)")
+            return
+        if job.codec not in ("json", "pickle"):
+            self._reject(job, f"unknown payload codec {job.codec!r}")
+            return
+        fence = claimed_at + s.lease_s - fence_margin_s(s.lease_s)
+        lease = Lease(job.id, job.token, 0, claimed_at)
+        active = _Active(job, options, lease)
+        with self._slots:
+            self._active[job.id] = active
+        soft = options.soft_timeout_s or s.soft_timeout_s
+        hard = options.hard_timeout_s or s.hard_timeout_s
+        if soft is not None and hard is not None and soft >= hard:
+            soft = None  # a job's own hard timeout below the worker's soft one wins
+        task = Task(
+            job.payload, job.codec,  # type: ignore[arg-type]
+            soft_timeout_s=soft, hard_timeout_s=hard,
+            max_memory_mb=options.max_memory_mb or s.max_memory_mb,
+            job_id=job.id, attempt=job.attempt,
+            on_progress=lambda f, m: self._events.put(("progress", job.id, f, m)),
+            fence_deadline=fence,
+        )
+        assert self._pool is not None
+        lease.attempt_token = self._pool.execute(task, lambda r: self._events.put(("done", job.id, r)))
+
+    def _reject(self, job: Claimed, cause: str) -> None:
+        log.error("job %s cannot run: %s", job.id, cause)
+        self.stats["malformed"] += 1
+        record = AttemptRecord(attempt=job.attempt, outcome=Outcome.ERROR, action=Action.FAIL,
+                               worker_id=self.id, error=cause, started_ms=int(time.time() * 1000))
+        self._finish(job, "fail", record, error=cause, held_slot=False)
+
+    # -- the main thread ------------------------------------------------------------------------
+
+    def _main_loop(self) -> None:
+        drain_deadline: float | None = None
+        while True:
+            try:
+                event = self._events.get(timeout=0.1 if self._stopping.is_set() else None)
+            except Empty:
+                event = ("tick",)
+            kind = event[0]
+            if kind == "done":
+                self._on_done(event[1], event[2])
+            elif kind == "progress":
+                self._on_progress(*event[1:])
+            elif kind == "drained":
+                self.stop()
+            if self._stopping.is_set():
+                if drain_deadline is None:
+                    drain_deadline = self._begin_drain()
+                if not self._active:
+                    return
+                self._advance_drain(drain_deadline)
+
+    def _on_done(self, job_id: str, attempt: AttemptResult) -> None:
+        with self._slots:
+            active = self._active.get(job_id)
+        if active is None:
+            return
+        job, opts = active.job, active.options
+        record_kw = dict(attempt=job.attempt, outcome=attempt.outcome, worker_id=self.id,
+                         pid=attempt.pid, exitcode=attempt.exitcode, signal=attempt.signal,
+                         started_ms=attempt.started_ms, ended_ms=attempt.ended_ms)
+        if attempt.outcome in (Outcome.LEASE_LOST, Outcome.CANCELLED):
+            # Not ours to ack any more: the job was cancelled, or another worker may own it.
+            self.stats["lease_lost" if attempt.outcome is Outcome.LEASE_LOST else "cancelled"] += 1
+            log.warning("job %s: %s; not acknowledged", job.id, attempt.cause)
+            self._forget(job.id)
+            return
+        error = None if attempt.outcome is Outcome.OK else attempt.cause
+        action: FinishAction
+        if attempt.outcome is Outcome.INTERRUPTED:
+            action, delay = "requeue", 0.0
+        else:
+            retries = opts.retries if opts.retries is not None else self.settings.retries
+            decided = self.policy.decide(attempt.outcome, attempt.exitcode, job.attempt, retries)
+            action = decided.value  # type: ignore[assignment]
+            delay = backoff_s(opts.backoff_s, job.attempt) if decided is Action.RETRY else 0.0
+        record = AttemptRecord(action=None if action == "requeue" else Action(action), error=error,
+                               **record_kw)
+        result = attempt.result if action == "complete" else None
+        self._finish(job, action, record, result=result, error=error, retry_delay_s=delay)
+
+    def _finish(self, job: Claimed, action: FinishAction, record: AttemptRecord, *,
+                result: bytes | None = None, error: str | None = None,
+                retry_delay_s: float = 0.0, held_slot: bool = True) -> None:
+        """Ack ``job`` and claim into the slot it frees, in one round trip.
+
+        If the backend is unreachable, keep trying while the lease lives (the heartbeat
+        keeps renewing it); after that the job is recovered elsewhere, at least once.
+        """
+        refill = self._reserve(finishing=1 if held_slot else 0)
+        started = time.monotonic()
+        lease_ends = started + self.settings.lease_s
+        delay = 0.05
+        try:
+            while True:
+                try:
+                    done = self.backend.finish(
+                        self.id, job.id, job.token, action, record, result=result, error=error,
+                        retry_delay_s=retry_delay_s, claim=refill, lease_s=self.settings.lease_s)
+                    break
+                except BackendError as exc:
+                    if time.monotonic() + delay > lease_ends or self._stop_now.is_set():
+                        log.error("giving up acking job %s: %s", job.id, exc)
+                        self._forget(job.id)
+                        return
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+            self._forget(job.id)
+            if not done.accepted:
+                self.stats["rejected_acks"] += 1
+                log.warning("job %s: ack rejected, the lease was lost; result discarded", job.id)
+            else:
+                key = {"complete": "completed", "fail": "failed", "retry": "retried",
+                       "requeue": "requeued"}[action]
+                self.stats[key] += 1
+            for claimed in done.claimed:
+                self._start(claimed, started)
+        finally:
+            self._unreserve(refill)
+
+    def _forget(self, job_id: str) -> None:
+        with self._slots:
+            self._active.pop(job_id, None)
+            self._slots.notify_all()
+
+    def _on_progress(self, job_id: str, fraction: float, message: str | None) -> None:
+        with self._slots:
+            active = self._active.get(job_id)
+        if active is not None:
+            try:
+                self.backend.record_progress(self.id, job_id, active.job.token, fraction, message)
+            except BackendError as exc:
+                log.warning("could not record progress of job %s: %s", job_id, exc)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def _begin_drain(self) -> float:
+        assert self._pool is not None
+        self._pool.release_unstarted(Outcome.INTERRUPTED, "the worker is stopping")
+        if self._stop_now.is_set():
+            self._interrupt_all()
+        return time.monotonic() + self.settings.stop_timeout_s
+
+    def _advance_drain(self, deadline: float) -> None:
+        now = time.monotonic()
+        if self._stop_now.is_set():
+            self._interrupt_all()
+        elif now >= deadline:
+            assert self._pool is not None
+            for active in self._snapshot():
+                self._pool.soft_stop(active.lease.attempt_token)
+            if now >= deadline + min(5.0, self.settings.stop_timeout_s / 2 + 0.5):
+                self._interrupt_all()
+
+    def _interrupt_all(self) -> None:
+        assert self._pool is not None
+        for active in self._snapshot():
+            self._pool.kill(active.lease.attempt_token, Outcome.INTERRUPTED, "the worker stopped")
+
+    def _install_signal_handlers(self) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def handler(signum: int, frame: object) -> None:
+            log.warning("received %s: %s", signal.Signals(signum).name,
+                        "stopping now" if self._stopping.is_set() else "draining")
+            self.stop(now=self._stopping.is_set())
+
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return lambda: [signal.signal(sig, h) for sig, h in old.items()]
+
+    # -- heartbeat hooks (heartbeat thread) ---------------------------------------------------
+
+    def _snapshot(self) -> list[_Active]:
+        with self._slots:
+            return list(self._active.values())
+
+    def _leases(self) -> list[Lease]:
+        return [a.lease for a in self._snapshot()]
+
+    def _lease_lost(self, lease: Lease, why: str) -> None:
+        assert self._pool is not None
+        self._pool.kill(lease.attempt_token, Outcome.LEASE_LOST, why)
+
+    def _on_cancel(self, job_id: str) -> None:
+        with self._slots:
+            active = self._active.get(job_id)
+        if active is not None and self._pool is not None:
+            self._pool.kill(active.lease.attempt_token, Outcome.CANCELLED, "cancelled by a user")
+
+    def _register(self) -> None:
+        pids = self._pool.running_pids() if self._pool else {}
+        jobs = [{"id": a.job.id, "attempt": a.job.attempt, "pid": pids.get(a.lease.attempt_token),
+                 "lease_renewed_s_ago": round(time.monotonic() - a.lease.renewed_at, 3)}
+                for a in self._snapshot()]
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "queue": self.settings.queue,
+                "concurrency": self.settings.concurrency, "started_ms": self._started_ms,
+                "lease_s": self.settings.lease_s, "jobs": jobs}
+        try:
+            self.backend.register_worker(self.id, info, ttl_s=self.settings.lease_s)
+        except BackendError as exc:
+            log.warning("could not register worker: %s", exc)
+
+    def _unregister(self) -> None:
+        try:
+            self.backend.unregister_worker(self.id)
+        except BackendError:
+            pass

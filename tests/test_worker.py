@@ -1,0 +1,207 @@
+"""SandboxWorker and the producer API, end to end on both backends (real redis-server)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from sandboxq import ConfigError, JobFailed, ProcessorError, Queue, SerializationError
+from sandboxq.models import JobState, Outcome
+from sandboxq.worker import SandboxWorker
+
+H = "sandboxq.testing.handlers:"
+
+
+@pytest.fixture(params=["memory", "redis"])
+def url(request: pytest.FixtureRequest) -> str:
+    if request.param == "memory":
+        return "memory://"
+    return str(request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture
+def queue(url: str, queue_name: str) -> Iterator[Queue]:
+    q = Queue(queue_name, url=url)
+    yield q
+    q.close()
+
+
+StartWorker = Callable[..., SandboxWorker]
+
+
+@pytest.fixture
+def start_worker(url: str, queue_name: str) -> Iterator[StartWorker]:
+    """Run workers on background threads; always stopped and joined at teardown."""
+    running: list[tuple[SandboxWorker, threading.Thread]] = []
+
+    def start(processor: str, **kwargs: Any) -> SandboxWorker:
+        kwargs.setdefault("concurrency", 2)
+        kwargs.setdefault("lease_s", 5.0)
+        worker = SandboxWorker(queue_name, H + processor, url=url, **kwargs)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        running.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in running:
+        worker.stop(now=True)
+    for worker, thread in running:
+        thread.join(15)
+        assert not thread.is_alive(), "a worker did not stop"
+
+
+@pytest.mark.timeout(30)
+def test_results_and_attempt_history(queue: Queue, start_worker: StartWorker) -> None:
+    start_worker("echo")
+    jobs = [queue.enqueue(i, tag="x") for i in range(20)]
+    assert [j.result(timeout_s=15) for j in jobs] == [[[i], {"tag": "x"}] for i in range(20)]
+    info = jobs[0].info()
+    assert info.state is JobState.COMPLETED and info.attempts == 1
+    (attempt,) = info.history
+    assert attempt.outcome is Outcome.OK and attempt.pid and attempt.worker_id
+    assert attempt.started_ms and attempt.ended_ms and attempt.ended_ms >= attempt.started_ms
+    assert queue.counts()[JobState.COMPLETED] == 20
+
+
+@pytest.mark.timeout(30)
+def test_hard_timeout_retries_then_fails_with_the_cause(queue: Queue, start_worker: StartWorker) -> None:
+    start_worker("sleep_forever", hard_timeout_s=0.3)
+    job = queue.options(retries=2, backoff_s=0.05).enqueue()
+    with pytest.raises(JobFailed) as info:
+        job.result(timeout_s=20)
+    assert info.value.outcome == "hard_timeout"
+    assert info.value.attempts == 3
+    history = job.info().history
+    assert [a.outcome for a in history] == [Outcome.HARD_TIMEOUT] * 3
+    assert [a.action for a in history][-1] == "fail"
+    assert all(a.signal == 9 for a in history)
+
+
+@pytest.mark.timeout(30)
+def test_exit_code_map_and_soft_timeout(queue: Queue, start_worker: StartWorker) -> None:
+    start_worker("sys_exit", exit_codes={10: "complete", 11: "fail"})
+    assert queue.enqueue(10).result(timeout_s=10) is None
+    with pytest.raises(JobFailed) as info:
+        queue.options(retries=3).enqueue(11).result(timeout_s=10)
+    assert info.value.outcome == "exit" and info.value.attempts == 1
+    with pytest.raises(JobFailed, match="exited with code 12"):
+        queue.enqueue(12).result(timeout_s=10)
+
+
+@pytest.mark.timeout(30)
+def test_per_job_options_override_worker_defaults(queue: Queue, start_worker: StartWorker) -> None:
+    start_worker("succeed_after", hard_timeout_s=10)
+    assert queue.enqueue(0.2, "ok").result(timeout_s=10) == "ok"
+    job = queue.options(soft_timeout_s=0.2, hard_timeout_s=1.0).enqueue(5, "late")
+    with pytest.raises(JobFailed) as info:
+        job.result(timeout_s=10)
+    assert info.value.outcome == "soft_timeout"
+
+
+@pytest.mark.timeout(30)
+def test_progress_events_and_priorities(queue: Queue, start_worker: StartWorker) -> None:
+    low = queue.options(priority=-5).enqueue(2)
+    high = queue.options(priority=5).enqueue(2)
+    start_worker("progress_steps", concurrency=1, prefetch=0)
+    assert low.result(timeout_s=10) == 2 and high.result(timeout_s=10) == 2
+    assert high.info().history[0].started_ms <= low.info().history[0].started_ms  # type: ignore[operator]
+    kinds = [(e.kind, e.job_id) for e in queue.events()]
+    assert ("progress", high.id) in kinds
+    assert kinds.index(("completed", high.id)) < kinds.index(("completed", low.id))
+
+
+@pytest.mark.timeout(30)
+def test_cancel_kills_the_running_child(queue: Queue, start_worker: StartWorker) -> None:
+    worker = start_worker("sleep_forever", concurrency=1)
+    job = queue.options(retries=5).enqueue()
+    deadline = time.monotonic() + 10
+    while job.state() is not JobState.ACTIVE and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    assert job.cancel()
+    while worker.stats["cancelled"] == 0 and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert worker.stats["cancelled"] == 1, "the child was not killed"
+    assert time.monotonic() - t0 < 1.0
+    assert job.state() is JobState.CANCELLED
+    with pytest.raises(JobFailed):
+        job.result(timeout_s=1)
+    assert queue.enqueue().cancel()  # a waiting job, taken by the worker or not
+    assert not job.cancel()  # already finished
+
+
+@pytest.mark.timeout(30)
+def test_unique_job_ids_and_delay(queue: Queue, start_worker: StartWorker) -> None:
+    a = queue.options(job_id="same").enqueue(1)
+    b = queue.options(job_id="same").enqueue(2)
+    assert a.id == b.id == "same"
+    delayed = queue.options(delay_s=0.5).enqueue(3)
+    assert delayed.state() is JobState.DELAYED
+    t0 = time.monotonic()
+    start_worker("echo")
+    assert a.result(timeout_s=10) == 1
+    assert delayed.result(timeout_s=10) == 3
+    assert time.monotonic() - t0 >= 0.4
+
+
+@pytest.mark.timeout(30)
+def test_burst_returns_when_the_queue_is_drained(url: str, queue: Queue, queue_name: str) -> None:
+    jobs = queue.enqueue_many([((i,), {}) for i in range(50)])
+    worker = SandboxWorker(queue_name, H + "echo", url=url, concurrency=2, lease_s=5)
+    worker.run(burst=True)
+    assert worker.stats["completed"] == 50
+    assert [j.result(timeout_s=1) for j in jobs] == list(range(50))
+
+
+@pytest.mark.timeout(30)
+def test_pickle_payloads_need_an_explicit_opt_in(url: str, queue_name: str) -> None:
+    producer = Queue(queue_name, url=url, codec="pickle")
+    job = producer.enqueue({1, 2})  # a set: JSON cannot carry it
+    SandboxWorker(queue_name, H + "echo", url=url, concurrency=1, lease_s=5).run(burst=True)
+    with pytest.raises(JobFailed, match="allow_pickle"):
+        job.result(timeout_s=5)
+    again = producer.enqueue({3})
+    SandboxWorker(queue_name, H + "echo", url=url, concurrency=1, lease_s=5,
+                  allow_pickle=True).run(burst=True)
+    assert again.result(timeout_s=5) == {3}
+    producer.close()
+
+
+def test_bad_input_fails_early_with_a_clear_error(url: str, queue: Queue, queue_name: str) -> None:
+    with pytest.raises(SerializationError, match="cannot be encoded as json"):
+        queue.enqueue({1, 2})
+    with pytest.raises(ConfigError, match="soft_timeout_s"):
+        queue.options(soft_timeout_s=5, hard_timeout_s=1)
+    with pytest.raises(ConfigError, match="unknown_option"):
+        queue.options(unknown_option=1)
+    with pytest.raises(ProcessorError, match="No module named"):
+        SandboxWorker(queue_name, "nope.nope:fn", url=url)
+    with pytest.raises(ConfigError, match="queue name"):
+        Queue("bad{name}", url=url)
+
+
+@pytest.mark.timeout(30)
+def test_graceful_stop_requeues_interrupted_jobs_without_charge(
+    url: str, queue: Queue, queue_name: str
+) -> None:
+    worker = SandboxWorker(queue_name, H + "sleep_forever", url=url, concurrency=1, lease_s=5,
+                           stop_timeout_s=0.3)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    job = queue.enqueue()
+    deadline = time.monotonic() + 10
+    while job.state() is not JobState.ACTIVE and time.monotonic() < deadline:
+        time.sleep(0.02)
+    worker.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    info = job.info()
+    assert info.state is JobState.WAITING
+    assert info.attempts == 0  # the interrupted attempt was not charged
+    assert worker.stats["requeued"] == 1
