@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import select
 import selectors
 import threading
 import time
@@ -30,20 +29,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import psutil
-
 from sandboxq.errors import PoolBroken
 from sandboxq.models import Outcome
 from sandboxq.pool import launch
 from sandboxq.pool.attempt import AttemptResult, Task, signal_name
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import SIGSOFT, child_main
-from sandboxq.pool.kill import kill_tree, tree_rss
+from sandboxq.pool.child import child_main
+from sandboxq.pool.children import Attempt, Child, OnDone, now_ms, readable
+from sandboxq.pool.kill import kill_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
 
 log = logging.getLogger("sandboxq.pool")
 
-OnDone = Callable[[AttemptResult], None]
 
 #: Children that die before they are ready, in a row, before the pool gives up.
 MAX_START_FAILURES = 3
@@ -54,99 +51,6 @@ PIPELINE_BELOW_S = 0.005
 #: ...at most this many per child, topped up this many at a time.
 PIPELINE_DEPTH = 8
 PIPELINE_REFILL = 4
-
-
-def _readable(channel: Channel) -> bool:
-    return bool(select.select([channel], [], [], 0)[0])
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class _Attempt:
-    """One submitted attempt: pending, then queued in a child, then running (deadlines in
-    ``time.monotonic()``, set when it starts)."""
-
-    __slots__ = (
-        "fence_deadline",
-        "hard_deadline",
-        "kill_detail",
-        "kill_outcome",
-        "memory_check_at",
-        "on_done",
-        "soft_deadline",
-        "soft_outcome",
-        "soft_sent",
-        "started",
-        "started_ms",
-        "task",
-        "token",
-        "tree",
-    )
-
-    def __init__(self, token: int, task: Task, on_done: OnDone) -> None:
-        self.token = token
-        self.task = task
-        self.on_done = on_done
-        self.started = 0.0
-        self.started_ms: int | None = None
-        self.soft_deadline: float | None = None
-        self.hard_deadline: float | None = None
-        self.memory_check_at: float | None = None
-        self.fence_deadline = task.fence_deadline
-        self.soft_sent = False
-        self.soft_outcome = Outcome.SOFT_TIMEOUT  # what ending after the soft signal means
-        self.kill_outcome: Outcome | None = None
-        self.kill_detail: str | None = None
-        self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
-
-    def start(self, now: float, memory_every: float) -> None:
-        task = self.task
-        self.started = now
-        self.started_ms = _now_ms()
-        self.soft_deadline = now + task.soft_timeout_s if task.soft_timeout_s else None
-        self.hard_deadline = now + task.hard_timeout_s if task.hard_timeout_s else None
-        self.memory_check_at = now + memory_every if task.max_memory_mb else None
-
-    def next_event(self) -> float | None:
-        if self.kill_outcome is not None:
-            return None  # killed; waiting for the sentinel
-        times = [self.hard_deadline, self.memory_check_at, self.fence_deadline]
-        if not self.soft_sent:
-            times.append(self.soft_deadline)
-        return min((t for t in times if t is not None), default=None)
-
-
-class _Child:
-    """A pool process: at most one running attempt, and while jobs are short, up to
-    ``PIPELINE_DEPTH`` more already sent down its channel (queued, not started)."""
-
-    __slots__ = (
-        "conn",
-        "jobs_done",
-        "pid",
-        "process",
-        "queued",
-        "ready",
-        "retiring",
-        "running",
-        "soft_token",
-    )
-
-    def __init__(self, process: Any, conn: Channel, soft_token: Any) -> None:
-        self.process = process
-        self.conn = conn
-        self.soft_token = soft_token  # shared: which attempt the soft signal is meant for
-        self.pid: int = process.pid
-        self.ready = False
-        self.retiring = False
-        self.running: _Attempt | None = None
-        self.queued: deque[_Attempt] = deque()
-        self.jobs_done = 0
-
-    def assigned(self) -> int:
-        return self.jobs_done + (self.running is not None) + len(self.queued)
 
 
 class Supervisor:
@@ -168,9 +72,9 @@ class Supervisor:
         self._memory_every = memory_check_interval_s
         self._tokens = itertools.count(1)
         self._commands: deque[tuple[Any, ...]] = deque()
-        self._pending: deque[_Attempt] = deque()
-        self._children: list[_Child] = []
-        self._idle: list[_Child] = []
+        self._pending: deque[Attempt] = deque()
+        self._children: list[Child] = []
+        self._idle: list[Child] = []
         self._recent_job_s = 1.0  # moving average of attempt durations
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -196,7 +100,7 @@ class Supervisor:
         if self._closing:
             raise RuntimeError("cannot submit to a pool that is shutting down")
         token = next(self._tokens)
-        self._command("run", _Attempt(token, task, on_done))
+        self._command("run", Attempt(token, task, on_done))
         return token
 
     def kill(self, token: int, outcome: Outcome, detail: str) -> None:
@@ -312,7 +216,7 @@ class Supervisor:
         )
         launch.start(process)
         child_end.close()
-        child = _Child(process, channel, soft_token)
+        child = Child(process, channel, soft_token)
         self._children.append(child)
         self._selector.register(channel, selectors.EVENT_READ, lambda _: self._on_messages(child))
         self._selector.register(
@@ -339,7 +243,7 @@ class Supervisor:
                 if not self._pending:
                     return
 
-    def _send(self, child: _Child, count: int) -> None:
+    def _send(self, child: Child, count: int) -> None:
         """Send up to ``count`` pending tasks to ``child`` in one write.
 
         The first starts now if the child was idle; the rest queue in its channel. Waking a
@@ -349,7 +253,7 @@ class Supervisor:
         while another child sits idle, so longer jobs are only sent to idle children.
         """
         now = time.monotonic()
-        batch: list[_Attempt] = []
+        batch: list[Attempt] = []
         while len(batch) < count and self._pending:
             attempt = self._pending.popleft()
             if attempt.fence_deadline is not None and now >= attempt.fence_deadline:
@@ -384,7 +288,7 @@ class Supervisor:
 
     # -- messages from children ------------------------------------------------------------
 
-    def _on_messages(self, child: _Child) -> None:
+    def _on_messages(self, child: Child) -> None:
         try:
             messages = child.conn.receive_available()
         except (EOFError, OSError):  # died mid-message or closed; the sentinel follows
@@ -394,7 +298,7 @@ class Supervisor:
         for msg in messages:
             self._on_message(child, msg)
 
-    def _on_message(self, child: _Child, msg: Any) -> None:
+    def _on_message(self, child: Child, msg: Any) -> None:
         run = child.running
         if isinstance(msg, Progress):
             if run and run.token == msg.token and run.task.on_progress:
@@ -417,7 +321,7 @@ class Supervisor:
             self._start_failures = 0
             self._idle.append(child)
 
-    def _advance(self, child: _Child) -> None:
+    def _advance(self, child: Child) -> None:
         """The running attempt ended and the child lives: start its next, retire it, or idle it."""
         if child.queued:
             # The child went straight on to the next task in its channel.
@@ -432,25 +336,25 @@ class Supervisor:
         else:
             self._idle.append(child)
 
-    def _drain(self, child: _Child) -> None:
+    def _drain(self, child: Child) -> None:
         """Read what a child already sent: a finished attempt is never mistaken for a hung one."""
-        while not child.conn.closed and _readable(child.conn):
+        while not child.conn.closed and readable(child.conn):
             self._on_messages(child)
 
-    def _settle(self, attempt: _Attempt, outcome: Outcome, pid: int | None, **fields: Any) -> None:
+    def _settle(self, attempt: Attempt, outcome: Outcome, pid: int | None, **fields: Any) -> None:
         runtime = time.monotonic() - attempt.started if attempt.started_ms else None
         result = AttemptResult(
             attempt.token,
             outcome,
             pid=pid,
             started_ms=attempt.started_ms,
-            ended_ms=_now_ms(),
+            ended_ms=now_ms(),
             runtime_s=runtime,
             **fields,
         )
         self._call(attempt.on_done, result)
 
-    def _retire(self, child: _Child) -> None:
+    def _retire(self, child: Child) -> None:
         """Close the channel (the child exits on EOF) and start its replacement right away."""
         child.retiring = True
         self._selector.unregister(child.conn)
@@ -459,7 +363,7 @@ class Supervisor:
 
     # -- a child died ----------------------------------------------------------------------
 
-    def _on_exit(self, child: _Child) -> None:
+    def _on_exit(self, child: Child) -> None:
         if not child.conn.closed:
             self._drain(child)
         self._selector.unregister(child.process.sentinel)
@@ -493,7 +397,7 @@ class Supervisor:
         if not self._closing and not child.retiring and self.broken is None:
             self._spawn()
 
-    def _settle_death(self, child: _Child, run: _Attempt, exitcode: int | None) -> None:
+    def _settle_death(self, child: Child, run: Attempt, exitcode: int | None) -> None:
         child.running = None
         signum = -exitcode if exitcode is not None and exitcode < 0 else None
         code = exitcode if exitcode is not None and exitcode >= 0 else None
@@ -522,29 +426,19 @@ class Supervisor:
             if run.hard_deadline is not None and now >= run.hard_deadline:
                 self._drain(child)
                 if child.running is run:
-                    self._kill(
-                        child,
+                    child.kill(
                         Outcome.HARD_TIMEOUT,
                         f"killed at the hard deadline of {run.task.hard_timeout_s:g} s",
                     )
                 continue
             if run.fence_deadline is not None and now >= run.fence_deadline:
-                self._kill(child, Outcome.LEASE_LOST, "the lease could not be renewed in time")
+                child.kill(Outcome.LEASE_LOST, "the lease could not be renewed in time")
                 continue
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
-                self._send_soft(child, run)
-            if run.memory_check_at is not None and now >= run.memory_check_at:
-                self._check_memory(child, run, now)
-
-    def _send_soft(self, child: _Child, run: _Attempt) -> None:
-        run.soft_sent = True
-        # The child raises SoftTimeout only if it still runs this token, so the signal
-        # can never land in the next task it took from its channel.
-        child.soft_token.value = run.token
-        try:
-            os.kill(child.pid, SIGSOFT)
-        except ProcessLookupError:
-            pass
+                child.signal_soft(run)
+            due = run.memory_check_at is not None and now >= run.memory_check_at
+            if due and (why := child.over_memory(run, now, self._memory_every)) is not None:
+                child.kill(Outcome.MEMORY_LIMIT, why)
 
     def _soft_stop(self, token: int) -> None:
         for child in self._children:
@@ -552,9 +446,9 @@ class Supervisor:
             if run is not None and run.token == token:
                 run.soft_outcome = Outcome.INTERRUPTED
                 if not run.soft_sent:
-                    self._send_soft(child, run)
+                    child.signal_soft(run)
 
-    def _find(self, token: int) -> _Attempt | None:
+    def _find(self, token: int) -> Attempt | None:
         for child in self._children:
             if child.running is not None and child.running.token == token:
                 return child.running
@@ -566,26 +460,6 @@ class Supervisor:
                 return attempt
         return None
 
-    def _check_memory(self, child: _Child, run: _Attempt, now: float) -> None:
-        assert run.task.max_memory_mb is not None
-        rss, tree = tree_rss(child.pid)
-        run.tree = list({p.pid: p for p in (*run.tree, *tree)}.values())
-        limit = run.task.max_memory_mb * 1024 * 1024
-        if rss > limit:
-            self._kill(
-                child,
-                Outcome.MEMORY_LIMIT,
-                f"used {rss / 2**20:.0f} MB, over the limit of {run.task.max_memory_mb:g} MB",
-            )
-        else:
-            run.memory_check_at = now + self._memory_every
-
-    def _kill(self, child: _Child, outcome: Outcome, detail: str) -> None:
-        run = child.running
-        assert run is not None
-        run.kill_outcome, run.kill_detail = outcome, detail
-        kill_tree(child.pid, run.tree)
-
     def _kill_token(self, token: int, outcome: Outcome, detail: str) -> None:
         for child in self._children:
             if child.running is not None and child.running.token == token:
@@ -593,7 +467,7 @@ class Supervisor:
             run = child.running
             if run is not None and run.token == token:
                 if run.kill_outcome is None:
-                    self._kill(child, outcome, detail)
+                    child.kill(outcome, detail)
                 return
             for attempt in child.queued:
                 if attempt.token == token:  # killed when it starts, or settled if the child dies
@@ -613,7 +487,7 @@ class Supervisor:
             for attempt in child.queued:
                 attempt.kill_outcome, attempt.kill_detail = Outcome.INTERRUPTED, why
             if child.running is not None and child.running.kill_outcome is None:
-                self._kill(child, Outcome.INTERRUPTED, why)
+                child.kill(Outcome.INTERRUPTED, why)
 
     def _shutdown(self) -> None:
         """Close every channel, give idle children a moment to exit, then kill what is left."""

@@ -1,0 +1,145 @@
+"""The supervisor's records: one ``Attempt`` per submitted task, one ``Child`` per process,
+and what can be done to a child (soft signal, tree kill, memory sample).
+
+Deadlines are ``time.monotonic()`` values; they are set when an attempt *starts* (is handed
+to an idle child, or becomes the running one after its predecessor in the channel ends).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from sandboxq.models import Outcome
+from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.channel import Channel
+from sandboxq.pool.child import SIGSOFT
+from sandboxq.pool.kill import kill_tree, tree_rss
+
+OnDone = Callable[[AttemptResult], None]
+
+
+def readable(channel: Channel) -> bool:
+    return bool(select.select([channel], [], [], 0)[0])
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Attempt:
+    """One submitted attempt: pending, then queued in a child, then running (deadlines in
+    ``time.monotonic()``, set when it starts)."""
+
+    __slots__ = (
+        "fence_deadline",
+        "hard_deadline",
+        "kill_detail",
+        "kill_outcome",
+        "memory_check_at",
+        "on_done",
+        "soft_deadline",
+        "soft_outcome",
+        "soft_sent",
+        "started",
+        "started_ms",
+        "task",
+        "token",
+        "tree",
+    )
+
+    def __init__(self, token: int, task: Task, on_done: OnDone) -> None:
+        self.token = token
+        self.task = task
+        self.on_done = on_done
+        self.started = 0.0
+        self.started_ms: int | None = None
+        self.soft_deadline: float | None = None
+        self.hard_deadline: float | None = None
+        self.memory_check_at: float | None = None
+        self.fence_deadline = task.fence_deadline
+        self.soft_sent = False
+        self.soft_outcome = Outcome.SOFT_TIMEOUT  # what ending after the soft signal means
+        self.kill_outcome: Outcome | None = None
+        self.kill_detail: str | None = None
+        self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
+
+    def start(self, now: float, memory_every: float) -> None:
+        task = self.task
+        self.started = now
+        self.started_ms = now_ms()
+        self.soft_deadline = now + task.soft_timeout_s if task.soft_timeout_s else None
+        self.hard_deadline = now + task.hard_timeout_s if task.hard_timeout_s else None
+        self.memory_check_at = now + memory_every if task.max_memory_mb else None
+
+    def next_event(self) -> float | None:
+        if self.kill_outcome is not None:
+            return None  # killed; waiting for the sentinel
+        times = [self.hard_deadline, self.memory_check_at, self.fence_deadline]
+        if not self.soft_sent:
+            times.append(self.soft_deadline)
+        return min((t for t in times if t is not None), default=None)
+
+
+class Child:
+    """A pool process: at most one running attempt, and while jobs are short, up to
+    ``PIPELINE_DEPTH`` more already sent down its channel (queued, not started)."""
+
+    __slots__ = (
+        "conn",
+        "jobs_done",
+        "pid",
+        "process",
+        "queued",
+        "ready",
+        "retiring",
+        "running",
+        "soft_token",
+    )
+
+    def __init__(self, process: Any, conn: Channel, soft_token: Any) -> None:
+        self.process = process
+        self.conn = conn
+        self.soft_token = soft_token  # shared: which attempt the soft signal is meant for
+        self.pid: int = process.pid
+        self.ready = False
+        self.retiring = False
+        self.running: Attempt | None = None
+        self.queued: deque[Attempt] = deque()
+        self.jobs_done = 0
+
+    def assigned(self) -> int:
+        return self.jobs_done + (self.running is not None) + len(self.queued)
+
+    def signal_soft(self, run: Attempt) -> None:
+        run.soft_sent = True
+        # The child raises SoftTimeout only if it still runs this token, so the signal
+        # can never land in the next task it took from its channel.
+        self.soft_token.value = run.token
+        try:
+            os.kill(self.pid, SIGSOFT)
+        except ProcessLookupError:
+            pass
+
+    def kill(self, outcome: Outcome, detail: str) -> None:
+        """Kill the tree running ``self.running``, which then ends with ``outcome``."""
+        run = self.running
+        assert run is not None
+        run.kill_outcome, run.kill_detail = outcome, detail
+        kill_tree(self.pid, run.tree)
+
+    def over_memory(self, run: Attempt, now: float, every: float) -> str | None:
+        """Sample the tree's memory; the reason to kill it, if it is over its limit."""
+        assert run.task.max_memory_mb is not None
+        rss, tree = tree_rss(self.pid)
+        run.tree = list({p.pid: p for p in (*run.tree, *tree)}.values())
+        run.memory_check_at = now + every
+        if rss > run.task.max_memory_mb * 1024 * 1024:
+            return f"used {rss / 2**20:.0f} MB, over the limit of {run.task.max_memory_mb:g} MB"
+        return None
