@@ -25,3 +25,8 @@ def cpu(ms: float) -> int:
     while time.perf_counter() < end:
         n += 1
     return n
+
+
+def stamp() -> float:
+    """Returns the wall-clock time of its first line (for enqueue→start latency)."""
+    return time.time()

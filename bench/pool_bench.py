@@ -60,7 +60,8 @@ def bench_kill() -> dict[str, Any]:
         leftovers = [
             p.pid
             for p in psutil.Process().children(recursive=True)
-            if "forkserver" not in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())
+            if "forkserver" not in " ".join(p.cmdline())
+            and "resource_tracker" not in " ".join(p.cmdline())
         ]
         ms = sorted(x * 1000 for x in overshoots)
         out[handler] = {
@@ -70,8 +71,10 @@ def bench_kill() -> dict[str, Any]:
             "left_running": leftovers,
             "samples_ms": [round(x, 2) for x in ms],
         }
-        print(f"  {handler:24} median {out[handler]['median_ms']:6.2f} ms  "
-              f"max {out[handler]['max_ms']:6.2f} ms  left running: {len(leftovers)}")
+        print(
+            f"  {handler:24} median {out[handler]['median_ms']:6.2f} ms  "
+            f"max {out[handler]['max_ms']:6.2f} ms  left running: {len(leftovers)}"
+        )
     return out
 
 
@@ -91,10 +94,15 @@ def bench_replace() -> dict[str, Any]:
             pool.submit(0).result(timeout=30)
             samples.append((time.monotonic() - t0) * 1000)
     samples.sort()
-    result = {"median_ms": round(statistics.median(samples), 2), "max_ms": round(samples[-1], 2),
-              "samples_ms": [round(x, 2) for x in samples]}
-    print(f"  replacement child ready (numpy preloaded): median {result['median_ms']} ms, "
-          f"max {result['max_ms']} ms   [target <= 50 ms median]")
+    result = {
+        "median_ms": round(statistics.median(samples), 2),
+        "max_ms": round(samples[-1], 2),
+        "samples_ms": [round(x, 2) for x in samples],
+    }
+    print(
+        f"  replacement child ready (numpy preloaded): median {result['median_ms']} ms, "
+        f"max {result['max_ms']} ms   [target <= 50 ms median]"
+    )
     return result
 
 
@@ -134,9 +142,14 @@ def bench_throughput(n: int = 20000, runs: int = 5) -> dict[str, Any]:
         pass
     out = {}
     for name, rates in results.items():
-        out[name] = {"median_jobs_s": round(statistics.median(rates)), "runs": [round(r) for r in rates]}
-        print(f"  {name:20} {out[name]['median_jobs_s']:8d} jobs/s (median of {runs})"
-              + ("   [target >= 15,000]" if name == "sandboxq" else ""))
+        out[name] = {
+            "median_jobs_s": round(statistics.median(rates)),
+            "runs": [round(r) for r in rates],
+        }
+        print(
+            f"  {name:20} {out[name]['median_jobs_s']:8d} jobs/s (median of {runs})"
+            + ("   [target >= 15,000]" if name == "sandboxq" else "")
+        )
     return out
 
 
@@ -156,8 +169,12 @@ def main() -> None:
     report: dict[str, Any] = {}
     for name in sections:
         print(f"{name}:", flush=True)
-        proc = subprocess.run([sys.executable, __file__, name, "--child"], stderr=subprocess.PIPE,
-                              text=True, check=True)
+        proc = subprocess.run(
+            [sys.executable, __file__, name, "--child"],
+            stderr=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
         report[name] = json.loads(proc.stderr.strip().splitlines()[-1])
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2))

@@ -28,3 +28,10 @@ def misbehave(kind: str) -> str:
     if kind == "slow":
         time.sleep(0.2)
     return f"{kind}: done"
+
+
+def route(name: str, size: int = 256) -> object:
+    """One processor for the demo queue: image names are thumbnailed, anything else misbehaves."""
+    if name.endswith(".png"):
+        return thumbnail(name, size)
+    return misbehave(name)

@@ -26,11 +26,19 @@ def _worker(args: argparse.Namespace) -> int:
         code, _, action = item.partition("=")
         exit_codes[int(code)] = action
     worker = SandboxWorker(
-        args.queue, args.processor, url=args.url, concurrency=args.concurrency,
-        lease_s=args.lease_s, soft_timeout_s=args.soft_timeout_s,
-        hard_timeout_s=args.hard_timeout_s, retries=args.retries,
-        max_memory_mb=args.max_memory_mb, max_jobs_per_child=args.max_jobs_per_child,
-        exit_codes=exit_codes, prefetch=args.prefetch, stop_timeout_s=args.stop_timeout_s,
+        args.queue,
+        args.processor,
+        url=args.url,
+        concurrency=args.concurrency,
+        lease_s=args.lease_s,
+        soft_timeout_s=args.soft_timeout_s,
+        hard_timeout_s=args.hard_timeout_s,
+        retries=args.retries,
+        max_memory_mb=args.max_memory_mb,
+        max_jobs_per_child=args.max_jobs_per_child,
+        exit_codes=exit_codes,
+        prefetch=args.prefetch,
+        stop_timeout_s=args.stop_timeout_s,
         allow_pickle=args.allow_pickle,
     )
     log.info("worker %s on queue %r: %s", worker.id, args.queue, args.processor)
@@ -55,10 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--retries", type=int, default=0)
     w.add_argument("--max-memory-mb", type=float)
     w.add_argument("--max-jobs-per-child", type=int)
-    w.add_argument("--prefetch", type=int, default=1)
+    w.add_argument(
+        "--prefetch", type=int, help="jobs claimed beyond the children (default: adaptive)"
+    )
     w.add_argument("--stop-timeout-s", type=float, default=30.0)
-    w.add_argument("--exit-code", action="append", metavar="N=ACTION",
-                   help="map a handler exit code to complete/retry/fail (repeatable)")
+    w.add_argument(
+        "--exit-code",
+        action="append",
+        metavar="N=ACTION",
+        help="map a handler exit code to complete/retry/fail (repeatable)",
+    )
     w.add_argument("--allow-pickle", action="store_true", help="accept pickle payloads")
     w.add_argument("--burst", action="store_true", help="stop once the queue is empty")
     w.set_defaults(run=_worker)

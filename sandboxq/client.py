@@ -84,13 +84,20 @@ class Queue:
         self.name = name
         self.codec = codecs.check_codec(codec)
         self.backend: Backend = open_backend(url, name, **backend_options)
-        self._options = JobOptions()
+        self._set_options(JobOptions())
+
+    def _set_options(self, options: JobOptions) -> None:
+        self._options = options
+        # Serialized once per view, not once per enqueue.
+        self._options_json = options.model_dump_json(exclude_defaults=True)
 
     def options(self, **options: Any) -> Queue:
         """A view of this queue whose jobs get ``options`` (see ``JobOptions``)."""
         view = object.__new__(Queue)
         view.__dict__.update(self.__dict__)
-        view._options = build(JobOptions, **{**self._options.model_dump(exclude_unset=True), **options})
+        view._set_options(
+            build(JobOptions, **{**self._options.model_dump(exclude_unset=True), **options})
+        )
         return view
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Job:
@@ -100,12 +107,13 @@ class Queue:
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[Job]:
         """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs."""
-        opts = self._options
-        options_json = opts.model_dump_json(exclude_defaults=True)
+        opts, options_json = self._options, self._options_json
         jobs = []
         for args, kwargs in calls:
             payload = codecs.encode_call(self.codec, tuple(args), dict(kwargs))
-            jobs.append(NewJob(payload, self.codec, options_json, opts.job_id, opts.priority, opts.delay_s))
+            jobs.append(
+                NewJob(payload, self.codec, options_json, opts.job_id, opts.priority, opts.delay_s)
+            )
         if opts.job_id is not None and len(jobs) > 1:
             raise SandboxqError("a job_id option names one job; enqueue_many got several calls")
         return [Job(self, job_id) for job_id, _created in self.backend.enqueue(jobs)]

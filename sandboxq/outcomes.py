@@ -37,7 +37,9 @@ class ExitPolicy(BaseModel):
     def decide(self, outcome: Outcome, exitcode: int | None, attempt: int, retries: int) -> Action:
         """The action for ``attempt`` (1-based) of a job allowed ``retries`` retries."""
         if outcome is Outcome.EXIT:
-            action = self.exit_codes.get(exitcode, Action.FAIL) if exitcode is not None else Action.FAIL
+            action = (
+                self.exit_codes.get(exitcode, Action.FAIL) if exitcode is not None else Action.FAIL
+            )
         else:
             action = self.actions.get(outcome, Action.FAIL)
         if action is Action.RETRY and attempt > retries:
@@ -46,7 +48,7 @@ class ExitPolicy(BaseModel):
 
 
 def backoff_s(base_s: float, attempt: int) -> float:
-    """Exponential backoff before attempt ``attempt + 1``: base, 2×base, 4×base... capped."""
+    """Exponential backoff before attempt ``attempt + 1``: base, 2 x base, 4 x base... capped."""
     if base_s <= 0:
         return 0.0
     return float(min(MAX_BACKOFF_S, base_s * 2 ** min(attempt - 1, 30)))

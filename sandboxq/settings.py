@@ -81,13 +81,14 @@ class WorkerSettings(_Settings):
     max_memory_mb: float | None = None
     max_jobs_per_child: int | None = Field(default=None, ge=1)
     exit_codes: dict[int, Action] = Field(default_factory=dict)
-    prefetch: int = Field(default=1, ge=0, le=1000)
+    prefetch: int | None = Field(default=None, ge=0, le=1000)  # None: adaptive
     stop_timeout_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
     start_method: StartMethod = "forkserver"
     allow_pickle: bool = False
 
-    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb", "renew_interval_s",
-                     "stall_check_s")
+    @field_validator(
+        "soft_timeout_s", "hard_timeout_s", "max_memory_mb", "renew_interval_s", "stall_check_s"
+    )
     @classmethod
     def _positive(cls, value: float | None, info: Any) -> float | None:
         if value is not None and (not math.isfinite(value) or value <= 0):

@@ -16,22 +16,23 @@ so the two never claim more than ``concurrency + prefetch`` jobs between them.
 from __future__ import annotations
 
 import logging
+import math
 import os
-from queue import Empty, SimpleQueue
 import signal
 import socket
 import threading
 import time
 import uuid
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from pydantic import ValidationError
 
 from sandboxq.backends import open_backend
-from sandboxq.backends.base import Claimed, FinishAction
+from sandboxq.backends.base import Ack, Claimed, FinishAction
 from sandboxq.errors import BackendError
 from sandboxq.heartbeat import Heartbeat, Lease, fence_margin_s
-from sandboxq.models import Action, AttemptRecord, JobOptions, Outcome
+from sandboxq.models import Action, AttemptRecord, JobOptions, JobState, Outcome
 from sandboxq.outcomes import ExitPolicy, backoff_s
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.pool import Pool, Seconds
@@ -43,6 +44,13 @@ log = logging.getLogger("sandboxq.worker")
 
 #: How long an idle fetcher blocks in one wait (it also rechecks "stop" this often).
 IDLE_WAIT_S = 1.0
+
+#: With the default (adaptive) prefetch, claim ahead about this much work per child...
+PREFETCH_WORK_S = 0.002
+#: ...but never more than this many jobs beyond the children.
+MAX_PREFETCH = 64
+
+_STAT = {"complete": "completed", "fail": "failed", "retry": "retried", "requeue": "requeued"}
 
 
 class _Active:
@@ -78,7 +86,7 @@ class SandboxWorker:
         max_memory_mb: float | None = None,
         max_jobs_per_child: int | None = None,
         exit_codes: dict[int, str] | None = None,
-        prefetch: int = 1,
+        prefetch: int | None = None,
         stop_timeout_s: float = 30.0,
         renew_interval_s: float | None = None,
         stall_check_s: float | None = None,
@@ -87,22 +95,43 @@ class SandboxWorker:
         backend_options: dict[str, Any] | None = None,
     ) -> None:
         self.settings = s = build(
-            WorkerSettings, queue=queue, processor=processor, url=url,
-            concurrency=concurrency or os.cpu_count() or 1, lease_s=lease_s,
-            soft_timeout_s=soft_timeout_s, hard_timeout_s=hard_timeout_s, retries=retries,
-            max_memory_mb=max_memory_mb, max_jobs_per_child=max_jobs_per_child,
-            exit_codes=exit_codes or {}, prefetch=prefetch, stop_timeout_s=stop_timeout_s,
-            renew_interval_s=renew_interval_s, stall_check_s=stall_check_s,
-            start_method=start_method, allow_pickle=allow_pickle,
+            WorkerSettings,
+            queue=queue,
+            processor=processor,
+            url=url,
+            concurrency=concurrency or os.cpu_count() or 1,
+            lease_s=lease_s,
+            soft_timeout_s=soft_timeout_s,
+            hard_timeout_s=hard_timeout_s,
+            retries=retries,
+            max_memory_mb=max_memory_mb,
+            max_jobs_per_child=max_jobs_per_child,
+            exit_codes=exit_codes or {},
+            prefetch=prefetch,
+            stop_timeout_s=stop_timeout_s,
+            renew_interval_s=renew_interval_s,
+            stall_check_s=stall_check_s,
+            start_method=start_method,
+            allow_pickle=allow_pickle,
         )
         resolve(processor)  # an unimportable processor fails here, with its import error
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.backend = open_backend(url, queue, **(backend_options or {}))
         self.policy = ExitPolicy(exit_codes=s.exit_codes)
-        self.capacity = s.concurrency + s.prefetch
+        self._recent_job_s = 1.0  # moving average of attempt run times
         self.stats: dict[str, int] = dict.fromkeys(
-            ("completed", "failed", "retried", "requeued", "rejected_acks", "lease_lost",
-             "cancelled", "malformed"), 0)
+            (
+                "completed",
+                "failed",
+                "retried",
+                "requeued",
+                "rejected_acks",
+                "lease_lost",
+                "cancelled",
+                "malformed",
+            ),
+            0,
+        )
         self._events: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
         self._active: dict[str, _Active] = {}
         self._slots = threading.Condition()
@@ -118,14 +147,27 @@ class SandboxWorker:
         """Work until stopped; with ``burst``, return once no job is waiting or delayed and
         nothing is in flight."""
         s = self.settings
-        self._pool = Pool(s.processor, s.concurrency, max_jobs_per_child=s.max_jobs_per_child,
-                          start_method=s.start_method)
-        heartbeat = Heartbeat(self.backend, self.id, s.lease_s, s.renew_every_s, self._leases,
-                              self._pool.extend_fence, self._lease_lost, self._register)
+        self._pool = Pool(
+            s.processor,
+            s.concurrency,
+            max_jobs_per_child=s.max_jobs_per_child,
+            start_method=s.start_method,
+        )
+        heartbeat = Heartbeat(
+            self.backend,
+            self.id,
+            s.lease_s,
+            s.renew_every_s,
+            self._leases,
+            self._pool.extend_fence,
+            self._lease_lost,
+            self._register,
+        )
         reaper = Reaper(self.backend, s.stall_every_s)
         unwatch = self.backend.watch_cancellations(self._on_cancel)
-        fetcher = threading.Thread(target=self._fetch, args=(burst,), name="sandboxq-fetcher",
-                                   daemon=True)
+        fetcher = threading.Thread(
+            target=self._fetch, args=(burst,), name="sandboxq-fetcher", daemon=True
+        )
         restore = self._install_signal_handlers()
         self.heartbeat = heartbeat
         try:
@@ -154,6 +196,21 @@ class SandboxWorker:
             self._slots.notify_all()
 
     # -- claiming -----------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """Jobs this worker may hold: one per child, plus the prefetch.
+
+        A prefetched job waits here while its lease runs, so for long jobs the prefetch
+        stays at one (or what was configured): another worker may be idle. For short jobs
+        a claim's round trip outlasts the job, so the adaptive default claims enough to
+        cover ``PREFETCH_WORK_S`` of work per child.
+        """
+        s = self.settings
+        if s.prefetch is not None:
+            return s.concurrency + s.prefetch
+        ahead = math.ceil(s.concurrency * PREFETCH_WORK_S / max(self._recent_job_s, 1e-6))
+        return s.concurrency + max(1, min(MAX_PREFETCH, ahead))
 
     def _reserve(self, finishing: int = 0) -> int:
         """Reserve every free slot (``finishing`` jobs about to be acked count as free)."""
@@ -208,7 +265,9 @@ class SandboxWorker:
             if self._active:
                 return False
         counts = self.backend.counts()
-        return not any(counts.get(state, 0) for state in ("waiting", "delayed", "active"))
+        return not any(
+            counts[state] for state in (JobState.WAITING, JobState.DELAYED, JobState.ACTIVE)
+        )
 
     def _start(self, job: Claimed, claimed_at: float) -> None:
         """Hand a claimed job to the pool, or fail it at once if it cannot run."""
@@ -234,22 +293,33 @@ class SandboxWorker:
         if soft is not None and hard is not None and soft >= hard:
             soft = None  # a job's own hard timeout below the worker's soft one wins
         task = Task(
-            job.payload, job.codec,  # type: ignore[arg-type]
-            soft_timeout_s=soft, hard_timeout_s=hard,
+            job.payload,
+            job.codec,  # type: ignore[arg-type]
+            soft_timeout_s=soft,
+            hard_timeout_s=hard,
             max_memory_mb=options.max_memory_mb or s.max_memory_mb,
-            job_id=job.id, attempt=job.attempt,
+            job_id=job.id,
+            attempt=job.attempt,
             on_progress=lambda f, m: self._events.put(("progress", job.id, f, m)),
             fence_deadline=fence,
         )
         assert self._pool is not None
-        lease.attempt_token = self._pool.execute(task, lambda r: self._events.put(("done", job.id, r)))
+        lease.attempt_token = self._pool.execute(
+            task, lambda r: self._events.put(("done", job.id, r))
+        )
 
     def _reject(self, job: Claimed, cause: str) -> None:
         log.error("job %s cannot run: %s", job.id, cause)
         self.stats["malformed"] += 1
-        record = AttemptRecord(attempt=job.attempt, outcome=Outcome.ERROR, action=Action.FAIL,
-                               worker_id=self.id, error=cause, started_ms=int(time.time() * 1000))
-        self._finish(job, "fail", record, error=cause, held_slot=False)
+        record = AttemptRecord(
+            attempt=job.attempt,
+            outcome=Outcome.ERROR,
+            action=Action.FAIL,
+            worker_id=self.id,
+            error=cause,
+            started_ms=int(time.time() * 1000),
+        )
+        self._finish([(job, Ack(job.id, job.token, "fail", record, error=cause))], held_slots=False)
 
     # -- the main thread ------------------------------------------------------------------------
 
@@ -257,16 +327,25 @@ class SandboxWorker:
         drain_deadline: float | None = None
         while True:
             try:
-                event = self._events.get(timeout=0.1 if self._stopping.is_set() else None)
+                events = [self._events.get(timeout=0.1 if self._stopping.is_set() else None)]
             except Empty:
-                event = ("tick",)
-            kind = event[0]
-            if kind == "done":
-                self._on_done(event[1], event[2])
-            elif kind == "progress":
-                self._on_progress(*event[1:])
-            elif kind == "drained":
-                self.stop()
+                events = []
+            while True:  # take everything already there: their acks share one round trip
+                try:
+                    events.append(self._events.get_nowait())
+                except Empty:
+                    break
+            acks = []
+            for event in events:
+                if event[0] == "done":
+                    if (ack := self._ack_for(event[1], event[2])) is not None:
+                        acks.append(ack)
+                elif event[0] == "progress":
+                    self._on_progress(*event[1:])
+                elif event[0] == "drained":
+                    self.stop()
+            if acks:
+                self._finish(acks)
             if self._stopping.is_set():
                 if drain_deadline is None:
                     drain_deadline = self._begin_drain()
@@ -274,71 +353,84 @@ class SandboxWorker:
                     return
                 self._advance_drain(drain_deadline)
 
-    def _on_done(self, job_id: str, attempt: AttemptResult) -> None:
+    def _ack_for(self, job_id: str, attempt: AttemptResult) -> tuple[Claimed, Ack] | None:
+        """What to tell the backend about an attempt that ended (None: nothing)."""
         with self._slots:
             active = self._active.get(job_id)
         if active is None:
-            return
+            return None
         job, opts = active.job, active.options
-        record_kw = dict(attempt=job.attempt, outcome=attempt.outcome, worker_id=self.id,
-                         pid=attempt.pid, exitcode=attempt.exitcode, signal=attempt.signal,
-                         started_ms=attempt.started_ms, ended_ms=attempt.ended_ms)
         if attempt.outcome in (Outcome.LEASE_LOST, Outcome.CANCELLED):
             # Not ours to ack any more: the job was cancelled, or another worker may own it.
             self.stats["lease_lost" if attempt.outcome is Outcome.LEASE_LOST else "cancelled"] += 1
             log.warning("job %s: %s; not acknowledged", job.id, attempt.cause)
             self._forget(job.id)
-            return
+            return None
+        if attempt.runtime_s is not None:
+            self._recent_job_s += (attempt.runtime_s - self._recent_job_s) * 0.2
         error = None if attempt.outcome is Outcome.OK else attempt.cause
         action: FinishAction
         if attempt.outcome is Outcome.INTERRUPTED:
-            action, delay = "requeue", 0.0
+            action, decided, delay = "requeue", None, 0.0
         else:
             retries = opts.retries if opts.retries is not None else self.settings.retries
             decided = self.policy.decide(attempt.outcome, attempt.exitcode, job.attempt, retries)
-            action = decided.value  # type: ignore[assignment]
+            action = decided.value
             delay = backoff_s(opts.backoff_s, job.attempt) if decided is Action.RETRY else 0.0
-        record = AttemptRecord(action=None if action == "requeue" else Action(action), error=error,
-                               **record_kw)
+        record = AttemptRecord(
+            attempt=job.attempt,
+            outcome=attempt.outcome,
+            action=decided,
+            worker_id=self.id,
+            pid=attempt.pid,
+            exitcode=attempt.exitcode,
+            signal=attempt.signal,
+            started_ms=attempt.started_ms,
+            ended_ms=attempt.ended_ms,
+            error=error,
+        )
         result = attempt.result if action == "complete" else None
-        self._finish(job, action, record, result=result, error=error, retry_delay_s=delay)
+        return job, Ack(job.id, job.token, action, record, result, error, delay)
 
-    def _finish(self, job: Claimed, action: FinishAction, record: AttemptRecord, *,
-                result: bytes | None = None, error: str | None = None,
-                retry_delay_s: float = 0.0, held_slot: bool = True) -> None:
-        """Ack ``job`` and claim into the slot it frees, in one round trip.
+    def _finish(self, acks: list[tuple[Claimed, Ack]], held_slots: bool = True) -> None:
+        """Ack jobs and claim into the slots they free, in one round trip.
 
-        If the backend is unreachable, keep trying while the lease lives (the heartbeat
-        keeps renewing it); after that the job is recovered elsewhere, at least once.
+        If the backend is unreachable, keep trying while the leases live (the heartbeat
+        keeps renewing them); after that the jobs are recovered elsewhere, at least once.
         """
-        refill = self._reserve(finishing=1 if held_slot else 0)
+        refill = self._reserve(finishing=len(acks) if held_slots else 0)
         started = time.monotonic()
         lease_ends = started + self.settings.lease_s
         delay = 0.05
         try:
             while True:
                 try:
-                    done = self.backend.finish(
-                        self.id, job.id, job.token, action, record, result=result, error=error,
-                        retry_delay_s=retry_delay_s, claim=refill, lease_s=self.settings.lease_s)
+                    accepted, claimed = self.backend.finish_many(
+                        self.id,
+                        [ack for _, ack in acks],
+                        claim=refill,
+                        lease_s=self.settings.lease_s,
+                    )
                     break
                 except BackendError as exc:
                     if time.monotonic() + delay > lease_ends or self._stop_now.is_set():
-                        log.error("giving up acking job %s: %s", job.id, exc)
-                        self._forget(job.id)
+                        log.error("giving up acking %d job(s): %s", len(acks), exc)
+                        for job, _ in acks:
+                            self._forget(job.id)
                         return
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
-            self._forget(job.id)
-            if not done.accepted:
-                self.stats["rejected_acks"] += 1
-                log.warning("job %s: ack rejected, the lease was lost; result discarded", job.id)
-            else:
-                key = {"complete": "completed", "fail": "failed", "retry": "retried",
-                       "requeue": "requeued"}[action]
-                self.stats[key] += 1
-            for claimed in done.claimed:
-                self._start(claimed, started)
+            for (job, ack), ok in zip(acks, accepted, strict=True):
+                self._forget(job.id)
+                if ok:
+                    self.stats[_STAT[ack.action]] += 1
+                else:
+                    self.stats["rejected_acks"] += 1
+                    log.warning(
+                        "job %s: ack rejected, the lease was lost; result discarded", job.id
+                    )
+            for job in claimed:
+                self._start(job, started)
         finally:
             self._unreserve(refill)
 
@@ -386,8 +478,11 @@ class SandboxWorker:
             return lambda: None
 
         def handler(signum: int, frame: object) -> None:
-            log.warning("received %s: %s", signal.Signals(signum).name,
-                        "stopping now" if self._stopping.is_set() else "draining")
+            log.warning(
+                "received %s: %s",
+                signal.Signals(signum).name,
+                "stopping now" if self._stopping.is_set() else "draining",
+            )
             self.stop(now=self._stopping.is_set())
 
         old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -414,12 +509,24 @@ class SandboxWorker:
 
     def _register(self) -> None:
         pids = self._pool.running_pids() if self._pool else {}
-        jobs = [{"id": a.job.id, "attempt": a.job.attempt, "pid": pids.get(a.lease.attempt_token),
-                 "lease_renewed_s_ago": round(time.monotonic() - a.lease.renewed_at, 3)}
-                for a in self._snapshot()]
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "queue": self.settings.queue,
-                "concurrency": self.settings.concurrency, "started_ms": self._started_ms,
-                "lease_s": self.settings.lease_s, "jobs": jobs}
+        jobs = [
+            {
+                "id": a.job.id,
+                "attempt": a.job.attempt,
+                "pid": pids.get(a.lease.attempt_token),
+                "lease_renewed_s_ago": round(time.monotonic() - a.lease.renewed_at, 3),
+            }
+            for a in self._snapshot()
+        ]
+        info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queue": self.settings.queue,
+            "concurrency": self.settings.concurrency,
+            "started_ms": self._started_ms,
+            "lease_s": self.settings.lease_s,
+            "jobs": jobs,
+        }
         try:
             self.backend.register_worker(self.id, info, ttl_s=self.settings.lease_s)
         except BackendError as exc:

@@ -132,7 +132,10 @@ def test_processor_module_is_imported_once_in_the_fork_server(tmp_path: Path) ->
     )
     out = subprocess.run(
         [sys.executable, "-c", PRELOAD, str(tmp_path)],
-        capture_output=True, timeout=25, check=False, cwd="/",
+        capture_output=True,
+        timeout=25,
+        check=False,
+        cwd="/",
     )
     assert out.returncode == 0, out.stderr.decode()
     assert int(out.stdout) == 2  # the first child, then its replacement after the kill

@@ -48,9 +48,9 @@ def start_worker(url: str, queue_name: str) -> Iterator[StartWorker]:
         return worker
 
     yield start
-    for worker, thread in running:
+    for worker, _ in running:
         worker.stop(now=True)
-    for worker, thread in running:
+    for _, thread in running:
         thread.join(15)
         assert not thread.is_alive(), "a worker did not stop"
 
@@ -69,7 +69,9 @@ def test_results_and_attempt_history(queue: Queue, start_worker: StartWorker) ->
 
 
 @pytest.mark.timeout(30)
-def test_hard_timeout_retries_then_fails_with_the_cause(queue: Queue, start_worker: StartWorker) -> None:
+def test_hard_timeout_retries_then_fails_with_the_cause(
+    queue: Queue, start_worker: StartWorker
+) -> None:
     start_worker("sleep_forever", hard_timeout_s=0.3)
     job = queue.options(retries=2, backoff_s=0.05).enqueue()
     with pytest.raises(JobFailed) as info:
@@ -167,8 +169,9 @@ def test_pickle_payloads_need_an_explicit_opt_in(url: str, queue_name: str) -> N
     with pytest.raises(JobFailed, match="allow_pickle"):
         job.result(timeout_s=5)
     again = producer.enqueue({3})
-    SandboxWorker(queue_name, H + "echo", url=url, concurrency=1, lease_s=5,
-                  allow_pickle=True).run(burst=True)
+    SandboxWorker(queue_name, H + "echo", url=url, concurrency=1, lease_s=5, allow_pickle=True).run(
+        burst=True
+    )
     assert again.result(timeout_s=5) == {3}
     producer.close()
 
@@ -190,8 +193,9 @@ def test_bad_input_fails_early_with_a_clear_error(url: str, queue: Queue, queue_
 def test_graceful_stop_requeues_interrupted_jobs_without_charge(
     url: str, queue: Queue, queue_name: str
 ) -> None:
-    worker = SandboxWorker(queue_name, H + "sleep_forever", url=url, concurrency=1, lease_s=5,
-                           stop_timeout_s=0.3)
+    worker = SandboxWorker(
+        queue_name, H + "sleep_forever", url=url, concurrency=1, lease_s=5, stop_timeout_s=0.3
+    )
     thread = threading.Thread(target=worker.run)
     thread.start()
     job = queue.enqueue()

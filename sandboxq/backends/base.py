@@ -63,6 +63,19 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
+class Ack:
+    """One attempt's end, for ``finish_many`` (the arguments of ``finish``, as data)."""
+
+    job_id: str
+    token: str
+    action: FinishAction
+    attempt: AttemptRecord
+    result: bytes | None = None
+    error: str | None = None
+    retry_delay_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class FinishResult:
     accepted: bool  # False: the caller no longer owned the job; nothing was changed
     claimed: list[Claimed]  # the next jobs, when ``claim`` > 0 was asked for
@@ -121,6 +134,16 @@ class Backend(Protocol):
         action appends ``attempt`` to the job's history and records its outcome and error.
         Finished jobs are trimmed by the retention settings. Rejected (``accepted=False``,
         nothing changed) unless ``(worker_id, token)`` is the job's current lease.
+        """
+        ...
+
+    def finish_many(
+        self, worker_id: str, acks: Sequence[Ack], *, claim: int = 0, lease_s: float = 30.0
+    ) -> tuple[list[bool], list[Claimed]]:
+        """``finish`` for several jobs, then claim up to ``claim``, all in one round trip.
+
+        Each ack is checked and applied on its own, exactly as ``finish`` would; returns
+        whether each was accepted, in order, and the jobs claimed.
         """
         ...
 

@@ -17,11 +17,12 @@ _CHUNK = 256 * 1024
 
 
 class Channel:
-    __slots__ = ("_buffer", "_chunk", "sock")
+    __slots__ = ("_buffer", "_chunk", "_start", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._buffer = bytearray()
+        self._start = 0  # where the unread part of _buffer begins
         # One reusable read buffer: a fresh 256 KiB bytes object per recv costs an
         # mmap/munmap pair and dominated the per-message cost.
         self._chunk = memoryview(bytearray(_CHUNK))
@@ -59,7 +60,7 @@ class Channel:
         messages = []
         while (message := self._pop()) is not None:
             messages.append(message)
-        while self._buffer and not messages:  # a frame larger than one read
+        while len(self._buffer) > self._start and not messages:  # a frame larger than one read
             self._fill()
             if (message := self._pop()) is not None:
                 messages.append(message)
@@ -75,16 +76,20 @@ class Channel:
         size = self.sock.recv_into(self._chunk)
         if not size:
             raise EOFError("the other end of the channel is closed")
+        if self._start:  # drop what was read, once per recv (not once per frame)
+            del self._buffer[: self._start]
+            self._start = 0
         self._buffer += self._chunk[:size]
 
     def _pop(self) -> Any:
-        buf = self._buffer
-        if len(buf) < _HEADER.size:
+        buf, start = self._buffer, self._start
+        if len(buf) - start < _HEADER.size:
             return None
-        (size,) = _HEADER.unpack_from(buf)
-        end = _HEADER.size + size
+        (size,) = _HEADER.unpack_from(buf, start)
+        end = start + _HEADER.size + size
         if len(buf) < end:
             return None
-        message = pickle.loads(memoryview(buf)[_HEADER.size : end])
-        del buf[:end]
+        with memoryview(buf) as view:
+            message = pickle.loads(view[start + _HEADER.size : end])
+        self._start = end
         return message

@@ -23,6 +23,7 @@ Each docstring states the outcome it must produce. "soft" means a soft timeout i
 | return_unserializable     | error (the result cannot be encoded)  |
 | return_huge(mb)           | error over max_result_bytes, else ok  |
 | succeed_after(s, value)   | ok               | ok             |
+| recorded_sleep(f, k, s)   | ok (logs start/end with its pid to f) |
 | spin_gil_for(s)           | ok (holds the GIL in C calls for s seconds) |
 
 Handlers that start processes take an optional ``pid_file``: they append each pid they
@@ -63,6 +64,17 @@ def succeed_after(seconds: float, value: Any = None) -> Any:
     """ok after ``seconds``: returns ``value``."""
     time.sleep(seconds)
     return value
+
+
+def recorded_sleep(log_file: str, key: str, seconds: float) -> str:
+    """ok after ``seconds``; appends ``start``/``end`` lines (pid, key, time) to ``log_file``
+    so a test can check that no two executions of one job ever overlapped."""
+    with open(log_file, "a") as f:
+        f.write(f"start {os.getpid()} {key} {time.time():.6f}\n")
+    time.sleep(seconds)
+    with open(log_file, "a") as f:
+        f.write(f"end {os.getpid()} {key} {time.time():.6f}\n")
+    return key
 
 
 def sleep_forever() -> None:

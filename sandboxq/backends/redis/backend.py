@@ -1,0 +1,381 @@
+"""``RedisBackend``: the production backend. Every state change is one Lua script.
+
+    producer ── enqueue.lua ──► waiting / delayed ── wake LIST ──► idle workers (listen.py)
+    worker   ── claim.lua, finish.lua (complete-and-claim-next) ──► active: lease = TIME + lease_s
+    heartbeat ── renew.lua, on its own connection ──► active
+    reaper   ── recover_stalled.lua ──► waiting, or failed after max_stalls
+    user     ── cancel.lua ──► cancelled + PUBLISH ──► the owner's watch_cancellations
+    every script ── XADD ──► events STREAM ──► events(), wait_for_finish()
+
+The scripts (``lua/*.lua``) hold the rules; this class turns arguments into script
+arguments and replies into sandboxq types (``records.py``), and every Redis failure into
+``BackendError`` (``connection.py``). Blocking waits live in ``listen.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from sandboxq.backends.base import Ack, Claimed, Event, FinishAction, FinishResult, NewJob
+from sandboxq.backends.redis import listen, records
+from sandboxq.backends.redis.connection import Connections
+from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.backends.redis.scripts import Scripts
+from sandboxq.errors import BackendError, ConfigError
+from sandboxq.models import Action, AttemptRecord, JobInfo, JobState, Outcome, check_queue_name
+
+log = logging.getLogger(__name__)
+
+ENQUEUE_CHUNK = 500  # jobs per enqueue script call; all chunks go in one pipeline
+RECOVER_LIMIT = 500  # expired leases handled per recover_stalled call
+PURGE_CHUNK = 1000  # jobs deleted per purge script call
+ACTIONS = ("complete", "retry", "fail", "requeue")
+
+Arg = bytes | str | int | float  # one script argument
+
+
+def _ms(seconds: float) -> int:
+    return max(0, math.ceil(seconds * 1000))
+
+
+def _lease_ms(seconds: float) -> int:
+    return max(1, _ms(seconds))
+
+
+def _token() -> str:
+    """A random base for lease tokens; the scripts add a per-job suffix."""
+    return os.urandom(8).hex()
+
+
+class RedisBackend:
+    """One queue on one Redis server (or Cluster slot: every key shares the ``{queue}`` tag)."""
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        *,
+        retain_completed: int = 1000,
+        retain_failed: int = 10_000,
+        retain_s: float = 7 * 24 * 3600,
+        max_events: int = 10_000,
+        socket_timeout_s: float = 5.0,
+    ) -> None:
+        self.queue = check_queue_name(queue)
+        limits = {
+            "retain_completed": retain_completed,
+            "retain_failed": retain_failed,
+            "max_events": max_events,
+            "retain_s": retain_s,
+        }
+        for name, value in limits.items():
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
+        if not (isinstance(socket_timeout_s, int | float) and socket_timeout_s > 0):
+            raise ConfigError(f"socket_timeout_s must be positive, got {socket_timeout_s!r}")
+        self.url = url
+        self.keys = QueueKeys(queue)
+        self._conns = Connections(url, float(socket_timeout_s))
+        self._errors = self._conns.errors
+        self._scripts = Scripts(self._conns.main)
+        self._skeys = self.keys.script_keys
+        # ARGV 1-4 of every script (lua/common.lua)
+        self._settings: list[Arg] = [
+            int(max_events),
+            int(retain_completed),
+            int(retain_failed),
+            _ms(retain_s),
+        ]
+        self._watches: list[listen.CancellationWatch] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RedisBackend({self._conns.where!r}, {self.queue!r})"
+
+    # -- producing ------------------------------------------------------------------------
+
+    def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
+        ids = [job.job_id or uuid.uuid4().hex for job in jobs]
+        frames = [records.frame_job(job_id, job) for job_id, job in zip(ids, jobs, strict=True)]
+        calls: list[list[Arg]] = [
+            [*self._settings, len(chunk), b"".join(chunk)]
+            for chunk in (
+                frames[i : i + ENQUEUE_CHUNK] for i in range(0, len(frames), ENQUEUE_CHUNK)
+            )
+        ]
+        if not calls:
+            return []
+        with self._errors("enqueue"):
+            if len(calls) == 1:
+                replies = [self._scripts.enqueue(self._skeys, calls[0])]
+            else:
+                pipe = self._conns.main.pipeline(transaction=False)
+                for args in calls:
+                    self._scripts.enqueue(self._skeys, args, client=pipe)
+                replies = pipe.execute()
+        created = [flag == 1 for reply in replies for flag in reply]
+        return list(zip(ids, created, strict=True))
+
+    # -- leases ---------------------------------------------------------------------------
+
+    def claim(self, worker_id: str, count: int, lease_s: float) -> list[Claimed]:
+        if count <= 0:
+            return []
+        args: list[Arg] = [*self._settings, worker_id, count, _lease_ms(lease_s), _token()]
+        with self._errors("claim jobs"):
+            flat = self._scripts.claim(self._skeys, args)
+        return self._usable(worker_id, flat)
+
+    def _usable(self, worker_id: str, flat: Sequence[Any]) -> list[Claimed]:
+        """The claimed jobs whose options validate; each other one is failed with the cause
+        (invariant 7: one bad record fails one job, never the claim)."""
+        usable: list[Claimed] = []
+        for job, problem in records.claimed_rows(flat):
+            if problem is None:
+                usable.append(job)
+                continue
+            record = AttemptRecord(
+                attempt=job.attempt,
+                outcome=Outcome.ERROR,
+                action=Action.FAIL,
+                worker_id=worker_id,
+                error=f"malformed job record: {problem}",
+            )
+            args: list[Arg] = [
+                *self._settings,
+                worker_id,
+                job.id,
+                job.token,
+                problem,
+                record.model_dump_json(exclude_none=True),
+            ]
+            with self._errors(f"fail malformed job {job.id!r}"):
+                self._scripts.fail_malformed(self._skeys, args)
+            log.warning(
+                "job %r of queue %r failed: malformed job record: %s", job.id, self.queue, problem
+            )
+        return usable
+
+    def renew(self, worker_id: str, leases: Sequence[tuple[str, str]], lease_s: float) -> list[str]:
+        if not leases:
+            return []
+        args: list[Arg] = [*self._settings, worker_id, _lease_ms(lease_s)]
+        for job_id, token in leases:
+            args += (job_id, token)
+        with self._errors("renew leases"):
+            lost = self._scripts.renew(self._skeys, args, client=self._conns.renew)
+        return [records.text(job_id) for job_id in lost]
+
+    def finish(
+        self,
+        worker_id: str,
+        job_id: str,
+        token: str,
+        action: FinishAction,
+        attempt: AttemptRecord,
+        *,
+        result: bytes | None = None,
+        error: str | None = None,
+        retry_delay_s: float = 0.0,
+        claim: int = 0,
+        lease_s: float = 30.0,
+    ) -> FinishResult:
+        ack = Ack(job_id, token, action, attempt, result, error, retry_delay_s)
+        accepted, claimed = self.finish_many(worker_id, [ack], claim=claim, lease_s=lease_s)
+        return FinishResult(accepted=accepted[0], claimed=claimed)
+
+    def finish_many(
+        self, worker_id: str, acks: Sequence[Ack], *, claim: int = 0, lease_s: float = 30.0
+    ) -> tuple[list[bool], list[Claimed]]:
+        args: list[Arg] = [
+            *self._settings,
+            worker_id,
+            max(0, claim),
+            _lease_ms(lease_s),
+            _token(),
+            len(acks),
+        ]
+        for ack in acks:
+            if ack.action not in ACTIONS:
+                raise ConfigError(
+                    f"unknown finish action {ack.action!r}; expected one of {ACTIONS}"
+                )
+            args += (
+                ack.job_id,
+                ack.token,
+                ack.action,
+                ack.attempt.model_dump_json(exclude_none=True),
+                ack.attempt.outcome.value,
+                ack.error or "",
+                "0" if ack.result is None else "1",
+                ack.result or b"",
+                _ms(ack.retry_delay_s),
+            )
+        what = f"finish job {acks[0].job_id!r}" if len(acks) == 1 else f"finish {len(acks)} jobs"
+        with self._errors(what):
+            reply = self._scripts.finish(self._skeys, args)
+        n = int(reply[0])
+        accepted = [int(x) == 1 for x in reply[1 : n + 1]]
+        return accepted, self._usable(worker_id, reply[n + 1 :])
+
+    def record_progress(
+        self, worker_id: str, job_id: str, token: str, fraction: float, message: str | None
+    ) -> bool:
+        args: list[Arg] = [
+            *self._settings,
+            worker_id,
+            job_id,
+            token,
+            repr(float(fraction)),
+            message or "",
+        ]
+        with self._errors(f"record progress of job {job_id!r}"):
+            return bool(self._scripts.progress(self._skeys, args) == 1)
+
+    def recover_stalled(self) -> list[tuple[str, str]]:
+        with self._errors("recover stalled jobs"):
+            flat = self._scripts.recover_stalled(self._skeys, [*self._settings, RECOVER_LIMIT])
+        return [(records.text(flat[i]), records.text(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+    # -- managing -------------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> bool:
+        args: list[Arg] = [*self._settings, job_id, self.keys.cancel_channel]
+        with self._errors(f"cancel job {job_id!r}"):
+            return bool(self._scripts.cancel(self._skeys, args) == 1)
+
+    def retry_failed(self, job_id: str) -> bool:
+        with self._errors(f"retry job {job_id!r}"):
+            return bool(self._scripts.retry_failed(self._skeys, [*self._settings, job_id]) == 1)
+
+    def purge(self, state: JobState) -> int:
+        state = JobState(state)
+        if state is JobState.ACTIVE:
+            raise ConfigError("active jobs cannot be purged: their workers still hold leases")
+        total = 0
+        args: list[Arg] = [*self._settings, state.value, PURGE_CHUNK]
+        with self._errors(f"purge {state.value} jobs"):
+            # bounded by the count at the start, so a steady stream of new jobs cannot
+            # keep it going forever
+            initial = int(self._conns.main.zcard(self.keys.state_set(state)))
+            while total < initial:
+                deleted = int(self._scripts.purge(self._skeys, args))
+                total += deleted
+                if deleted < PURGE_CHUNK:
+                    break
+        return total
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobInfo | None:
+        with self._errors(f"read job {job_id!r}"):
+            pipe = self._conns.main.pipeline(transaction=False)
+            pipe.hgetall(self.keys.job(job_id))
+            pipe.lrange(self.keys.history(job_id), 0, -1)
+            fields, history = pipe.execute()
+        if not fields:
+            return None
+        return records.job_info(self.queue, job_id, fields, history)
+
+    def get_result(self, job_id: str) -> bytes | None:
+        with self._errors(f"read the result of job {job_id!r}"):
+            state, result = self._conns.main.hmget(self.keys.job(job_id), ["state", "result"])
+        if state != b"completed" or result is None:
+            return None
+        return result if isinstance(result, bytes) else result.encode()
+
+    def counts(self) -> dict[JobState, int]:
+        with self._errors("count jobs"):
+            pipe = self._conns.main.pipeline(transaction=False)
+            for state in JobState:
+                pipe.zcard(self.keys.state_set(state))
+            sizes = pipe.execute()
+        return {state: int(n) for state, n in zip(JobState, sizes, strict=True)}
+
+    def list_jobs(self, state: JobState, limit: int = 100) -> list[str]:
+        state = JobState(state)
+        if limit <= 0:
+            return []
+        key = self.keys.state_set(state)
+        ids: Any
+        with self._errors(f"list {state.value} jobs"):
+            if state.finished:
+                ids = self._conns.main.zrevrange(key, 0, limit - 1)
+            else:
+                ids = self._conns.main.zrange(key, 0, limit - 1)
+        return [records.text(job_id) for job_id in ids]
+
+    # -- waiting (listen.py) ----------------------------------------------------------------
+
+    def wait_for_jobs(self, timeout_s: float) -> None:
+        listen.wait_for_jobs(self._conns, self.keys, timeout_s)
+
+    def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
+        return listen.wait_for_finish(self._conns, self.keys, job_id, timeout_s)
+
+    def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
+        return listen.events(self._conns, self.keys, since, block_s)
+
+    def watch_cancellations(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        watch = listen.CancellationWatch(self._conns, self.keys, callback)
+        with self._lock:
+            self._watches.append(watch)
+
+        def stop() -> None:
+            with self._lock:
+                if watch in self._watches:
+                    self._watches.remove(watch)
+            watch.stop()
+
+        return stop
+
+    # -- workers --------------------------------------------------------------------------
+
+    def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        data = json.dumps({**info, "worker_id": worker_id}, default=str)
+        with self._errors(f"register worker {worker_id!r}"):
+            pipe = self._conns.main.pipeline(transaction=False)
+            pipe.set(self.keys.worker(worker_id), data, px=_lease_ms(ttl_s))
+            pipe.sadd(self.keys.workers, worker_id)
+            pipe.execute()
+
+    def unregister_worker(self, worker_id: str) -> None:
+        with self._errors(f"unregister worker {worker_id!r}"):
+            pipe = self._conns.main.pipeline(transaction=False)
+            pipe.delete(self.keys.worker(worker_id))
+            pipe.srem(self.keys.workers, worker_id)
+            pipe.execute()
+
+    def workers(self) -> list[dict[str, Any]]:
+        main = self._conns.main
+        with self._errors("list workers"):
+            ids = sorted(records.text(w) for w in main.smembers(self.keys.workers))
+            values = main.mget([self.keys.worker(w) for w in ids]) if ids else []
+            gone = [w for w, value in zip(ids, values, strict=True) if value is None]
+            if gone:  # their TTL ran out: forget them
+                main.srem(self.keys.workers, *gone)
+        live: list[dict[str, Any]] = []
+        for worker_id, value in zip(ids, values, strict=True):
+            if value is None:
+                continue
+            try:
+                live.append(dict(json.loads(value)))
+            except ValueError as exc:
+                raise BackendError(
+                    f"worker {worker_id!r} of queue {self.queue!r} has an unreadable record"
+                ) from exc
+        return live
+
+    def close(self) -> None:
+        with self._lock:
+            watches, self._watches = self._watches, []
+        for watch in watches:
+            watch.stop()
+        self._conns.close()

@@ -1,0 +1,76 @@
+"""Key names of one queue. Every key carries the queue name as its hash tag (``{queue}``),
+so all of a queue's keys live on one Redis Cluster slot and every Lua script can touch
+any of them atomically.
+
+    sq:{q}:job:<id>            HASH   one job (payload, codec, opts, state, attempts, ...)
+    sq:{q}:job:<id>:attempts   LIST   one AttemptRecord JSON per attempt
+    sq:{q}:waiting             ZSET   -priority * 2^40 + seq: highest priority first, FIFO within
+    sq:{q}:delayed             ZSET   due time ms (server clock)
+    sq:{q}:active              ZSET   lease expiry ms (server clock)
+    sq:{q}:completed|failed|cancelled  ZSET  finished ms (retention and listing)
+    sq:{q}:seq                 STRING sequence counter for FIFO order
+    sq:{q}:events              STREAM job events, capped (MAXLEN ~)
+    sq:{q}:wake                LIST   one token per claimable job; idle workers BLPOP it
+    sq:{q}:workers             SET    ids of registered workers
+    sq:{q}:worker:<id>         STRING a worker's JSON description, with a TTL
+    sq:{q}:cancel              pub/sub channel: ids of cancelled jobs
+"""
+
+from __future__ import annotations
+
+from sandboxq.models import JobState, check_queue_name
+
+
+class QueueKeys:
+    """The keys of one queue (see the module docstring for what each holds)."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = check_queue_name(queue)
+        base = f"sq:{{{queue}}}:"
+        self.job_prefix = base + "job:"
+        self.waiting = base + "waiting"
+        self.delayed = base + "delayed"
+        self.active = base + "active"
+        self.completed = base + "completed"
+        self.failed = base + "failed"
+        self.cancelled = base + "cancelled"
+        self.seq = base + "seq"
+        self.events = base + "events"
+        self.wake = base + "wake"
+        self.workers = base + "workers"
+        self.worker_prefix = base + "worker:"
+        self.cancel_channel = base + "cancel"
+        #: The KEYS every script receives, in the order common.lua expects.
+        self.script_keys: list[str] = [
+            self.job_prefix,
+            self.waiting,
+            self.delayed,
+            self.active,
+            self.completed,
+            self.failed,
+            self.cancelled,
+            self.seq,
+            self.events,
+            self.wake,
+        ]
+        self._by_state = {
+            JobState.WAITING: self.waiting,
+            JobState.DELAYED: self.delayed,
+            JobState.ACTIVE: self.active,
+            JobState.COMPLETED: self.completed,
+            JobState.FAILED: self.failed,
+            JobState.CANCELLED: self.cancelled,
+        }
+
+    def job(self, job_id: str) -> str:
+        return self.job_prefix + job_id
+
+    def history(self, job_id: str) -> str:
+        return self.job_prefix + job_id + ":attempts"
+
+    def worker(self, worker_id: str) -> str:
+        return self.worker_prefix + worker_id
+
+    def state_set(self, state: JobState) -> str:
+        """The ZSET that indexes the jobs in ``state``."""
+        return self._by_state[state]

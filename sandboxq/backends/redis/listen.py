@@ -1,0 +1,189 @@
+"""Waiting without polling: idle workers, result waiters, event readers, cancellation.
+
+    enqueue / retry / recovery ── LPUSH wake ──► BLPOP ──► wait_for_jobs returns
+    every state change ── XADD events ──► XREAD BLOCK ──► wait_for_finish, events()
+    cancel ── PUBLISH sq:{q}:cancel ──► pub/sub thread ──► watch_cancellations callback
+
+Each wait is one blocking command on the blocking client (or the pub/sub connection), so
+an idle worker costs Redis one parked connection and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import redis
+
+from sandboxq.backends.base import Event
+from sandboxq.backends.redis import records
+from sandboxq.backends.redis.connection import BLOCK_CAP_S, Connections
+from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.errors import BackendError
+from sandboxq.models import JobState
+
+log = logging.getLogger(__name__)
+
+FINISH_POLL_S = 0.5  # wait_for_finish re-reads the state this often (events may be trimmed)
+WATCH_TICK_S = 0.1  # how often the cancellation thread checks whether it should stop
+_FINISHED = {s.value.encode(): s for s in JobState if s.finished}
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def wait_for_jobs(conns: Connections, keys: QueueKeys, timeout_s: float) -> None:
+    """BLPOP one wake token, for at most ``timeout_s`` or until the next delayed job is due."""
+    if timeout_s <= 0:
+        return
+    with conns.errors("wait for jobs"):
+        pipe = conns.main.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(keys.delayed, 0, 0, withscores=True)
+        (sec, usec), first_due = pipe.execute()
+        if first_due:
+            until_due_s = (first_due[0][1] - (sec * 1000 + usec // 1000)) / 1000
+            if until_due_s <= 0:
+                return  # a delayed job is due: the next claim promotes it
+            timeout_s = min(timeout_s, until_due_s)
+        # BLPOP's timeout 0 means "forever": never let rounding produce it
+        timeout_s = max(0.001, min(timeout_s, BLOCK_CAP_S))
+        conns.blocking.blpop([keys.wake], timeout=round(timeout_s, 3))
+
+
+def read_events(
+    conns: Connections, keys: QueueKeys, after: str, block_s: float | None
+) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """Stream entries after ``after``; with ``block_s``, waits up to that long for one."""
+    reply: Any
+    if block_s is None:
+        reply = conns.main.xread({keys.events: after}, count=1000)
+    else:
+        block_ms = _ms(min(block_s, BLOCK_CAP_S))
+        reply = conns.blocking.xread({keys.events: after}, count=1000, block=block_ms)
+    return list(reply[0][1]) if reply else []
+
+
+def wait_for_finish(
+    conns: Connections, keys: QueueKeys, job_id: str, timeout_s: float
+) -> JobState | None:
+    """Follow the events stream from "now" and re-read the job's state whenever an event
+    names it (or every FINISH_POLL_S, in case its event was trimmed before we read it)."""
+    deadline = time.monotonic() + timeout_s
+    key, wanted = keys.job(job_id), job_id.encode()
+    with conns.errors(f"wait for job {job_id!r}"):
+        # the stream position is taken before the state is read: no event can slip between
+        newest: Any = conns.main.xrevrange(keys.events, count=1)
+        after = records.text(newest[0][0]) if newest else "0-0"
+        check, checked_at = True, 0.0
+        while True:
+            if check or time.monotonic() - checked_at >= FINISH_POLL_S:
+                raw: Any = conns.main.hget(key, "state")
+                state = _FINISHED.get(raw or b"")
+                checked_at = time.monotonic()
+                if state is not None:
+                    return state
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            entries = read_events(conns, keys, after, min(remaining, FINISH_POLL_S))
+            if entries:
+                after = records.text(entries[-1][0])
+            check = any(fields.get(b"job") == wanted for _, fields in entries)
+
+
+def events(
+    conns: Connections, keys: QueueKeys, since: str | None, block_s: float | None
+) -> Iterator[Event]:
+    """The retained events after ``since``; then, with ``block_s``, new ones as they come,
+    ending once ``block_s`` passes without any."""
+    after = since or "0-0"
+    while True:
+        with conns.errors("read events"):
+            entries = read_events(conns, keys, after, None)
+        if not entries:
+            break
+        for entry_id, fields in entries:
+            after = records.text(entry_id)
+            yield records.event(entry_id, fields)
+    if block_s is None or block_s <= 0:
+        return
+    while True:
+        deadline = time.monotonic() + block_s
+        entries = []
+        while not entries and (remaining := deadline - time.monotonic()) > 0:
+            with conns.errors("wait for events"):
+                entries = read_events(conns, keys, after, remaining)
+        if not entries:
+            return
+        for entry_id, fields in entries:
+            after = records.text(entry_id)
+            yield records.event(entry_id, fields)
+
+
+class CancellationWatch:
+    """A daemon thread reading the queue's cancel channel; ``stop()`` ends it and closes
+    the pub/sub connection. Subscribed before the constructor returns, so a cancel sent
+    after ``watch_cancellations`` returned is never missed."""
+
+    def __init__(
+        self, conns: Connections, keys: QueueKeys, callback: Callable[[str], None]
+    ) -> None:
+        self._where = conns.where
+        self._callback = callback
+        self._pubsub = conns.main.pubsub()  # type: ignore[no-untyped-call]  # untyped in redis-py
+        try:
+            with conns.errors("watch cancellations"):
+                self._subscribe(keys.cancel_channel)
+        except BaseException:
+            self._pubsub.close()
+            raise
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"sandboxq-cancel-watch-{keys.queue}", daemon=True
+        )
+        self._thread.start()
+
+    def _subscribe(self, channel: str) -> None:
+        self._pubsub.subscribe(channel)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            message = self._pubsub.get_message(timeout=0.5)
+            if message is not None and message["type"] == "subscribe":
+                return
+        raise BackendError(f"Redis at {self._where} did not confirm SUBSCRIBE {channel}")
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                message = self._pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=WATCH_TICK_S
+                )
+            except redis.RedisError as exc:
+                # redis-py reconnects and resubscribes on the next read. A cancel sent
+                # meanwhile still revoked the lease, so the owner's next renew fences it.
+                log.warning("cancellation watch on %s: %s", self._where, exc)
+                self._stopping.wait(0.5)
+                continue
+            if message is None or message["type"] != "message":
+                continue
+            try:
+                self._callback(records.text(message["data"]))
+            except Exception:
+                log.exception("cancellation callback failed")
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stopping.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self._pubsub.close()

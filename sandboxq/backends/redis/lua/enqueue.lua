@@ -1,0 +1,54 @@
+-- enqueue.lua: add new jobs, skipping ids that already exist.
+-- KEYS: the standard list (common.lua); uses job prefix, waiting, delayed, seq, events, wake.
+-- ARGV: 1-4 standard; 5 the number of jobs; 6 the jobs, framed back to back (one argument
+--       instead of seven per job: argument encoding was most of the cost of a big batch).
+--       Each job is a big-endian header  >I2 id length, I4 payload length, I2 codec length,
+--       I4 opts length, i2 priority (-1000..1000), i8 delay ms (0: waiting now),
+--       I2 max_stalls  followed by the id, payload, codec and opts bytes.
+--       (backend.py ENQUEUE_HEADER writes the same layout.)
+-- Returns: one integer per job, in order: 1 created, 0 the id already existed.
+-- Upholds: ids are unique while retained (a duplicate never overwrites a live job);
+-- due times come from the server clock (invariant 2); every new job pushes one wake token
+-- so an idle worker notices it within milliseconds without polling.
+
+local now = now_ms()
+local count = tonumber(ARGV[5])
+local blob = ARGV[6]
+local seq = redis.call('INCRBY', SEQ, count) - count
+local created = {}
+local added = 0
+local pos = 1
+for j = 1, count do
+  local id_len, payload_len, codec_len, opts_len, priority, delay, max_stalls, at =
+    struct.unpack('>I2I4I2I4i2i8I2', blob, pos)
+  local id = string.sub(blob, at, at + id_len - 1)
+  at = at + id_len
+  local payload = string.sub(blob, at, at + payload_len - 1)
+  at = at + payload_len
+  local codec = string.sub(blob, at, at + codec_len - 1)
+  at = at + codec_len
+  local opts = string.sub(blob, at, at + opts_len - 1)
+  pos = at + opts_len
+  local key = PREFIX .. id
+  seq = seq + 1
+  if redis.call('EXISTS', key) == 1 then
+    created[j] = 0
+  else
+    local state = 'waiting'
+    if delay > 0 then state = 'delayed' end
+    redis.call('HSET', key, 'payload', payload, 'codec', codec, 'opts', opts, 'state', state,
+      'priority', int(priority), 'max_stalls', int(max_stalls), 'seq', int(seq),
+      'created_ms', int(now))
+    if delay > 0 then
+      redis.call('ZADD', DELAYED, int(now + delay), id)
+    else
+      redis.call('ZADD', WAITING, waiting_score(priority, seq), id)
+    end
+    emit('added', id)
+    added = added + 1
+    created[j] = 1
+  end
+end
+-- A delayed job wakes a worker too: it re-reads the next due time and sleeps until then.
+wake(added)
+return created

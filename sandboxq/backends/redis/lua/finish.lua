@@ -1,0 +1,95 @@
+-- finish.lua: end the caller's attempts (complete / retry / fail / requeue), then claim
+-- up to `claim` more jobs: one round trip acks every attempt that ended and refills the
+-- slots they free (steady state: one round trip per job, fewer under load).
+-- KEYS: the standard list (common.lua).
+-- ARGV: 1-4 standard; 5 worker id, 6 claim count, 7 lease ms, 8 token base, 9 N acks,
+--       then 9 fields per ack: job id, token, action, attempt record JSON, outcome,
+--       error ('' = none), has result ('1'/'0'), result bytes, retry delay ms.
+-- Returns: {N, accepted_1 .. accepted_N (1/0), then 6 entries per claimed job as in
+--          claim.lua}. A single rejected ack claims nothing ("nothing changed").
+-- Upholds: invariant 1 (only the current owner + token may end an attempt: a late ack
+-- after recovery or cancellation is rejected and changes nothing), invariant 3 (every job
+-- leaves active for a stated state; history keeps the attempt), bounded memory (retention).
+
+local worker = ARGV[5]
+local now = now_ms()
+
+local function finish_one(base)
+  local id, token, action = ARGV[base], ARGV[base + 1], ARGV[base + 2]
+  local record, outcome, err = ARGV[base + 3], ARGV[base + 4], ARGV[base + 5]
+  local has_result, result, delay = ARGV[base + 6], ARGV[base + 7], tonumber(ARGV[base + 8])
+  local key = PREFIX .. id
+  if not owns(key, worker, token) then return 0 end
+  redis.call('ZREM', ACTIVE, id)
+  append_history(id, record)
+  -- one HDEL and one HSET per branch: every call inside a script costs a few microseconds
+  if err ~= '' then
+    redis.call('HDEL', key, 'owner', 'token')
+  else
+    redis.call('HDEL', key, 'owner', 'token', 'error')
+  end
+  local fields = {'outcome', outcome}
+  if err ~= '' then fields[3], fields[4] = 'error', err end
+  local function set(...)
+    for _, v in ipairs({...}) do fields[#fields + 1] = v end
+    redis.call('HSET', key, unpack(fields))
+  end
+
+  if action == 'complete' then
+    if has_result == '1' then
+      set('state', 'completed', 'finished_ms', int(now), 'result', result)
+    else
+      set('state', 'completed', 'finished_ms', int(now))
+    end
+    redis.call('ZADD', COMPLETED, int(now), id)
+    emit('completed', id, 'outcome', outcome)
+    trim_finished(COMPLETED, RETAIN_COMPLETED, now)
+  elseif action == 'fail' then
+    set('state', 'failed', 'finished_ms', int(now))
+    redis.call('ZADD', FAILED, int(now), id)
+    emit('failed', id, 'outcome', outcome, 'error', err)
+    trim_finished(FAILED, RETAIN_FAILED, now)
+  elseif action == 'retry' then
+    if delay > 0 then
+      set('state', 'delayed')
+      redis.call('ZADD', DELAYED, int(now + delay), id)
+    else
+      local seq = next_seq()
+      set('state', 'waiting', 'seq', int(seq))
+      redis.call('ZADD', WAITING, waiting_score(redis.call('HGET', key, 'priority'), seq), id)
+    end
+    emit('retried', id, 'outcome', outcome, 'error', err, 'delay_ms', int(delay))
+    wake(1)
+  else
+    -- requeue: the attempt is not charged, and the job keeps its place in line
+    local f = redis.call('HMGET', key, 'attempts', 'priority', 'seq')
+    local attempts = math.max((tonumber(f[1]) or 1) - 1, 0)
+    local seq = tonumber(f[3]) or next_seq()
+    set('state', 'waiting', 'attempts', int(attempts))
+    redis.call('ZADD', WAITING, waiting_score(f[2], seq), id)
+    emit('requeued', id, 'outcome', outcome)
+    wake(1)
+  end
+  return 1
+end
+
+local n = tonumber(ARGV[9])
+for i = 1, n do
+  local action = ARGV[9 + (i - 1) * 9 + 3]
+  if action ~= 'complete' and action ~= 'fail' and action ~= 'retry' and action ~= 'requeue' then
+    return redis.error_reply('unknown finish action ' .. action)
+  end
+end
+local out = {n}
+local accepted = 0
+for i = 1, n do
+  local ok = finish_one(10 + (i - 1) * 9)
+  out[#out + 1] = ok
+  accepted = accepted + ok
+end
+local count = tonumber(ARGV[6])
+if count > 0 and not (n == 1 and accepted == 0) then
+  local claimed = claim_jobs(worker, count, tonumber(ARGV[7]), ARGV[8], now)
+  for i = 1, #claimed do out[#out + 1] = claimed[i] end
+end
+return out

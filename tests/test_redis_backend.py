@@ -1,0 +1,517 @@
+"""Redis-specific behaviour of ``RedisBackend``, against a real redis-server (no mocks).
+
+The backend contract suite covers what every backend shares; these tests look inside
+Redis: server-clock leases, the hash-tagged key layout, owner/token fencing in the Lua
+scripts, retention, the wake list, pub/sub cancellation and broken records.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from sandboxq.backends.base import Claimed, FinishAction, NewJob
+from sandboxq.backends.redis import RedisBackend
+from sandboxq.errors import BackendError
+from sandboxq.models import Action, AttemptRecord, JobState, Outcome
+from sandboxq.testing.redis_server import free_port
+
+PAYLOAD = b"[[1],{}]"
+MakeBackend = Callable[..., RedisBackend]
+
+
+@pytest.fixture
+def make_backend(redis_url: str, queue_name: str) -> Iterator[MakeBackend]:
+    made: list[RedisBackend] = []
+
+    def make(**options: Any) -> RedisBackend:
+        backend = RedisBackend(redis_url, queue_name, **options)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+@pytest.fixture
+def backend(make_backend: MakeBackend) -> RedisBackend:
+    return make_backend()
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def job(job_id: str | None = None, **fields: Any) -> NewJob:
+    return NewJob(payload=PAYLOAD, job_id=job_id, **fields)
+
+
+def record(claimed: Claimed, outcome: Outcome = Outcome.OK, **fields: Any) -> AttemptRecord:
+    return AttemptRecord(attempt=claimed.attempt, outcome=outcome, worker_id="w1", **fields)
+
+
+def server_ms(raw: redis.Redis) -> int:
+    sec, usec = raw.time()
+    return int(sec * 1000 + usec // 1000)
+
+
+# -- layout and server time -----------------------------------------------------------------
+
+
+def test_lease_expiry_is_server_time_plus_lease(backend: RedisBackend, raw: redis.Redis) -> None:
+    backend.enqueue([job("a")])
+    [claimed] = backend.claim("w1", 1, lease_s=30)
+    expiry = raw.zscore(backend.keys.active, "a")
+    assert expiry is not None
+    assert abs(expiry - (server_ms(raw) + 30_000)) < 1000
+
+    assert backend.renew("w1", [("a", claimed.token)], lease_s=60) == []
+    expiry = raw.zscore(backend.keys.active, "a")
+    assert expiry is not None
+    assert abs(expiry - (server_ms(raw) + 60_000)) < 1000
+
+
+def test_every_key_of_a_queue_shares_one_hash_tag(
+    backend: RedisBackend, raw: redis.Redis, queue_name: str
+) -> None:
+    backend.enqueue([job("a"), job("b", delay_s=60), job("c"), job("d")])
+    [claimed] = backend.claim("w1", 1, lease_s=30)
+    backend.finish("w1", claimed.id, claimed.token, "complete", record(claimed), result=b"1")
+    [failing] = backend.claim("w1", 1, lease_s=30)
+    backend.finish("w1", failing.id, failing.token, "fail", record(failing), error="boom")
+    backend.cancel("d")
+    backend.register_worker("w1", {"host": "here"}, ttl_s=30)
+
+    keys = [k.decode() for k in raw.scan_iter(match=f"*{queue_name}*")]
+    assert len(keys) >= 10
+    assert all(k.startswith(f"sq:{{{queue_name}}}:") for k in keys)
+    slots = {key_slot(k.encode()) for k in [*keys, *backend.keys.script_keys]}
+    assert len(slots) == 1
+
+
+# -- ownership (invariant 1) ------------------------------------------------------------------
+
+
+def test_stale_token_or_owner_is_rejected_and_changes_nothing(
+    backend: RedisBackend, raw: redis.Redis
+) -> None:
+    backend.enqueue([job("a")])
+    [claimed] = backend.claim("w1", 1, lease_s=30)
+    key = backend.keys.job("a")
+    before = (raw.hgetall(key), raw.zscore(backend.keys.active, "a"), raw.xlen(backend.keys.events))
+
+    for worker, token in (("w1", "stale-token"), ("w2", claimed.token)):
+        result = backend.finish(worker, "a", token, "complete", record(claimed), result=b"x")
+        assert not result.accepted
+        assert backend.renew(worker, [("a", token)], lease_s=300) == ["a"]
+        assert not backend.record_progress(worker, "a", token, 0.5, "half")
+    after = (raw.hgetall(key), raw.zscore(backend.keys.active, "a"), raw.xlen(backend.keys.events))
+    assert after == before
+    assert raw.llen(backend.keys.history("a")) == 0
+
+
+def test_late_ack_after_recovery_is_rejected(backend: RedisBackend) -> None:
+    backend.enqueue([job("a")])
+    [first] = backend.claim("w1", 1, lease_s=0.05)
+    time.sleep(0.1)
+    assert backend.recover_stalled() == [("a", "waiting")]
+
+    assert backend.renew("w1", [("a", first.token)], lease_s=30) == ["a"]
+    assert not backend.finish("w1", "a", first.token, "complete", record(first)).accepted
+    info = backend.get("a")
+    assert info is not None and info.state is JobState.WAITING and info.stalls == 1
+    assert info.outcome is Outcome.LEASE_LOST
+    assert info.history[-1].outcome is Outcome.LEASE_LOST and info.history[-1].worker_id == "w1"
+
+    [second] = backend.claim("w2", 1, lease_s=30)
+    assert second.id == "a" and second.attempt == 2 and second.token != first.token
+    assert not backend.finish("w1", "a", first.token, "complete", record(first)).accepted
+    assert backend.finish("w2", "a", second.token, "complete", record(second)).accepted
+
+
+def test_too_many_stalls_fail_the_job_with_a_stated_cause(backend: RedisBackend) -> None:
+    backend.enqueue([job("a", options_json='{"max_stalls": 0}')])
+    backend.claim("w1", 1, lease_s=0.02)
+    time.sleep(0.05)
+    assert backend.recover_stalled() == [("a", "failed")]
+    info = backend.get("a")
+    assert info is not None and info.state is JobState.FAILED
+    assert info.outcome is Outcome.LEASE_LOST
+    assert info.error is not None and info.error.startswith("stalled 1 times")
+    assert [e.kind for e in backend.events() if e.job_id == "a"][-2:] == ["stalled", "failed"]
+
+
+def test_recovery_of_a_vanished_record_fails_it_with_a_cause(
+    backend: RedisBackend, raw: redis.Redis
+) -> None:
+    backend.enqueue([job("a")])
+    [claimed] = backend.claim("w1", 1, lease_s=0.02)
+    assert backend.record_progress("w1", "a", claimed.token, 0.25, None)
+    raw.delete(backend.keys.job("a"))
+    time.sleep(0.05)
+    assert backend.recover_stalled() == [("a", "failed")]
+    info = backend.get("a")
+    assert info is not None and info.state is JobState.FAILED
+    assert info.error == "malformed job record: the job hash is missing"
+
+
+def test_cancel_revokes_the_lease_and_notifies_the_owner_fast(backend: RedisBackend) -> None:
+    backend.enqueue([job("a")])
+    [claimed] = backend.claim("w1", 1, lease_s=30)
+    seen: list[tuple[str, float]] = []
+    arrived = threading.Event()
+
+    def on_cancel(job_id: str) -> None:
+        seen.append((job_id, time.monotonic()))
+        arrived.set()
+
+    stop = backend.watch_cancellations(on_cancel)
+    try:
+        sent = time.monotonic()
+        assert backend.cancel("a")
+        assert arrived.wait(2)
+    finally:
+        stop()
+    assert seen[0][0] == "a" and seen[0][1] - sent < 0.1
+    assert backend.renew("w1", [("a", claimed.token)], lease_s=30) == ["a"]
+    assert not backend.finish("w1", "a", claimed.token, "complete", record(claimed)).accepted
+    info = backend.get("a")
+    assert info is not None and info.state is JobState.CANCELLED and info.finished_ms
+    assert not backend.cancel("a")
+    assert not any(t.name.startswith("sandboxq-cancel-watch") for t in threading.enumerate())
+
+
+# -- order, delays, retries -----------------------------------------------------------------
+
+
+def test_unique_job_id_returns_the_existing_id(backend: RedisBackend, raw: redis.Redis) -> None:
+    assert backend.enqueue([job("a")]) == [("a", True)]
+    payload_before = raw.hget(backend.keys.job("a"), "payload")
+    other = NewJob(payload=b'[["other"],{}]', job_id="a")
+    assert backend.enqueue([other, job("b"), job("b")]) == [("a", False), ("b", True), ("b", False)]
+    assert raw.hget(backend.keys.job("a"), "payload") == payload_before
+    assert backend.counts()[JobState.WAITING] == 2
+
+
+def test_higher_priority_first_fifo_within_a_priority(backend: RedisBackend) -> None:
+    priorities = {"p0-1": 0, "p5-1": 5, "p0-2": 0, "n3": -3, "p5-2": 5, "p0-3": 0, "top": 1000}
+    backend.enqueue([job(i, priority=p) for i, p in priorities.items()])
+    order = [c.id for c in backend.claim("w1", 10, lease_s=30)]
+    assert order == ["top", "p5-1", "p5-2", "p0-1", "p0-2", "p0-3", "n3"]
+
+
+def test_delayed_jobs_are_promoted_when_due(backend: RedisBackend, raw: redis.Redis) -> None:
+    backend.enqueue([job("later", delay_s=0.3), job("now")])
+    due = raw.zscore(backend.keys.delayed, "later")
+    assert due is not None and abs(due - (server_ms(raw) + 300)) < 200
+    assert [c.id for c in backend.claim("w1", 5, lease_s=30)] == ["now"]
+    assert backend.list_jobs(JobState.DELAYED) == ["later"]
+    time.sleep(0.35)
+    assert [c.id for c in backend.claim("w1", 5, lease_s=30)] == ["later"]
+
+
+def test_retry_with_backoff_goes_to_delayed(backend: RedisBackend, raw: redis.Redis) -> None:
+    backend.enqueue([job("a")])
+    [first] = backend.claim("w1", 1, lease_s=30)
+    done = backend.finish(
+        "w1",
+        "a",
+        first.token,
+        "retry",
+        record(first, Outcome.ERROR, action=Action.RETRY),
+        error="boom",
+        retry_delay_s=0.3,
+    )
+    assert done.accepted
+    due = raw.zscore(backend.keys.delayed, "a")
+    assert due is not None and abs(due - (server_ms(raw) + 300)) < 200
+    info = backend.get("a")
+    assert info is not None and info.state is JobState.DELAYED and info.error == "boom"
+    assert backend.claim("w1", 1, lease_s=30) == []
+    time.sleep(0.35)
+    [second] = backend.claim("w1", 1, lease_s=30)
+    assert second.attempt == 2
+
+    retried = backend.finish("w1", "a", second.token, "retry", record(second, Outcome.ERROR))
+    assert retried.accepted and backend.list_jobs(JobState.WAITING) == ["a"]
+
+
+def test_requeue_does_not_charge_an_attempt(backend: RedisBackend) -> None:
+    backend.enqueue([job("a"), job("b")])
+    [first] = backend.claim("w1", 1, lease_s=30)
+    assert first.id == "a" and first.attempt == 1
+    interrupted = record(first, Outcome.INTERRUPTED)
+    assert backend.finish("w1", "a", first.token, "requeue", interrupted).accepted
+    info = backend.get("a")
+    assert info is not None and info.state is JobState.WAITING and info.attempts == 0
+    assert [h.outcome for h in info.history] == [Outcome.INTERRUPTED]
+    [again] = backend.claim("w2", 1, lease_s=30)
+    assert again.id == "a" and again.attempt == 1  # and it kept its place ahead of "b"
+
+
+def test_finish_claims_the_next_job_in_the_same_call(backend: RedisBackend) -> None:
+    backend.enqueue([job("a"), job("b")])
+    [a] = backend.claim("w1", 1, lease_s=30)
+    done = backend.finish("w1", "a", a.token, "complete", record(a), result=b"42", claim=1)
+    assert done.accepted and [c.id for c in done.claimed] == ["b"]
+    assert backend.get_result("a") == b"42"
+    assert backend.get_result("b") is None
+
+
+# -- retention and events -------------------------------------------------------------------
+
+
+def test_retention_trims_finished_jobs_by_count_and_deletes_their_keys(
+    make_backend: MakeBackend, raw: redis.Redis
+) -> None:
+    backend = make_backend(retain_completed=3, retain_failed=2)
+    ids = [f"j{i}" for i in range(8)]
+    backend.enqueue([job(i) for i in ids])
+    for i, claimed in enumerate(backend.claim("w1", 8, lease_s=30)):
+        action: FinishAction = "complete" if i < 5 else "fail"
+        backend.finish("w1", claimed.id, claimed.token, action, record(claimed), result=b"1")
+    assert backend.list_jobs(JobState.COMPLETED) == ["j4", "j3", "j2"]
+    assert backend.list_jobs(JobState.FAILED) == ["j7", "j6"]
+    for trimmed in ("j0", "j1", "j5"):
+        assert raw.exists(backend.keys.job(trimmed), backend.keys.history(trimmed)) == 0
+        assert backend.get(trimmed) is None
+    assert raw.exists(backend.keys.history("j4")) == 1
+
+
+def test_retention_by_age(make_backend: MakeBackend) -> None:
+    backend = make_backend(retain_s=0.05)
+    backend.enqueue([job("old"), job("new")])
+    old, new = backend.claim("w1", 2, lease_s=30)
+    backend.finish("w1", "old", old.token, "complete", record(old))
+    time.sleep(0.1)
+    backend.finish("w1", "new", new.token, "complete", record(new))
+    assert backend.list_jobs(JobState.COMPLETED) == ["new"]
+
+
+def test_events_stream_is_capped_by_length(make_backend: MakeBackend, raw: redis.Redis) -> None:
+    backend = make_backend(max_events=50)
+    backend.enqueue([job() for _ in range(1500)])
+    # MAXLEN ~ trims whole stream nodes (100 entries each by default): near, never far over
+    assert 50 <= raw.xlen(backend.keys.events) <= 250
+
+
+def test_events_parse_and_block(backend: RedisBackend) -> None:
+    backend.enqueue([job("a")])
+    [added] = list(backend.events())
+    assert added.kind == "added" and added.job_id == "a"
+    timer = threading.Timer(0.1, lambda: backend.claim("w1", 1, lease_s=30))
+    timer.start()
+    started = time.monotonic()
+    [active] = list(backend.events(since=added.id, block_s=0.5))
+    timer.join()
+    assert active.kind == "active" and active.data == {"worker": "w1", "attempt": "1"}
+    assert time.monotonic() - started < 1.5
+
+
+# -- waking ---------------------------------------------------------------------------------
+
+
+def test_wait_for_jobs_wakes_within_milliseconds_of_an_enqueue(
+    make_backend: MakeBackend,
+) -> None:
+    worker, producer = make_backend(), make_backend()
+    assert worker.claim("w1", 1, lease_s=30) == []  # clears any wake token
+    enqueued_at: list[float] = []
+
+    def produce() -> None:
+        time.sleep(0.2)
+        enqueued_at.append(time.monotonic())
+        producer.enqueue([job("a")])
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    worker.wait_for_jobs(5)
+    woke_at = time.monotonic()
+    thread.join()
+    assert enqueued_at and woke_at - enqueued_at[0] < 0.05
+    assert [c.id for c in worker.claim("w1", 1, lease_s=30)] == ["a"]
+
+
+def test_idle_wait_blocks_instead_of_spinning(backend: RedisBackend) -> None:
+    # a busy period leaves wake tokens behind; once the queue drains they must not make
+    # idle workers spin
+    backend.enqueue([job() for _ in range(50)])
+    [current] = backend.claim("w1", 1, lease_s=30)
+    while True:
+        done = backend.finish("w1", current.id, current.token, "complete", record(current), claim=1)
+        if not done.claimed:
+            break
+        [current] = done.claimed
+    started = time.monotonic()
+    for _ in range(3):
+        backend.wait_for_jobs(0.15)
+    assert time.monotonic() - started >= 0.4
+
+
+def test_wait_for_jobs_wakes_when_a_delayed_job_falls_due(backend: RedisBackend) -> None:
+    backend.enqueue([job("a", delay_s=0.3)])
+    backend.wait_for_jobs(0.01)  # consumes the enqueue's wake token
+    assert backend.claim("w1", 1, lease_s=30) == []
+    started = time.monotonic()
+    backend.wait_for_jobs(5)
+    assert 0.15 < time.monotonic() - started < 1.0
+    assert [c.id for c in backend.claim("w1", 1, lease_s=30)] == ["a"]
+
+
+def test_wait_for_finish_returns_soon_after_the_job_finishes(backend: RedisBackend) -> None:
+    backend.enqueue([job("a")])
+    [claimed] = backend.claim("w1", 1, lease_s=30)
+    assert backend.wait_for_finish("a", 0.1) is None
+
+    def complete() -> None:
+        time.sleep(0.15)
+        backend.finish("w1", "a", claimed.token, "complete", record(claimed))
+
+    thread = threading.Thread(target=complete)
+    thread.start()
+    started = time.monotonic()
+    assert backend.wait_for_finish("a", 5) is JobState.COMPLETED
+    thread.join()
+    assert time.monotonic() - started < 0.4
+
+
+# -- broken records (invariant 7) -----------------------------------------------------------
+
+
+def _break_payload(raw: redis.Redis, key: str) -> None:
+    raw.hdel(key, "payload")
+
+
+def _break_opts(raw: redis.Redis, key: str) -> None:
+    raw.hset(key, "opts", "\x00garbage{")
+
+
+def _break_attempts(raw: redis.Redis, key: str) -> None:
+    raw.hset(key, "attempts", "many")
+
+
+def _break_type(raw: redis.Redis, key: str) -> None:
+    raw.delete(key)
+    raw.set(key, "not a hash")
+
+
+def _break_missing(raw: redis.Redis, key: str) -> None:
+    raw.delete(key)
+
+
+def _break_options_schema(raw: redis.Redis, key: str) -> None:
+    raw.hset(key, "opts", '{"retries": -5}')
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "cause"),
+    [
+        (_break_payload, "payload field is missing"),
+        (_break_opts, "opts field is not a JSON object"),
+        (_break_attempts, "attempts field is not a number"),
+        (_break_type, "not a hash"),
+        (_break_missing, "job hash is missing"),
+        (_break_options_schema, "opts field does not validate"),
+    ],
+)
+def test_a_corrupt_record_fails_that_job_on_claim(
+    backend: RedisBackend,
+    raw: redis.Redis,
+    corrupt: Callable[[redis.Redis, str], None],
+    cause: str,
+) -> None:
+    backend.enqueue([job("bad"), job("good")])
+    corrupt(raw, backend.keys.job("bad"))
+    assert [c.id for c in backend.claim("w1", 2, lease_s=30)] == ["good"]
+    info = backend.get("bad")
+    assert info is not None and info.state is JobState.FAILED
+    assert info.outcome is Outcome.ERROR
+    assert info.error is not None and info.error.startswith("malformed job record: ")
+    assert cause in info.error
+    assert backend.list_jobs(JobState.FAILED) == ["bad"]
+    assert backend.counts()[JobState.ACTIVE] == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("state", "sideways"), ("opts", "{not json"), ("attempts", "x"), ("outcome", "meh")],
+)
+def test_get_of_an_unparseable_record_names_the_job(
+    backend: RedisBackend, raw: redis.Redis, field: str, value: str
+) -> None:
+    backend.enqueue([job("broken-1")])
+    raw.hset(backend.keys.job("broken-1"), field, value)
+    with pytest.raises(BackendError, match=r"broken-1.*" + field):
+        backend.get("broken-1")
+
+
+def test_get_of_unparseable_history_or_wrong_type_names_the_job(
+    backend: RedisBackend, raw: redis.Redis
+) -> None:
+    backend.enqueue([job("h"), job("t")])
+    raw.rpush(backend.keys.history("h"), "{oops")
+    with pytest.raises(BackendError, match=r"'h'.*attempt record"):
+        backend.get("h")
+    raw.delete(backend.keys.job("t"))
+    raw.sadd(backend.keys.job("t"), "x")
+    with pytest.raises(BackendError, match="'t'"):
+        backend.get("t")
+
+
+def test_unreachable_redis_raises_backend_error_promptly(queue_name: str) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    backend = RedisBackend(url, queue_name)
+    try:
+        for call in (
+            lambda: backend.enqueue([job()]),
+            lambda: backend.claim("w1", 1, lease_s=30),
+            lambda: backend.renew("w1", [("a", "t")], lease_s=30),
+            lambda: backend.wait_for_jobs(1),
+            lambda: backend.get("a"),
+        ):
+            started = time.monotonic()
+            with pytest.raises(BackendError, match=url.replace(".", r"\.")):
+                call()
+            assert time.monotonic() - started < 2
+    finally:
+        backend.close()
+
+
+# -- bulk and management --------------------------------------------------------------------
+
+
+def test_bulk_enqueue_spans_several_script_calls(backend: RedisBackend) -> None:
+    jobs = [job(f"j{i}") for i in range(1234)] + [job("j7")]
+    created = backend.enqueue(jobs)
+    assert [c for _, c in created] == [True] * 1234 + [False]
+    assert backend.counts()[JobState.WAITING] == 1234
+    assert [c.id for c in backend.claim("w1", 3, lease_s=30)] == ["j0", "j1", "j2"]
+
+
+def test_retry_failed_purge_and_workers(backend: RedisBackend, raw: redis.Redis) -> None:
+    backend.enqueue([job("a"), job("b")])
+    for claimed in backend.claim("w1", 2, lease_s=30):
+        backend.finish("w1", claimed.id, claimed.token, "fail", record(claimed), error="no")
+    assert backend.retry_failed("a") and not backend.retry_failed("a")
+    info = backend.get("a")
+    assert info is not None and info.state is JobState.WAITING and info.attempts == 0
+    assert backend.purge(JobState.FAILED) == 1
+    assert raw.exists(backend.keys.job("b"), backend.keys.history("b")) == 0
+    assert backend.counts() == {s: int(s is JobState.WAITING) for s in JobState}
+
+    backend.register_worker("w1", {"pid": 1}, ttl_s=30)
+    backend.register_worker("w2", {"pid": 2}, ttl_s=0.05)
+    time.sleep(0.1)
+    assert backend.workers() == [{"pid": 1, "worker_id": "w1"}]
+    backend.unregister_worker("w1")
+    assert backend.workers() == []

@@ -1,0 +1,271 @@
+"""Invariants under real faults: worker processes SIGKILLed and SIGSTOPped, Redis stopped
+and restarted, every core saturated by GIL-holding children. Real redis-server, real
+processes; nothing mocked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandboxq import Queue
+from sandboxq.models import JobState, Outcome
+from sandboxq.testing.redis_server import RedisServer
+from sandboxq.worker import SandboxWorker
+
+H = "sandboxq.testing.handlers:"
+
+
+def spawn_worker(
+    url: str, queue: str, processor: str, log: Path, *args: str
+) -> subprocess.Popen[bytes]:
+    with log.open("ab") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "sandboxq", "worker", queue, H + processor, "--url", url, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def executions(log_file: Path) -> dict[str, list[tuple[str, int, float]]]:
+    runs: dict[str, list[tuple[str, int, float]]] = {}
+    for line in log_file.read_text().splitlines() if log_file.exists() else []:
+        kind, pid, key, at = line.split()
+        runs.setdefault(key, []).append((kind, int(pid), float(at)))
+    return runs
+
+
+def assert_never_concurrent(log_file: Path) -> None:
+    """No two children ever ran the same job at the same time (invariant 1)."""
+    for key, events in executions(log_file).items():
+        open_runs: set[int] = set()
+        for kind, pid, _at in sorted(events, key=lambda e: e[2]):
+            if kind == "start":
+                assert not open_runs or all(not psutil.pid_exists(p) for p in open_runs), (
+                    f"job {key} started in {pid} while {open_runs} still ran it"
+                )
+                open_runs = {pid}
+            else:
+                open_runs.discard(pid)
+
+
+@pytest.fixture
+def queue(redis_url: str, queue_name: str) -> Iterator[Queue]:
+    q = Queue(queue_name, url=redis_url)
+    yield q
+    q.close()
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_a_worker_parent_recovers_its_job(
+    redis_url: str, queue: Queue, queue_name: str, tmp_path: Path
+) -> None:
+    """Invariants 3 and 4: the dead worker's children die with it, and its job completes on
+    another worker about one lease after the kill."""
+    runs = tmp_path / "runs"
+    lease = 1.5
+    a = spawn_worker(
+        redis_url,
+        queue_name,
+        "recorded_sleep",
+        tmp_path / "a.log",
+        "--lease-s",
+        str(lease),
+        "--concurrency",
+        "1",
+    )
+    try:
+        job = queue.enqueue(str(runs), "job", 1.0)
+        wait_for(lambda: "job" in executions(runs), 20, "worker A to start the job")
+        children = [p.pid for p in psutil.Process(a.pid).children(recursive=True)]
+        a.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        a.wait()
+        wait_for(
+            lambda: (
+                not any(
+                    psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                    for p in children
+                )
+            ),
+            5,
+            "worker A's children to die",
+        )
+        b = SandboxWorker(
+            queue_name,
+            H + "recorded_sleep",
+            url=redis_url,
+            concurrency=1,
+            lease_s=lease,
+            stall_check_s=0.25,
+        )
+        thread = threading.Thread(target=b.run, daemon=True)
+        thread.start()
+        try:
+            assert job.result(timeout_s=20) == "job"
+            recovered_after = time.monotonic() - killed_at
+        finally:
+            b.stop()
+            thread.join(15)
+    finally:
+        stop_process(a)
+    info = job.info()
+    assert info.stalls == 1 and info.state is JobState.COMPLETED
+    # The stalled attempt is on record too: the answer to "what happened to my job".
+    assert [h.outcome for h in info.history] == [Outcome.LEASE_LOST, Outcome.OK]
+    assert recovered_after < lease + 0.25 + 1.0 + 1.0  # lease + check interval + the job itself
+    assert_never_concurrent(runs)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_stopped_past_its_lease_is_fenced_when_it_resumes(
+    redis_url: str, queue: Queue, queue_name: str, tmp_path: Path
+) -> None:
+    """Invariants 1 and 2: worker A is frozen (parent and children) past its lease; B
+    recovers and completes the job. When A resumes, its child is killed and it does not
+    ack: the job completes exactly once, by B."""
+    runs = tmp_path / "runs"
+    lease = 1.0
+    a = spawn_worker(
+        redis_url,
+        queue_name,
+        "recorded_sleep",
+        tmp_path / "a.log",
+        "--lease-s",
+        str(lease),
+        "--concurrency",
+        "1",
+    )
+    b_thread = None
+    try:
+        job = queue.enqueue(str(runs), "job", 3.0)
+        wait_for(lambda: "job" in executions(runs), 20, "worker A to start the job")
+        family = [a.pid] + [p.pid for p in psutil.Process(a.pid).children(recursive=True)]
+        a_child = executions(runs)["job"][0][1]
+        for pid in family:
+            os.kill(pid, signal.SIGSTOP)
+        b = SandboxWorker(
+            queue_name,
+            H + "recorded_sleep",
+            url=redis_url,
+            concurrency=1,
+            lease_s=lease,
+            stall_check_s=0.2,
+        )
+        b_thread = threading.Thread(target=b.run, daemon=True)
+        b_thread.start()
+        wait_for(lambda: len(executions(runs)["job"]) >= 2, 20, "worker B to start the job")
+        # A wakes up (parent first) while B still runs the job.
+        for pid in family:
+            os.kill(pid, signal.SIGCONT)
+        wait_for(
+            lambda: not psutil.pid_exists(a_child) or psutil.Process(a_child).status() == "zombie",
+            5,
+            "A's child to be killed",
+        )
+        assert job.result(timeout_s=20) == "job"
+    finally:
+        stop_process(a)
+        if b_thread is not None:
+            b.stop()
+            b_thread.join(15)
+    info = job.info()
+    assert info.state is JobState.COMPLETED and info.stalls == 1
+    # The stall is recorded by the recovery; A never acked.
+    assert [h.outcome for h in info.history] == [Outcome.LEASE_LOST, Outcome.OK]
+    assert all(h.worker_id != b.id for h in info.history[:1])
+    ends = [e for e in executions(runs)["job"] if e[0] == "end"]
+    assert len(ends) == 1 and ends[0][1] != a_child  # only B's execution finished
+    assert_never_concurrent(runs)
+
+
+@pytest.mark.timeout(90)
+def test_redis_down_longer_than_a_lease_then_back(queue_name: str, tmp_path: Path) -> None:
+    """Invariants 2 and 3: the worker fences its running jobs, survives, reconnects, and
+    every job ends completed (or failed with a cause); nothing is lost."""
+    runs = tmp_path / "runs"
+    with RedisServer(appendonly=True) as server:
+        q = Queue(queue_name, url=server.url)
+        jobs = [q.enqueue(str(runs), f"j{i}", 0.3) for i in range(12)]
+        worker = spawn_worker(
+            server.url,
+            queue_name,
+            "recorded_sleep",
+            tmp_path / "w.log",
+            "--lease-s",
+            "1.0",
+            "--concurrency",
+            "2",
+            "--retries",
+            "3",
+        )
+        try:
+            wait_for(lambda: len(executions(runs)) >= 2, 20, "jobs to start")
+            server.stop()
+            time.sleep(2.5)  # longer than the lease
+            assert worker.poll() is None, "the worker died while Redis was down"
+            server.start()
+            for job in jobs:
+                job.result(timeout_s=40)
+            assert worker.poll() is None
+        finally:
+            stop_process(worker)
+            q.close()
+    assert set(executions(runs)) == {f"j{i}" for i in range(12)}
+    assert_never_concurrent(runs)
+
+
+@pytest.mark.timeout(60)
+def test_leases_are_renewed_while_every_core_is_held_by_gil_holding_children(
+    redis_url: str, queue: Queue, queue_name: str
+) -> None:
+    """Invariant 5: jobs 5x longer than the lease, in children that hold the GIL inside C
+    calls on every core, run once and complete once; no lease lapses."""
+    lease = 1.0
+    cores = os.cpu_count() or 2
+    worker = SandboxWorker(
+        queue_name,
+        H + "spin_gil_for",
+        url=redis_url,
+        concurrency=cores,
+        lease_s=lease,
+        stall_check_s=0.2,
+        prefetch=0,
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        jobs = [queue.enqueue(5 * lease) for _ in range(cores)]
+        for job in jobs:
+            assert job.result(timeout_s=40) is True
+    finally:
+        worker.stop()
+        thread.join(15)
+    for job in jobs:
+        info = job.info()
+        assert info.attempts == 1 and info.stalls == 0
+        assert [h.outcome for h in info.history] == [Outcome.OK]
+    assert worker.stats["lease_lost"] == 0 and worker.stats["rejected_acks"] == 0
+    assert worker.heartbeat.max_gap_s < lease - 0.1, worker.heartbeat.max_gap_s
