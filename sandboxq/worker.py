@@ -184,6 +184,7 @@ class SandboxWorker:
             heartbeat.stop()
             self._pool.shutdown(cancel=True)
             self._unregister()
+            self.backend.close()
             restore()
 
     def stop(self, now: bool = False) -> None:
@@ -424,6 +425,15 @@ class SandboxWorker:
                 self._forget(job.id)
                 if ok:
                     self.stats[_STAT[ack.action]] += 1
+                    if log.isEnabledFor(logging.INFO):
+                        log.info(
+                            "job %s attempt %d: %s -> %s%s",
+                            job.id,
+                            job.attempt,
+                            ack.attempt.outcome,
+                            ack.action,
+                            f" ({ack.error})" if ack.error else "",
+                        )
                 else:
                     self.stats["rejected_acks"] += 1
                     log.warning(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import time
 import uuid
 from collections.abc import Iterator
@@ -51,6 +52,9 @@ def _descendants() -> dict[int, str]:
 def no_leaked_processes() -> Iterator[None]:
     before = set(_descendants())
     yield
+    # Collect now, inside the test: an unclosed socket or file then fails the test that
+    # leaked it (ResourceWarning is an error) instead of surfacing after the session.
+    gc.collect()
     deadline = time.monotonic() + 3.0
     while (leaked := {p: c for p, c in _descendants().items() if p not in before}) and (
         time.monotonic() < deadline
