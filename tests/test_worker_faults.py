@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandboxq import Queue
+from sandboxq import JobFailed, Queue
 from sandboxq.models import JobState, Outcome
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.worker import SandboxWorker
@@ -269,3 +269,125 @@ def test_leases_are_renewed_while_every_core_is_held_by_gil_holding_children(
         assert [h.outcome for h in info.history] == [Outcome.OK]
     assert worker.stats["lease_lost"] == 0 and worker.stats["rejected_acks"] == 0
     assert worker.heartbeat.max_gap_s < lease - 0.1, worker.heartbeat.max_gap_s
+
+
+@pytest.mark.timeout(60)
+def test_corrupt_records_fail_that_job_with_a_cause_and_the_worker_goes_on(
+    redis_url: str, queue: Queue, queue_name: str
+) -> None:
+    """Invariant 7: records corrupted by hand in Redis fail their own job, with a stated
+    cause; the worker keeps serving everything else."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url)
+    key = f"sq:{{{queue_name}}}:job:"
+    bad_payload, bad_options, bad_type = (queue.enqueue(i) for i in range(3))
+    r.hset(key + bad_payload.id, "payload", b"\xff{not json")
+    r.hset(key + bad_options.id, "opts", b'{"hard_timeout_s": "soon"}')
+    r.delete(key + bad_type.id)
+    r.set(key + bad_type.id, b"a string where a hash belongs")
+    good = queue.enqueue("still fine")
+    worker = SandboxWorker(queue_name, H + "echo", url=redis_url, concurrency=2, lease_s=5)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        assert good.result(timeout_s=20) == "still fine"
+        causes = {}
+        for job in (bad_payload, bad_options):
+            with pytest.raises(JobFailed) as info:
+                job.result(timeout_s=20)
+            causes[job.id] = str(info.value)
+        wait_for(
+            lambda: r.zscore(f"sq:{{{queue_name}}}:failed", bad_type.id) is not None,
+            20,
+            "the record of the wrong type to be failed",
+        )
+        # The worker is still serving.
+        assert queue.enqueue("after").result(timeout_s=20) == "after"
+    finally:
+        worker.stop()
+        thread.join(15)
+    assert "arguments cannot be decoded" in causes[bad_payload.id]
+    assert "malformed job record: the opts field does not validate" in causes[bad_options.id]
+    assert thread.is_alive() is False
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_drains_and_a_second_signal_stops_now(
+    redis_url: str, queue: Queue, queue_name: str, tmp_path: Path
+) -> None:
+    """Invariant 9 through a real process and real signals: SIGTERM lets a running job
+    finish and exits 0; on a long job, a second SIGTERM requeues it uncharged at once."""
+    runs = tmp_path / "runs"
+    w = spawn_worker(
+        redis_url,
+        queue_name,
+        "recorded_sleep",
+        tmp_path / "w.log",
+        "--concurrency",
+        "1",
+        "--lease-s",
+        "5",
+        "--stop-timeout-s",
+        "30",
+    )
+    try:
+        short = queue.enqueue(str(runs), "short", 1.0)
+        wait_for(lambda: "short" in executions(runs), 20, "the short job to start")
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(20) == 0
+        assert short.state() is JobState.COMPLETED
+    finally:
+        stop_process(w)
+    w = spawn_worker(
+        redis_url,
+        queue_name,
+        "recorded_sleep",
+        tmp_path / "w2.log",
+        "--concurrency",
+        "1",
+        "--lease-s",
+        "5",
+        "--stop-timeout-s",
+        "30",
+    )
+    try:
+        long = queue.enqueue(str(runs), "long", 60.0)
+        wait_for(lambda: "long" in executions(runs), 20, "the long job to start")
+        w.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert w.poll() is None  # still draining: the job may take its 30 s
+        t0 = time.monotonic()
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(10) == 0
+        assert time.monotonic() - t0 < 5
+    finally:
+        stop_process(w)
+    info = long.info()
+    assert info.state is JobState.WAITING and info.attempts == 0  # requeued, not charged
+
+
+@pytest.mark.timeout(30)
+def test_workers_register_with_their_current_jobs(
+    redis_url: str, queue: Queue, queue_name: str
+) -> None:
+    worker = SandboxWorker(
+        queue_name, H + "sleep_forever", url=redis_url, concurrency=1, lease_s=1.5
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        job = queue.enqueue()
+        wait_for(
+            lambda: any(w["jobs"] for w in queue.backend.workers()),
+            10,
+            "the worker to show its job",
+        )
+        (info,) = queue.backend.workers()
+        assert info["worker_id"] == worker.id and info["pid"] == os.getpid()
+        (current,) = info["jobs"]
+        assert current["id"] == job.id and psutil.pid_exists(current["pid"])
+    finally:
+        worker.stop(now=True)
+        thread.join(15)
+    assert queue.backend.workers() == []
