@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: demo test lint check bench redis-server clean
 
@@ -13,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,dev]'
 	touch $(STAMP)
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,dev,bench]'
+	touch $(BENCH_STAMP)
 
 # redis-server is needed by the test suite (it starts its own on a free port).
 redis-server:
@@ -35,7 +40,7 @@ lint: $(STAMP)
 
 check: lint test
 
-bench: $(STAMP) redis-server
+bench: $(BENCH_STAMP) redis-server
 	$(PY) bench/run_all.py
 
 clean:
