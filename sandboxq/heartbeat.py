@@ -4,6 +4,10 @@
         renewed  ──► pool.extend_fence(token, renew_started + lease_s - margin)
         rejected ──► on_lost(job): the child is killed (outcome lease_lost), no ack
 
+Renewals keep a fixed schedule (one every ``interval_s`` from the start of the last, not
+from its end), and ``on_tick`` (the worker registry refresh, on the main connection) runs
+on a thread of its own: a slow link or a slow server stretches neither into a late renewal.
+
 The heartbeat never kills on a timer of its own: each attempt carries a fence deadline
 in the pool's supervisor, which enforces it like any other deadline. So if Redis hangs,
 this thread may block in ``renew`` for as long as it likes; the fence still falls on
@@ -69,29 +73,43 @@ class Heartbeat:
         self._on_tick = on_tick
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sandboxq-heartbeat", daemon=True)
+        self._ticker = threading.Thread(target=self._tick, name="sandboxq-registry", daemon=True)
         #: Longest gap between two successful renewals, for tests and benchmarks.
         self.max_gap_s = 0.0
         self.renewals = 0
 
     def start(self) -> None:
         self._thread.start()
+        if self._on_tick is not None:
+            self._ticker.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        if self._ticker.is_alive():
+            self._ticker.join()
 
     def _run(self) -> None:
-        last_ok = time.monotonic()
-        while not self._stop.wait(self._interval_s):
+        last_ok = next_at = time.monotonic()
+        while True:
+            next_at += self._interval_s
+            if self._stop.wait(max(0.0, next_at - time.monotonic())):
+                return
             if self.renew_now():
                 now = time.monotonic()
                 self.max_gap_s = max(self.max_gap_s, now - last_ok)
                 last_ok = now
-            if self._on_tick is not None:
-                try:
-                    self._on_tick()
-                except Exception:
-                    log.exception("heartbeat tick failed")
+            # After a call longer than the interval, renew at once, then keep the schedule
+            # from now rather than firing a burst of catch-up renewals.
+            next_at = max(next_at, time.monotonic() - self._interval_s)
+
+    def _tick(self) -> None:
+        assert self._on_tick is not None
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._on_tick()
+            except Exception:
+                log.exception("heartbeat tick failed")
 
     def renew_now(self) -> bool:
         """Renew every owned lease once; False if the backend could not be reached."""

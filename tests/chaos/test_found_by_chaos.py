@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from concurrent.futures import Future
 
 import pytest
 
-from sandboxq import Pool
+from sandboxq import Pool, Queue
+from sandboxq.heartbeat import fence_margin_s
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult
+from sandboxq.testing.proxy import TcpProxy
+from sandboxq.testing.redis_server import RedisServer
+from sandboxq.worker import SandboxWorker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,3 +54,37 @@ def test_a_kill_racing_a_childs_death_does_not_crash_the_supervisor() -> None:
         assert pool.submit(0.01, "after").result(timeout=20) == "after"
     finally:
         pool.shutdown(cancel=True)
+
+
+def test_a_worker_behind_a_slow_link_keeps_its_leases(
+    redis_server: RedisServer, queue_name: str
+) -> None:
+    """Found with the network chaos test: behind a link with 150 ms of latency each way, a
+    worker with a 1.5 s lease fenced its own healthy jobs over and over. Its heartbeat
+    waited a full renewal interval *after* each renewal and then refreshed the worker
+    registry, on the same thread, over the main connection: one cycle took interval +
+    two round trips, so the lease was renewed too late. Renewals now keep a fixed schedule
+    and the registry refresh has its own thread."""
+    lease = 1.5
+    with (
+        TcpProxy("127.0.0.1", redis_server.port) as proxy,
+        Queue(queue_name, url=redis_server.url) as queue,
+    ):
+        worker = SandboxWorker(
+            queue_name, H + "succeed_after", url=proxy.url, concurrency=2, lease_s=lease
+        )
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            # Warm up every connection on a fast link: the test is about the steady state.
+            assert queue.enqueue(1.0, "warm").result(timeout_s=20) == "warm"
+            proxy.delay_s = 0.15
+            jobs = [queue.enqueue(3 * lease, i) for i in range(2)]
+            assert [job.result(timeout_s=60) for job in jobs] == [0, 1]
+        finally:
+            worker.stop()
+            thread.join(20)
+        print(f"\nlongest gap between renewals: {worker.heartbeat.max_gap_s:.2f} s")
+        assert worker.stats["lease_lost"] == 0, worker.stats
+        assert all(job.info().stalls == 0 for job in jobs)
+        assert worker.heartbeat.max_gap_s < lease - fence_margin_s(lease)
