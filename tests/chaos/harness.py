@@ -1,0 +1,476 @@
+"""The machinery the chaos tests and the soak share: a fleet of worker processes, fault
+makers, producers, an event tally, and the final audit.
+
+    Producer ── enqueue (explicit ids: a retry after an error is idempotent) ──► Redis
+    Fleet: `sandboxq worker` processes ── ledger_job ──► ledger file (sandboxq.testing.ledger)
+    ChildKiller ── SIGKILL a random ready child every lo..hi s ──► Fleet
+    Tally ── follows the events stream ──► completed / failed / stalled counts per job
+    audit(): every job completed exactly once (one accepted ack: one `completed` event and
+             one `complete` in its history) or failed with a cause; no job missing; no two
+             executions of one job overlapping in the ledger
+    Fleet.close(): every process any worker ever started is dead
+
+Nothing here is a stand-in: real `sandboxq worker` processes, real signals, real Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sandboxq import Queue, codec
+from sandboxq.backends.base import NewJob
+from sandboxq.errors import BackendError
+from sandboxq.models import Action, JobOptions, JobState
+from sandboxq.testing.ledger import describe, overlaps, read_ledger
+
+PROCESSOR = "sandboxq.testing.ledger:ledger_job"
+FINISHED_KINDS = ("completed", "failed", "cancelled")
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped; a zombie has finished dying and only waits to be reaped."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+
+    def children(self, min_age_s: float = 0.0) -> list[psutil.Process]:
+        """The pool's children (the fork server's children), started at least ``min_age_s`` ago."""
+        found = []
+        now = time.time()
+        for proc in self.descendants():
+            try:
+                if proc.ppid() == self.pid:
+                    continue  # the fork server or the resource tracker
+                if now - proc.create_time() >= min_age_s:
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
+
+    def family(self) -> list[int]:
+        return [self.pid, *(p.pid for p in self.descendants())]
+
+    def signal_family(self, signum: int) -> list[int]:
+        """Send ``signum`` to the parent first, then to every descendant."""
+        pids = self.family()
+        for pid in pids:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        return pids
+
+
+class Fleet:
+    """`sandboxq worker` processes on one queue, and every pid they ever started."""
+
+    def __init__(self, queue: str, url: str, logs: Path, args: Sequence[str]) -> None:
+        self.queue = queue
+        self.url = url
+        self.logs = logs
+        self.args = list(args)
+        self.workers: list[Worker] = []
+        self.seen: set[int] = set()
+        self._lock = threading.Lock()
+
+    def spawn(self, url: str | None = None, *extra: str) -> Worker:
+        name = f"w{len(self.workers) + 1}"
+        log = self.logs / f"{name}.log"
+        with log.open("ab") as stderr:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sandboxq",
+                    "worker",
+                    self.queue,
+                    PROCESSOR,
+                    "--url",
+                    url or self.url,
+                    *self.args,
+                    *extra,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        worker = Worker(name, proc, log)
+        with self._lock:
+            self.workers.append(worker)
+            self.seen.add(proc.pid)
+        return worker
+
+    def start(self, count: int, children: int) -> list[Worker]:
+        """Spawn ``count`` workers on the fleet's URL; returns once each has ``children``."""
+        workers = [self.spawn() for _ in range(count)]
+        for worker in workers:
+            self.wait_ready(worker, children)
+        return workers
+
+    def wait_ready(self, worker: Worker, children: int, timeout_s: float = 30) -> None:
+        wait_for(
+            lambda: len(worker.children()) >= children or worker.proc.poll() is not None,
+            timeout_s,
+            f"{worker.name} to start {children} children",
+        )
+        assert worker.proc.poll() is None, f"{worker.name} exited: {self.tail(worker)}"
+        self.watch()
+
+    def watch(self) -> None:
+        """Note every process the workers have now (call it often: pids are checked at close)."""
+        for worker in list(self.workers):
+            pids = [p.pid for p in worker.descendants()]
+            with self._lock:
+                self.seen.update(pids)
+
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if w.proc.poll() is None]
+
+    def tail(self, worker: Worker, lines: int = 30) -> str:
+        text = worker.log.read_text(errors="replace") if worker.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def errors(self) -> str:
+        """Tracebacks in any worker's log (a worker must never crash on a fault)."""
+        found = []
+        for worker in self.workers:
+            text = worker.log.read_text(errors="replace") if worker.log.exists() else ""
+            if "Traceback" in text:
+                found.append(f"--- {worker.name} ---\n{self.tail(worker, 60)}")
+        return "\n".join(found)
+
+    def close(self) -> None:
+        """SIGKILL every worker; assert everything they ever started dies with them."""
+        self.watch()
+        for worker in self.workers:
+            if worker.proc.poll() is None:
+                worker.proc.kill()
+            worker.proc.wait(10)
+        deadline = time.monotonic() + 5.0
+        while (left := sorted(p for p in self.seen if alive(p))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not left, f"processes outlived their worker: {left}"
+
+
+def unfinished(ledger: Path, pids: set[int]) -> dict[str, int]:
+    """Job key -> pid, for the executions by ``pids`` that have not (yet) finished."""
+    return {
+        e.key: e.pid
+        for runs in read_ledger(ledger).values()
+        for e in runs
+        if e.pid in pids and not e.finished
+    }
+
+
+# -- fault makers -----------------------------------------------------------------------------
+
+
+class ChildKiller(threading.Thread):
+    """SIGKILLs a random child of a random running worker every ``lo_s``..``hi_s`` seconds.
+
+    Only children that have been up for a while: a pool that sees its children die before
+    they are ready (an import crash loop) gives up by design, and that is not this test.
+    """
+
+    def __init__(self, fleet: Fleet, lo_s: float = 0.1, hi_s: float = 0.3, seed: int = 0) -> None:
+        super().__init__(name="chaos-child-killer", daemon=True)
+        self.fleet = fleet
+        self.lo_s, self.hi_s = lo_s, hi_s
+        self.rng = random.Random(seed)
+        self.killed: list[int] = []
+        self._halt = threading.Event()
+        self.paused = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.rng.uniform(self.lo_s, self.hi_s)):
+            self.fleet.watch()
+            if self.paused.is_set():
+                continue
+            workers = self.fleet.running()
+            self.rng.shuffle(workers)
+            for worker in workers:
+                children = worker.children(min_age_s=0.5)
+                if not children:
+                    continue
+                victim = self.rng.choice(children)
+                try:
+                    victim.kill()
+                except psutil.Error:
+                    continue
+                self.killed.append(victim.pid)
+                break
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+class Producer(threading.Thread):
+    """Enqueues ``count`` ledger jobs (``seconds``, ``step_s`` and ``busy`` are passed to
+    ``ledger_job``) in batches (one script call each); on a backend error
+    it keeps the error and enqueues the same batch again: the jobs carry explicit ids, so
+    a batch the server applied before the error is not added twice."""
+
+    def __init__(
+        self,
+        queue: Queue,
+        ledger: Path,
+        count: int,
+        options: JobOptions,
+        *,
+        prefix: str = "j",
+        batch: int = 10,
+        pause_s: float = 0.02,
+        seconds: Callable[[random.Random], float] = lambda rng: rng.uniform(0.02, 0.1),
+        step_s: float = 0.02,
+        busy: bool = False,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(name=f"chaos-producer-{prefix}", daemon=True)
+        self.step_s = step_s
+        self.busy = busy
+        self.backend = queue.backend
+        self.ledger = str(ledger)
+        self.count = count
+        self.options_json = options.model_dump_json(exclude_defaults=True)
+        self.prefix = prefix
+        self.batch = batch
+        self.pause_s = pause_s
+        self.seconds = seconds
+        self.rng = random.Random(seed)
+        self.accepted: list[str] = []
+        self.errors: list[str] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while n < self.count and not self._halt.is_set():
+            keys = [f"{self.prefix}{i}" for i in range(n, min(n + self.batch, self.count))]
+            jobs = [
+                NewJob(
+                    codec.encode_call(
+                        "json",
+                        (self.ledger, key, self.seconds(self.rng), self.step_s, self.busy),
+                        {},
+                    ),
+                    "json",
+                    self.options_json,
+                    key,
+                )
+                for key in keys
+            ]
+            while True:
+                try:
+                    added = self.backend.enqueue(jobs)
+                    break
+                except BackendError as exc:
+                    self.errors.append(str(exc))
+                    if self._halt.wait(0.2):
+                        return
+            self.accepted.extend(job_id for job_id, _created in added)
+            n += len(keys)
+            self._halt.wait(self.pause_s)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(30)
+
+
+class Tally(threading.Thread):
+    """Follows the queue's events stream, across Redis restarts, counting events per job."""
+
+    def __init__(self, queue_name: str, url: str) -> None:
+        super().__init__(name="chaos-tally", daemon=True)
+        self._queue = Queue(queue_name, url=url)
+        self.counts: dict[str, Counter[str]] = {}
+        self.finished: set[str] = set()
+        self.errors = 0
+        self._after: str | None = None
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                for event in self._queue.events(since=self._after, block_s=0.5):
+                    self._after = event.id
+                    with self._lock:
+                        self.counts.setdefault(event.kind, Counter())[event.job_id] += 1
+                        if event.kind in FINISHED_KINDS:
+                            self.finished.add(event.job_id)
+                    if self._halt.is_set():
+                        break
+            except BackendError:
+                self.errors += 1
+                self._halt.wait(0.2)
+
+    def count(self, kind: str, job_id: str) -> int:
+        with self._lock:
+            return self.counts.get(kind, Counter())[job_id]
+
+    def total(self, kind: str) -> int:
+        with self._lock:
+            return sum(self.counts.get(kind, Counter()).values())
+
+    def all_finished(self, ids: Sequence[str]) -> bool:
+        with self._lock:
+            return self.finished.issuperset(ids)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+        self._queue.close()
+
+
+# -- the audit ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Audit:
+    completed: int = 0
+    failed: dict[str, str] = field(default_factory=dict)  # job id -> stated cause
+    outcomes: Counter[str] = field(default_factory=Counter)  # over every attempt record
+    stalls: int = 0
+    executions: int = 0
+    overlaps: int = 0
+
+    def line(self) -> str:
+        return (
+            f"{self.completed} completed, {len(self.failed)} failed, {self.executions} "
+            f"executions, {self.stalls} stalls, attempt outcomes {dict(self.outcomes)}"
+        )
+
+
+def audit(queue: Queue, ids: Sequence[str], tally: Tally, ledger: Path) -> Audit:
+    """Check every invariant the chaos tests promise; returns what it counted."""
+    result = Audit()
+    problems: list[str] = []
+    runs = read_ledger(ledger)
+    result.executions = sum(len(r) for r in runs.values())
+    crossing = overlaps(runs)
+    result.overlaps = len(crossing)
+    if crossing:
+        problems.append("double execution:\n" + describe(crossing))
+    for job_id in ids:
+        info = queue.backend.get(job_id)
+        if info is None:
+            problems.append(f"job {job_id} is lost")
+            continue
+        result.stalls += info.stalls
+        result.outcomes.update(h.outcome.value for h in info.history)
+        completes = [h for h in info.history if h.action is Action.COMPLETE]
+        if info.state is JobState.COMPLETED:
+            result.completed += 1
+            events = tally.count("completed", job_id)
+            if len(completes) != 1 or events != 1:
+                problems.append(
+                    f"job {job_id} completed {len(completes)} times by its history, "
+                    f"{events} by the events stream"
+                )
+            finished_by = {e.pid for e in runs.get(job_id, []) if e.finished}
+            if completes and completes[0].pid not in finished_by:
+                problems.append(
+                    f"job {job_id} completed by pid {completes[0].pid}, which "
+                    f"never finished it (ledger: {runs.get(job_id)})"
+                )
+        elif info.state is JobState.FAILED:
+            if not info.error:
+                problems.append(f"job {job_id} failed without a cause")
+            result.failed[job_id] = info.error or ""
+            if completes or tally.count("completed", job_id):
+                problems.append(f"job {job_id} failed after being completed")
+        else:
+            problems.append(f"job {job_id} ended {info.state.value}")
+    assert not problems, "\n".join(problems[:20]) + f"\n({len(problems)} problems)"
+    return result
+
+
+# -- one test's world -------------------------------------------------------------------------
+
+#: Job options for every chaos job: enough retries and stalls that the faults these tests
+#: inflict do not exhaust them (a job that still fails must state its cause), and short
+#: backoff so retried jobs come back within the test.
+CHAOS_OPTIONS = JobOptions(retries=20, backoff_s=0.1, max_stalls=20)
+
+
+class Scene:
+    """One chaos test's world on one Redis: its queue, ledger, event tally and worker
+    fleets. ``close()`` stops everything and checks that no worker left a process behind."""
+
+    def __init__(self, queue_name: str, url: str, workdir: Path) -> None:
+        self.url = url
+        self.workdir = workdir
+        self.ledger = workdir / "ledger"
+        self.queue = Queue(queue_name, url=url)
+        self.tally = Tally(queue_name, url)
+        self.tally.start()
+        self.fleets: list[Fleet] = []
+        self.producers: list[Producer] = []
+
+    def fleet(self, *worker_args: str) -> Fleet:
+        self.fleets.append(Fleet(self.queue.name, self.url, self.workdir, worker_args))
+        return self.fleets[-1]
+
+    def producer(self, count: int, **options: Any) -> Producer:
+        """A started producer of ``count`` ledger jobs (``options``: see ``Producer``)."""
+        producer = Producer(self.queue, self.ledger, count, CHAOS_OPTIONS, **options)
+        self.producers.append(producer)
+        producer.start()
+        return producer
+
+    def finish(self, producer: Producer, timeout_s: float = 90) -> Audit:
+        """Wait for the producer and for every job it got accepted to end; then audit."""
+        producer.join(timeout_s)
+        assert not producer.is_alive(), "the producer is still enqueuing"
+        wait_for(lambda: self.tally.all_finished(producer.accepted), timeout_s, "every job to end")
+        return audit(self.queue, producer.accepted, self.tally, self.ledger)
+
+    def close(self) -> None:
+        for producer in self.producers:
+            producer.stop()
+        try:
+            for fleet in self.fleets:
+                fleet.close()
+        finally:
+            self.tally.stop()
+            self.queue.close()

@@ -1,0 +1,58 @@
+"""The ledger the chaos tests judge by must itself be able to fail: real children running
+one job at once are caught, one after the other are not."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from harness import wait_for
+
+from sandboxq import Pool
+from sandboxq.testing.ledger import overlaps, read_ledger
+
+pytestmark = pytest.mark.timeout(60)
+
+LEDGER_JOB = "sandboxq.testing.ledger:ledger_job"
+
+
+def test_two_children_running_one_job_at_once_are_caught(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger"
+    with Pool(LEDGER_JOB, 2) as pool:
+        both = [pool.submit(str(ledger), "same", 0.5) for _ in range(2)]
+        assert [f.result(timeout=20) for f in both] == ["same", "same"]
+        pool.submit(str(ledger), "other", 0.1).result(timeout=20)
+        pool.submit(str(ledger), "other", 0.1).result(timeout=20)
+    runs = read_ledger(ledger)
+    assert len(runs["same"]) == 2 and all(e.finished for e in runs["same"])
+    ((first, second),) = overlaps(runs)  # "other" ran twice, one after the other: fine
+    assert first.key == second.key == "same" and first.pid != second.pid
+
+
+def test_a_frozen_execution_that_resumes_is_caught_a_killed_one_is_not(tmp_path: Path) -> None:
+    """A frozen child that carries on after another took over its job overlaps it; a child
+    killed before the other started does not."""
+    ledger = tmp_path / "ledger"
+    with Pool(LEDGER_JOB, 2) as pool:
+        frozen = pool.submit(str(ledger), "thawed", 1.0)
+        wait_for(lambda: "thawed" in read_ledger(ledger), 10, "the first run to start")
+        (pid,) = pool.running_pids().values()
+        os.kill(pid, signal.SIGSTOP)
+        pool.submit(str(ledger), "thawed", 0.2).result(timeout=20)
+        os.kill(pid, signal.SIGCONT)
+        frozen.result(timeout=20)
+
+        killed = pool.submit(str(ledger), "killed", 5.0)
+        wait_for(lambda: "killed" in read_ledger(ledger), 10, "the doomed run to start")
+        (pid,) = pool.running_pids().values()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(Exception, match="SIGKILL"):
+            killed.result(timeout=20)
+        time.sleep(0.05)
+        pool.submit(str(ledger), "killed", 0.1).result(timeout=20)
+    runs = read_ledger(ledger)
+    assert [(a.key, b.key) for a, b in overlaps(runs)] == [("thawed", "thawed")]
+    assert [e.finished for e in runs["killed"]] == [False, True]

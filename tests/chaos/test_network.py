@@ -1,0 +1,80 @@
+"""A slow or stalled network between one worker and Redis: a TCP proxy on loopback (the
+worker connects through it) delays every byte, then holds every byte for longer than a
+lease and delivers it all late."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from harness import Scene, alive, unfinished, wait_for
+
+from sandboxq.models import Outcome
+from sandboxq.testing.ledger import read_ledger
+from sandboxq.testing.proxy import TcpProxy
+from sandboxq.testing.redis_server import RedisServer
+
+pytestmark = pytest.mark.timeout(180)
+
+LEASE_S = 1.5
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[TcpProxy]:
+    with TcpProxy("127.0.0.1", redis_server.port) as proxy:
+        yield proxy
+
+
+def test_late_renewals_make_the_worker_fence_itself(scene: Scene, proxy: TcpProxy) -> None:
+    """Worker A talks to Redis through the proxy, worker B directly. First every byte to and
+    from A is 100 ms late, which its leases survive; then A's traffic stalls for twice
+    the lease. A's renewals cannot arrive in time, so A kills its children before their
+    leases can expire on the server and acks nothing for them; B recovers the jobs and
+    completes them; when the stall ends, A's late renewals are rejected and A goes back
+    to work. No job ever runs in two
+    children at once, and every job completes exactly once."""
+    fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
+    a = fleet.spawn(proxy.url)
+    b = fleet.spawn()
+    fleet.wait_ready(a, 2)
+    fleet.wait_ready(b, 2)
+    # Jobs longer than the stall's fence window, so the stall finds A mid-job.
+    producer = scene.producer(16, batch=16, seconds=lambda rng: rng.uniform(2.5, 3.5))
+    try:
+        # Once A's connections are up (and its first leases renewed), its link slows down:
+        # its renewals arrive late, but in time. Nothing is fenced, nothing stalls.
+        wait_for(lambda: unfinished(scene.ledger, set(a.family())), 10, "worker A to start a job")
+        time.sleep(1.0)
+        proxy.delay_s = 0.1
+        time.sleep(3.0)
+        proxy.delay_s = 0.0
+        assert scene.tally.total("stalled") == 0, "100 ms of latency cost a lease"
+        a_family = set(a.family())
+        wait_for(lambda: unfinished(scene.ledger, a_family), 10, "worker A to be running a job")
+        proxy.stall()
+        stalled_at = time.time()
+        held = unfinished(scene.ledger, a_family)
+        time.sleep(2 * LEASE_S)
+        # Fenced during the stall, not after it: A's children running its jobs are dead.
+        assert not any(alive(pid) for pid in held.values()), held
+        proxy.resume()
+        resumed_at = time.time()
+    finally:
+        proxy.resume()
+    result = scene.finish(producer)
+    print(f"\n{len(held)} jobs held by A when its network stalled; {result.line()}")
+    assert held, "worker A was running nothing when the stall began: the test proved nothing"
+    runs = read_ledger(scene.ledger)
+    for key, pid in held.items():
+        (cut_off,) = [e for e in runs[key] if e.pid == pid]
+        # A's child was killed within one lease of the stall (the fence), never ran to the end.
+        assert not cut_off.finished and cut_off.last < stalled_at + LEASE_S, cut_off
+        info = scene.queue.backend.get(key)
+        assert info is not None and info.stalls >= 1
+        assert info.history[0].outcome is Outcome.LEASE_LOST
+    # A is alive and went back to work once its network healed.
+    assert a.proc.poll() is None, fleet.tail(a)
+    a_now = {p.pid for p in a.children()}
+    assert any(e.pid in a_now and e.started > resumed_at for r in runs.values() for e in r)
+    assert not result.failed and not fleet.errors()

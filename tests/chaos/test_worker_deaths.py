@@ -1,0 +1,93 @@
+"""Whole workers die or freeze mid-run: SIGKILL of a parent (restarted later), SIGSTOP of
+a parent and its children for longer than the lease, then SIGCONT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from harness import Scene, alive, unfinished, wait_for
+
+from sandboxq.testing.ledger import read_ledger
+
+pytestmark = pytest.mark.timeout(180)
+
+LEASE_S = 1.5
+
+
+def test_sigkill_of_worker_parents_kills_their_children_and_loses_nothing(scene: Scene) -> None:
+    """Two of three workers are SIGKILLed mid-run, one after the other, and replaced two
+    seconds later. Each killed worker's whole family (fork server, children) dies within
+    about a second; its jobs are recovered once their leases expire and complete exactly
+    once; nothing runs twice at the same time."""
+    fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
+    fleet.start(3, children=2)
+    producer = scene.producer(200, batch=20, seconds=lambda rng: rng.uniform(0.1, 0.4))
+    held: list[str] = []
+    death_s: list[float] = []
+    for victim in fleet.workers[:2]:
+        time.sleep(2.0)
+        family = victim.family()
+        held += unfinished(scene.ledger, set(family))
+        victim.proc.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        victim.proc.wait(10)
+        wait_for(lambda f=family: not any(alive(p) for p in f), 10, "the family to die")
+        death_s.append(time.monotonic() - killed_at)
+        time.sleep(2.0)
+        fleet.wait_ready(fleet.spawn(), 2)
+    result = scene.finish(producer)
+    print(f"\nfamilies dead {[f'{s:.2f}' for s in death_s]} s after the kill; {result.line()}")
+    assert len(producer.accepted) == 200 and not result.failed
+    assert all(s < 2.0 for s in death_s), death_s
+    # The killed workers held running jobs; each came back through stalled recovery.
+    assert held, "the killed workers were running nothing: the test proved nothing"
+    assert result.stalls >= len(set(held)) and scene.tally.total("stalled") == result.stalls
+    assert not fleet.errors()
+
+
+def test_a_worker_frozen_past_its_lease_is_fenced_when_it_thaws(scene: Scene) -> None:
+    """One of three workers is SIGSTOPped (parent and children) for twice its lease while
+    jobs flow. The others recover and finish its jobs. When it thaws (SIGCONT, parent
+    first), it kills its frozen children before they run on, acks none of their jobs, and
+    goes back to work."""
+    fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
+    frozen = fleet.start(3, children=2)[0]
+    producer = scene.producer(150, batch=15, seconds=lambda rng: rng.uniform(0.2, 0.6))
+    time.sleep(2.0)
+    family = frozen.signal_family(signal.SIGSTOP)
+    stopped_at = time.time()
+    time.sleep(2 * LEASE_S)
+    held = unfinished(scene.ledger, set(family))
+    # Someone else has taken over (and maybe finished) the frozen worker's jobs.
+    wait_for(
+        lambda: all(
+            any(e.pid not in family for e in read_ledger(scene.ledger).get(key, [])) for key in held
+        ),
+        20,
+        "the other workers to take over the frozen jobs",
+    )
+    frozen.proc.send_signal(signal.SIGCONT)
+    time.sleep(0.5)  # the parent fences first; then the children may wake
+    for pid in family[1:]:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    thawed_at = time.time()
+    wait_for(lambda: not any(alive(p) for p in held.values()), 5, "frozen children to die")
+    result = scene.finish(producer)
+    print(f"\n{len(held)} jobs frozen mid-run; {result.line()}")
+    assert held, "the frozen worker was running nothing: the test proved nothing"
+    runs = read_ledger(scene.ledger)
+    for key, pid in held.items():
+        (frozen_run,) = [e for e in runs[key] if e.pid == pid]
+        # Its last sign of life is from before the freeze: it never ran on after thawing.
+        assert frozen_run.last < stopped_at and not frozen_run.finished, frozen_run
+    # The thawed worker is alive and working again, with fresh children.
+    assert frozen.proc.poll() is None, fleet.tail(frozen)
+    newer = {p.pid for p in frozen.children()}
+    assert any(e.started > thawed_at and e.pid in newer for r in runs.values() for e in r)
+    assert not result.failed and not fleet.errors()
