@@ -7,6 +7,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -24,7 +25,9 @@ class RedisServer:
     with the same data directory.
     """
 
-    def __init__(self, *, port: int | None = None, appendonly: bool = False) -> None:
+    def __init__(
+        self, *, port: int | None = None, appendonly: bool = False, extra_args: Sequence[str] = ()
+    ) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise FileNotFoundError(
@@ -32,6 +35,7 @@ class RedisServer:
             )
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.extra_args = list(extra_args)  # more redis-server options, e.g. for a Cluster node
         self._dir = tempfile.TemporaryDirectory(prefix="sandboxq-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -57,6 +61,7 @@ class RedisServer:
         ]
         if self.appendonly:
             args += ["--appendfsync", "always"]
+        args += self.extra_args
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
         )
