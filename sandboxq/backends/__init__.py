@@ -4,6 +4,10 @@ memory://            in-process (the embedded default; shared by every Queue and
                      of this process that names the same queue)
 redis://host:port/db, rediss://..., unix:///path/to/socket
                      Redis, for production (see backends/redis/)
+redis+sentinel://h1:26379,h2:26379/service[/db]
+                     the master Redis Sentinel names for ``service``, followed over failovers
+redis+cluster://h1:port[,h2:port...]
+                     Redis Cluster (all of a queue's keys share one hash slot)
 """
 
 from __future__ import annotations
@@ -17,6 +21,15 @@ from sandboxq.models import check_queue_name
 
 URL_ENV = "SANDBOXQ_URL"
 DEFAULT_URL = "memory://"
+REDIS_SCHEMES = (
+    "redis://",
+    "rediss://",
+    "unix://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+    "redis+cluster://",
+    "rediss+cluster://",
+)
 
 
 def resolve_url(url: str | None) -> str:
@@ -31,8 +44,11 @@ def open_backend(url: str | None, queue: str, **options: Any) -> Backend:
         from sandboxq.backends.memory import MemoryBackend
 
         return MemoryBackend.shared(queue, **options)
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(REDIS_SCHEMES):
         from sandboxq.backends.redis.backend import RedisBackend
 
         return RedisBackend(url, queue, **options)
-    raise ConfigError(f"unsupported backend URL {url!r}: use memory:// or redis://host:port/db")
+    raise ConfigError(
+        f"unsupported backend URL {url!r}: use memory://, redis://host:port/db, "
+        "redis+sentinel://host:port/service or redis+cluster://host:port"
+    )

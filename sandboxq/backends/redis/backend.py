@@ -113,8 +113,9 @@ class RedisBackend:
         if not calls:
             return []
         with self._errors("enqueue"):
-            if len(calls) == 1:
-                replies = [self._scripts.enqueue(self._skeys, calls[0])]
+            if len(calls) == 1 or self._conns.cluster:
+                # A Cluster pipeline refuses scripts: one call per chunk (each still atomic).
+                replies = [self._scripts.enqueue(self._skeys, args) for args in calls]
             else:
                 pipe = self._conns.main.pipeline(transaction=False)
                 for args in calls:
@@ -315,7 +316,10 @@ class RedisBackend:
     # -- waiting (listen.py) ----------------------------------------------------------------
 
     def wait_for_jobs(self, timeout_s: float) -> None:
-        listen.wait_for_jobs(self._conns, self.keys, timeout_s)
+        listen.wait_for_jobs(self._conns, self.keys, timeout_s, self._until_due_ms)
+
+    def _until_due_ms(self) -> int:
+        return int(self._scripts.until_due(self._skeys, self._settings))
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
         return listen.wait_for_finish(self._conns, self.keys, job_id, timeout_s)

@@ -7,53 +7,180 @@ Three clients, each with its own connection pool, so no call queues behind anoth
              must never delay a lease renewal (invariant 5)
     blocking BLPOP and XREAD BLOCK; its socket timeout exceeds the longest block it is
              asked for, so a quiet queue is not mistaken for a dead server
+
+Where they connect, by URL:
+
+    redis://[[user]:password@]host:port/db, rediss://..., unix:///path?db=N   one server
+    redis+sentinel://[[user]:password@]h1:26379,h2:26379/service[/db]          the master
+        Sentinel names for ``service`` (rediss+sentinel:// for TLS to the data nodes);
+        after a failover each client reconnects to the new master by itself
+    redis+cluster://[[user]:password@]h1:port[,h2:port...]                     a Cluster
+        (rediss+cluster:// for TLS); any reachable node will do, the rest are discovered
+
+Every key of a queue shares the ``{queue}`` hash tag, so on a Cluster all of one queue's
+scripts run on the node owning that slot. Cluster clients differ in two ways the backend
+must respect: their pipelines refuse EVALSHA and TIME (``cluster`` says which kind this is).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit, urlunsplit
+from functools import partial
+from typing import Any, TypeAlias
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
-from sandboxq.errors import BackendError
+from sandboxq.errors import BackendError, ConfigError
 
 #: Longest single blocking read; longer waits are made of several.
 BLOCK_CAP_S = 30.0
+
+Client: TypeAlias = "redis.Redis | RedisCluster"
+
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 
 def redact(url: str) -> str:
     """The URL without its password, for error messages."""
     parts = urlsplit(url)
-    if parts.password is None:
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
         return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
 
 
-def connect(url: str, socket_timeout_s: float) -> redis.Redis:
+def _retry() -> Retry:
     # One immediate retry covers a pooled connection that died (Redis restarted); more
     # retries with backoff would turn "Redis is down" into a long hang.
-    return redis.Redis.from_url(
-        url,
-        decode_responses=False,
-        socket_connect_timeout=min(2.0, socket_timeout_s),
-        socket_timeout=socket_timeout_s,
-        retry=Retry(NoBackoff(), 1),
-    )
+    return Retry(NoBackoff(), 1)
+
+
+def _nodes(url: str, netloc: str, default_port: int) -> list[tuple[str, int]]:
+    """``h1:p1,h2:p2`` (after any ``user:password@``; ``[v6]:port`` too) as (host, port)."""
+    nodes = []
+    for item in netloc.rpartition("@")[2].split(","):
+        item = item.strip()
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        if not host:
+            raise ConfigError(f"missing host in Redis URL {redact(url)!r}")
+        try:
+            nodes.append((host, int(port) if port else default_port))
+        except ValueError:
+            raise ConfigError(f"bad port in {item!r} in Redis URL {redact(url)!r}") from None
+    return nodes
+
+
+def _credentials(netloc: str) -> dict[str, Any]:
+    userinfo, at, _ = netloc.rpartition("@")
+    if not at:
+        return {}
+    user, colon, password = userinfo.partition(":")
+    found: dict[str, Any] = {}
+    if user:
+        found["username"] = unquote(user)
+    if colon:
+        found["password"] = unquote(password)
+    return found
 
 
 class Connections:
     def __init__(self, url: str, socket_timeout_s: float) -> None:
         self.where = redact(url)
-        self.main = connect(url, socket_timeout_s)
-        self.renew = connect(url, socket_timeout_s)
-        self.blocking = connect(url, BLOCK_CAP_S + socket_timeout_s)
+        #: A Cluster: pipelines cannot carry scripts or TIME; every script routes by key.
+        self.cluster = False
+        self._closers: list[Callable[[], None]] = []
+        connect = self._factory(url)
+        try:
+            with self.errors("connect"):
+                self.main: Client = connect(socket_timeout_s)
+                self.renew: Client = connect(socket_timeout_s)
+                self.blocking: Client = connect(BLOCK_CAP_S + socket_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _factory(self, url: str) -> Callable[[float], Client]:
+        """A function from socket timeout to a new client for ``url``."""
+        build = self._builder(url)
+
+        def connect(timeout_s: float) -> Client:
+            client = build(
+                socket_connect_timeout=min(2.0, timeout_s),
+                socket_timeout=timeout_s,
+                retry=_retry(),
+            )
+            self._closers.append(client.close)
+            return client
+
+        return connect
+
+    def _builder(self, url: str) -> Callable[..., Client]:
+        """A client constructor for ``url`` that takes the socket and retry options."""
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme not in SENTINEL_SCHEMES + CLUSTER_SCHEMES:
+            return partial(redis.Redis.from_url, url, decode_responses=False)
+        if parts.query:
+            raise ConfigError(
+                f"{scheme}:// URLs take no query options, got {parts.query!r} in {self.where!r}"
+            )
+        options: dict[str, Any] = {"decode_responses": False, **_credentials(parts.netloc)}
+        if scheme.startswith("rediss"):
+            options["ssl"] = True
+        if scheme in CLUSTER_SCHEMES:
+            return self._cluster(url, parts.netloc, parts.path, options)
+        return self._sentinel(url, parts.netloc, parts.path, options)
+
+    def _cluster(
+        self, url: str, netloc: str, path: str, options: dict[str, Any]
+    ) -> Callable[..., Client]:
+        if path.strip("/") not in ("", "0"):
+            raise ConfigError(
+                f"a Redis Cluster has only database 0, got {path!r} in {self.where!r}"
+            )
+        nodes = [
+            ClusterNode(host, port)  # type: ignore[no-untyped-call]  # untyped in redis-py
+            for host, port in _nodes(url, netloc, 6379)
+        ]
+        self.cluster = True
+        return partial(RedisCluster, startup_nodes=nodes, **options)
+
+    def _sentinel(
+        self, url: str, netloc: str, path: str, options: dict[str, Any]
+    ) -> Callable[..., Client]:
+        service, _, db = path.strip("/").partition("/")
+        if not service:
+            raise ConfigError(
+                f"a Sentinel URL names the master: redis+sentinel://host:port/service[/db], "
+                f"got {self.where!r}"
+            )
+        try:
+            options["db"] = int(db or 0)
+        except ValueError:
+            raise ConfigError(f"bad database {db!r} in Redis URL {self.where!r}") from None
+        # One Sentinel manager (one connection per sentinel) serves all three clients; it
+        # is only asked where the master is, so short timeouts suit it whatever they wait
+        # for. Its own retry too: redis-py's default backs off for seconds on a dead
+        # sentinel, when the next sentinel on the list could answer at once.
+        sockets = {"socket_connect_timeout": 2.0, "socket_timeout": 2.0, "retry": _retry()}
+        manager = Sentinel(  # type: ignore[no-untyped-call]  # untyped in redis-py
+            _nodes(url, netloc, 26379), sentinel_kwargs=sockets
+        )
+        self._closers.append(manager.close)
+        return partial(manager.master_for, unquote(service), **options)
 
     @contextmanager
     def errors(self, doing: str) -> Iterator[None]:
@@ -63,9 +190,10 @@ class Connections:
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise BackendError(f"Redis at {self.where} is unreachable ({doing}): {exc}") from exc
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             raise BackendError(f"Redis at {self.where} failed to {doing}: {exc}") from exc
 
     def close(self) -> None:
-        for client in (self.main, self.renew, self.blocking):
-            client.close()
+        for close in reversed(self._closers):
+            close()
+        self._closers.clear()

@@ -36,20 +36,19 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-def wait_for_jobs(conns: Connections, keys: QueueKeys, timeout_s: float) -> None:
-    """BLPOP one wake token, for at most ``timeout_s`` or until the next delayed job is due."""
+def wait_for_jobs(
+    conns: Connections, keys: QueueKeys, timeout_s: float, until_due_ms: Callable[[], int]
+) -> None:
+    """BLPOP one wake token, for at most ``timeout_s`` or until the next delayed job is due
+    (``until_due_ms``: by the server's clock, -1 when none is delayed)."""
     if timeout_s <= 0:
         return
     with conns.errors("wait for jobs"):
-        pipe = conns.main.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrange(keys.delayed, 0, 0, withscores=True)
-        (sec, usec), first_due = pipe.execute()
-        if first_due:
-            until_due_s = (first_due[0][1] - (sec * 1000 + usec // 1000)) / 1000
-            if until_due_s <= 0:
-                return  # a delayed job is due: the next claim promotes it
-            timeout_s = min(timeout_s, until_due_s)
+        due_ms = until_due_ms()
+        if due_ms == 0:
+            return  # a delayed job is due: the next claim promotes it
+        if due_ms > 0:
+            timeout_s = min(timeout_s, due_ms / 1000)
         # BLPOP's timeout 0 means "forever": never let rounding produce it
         timeout_s = max(0.001, min(timeout_s, BLOCK_CAP_S))
         conns.blocking.blpop([keys.wake], timeout=round(timeout_s, 3))

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from importlib import resources
 
-import redis
 from redis.commands.core import Script
+
+from sandboxq.backends.redis.connection import Client
 
 _LUA = resources.files("sandboxq.backends.redis") / "lua"
 
@@ -28,7 +29,7 @@ class Scripts:
     """One registered ``Script`` per state change. A script can run on any client of the
     same server (``script(keys, args, client=...)``), e.g. renew on its own connection."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Client) -> None:
         def load(name: str) -> Script:
             return client.register_script(source(name))
 
@@ -42,3 +43,4 @@ class Scripts:
         self.cancel = load("cancel")
         self.retry_failed = load("retry_failed")
         self.purge = load("purge")
+        self.until_due = load("until_due")

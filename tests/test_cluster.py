@@ -1,0 +1,165 @@
+"""sandboxq on a real Redis Cluster: three masters on loopback (``LocalCluster``).
+
+The backend contract runs unchanged against it, then a worker end to end. A script whose
+keys spanned two slots would fail here with CROSSSLOT (the server refuses it, and redis-py
+refuses to route an EVALSHA whose keys map to different slots); a pipeline carrying a
+script or TIME would be refused by the cluster client.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.cluster import key_slot
+
+from sandboxq import ConfigError, JobFailed, Queue
+from sandboxq.backends.base import Backend
+from sandboxq.backends.redis.backend import RedisBackend
+from sandboxq.errors import BackendError
+from sandboxq.models import JobState
+from sandboxq.testing.contract import BackendContract, MakeBackend
+from sandboxq.testing.redis_cluster import LocalCluster
+from sandboxq.worker import SandboxWorker
+
+pytestmark = pytest.mark.timeout(30)
+
+H = "sandboxq.testing.handlers:"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def backend(make_backend: MakeBackend) -> Backend:
+    return make_backend()
+
+
+class TestClusterBackend(BackendContract):
+    @pytest.fixture
+    def make_backend(self, cluster: LocalCluster, queue_name: str) -> Iterator[MakeBackend]:
+        made: list[RedisBackend] = []
+
+        def make(**options: Any) -> Backend:
+            made.append(RedisBackend(cluster.url, f"{queue_name}-{len(made)}", **options))
+            return made[-1]
+
+        yield make
+        for backend in made:
+            backend.close()
+
+
+def node_clients(cluster: LocalCluster) -> list[redis.Redis]:
+    return [redis.Redis(port=port) for port in cluster.ports]
+
+
+def test_each_queue_lives_in_one_slot_and_queues_spread_over_the_nodes(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    names = [f"{queue_name}-{i}" for i in range(6)]
+    for name in names:
+        with Queue(name, url=cluster.url) as queue:
+            queue.options(delay_s=60).enqueue(1)
+            job = queue.enqueue(2)
+            (claimed,) = queue.backend.claim("w", 1, 5.0)
+            assert claimed.id == job.id
+            queue.backend.register_worker("w", {}, 5.0)
+            assert queue.counts()[JobState.ACTIVE] == 1
+    slots: dict[str, set[int]] = {name: set() for name in names}
+    homes: dict[str, set[int]] = {name: set() for name in names}
+    clients = node_clients(cluster)
+    try:
+        for node, client in enumerate(clients):
+            for key in client.scan_iter(match=f"sq:{{{queue_name}-*"):
+                name = key.decode().split("{", 1)[1].split("}", 1)[0]
+                slots[name].add(key_slot(key))
+                homes[name].add(node)
+    finally:
+        for client in clients:
+            client.close()
+    assert all(len(s) == 1 for s in slots.values()), slots
+    assert all(len(h) == 1 for h in homes.values()), homes
+    assert len({next(iter(h)) for h in homes.values()}) >= 2, "every queue landed on one node"
+
+
+@pytest.fixture
+def cluster_queue(cluster: LocalCluster, queue_name: str) -> Iterator[Queue]:
+    with Queue(queue_name, url=cluster.url) as queue:
+        yield queue
+
+
+def test_a_worker_end_to_end_on_a_cluster(
+    cluster: LocalCluster, cluster_queue: Queue, queue_name: str
+) -> None:
+    """Results, retries, a delayed job, a cancellation (pub/sub across the cluster) and an
+    emptied script cache (NOSCRIPT: every script is loaded again on every master)."""
+    worker = SandboxWorker(
+        queue_name, H + "succeed_after", url=cluster.url, concurrency=2, lease_s=2.0
+    )
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        jobs = cluster_queue.enqueue_many([((0.01, i), {}) for i in range(20)])
+        delayed = cluster_queue.options(delay_s=0.5).enqueue(0, "late")
+        broken = cluster_queue.options(retries=1, backoff_s=0.1).enqueue("not a number")
+        assert [job.result(timeout_s=20) for job in jobs] == list(range(20))
+        assert delayed.result(timeout_s=20) == "late"
+        with pytest.raises(JobFailed) as failed:
+            broken.result(timeout_s=20)
+        assert failed.value.attempts == 2 and "TypeError" in str(failed.value)
+
+        hung = cluster_queue.enqueue(60, "never")
+        wait_until(lambda: hung.state() is JobState.ACTIVE, 10)
+        time.sleep(0.2)  # the child has it
+        cancelled_at = time.monotonic()
+        assert hung.cancel()
+        wait_until(lambda: worker.stats["cancelled"] == 1, 10)
+        assert time.monotonic() - cancelled_at < 2.0
+
+        clients = node_clients(cluster)
+        try:
+            for client in clients:
+                client.script_flush()
+        finally:
+            for client in clients:
+                client.close()
+        assert cluster_queue.enqueue(0, "after flush").result(timeout_s=20) == "after flush"
+    finally:
+        worker.stop()
+        thread.join(20)
+    assert hung.state() is JobState.CANCELLED
+    assert worker.stats["lease_lost"] == 0 and worker.stats["rejected_acks"] == 0
+
+
+def wait_until(condition: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_cluster_urls_are_checked(queue_name: str) -> None:
+    with pytest.raises(ConfigError, match="only database 0"):
+        Queue(queue_name, url="redis+cluster://127.0.0.1:7000/3")
+    with pytest.raises(ConfigError, match="no query options"):
+        Queue(queue_name, url="redis+cluster://127.0.0.1:7000?socket_timeout=1")
+    with pytest.raises(ConfigError, match="bad port"):
+        Queue(queue_name, url="redis+cluster://127.0.0.1:x")
+
+
+def test_an_unreachable_cluster_is_a_clear_error(queue_name: str) -> None:
+    from sandboxq.testing.redis_server import free_port
+
+    url = f"redis+cluster://:secret@127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(BackendError) as error:
+        Queue(queue_name, url=url)
+    assert time.monotonic() - started < 10
+    assert "127.0.0.1" in str(error.value) and "secret" not in str(error.value)
