@@ -1,13 +1,10 @@
 """The machinery the chaos tests and the soak share: a fleet of worker processes, fault
-makers, producers, an event tally, and the final audit.
+makers, producers, and the Scene that holds one test's world.
 
     Producer ── enqueue (explicit ids: a retry after an error is idempotent) ──► Redis
     Fleet: `sandboxq worker` processes ── ledger_job ──► ledger file (sandboxq.testing.ledger)
     ChildKiller ── SIGKILL a random ready child every lo..hi s ──► Fleet
-    Tally ── follows the events stream ──► completed / failed / stalled counts per job
-    audit(): every job completed exactly once (one accepted ack: one `completed` event and
-             one `complete` in its history) or failed with a cause; no job missing; no two
-             executions of one job overlapping in the ledger
+    Scene.finish() ── every accepted job ended ──► audit.audit() (the verdict)
     Fleet.close(): every process any worker ever started is dead
 
 Nothing here is a stand-in: real `sandboxq worker` processes, real signals, real Redis.
@@ -21,22 +18,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+from audit import Audit, Tally, audit
 
 from sandboxq import Queue, codec
 from sandboxq.backends.base import NewJob
 from sandboxq.errors import BackendError
-from sandboxq.models import Action, JobOptions, JobState
-from sandboxq.testing.ledger import describe, overlaps, read_ledger
+from sandboxq.models import JobOptions
+from sandboxq.testing.ledger import read_ledger
 
 PROCESSOR = "sandboxq.testing.ledger:ledger_job"
-FINISHED_KINDS = ("completed", "failed", "cancelled")
 
 
 def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
@@ -264,11 +260,13 @@ class Producer(threading.Thread):
         seconds: Callable[[random.Random], float] = lambda rng: rng.uniform(0.02, 0.1),
         step_s: float = 0.02,
         busy: bool = False,
+        backlog: Callable[[], bool] | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__(name=f"chaos-producer-{prefix}", daemon=True)
         self.step_s = step_s
         self.busy = busy
+        self.backlog = backlog  # while it says True, hold the next batch back
         self.backend = queue.backend
         self.ledger = str(ledger)
         self.count = count
@@ -285,6 +283,9 @@ class Producer(threading.Thread):
     def run(self) -> None:
         n = 0
         while n < self.count and not self._halt.is_set():
+            if self.backlog is not None and self.backlog():
+                self._halt.wait(0.2)
+                continue
             keys = [f"{self.prefix}{i}" for i in range(n, min(n + self.batch, self.count))]
             jobs = [
                 NewJob(
@@ -314,115 +315,6 @@ class Producer(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(30)
-
-
-class Tally(threading.Thread):
-    """Follows the queue's events stream, across Redis restarts, counting events per job."""
-
-    def __init__(self, queue_name: str, url: str) -> None:
-        super().__init__(name="chaos-tally", daemon=True)
-        self._queue = Queue(queue_name, url=url)
-        self.counts: dict[str, Counter[str]] = {}
-        self.finished: set[str] = set()
-        self.errors = 0
-        self._after: str | None = None
-        self._lock = threading.Lock()
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            try:
-                for event in self._queue.events(since=self._after, block_s=0.5):
-                    self._after = event.id
-                    with self._lock:
-                        self.counts.setdefault(event.kind, Counter())[event.job_id] += 1
-                        if event.kind in FINISHED_KINDS:
-                            self.finished.add(event.job_id)
-                    if self._halt.is_set():
-                        break
-            except BackendError:
-                self.errors += 1
-                self._halt.wait(0.2)
-
-    def count(self, kind: str, job_id: str) -> int:
-        with self._lock:
-            return self.counts.get(kind, Counter())[job_id]
-
-    def total(self, kind: str) -> int:
-        with self._lock:
-            return sum(self.counts.get(kind, Counter()).values())
-
-    def all_finished(self, ids: Sequence[str]) -> bool:
-        with self._lock:
-            return self.finished.issuperset(ids)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(10)
-        self._queue.close()
-
-
-# -- the audit ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Audit:
-    completed: int = 0
-    failed: dict[str, str] = field(default_factory=dict)  # job id -> stated cause
-    outcomes: Counter[str] = field(default_factory=Counter)  # over every attempt record
-    stalls: int = 0
-    executions: int = 0
-    overlaps: int = 0
-
-    def line(self) -> str:
-        return (
-            f"{self.completed} completed, {len(self.failed)} failed, {self.executions} "
-            f"executions, {self.stalls} stalls, attempt outcomes {dict(self.outcomes)}"
-        )
-
-
-def audit(queue: Queue, ids: Sequence[str], tally: Tally, ledger: Path) -> Audit:
-    """Check every invariant the chaos tests promise; returns what it counted."""
-    result = Audit()
-    problems: list[str] = []
-    runs = read_ledger(ledger)
-    result.executions = sum(len(r) for r in runs.values())
-    crossing = overlaps(runs)
-    result.overlaps = len(crossing)
-    if crossing:
-        problems.append("double execution:\n" + describe(crossing))
-    for job_id in ids:
-        info = queue.backend.get(job_id)
-        if info is None:
-            problems.append(f"job {job_id} is lost")
-            continue
-        result.stalls += info.stalls
-        result.outcomes.update(h.outcome.value for h in info.history)
-        completes = [h for h in info.history if h.action is Action.COMPLETE]
-        if info.state is JobState.COMPLETED:
-            result.completed += 1
-            events = tally.count("completed", job_id)
-            if len(completes) != 1 or events != 1:
-                problems.append(
-                    f"job {job_id} completed {len(completes)} times by its history, "
-                    f"{events} by the events stream"
-                )
-            finished_by = {e.pid for e in runs.get(job_id, []) if e.finished}
-            if completes and completes[0].pid not in finished_by:
-                problems.append(
-                    f"job {job_id} completed by pid {completes[0].pid}, which "
-                    f"never finished it (ledger: {runs.get(job_id)})"
-                )
-        elif info.state is JobState.FAILED:
-            if not info.error:
-                problems.append(f"job {job_id} failed without a cause")
-            result.failed[job_id] = info.error or ""
-            if completes or tally.count("completed", job_id):
-                problems.append(f"job {job_id} failed after being completed")
-        else:
-            problems.append(f"job {job_id} ended {info.state.value}")
-    assert not problems, "\n".join(problems[:20]) + f"\n({len(problems)} problems)"
-    return result
 
 
 # -- one test's world -------------------------------------------------------------------------

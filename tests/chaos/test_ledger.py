@@ -38,7 +38,13 @@ def test_a_frozen_execution_that_resumes_is_caught_a_killed_one_is_not(tmp_path:
     ledger = tmp_path / "ledger"
     with Pool(LEDGER_JOB, 2) as pool:
         frozen = pool.submit(str(ledger), "thawed", 1.0)
-        wait_for(lambda: "thawed" in read_ledger(ledger), 10, "the first run to start")
+        # The supervisor marks an attempt running just after the child may have started
+        # it: wait for both before asking which pid runs it.
+        wait_for(
+            lambda: "thawed" in read_ledger(ledger) and pool.running_pids(),
+            10,
+            "the first run to start",
+        )
         (pid,) = pool.running_pids().values()
         os.kill(pid, signal.SIGSTOP)
         pool.submit(str(ledger), "thawed", 0.2).result(timeout=20)
@@ -46,7 +52,11 @@ def test_a_frozen_execution_that_resumes_is_caught_a_killed_one_is_not(tmp_path:
         frozen.result(timeout=20)
 
         killed = pool.submit(str(ledger), "killed", 5.0)
-        wait_for(lambda: "killed" in read_ledger(ledger), 10, "the doomed run to start")
+        wait_for(
+            lambda: "killed" in read_ledger(ledger) and pool.running_pids(),
+            10,
+            "the doomed run to start",
+        )
         (pid,) = pool.running_pids().values()
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(Exception, match="SIGKILL"):
