@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint check bench redis-server clean
+.PHONY: demo test lint check bench soak redis-server clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,13 +19,15 @@ $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[test,dev,bench]'
 	touch $(BENCH_STAMP)
 
-# redis-server is needed by the test suite (it starts its own on a free port).
+# redis-server is needed by the test suite (it starts its own on a free port), and
+# redis-cli (package redis-tools) to join a throwaway Redis Cluster.
 redis-server:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  echo "installing redis-server"; \
+	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
+	  echo "installing redis-server and redis-tools"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server redis-tools >/dev/null; }
 	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server could not be installed"; exit 1; }
+	@command -v redis-cli >/dev/null 2>&1 || { echo "redis-cli could not be installed"; exit 1; }
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
@@ -42,6 +44,11 @@ check: lint test
 
 bench: $(BENCH_STAMP) redis-server
 	$(PY) bench/run_all.py
+
+# The chaos suite's faults mixed, against thousands of jobs, for SOAK_MINUTES (not in CI).
+SOAK_MINUTES ?= 10
+soak: $(STAMP) redis-server
+	$(PY) tests/chaos/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
