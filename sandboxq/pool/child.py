@@ -9,6 +9,13 @@
 
 The soft timeout arrives as SIGSOFT: the handler raises ``SoftTimeout`` in the main thread
 only while the processor is running, so a late signal can never break the loop itself.
+
+The fence guard, a thread, kills the child's process group once the running attempt's
+fence deadline (``time.monotonic()``, shared with the parent, which moves it on every
+renewal) has passed. The parent enforces the same deadline; the guard covers a parent
+that cannot: stopped (Ctrl-Z stops the worker's process group, and children have their
+own), or starved. A handler holding the GIL in one long C call keeps the guard from
+running, so then only the parent's fence remains.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from types import FrameType
 from typing import Any
@@ -32,6 +40,10 @@ from sandboxq.processor import resolve
 
 #: The signal the parent sends at the soft deadline.
 SIGSOFT = signal.SIGUSR1
+
+#: How often the fence guard looks at the deadline; it strikes up to this much early, so
+#: that it is never late.
+FENCE_CHECK_S = 0.05
 
 
 class JobContext:
@@ -131,7 +143,16 @@ def run_one(conn: Channel, lock: threading.Lock, processor: Any, run: Run) -> No
         conn.send(reply)
 
 
-def child_main(sock: socket.socket, processor_path: str, soft_token: Any) -> None:
+def _guard_fence(fence: Any) -> None:
+    """Kill this child's tree once the running attempt's fence deadline (0: none) is near."""
+    while True:
+        time.sleep(FENCE_CHECK_S)
+        deadline = fence.value
+        if deadline and _current is not None and time.monotonic() + FENCE_CHECK_S >= deadline:
+            os.killpg(0, signal.SIGKILL)
+
+
+def child_main(sock: socket.socket, processor_path: str, soft_token: Any, fence: Any) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
     global _soft_token
     _soft_token = soft_token
@@ -139,6 +160,7 @@ def child_main(sock: socket.socket, processor_path: str, soft_token: Any) -> Non
     os.setsid()  # own session and process group: one killpg takes the whole tree
     if not linux.die_with_parent(signal.SIGKILL):
         os._exit(1)
+    threading.Thread(target=_guard_fence, args=(fence,), name="sandboxq-fence", daemon=True).start()
     # The fork server's parent-death handler is inherited: a child must not run it.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(SIGSOFT, _on_soft_timeout)

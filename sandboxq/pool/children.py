@@ -93,6 +93,7 @@ class Child:
 
     __slots__ = (
         "conn",
+        "fence",
         "jobs_done",
         "pid",
         "process",
@@ -103,10 +104,11 @@ class Child:
         "soft_token",
     )
 
-    def __init__(self, process: Any, conn: Channel, soft_token: Any) -> None:
+    def __init__(self, process: Any, conn: Channel, soft_token: Any, fence: Any) -> None:
         self.process = process
         self.conn = conn
         self.soft_token = soft_token  # shared: which attempt the soft signal is meant for
+        self.fence = fence  # shared: the running attempt's fence deadline, for its guard
         self.pid: int = process.pid
         self.ready = False
         self.retiring = False
@@ -116,6 +118,11 @@ class Child:
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)
+
+    def sync_fence(self) -> None:
+        """Tell the child's fence guard the running attempt's fence deadline (0: none)."""
+        run = self.running
+        self.fence.value = (run.fence_deadline or 0.0) if run is not None else 0.0
 
     def signal_soft(self, run: Attempt) -> None:
         run.soft_sent = True

@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import selectors
+import signal
 import threading
 import time
 from collections import deque
@@ -34,7 +35,7 @@ from sandboxq.models import Outcome
 from sandboxq.pool import launch
 from sandboxq.pool.attempt import AttemptResult, Task, signal_name
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import child_main
+from sandboxq.pool.child import FENCE_CHECK_S, child_main
 from sandboxq.pool.children import Attempt, Child, OnDone, now_ms, readable
 from sandboxq.pool.kill import kill_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
@@ -198,8 +199,7 @@ class Supervisor:
             elif kind == "kill":
                 self._kill_token(*rest)
             elif kind == "fence":
-                if attempt := self._find(rest[0]):
-                    attempt.fence_deadline = rest[1]
+                self._extend_fence(*rest)
             elif kind == "soft":
                 self._soft_stop(rest[0])
             elif kind == "release":
@@ -211,12 +211,15 @@ class Supervisor:
     def _spawn(self) -> None:
         channel, child_end = Channel.pair()
         soft_token = self._ctx.RawValue("q", 0)
+        fence = self._ctx.RawValue("d", 0.0)
         process = self._ctx.Process(
-            target=child_main, args=(child_end, self._processor, soft_token), name="sandboxq-child"
+            target=child_main,
+            args=(child_end, self._processor, soft_token, fence),
+            name="sandboxq-child",
         )
         launch.start(process)
         child_end.close()
-        child = Child(process, channel, soft_token)
+        child = Child(process, channel, soft_token, fence)
         self._children.append(child)
         self._selector.register(channel, selectors.EVENT_READ, lambda _: self._on_messages(child))
         self._selector.register(
@@ -284,6 +287,7 @@ class Supervisor:
         if child.running is None:
             first = child.running = batch.pop(0)
             first.start(now, self._memory_every)
+            child.sync_fence()
         child.queued.extend(batch)
 
     # -- messages from children ------------------------------------------------------------
@@ -320,6 +324,7 @@ class Supervisor:
             child.jobs_done += 1
             self._recent_job_s += (time.monotonic() - run.started - self._recent_job_s) * 0.2
             self._advance(child)
+            child.sync_fence()
         elif isinstance(msg, Ready):
             child.ready = True
             self._start_failures = 0
@@ -405,10 +410,14 @@ class Supervisor:
         child.running = None
         signum = -exitcode if exitcode is not None and exitcode < 0 else None
         code = exitcode if exitcode is not None and exitcode >= 0 else None
+        fence = run.fence_deadline
         if run.kill_outcome is not None:
             outcome, detail = run.kill_outcome, run.kill_detail
         elif code is not None:
             outcome, detail = Outcome.EXIT, f"the handler exited with code {code}"
+        elif signum == signal.SIGKILL and fence and time.monotonic() + FENCE_CHECK_S >= fence:
+            # the child's fence guard: the parent had not renewed the lease in time
+            outcome, detail = Outcome.LEASE_LOST, "the lease could not be renewed in time"
         else:
             outcome = Outcome.CRASHED
             detail = f"the child was killed by {signal_name(signum or 0)}"
@@ -463,6 +472,15 @@ class Supervisor:
             if attempt.token == token:
                 return attempt
         return None
+
+    def _extend_fence(self, token: int, deadline: float) -> None:
+        attempt = self._find(token)
+        if attempt is None:
+            return
+        attempt.fence_deadline = deadline
+        for child in self._children:
+            if child.running is attempt:
+                child.sync_fence()
 
     def _kill_token(self, token: int, outcome: Outcome, detail: str) -> None:
         for child in self._children:

@@ -129,6 +129,9 @@ class Fleet:
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                # Its own process group, as a worker started from a shell has: a test can
+                # stop the group the way a terminal's Ctrl-Z would, and only that worker.
+                start_new_session=True,
             )
         worker = Worker(name, proc, log)
         with self._lock:

@@ -10,6 +10,7 @@ import time
 import pytest
 from harness import Scene, alive, unfinished, wait_for
 
+from sandboxq.models import Outcome
 from sandboxq.testing.ledger import read_ledger
 
 pytestmark = pytest.mark.timeout(180)
@@ -90,4 +91,44 @@ def test_a_worker_frozen_past_its_lease_is_fenced_when_it_thaws(scene: Scene) ->
     assert frozen.proc.poll() is None, fleet.tail(frozen)
     newer = {p.pid for p in frozen.children()}
     assert any(e.started > thawed_at and e.pid in newer for r in runs.values() for e in r)
+    assert not result.failed and not fleet.errors()
+
+
+def test_a_worker_parent_stopped_alone_cannot_let_its_children_outlive_their_leases(
+    scene: Scene,
+) -> None:
+    """Ctrl-Z on a worker in a terminal stops its process group: the parent and its fork
+    server, but not its children, which run in sessions of their own (one killpg takes a
+    child's whole tree). The stopped parent can neither renew nor fence; each child must
+    fence itself before its lease can expire, or another worker would run its job at the
+    same time. When the group resumes, the worker goes back to work."""
+    fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
+    stopped, _other = fleet.start(2, children=2)
+    producer = scene.producer(12, batch=12, seconds=lambda rng: rng.uniform(3.0, 5.0))
+    wait_for(
+        lambda: len(unfinished(scene.ledger, set(stopped.family()))) == 2,
+        20,
+        "both children of the worker to be running jobs",
+    )
+    held = unfinished(scene.ledger, set(stopped.family()))
+    os.killpg(stopped.pid, signal.SIGSTOP)
+    stopped_at = time.time()
+    try:
+        time.sleep(2 * LEASE_S)
+        # The children fenced themselves while their parent could not.
+        assert not any(alive(pid) for pid in held.values()), held
+    finally:
+        os.killpg(stopped.pid, signal.SIGCONT)
+    resumed_at = time.time()
+    result = scene.finish(producer)
+    print(f"\n{len(held)} jobs running when the parent stopped; {result.line()}")
+    runs = read_ledger(scene.ledger)
+    for key, pid in held.items():
+        (cut_off,) = [e for e in runs[key] if e.pid == pid]
+        assert not cut_off.finished and cut_off.last < stopped_at + LEASE_S, cut_off
+        info = scene.queue.backend.get(key)
+        assert info is not None and info.history[0].outcome is Outcome.LEASE_LOST
+    assert stopped.proc.poll() is None, fleet.tail(stopped)
+    newer = {p.pid for p in stopped.children()}
+    assert any(e.started > resumed_at and e.pid in newer for r in runs.values() for e in r)
     assert not result.failed and not fleet.errors()
