@@ -7,7 +7,8 @@
     ChildKiller ── a random child SIGKILLed every 0.1-0.3 s, all along
     every --fault-every-s, the next of: SIGKILL of a worker parent (replaced 2 s later),
         SIGSTOP of a worker past its lease, Redis SIGKILLed and restarted, the proxied
-        worker's network stalled past its lease, the same network 100 ms slow for 5 s
+        worker's network stalled past its lease, a worker's process group stopped past its
+        lease (Ctrl-Z: its children run on), the proxied network 100 ms slow for 5 s
     then: stop producing, let every job end, audit (chaos/audit.py), print the counts
 
 Exit status 0 when every invariant held, 1 otherwise. Worker logs, the ledger and Redis's
@@ -53,7 +54,14 @@ class Faults:
         self.done: Counter[str] = Counter()
 
     def cycle(self) -> Callable[[], str]:
-        order = [self.kill_parent, self.freeze, self.restart_redis, self.stall, self.slow]
+        order = [
+            self.kill_parent,
+            self.freeze,
+            self.restart_redis,
+            self.stall,
+            self.ctrl_z,
+            self.slow,
+        ]
         step = itertools.cycle(order)
         return lambda: next(step)()
 
@@ -105,6 +113,15 @@ class Faults:
         self.proxy.resume()
         self.done["network stalled"] += 1
         return f"{self.fleet.workers[0].name}'s network stalled for {2 * self.lease_s:g} s"
+
+    def ctrl_z(self) -> str:
+        i, name = self._victim()
+        pgid = self.fleet.workers[i].pid  # each worker leads its own process group
+        os.killpg(pgid, signal.SIGSTOP)
+        time.sleep(2 * self.lease_s)
+        os.killpg(pgid, signal.SIGCONT)
+        self.done["group stopped"] += 1
+        return f"stopped {name}'s process group (not its children) for {2 * self.lease_s:g} s"
 
     def slow(self) -> str:
         self.proxy.delay_s = 0.1
