@@ -1,7 +1,7 @@
 """SandboxWorker: claims jobs under leases and runs them in the sandboxed pool.
 
     fetcher thread ── claim(free slots) ──► start: Task(fence = lease) ──► pool
-         │ nothing to claim: wait_for_jobs (blocking, no polling)        │
+         │ nothing to claim: the claim blocks (no polling) until a job  │
     heartbeat thread ── renew leases ──► pool.extend_fence / kill lost   │ on_done
     reaper thread ── recover_stalled                                      ▼
     main thread ◄──────────────── events queue (done, progress, stop) ───┘
@@ -139,6 +139,7 @@ class SandboxWorker:
         self._stopping = threading.Event()
         self._stop_now = threading.Event()
         self._pool: Pool | None = None
+        self._fetcher: threading.Thread
         self._started_ms = int(time.time() * 1000)
 
     # -- public -----------------------------------------------------------------------------
@@ -165,7 +166,7 @@ class SandboxWorker:
         )
         reaper = Reaper(self.backend, s.stall_every_s)
         unwatch = self.backend.watch_cancellations(self._on_cancel)
-        fetcher = threading.Thread(
+        fetcher = self._fetcher = threading.Thread(
             target=self._fetch, args=(burst,), name="sandboxq-fetcher", daemon=True
         )
         restore = self._install_signal_handlers()
@@ -229,6 +230,7 @@ class SandboxWorker:
 
     def _fetch(self, burst: bool) -> None:
         failures = 0
+        idle = False  # the last claim found nothing
         while not self._stopping.is_set():
             with self._slots:
                 while not self._stopping.is_set() and (
@@ -238,9 +240,12 @@ class SandboxWorker:
             count = self._reserve()
             if not count:
                 continue
-            started = time.monotonic()
+            # After an empty claim, block in the backend until a job arrives (it answers
+            # with the job claimed). In burst mode a first empty claim must return at once
+            # so the drained check below can end the run.
+            wait_s = IDLE_WAIT_S if idle or not burst else 0.0
             try:
-                claimed = self.backend.claim(self.id, count, self.settings.lease_s)
+                claimed = self.backend.claim(self.id, count, self.settings.lease_s, wait_s)
                 failures = 0
             except BackendError as exc:
                 self._unreserve(count)
@@ -248,18 +253,17 @@ class SandboxWorker:
                 log.warning("claim failed (%s); retrying", exc)
                 self._stopping.wait(min(2.0, 0.05 * 2**failures))
                 continue
-            for job in claimed:
-                self._start(job, started)
+            if self._stopping.is_set():
+                # A waiting claim can return after stop(): hand those back untouched.
+                self._give_back(claimed)
+            else:
+                for job in claimed:
+                    self._start(job)
             self._unreserve(count)
-            if not claimed:
-                if burst and self._queue_is_drained():
-                    self._events.put(("drained",))
-                    return
-                try:
-                    self.backend.wait_for_jobs(IDLE_WAIT_S)
-                except BackendError as exc:
-                    log.warning("waiting for jobs failed: %s", exc)
-                    self._stopping.wait(IDLE_WAIT_S)
+            idle = not claimed
+            if idle and burst and self._queue_is_drained():
+                self._events.put(("drained",))
+                return
 
     def _queue_is_drained(self) -> bool:
         with self._slots:
@@ -270,7 +274,7 @@ class SandboxWorker:
             counts[state] for state in (JobState.WAITING, JobState.DELAYED, JobState.ACTIVE)
         )
 
-    def _start(self, job: Claimed, claimed_at: float) -> None:
+    def _start(self, job: Claimed) -> None:
         """Hand a claimed job to the pool, or fail it at once if it cannot run."""
         s = self.settings
         try:
@@ -284,8 +288,8 @@ class SandboxWorker:
         if job.codec not in ("json", "pickle"):
             self._reject(job, f"unknown payload codec {job.codec!r}")
             return
-        fence = claimed_at + s.lease_s - fence_margin_s(s.lease_s)
-        lease = Lease(job.id, job.token, 0, claimed_at)
+        fence = job.claimed_at + s.lease_s - fence_margin_s(s.lease_s)
+        lease = Lease(job.id, job.token, 0, job.claimed_at)
         active = _Active(job, options, lease)
         with self._slots:
             self._active[job.id] = active
@@ -308,6 +312,15 @@ class SandboxWorker:
         lease.attempt_token = self._pool.execute(
             task, lambda r: self._events.put(("done", job.id, r))
         )
+
+    def _give_back(self, claimed: list[Claimed]) -> None:
+        """Release jobs claimed but never started (no attempt charged, nothing recorded)."""
+        if not claimed:
+            return
+        try:
+            self.backend.release(self.id, [(job.id, job.token) for job in claimed])
+        except BackendError as exc:  # their leases expire and recovery re-queues them
+            log.warning("could not hand back %d unstarted job(s): %s", len(claimed), exc)
 
     def _reject(self, job: Claimed, cause: str) -> None:
         log.error("job %s cannot run: %s", job.id, cause)
@@ -350,7 +363,9 @@ class SandboxWorker:
             if self._stopping.is_set():
                 if drain_deadline is None:
                     drain_deadline = self._begin_drain()
-                if not self._active:
+                # The fetcher may still be inside a claim: wait for it, so a job it starts
+                # in that moment is drained like the others instead of left active.
+                if not self._active and not self._fetcher.is_alive():
                     return
                 self._advance_drain(drain_deadline)
 
@@ -440,7 +455,7 @@ class SandboxWorker:
                         "job %s: ack rejected, the lease was lost; result discarded", job.id
                     )
             for job in claimed:
-                self._start(job, started)
+                self._start(job)
         finally:
             self._unreserve(refill)
 

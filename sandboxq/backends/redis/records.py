@@ -72,7 +72,7 @@ def text(value: bytes | str) -> str:
     return value if isinstance(value, str) else value.decode("utf-8", errors="replace")
 
 
-def claimed_rows(flat: Sequence[Any]) -> list[tuple[Claimed, str | None]]:
+def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, str | None]]:
     """Claimed jobs from a claim reply, each with the reason its options are unusable
     (None when they validate)."""
     rows: list[tuple[Claimed, str | None]] = []
@@ -92,6 +92,7 @@ def claimed_rows(flat: Sequence[Any]) -> list[tuple[Claimed, str | None]]:
             codec=text(codec),
             options_json=options_json,
             attempt=int(attempt),
+            claimed_at=claimed_at,
         )
         rows.append((claimed, problem))
     return rows
