@@ -20,7 +20,7 @@ from sandboxq.backends.base import Claimed, FinishAction, NewJob
 from sandboxq.backends.redis import RedisBackend
 from sandboxq.errors import BackendError
 from sandboxq.models import Action, AttemptRecord, JobState, Outcome
-from sandboxq.testing.redis_server import free_port
+from sandboxq.testing.redis_server import RedisServer, free_port
 
 PAYLOAD = b"[[1],{}]"
 MakeBackend = Callable[..., RedisBackend]
@@ -512,3 +512,21 @@ def test_retry_failed_purge_and_workers(backend: RedisBackend, raw: redis.Redis)
     assert backend.workers() == [{"pid": 1, "worker_id": "w1"}]
     backend.unregister_worker("w1")
     assert backend.workers() == []
+
+
+@pytest.mark.timeout(30)
+def test_the_first_calls_after_a_redis_restart_succeed(queue_name: str) -> None:
+    """Pooled connections the restarted server closed are replaced before anything is
+    sent, and its emptied script cache is refilled: no call fails once Redis is back."""
+    with RedisServer() as server:
+        backend = RedisBackend(server.url, queue_name)
+        try:
+            backend.enqueue([job("a")])
+            [claimed] = backend.claim("w1", 1, lease_s=30)
+            server.stop()
+            server.start()  # same port, no persistence: an empty server
+            assert backend.enqueue([job("b")]) == [("b", True)]
+            assert backend.renew("w1", [(claimed.id, claimed.token)], lease_s=30) == ["a"]
+            assert [c.id for c in backend.claim("w1", 1, lease_s=30)] == ["b"]
+        finally:
+            backend.close()
