@@ -223,3 +223,16 @@ def test_a_job_claimed_after_a_long_idle_wait_gets_its_whole_lease(
     assert job.result(timeout_s=10) == "done"
     assert [h.outcome for h in job.info().history] == [Outcome.OK]
     assert worker.stats["lease_lost"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_an_unreachable_backend_fails_run_at_once(queue_name: str) -> None:
+    from sandboxq.errors import BackendError
+    from sandboxq.testing.redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    worker = SandboxWorker(queue_name, H + "echo", url=url, concurrency=1)
+    started = time.monotonic()
+    with pytest.raises(BackendError, match="unreachable"):
+        worker.run()
+    assert time.monotonic() - started < 5
