@@ -55,8 +55,8 @@ def main(out_dir: Path) -> None:
         "jobs_thumbnails:thumbnail",
         url="memory://",
         concurrency=2,
-        soft_timeout_s=1.0,  # SoftTimeout is raised in the handler: clean up and give up
-        hard_timeout_s=2.0,  # then the child's whole process tree is killed
+        soft_timeout_s=2.0,  # SoftTimeout is raised in the handler: clean up and give up
+        hard_timeout_s=3.0,  # then the child's whole process tree is killed
     )
     started = time.monotonic()
     thread = threading.Thread(target=worker.run, kwargs={"burst": True})

@@ -176,7 +176,8 @@ def sandboxq_worker(
     queue=None, burst=False, **options)`` returns the running worker.
 
     It serves ``queue`` (a ``Queue``), by default the test's: ``sandboxq_queue``, or
-    ``sandboxq_memory_queue`` when the test uses only that one. ``options`` are
+    ``sandboxq_memory_queue`` when the test uses only that one (``url=`` picks another
+    backend for the test's queue name). ``options`` are
     ``SandboxWorker`` keywords (``hard_timeout_s``, ``soft_timeout_s``, ``retries``...);
     tests default to ``concurrency=2``. Every worker is stopped (running jobs interrupted)
     and joined at teardown, whether the test passed or not; teardown errors if one would
@@ -195,7 +196,9 @@ def sandboxq_worker(
     ) -> SandboxWorker:
         if queue is not None:
             return workers.start(queue, processor, burst=burst, **options)
-        url = "memory://" if memory_only else request.getfixturevalue("sandboxq_redis_url")
+        url = options.pop("url", None) or (
+            "memory://" if memory_only else request.getfixturevalue("sandboxq_redis_url")
+        )
         return workers.start(sandboxq_queue_name, processor, url=url, burst=burst, **options)
 
     try:

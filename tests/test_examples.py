@@ -76,7 +76,7 @@ def test_thumbnails(tmp_path: Path) -> None:
     out = run_example(str(EXAMPLES / "thumbnails.py"), str(tmp_path))
     assert "generated 13 images" in out
     assert "12 thumbnails, 1 failed" in out and "half-written files left: none" in out
-    assert "stuck.png        !! hard_timeout: killed at the hard deadline of 2 s" in out
+    assert "stuck.png        !! hard_timeout: killed at the hard deadline of 3 s" in out
     thumbs = sorted(p.name for p in (tmp_path / "thumbs").iterdir())
     assert thumbs == [f"fractal-{i:02}.jpg" for i in range(12)]
 

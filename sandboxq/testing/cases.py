@@ -25,7 +25,7 @@ HANDLERS = "sandboxq.testing.handlers"
 #: Short enough that a whole catalogue runs in seconds, long enough for a loaded machine
 #: to start the handler before the soft signal.
 SOFT_S = 0.4
-HARD_S = 1.2
+HARD_S = 2.0
 HARD_ONLY_S = 0.8
 
 
