@@ -36,7 +36,7 @@ from sandboxq.pool.attempt import AttemptResult, Task, signal_name
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import child_main
 from sandboxq.pool.children import Attempt, Child, OnDone, now_ms, readable
-from sandboxq.pool.kill import kill_tree
+from sandboxq.pool.kill import descendants, kill_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
 
 log = logging.getLogger("sandboxq.pool")
@@ -493,6 +493,9 @@ class Supervisor:
         """Close every channel, give idle children a moment to exit, then kill what is left."""
         self._on_wake(None)  # commands that raced with close: run ones end as interrupted
         self._cancel_all()
+        # Seen while each child lives: once it exits, a grandchild that left its process
+        # group (setsid) is re-parented and no longer found under it.
+        trees = {child.pid: descendants(child.pid) for child in self._children}
         for child in self._children:
             if not child.conn.closed:
                 child.conn.close()
@@ -501,7 +504,7 @@ class Supervisor:
             child.process.join(max(0.0, deadline - time.monotonic()))
         for child in self._children:
             run = child.running
-            kill_tree(child.pid, run.tree if run else ())
+            kill_tree(child.pid, (*(run.tree if run else ()), *trees.get(child.pid, ())))
             child.process.join(EXIT_GRACE_S)
             if run is not None:  # only after a supervisor crash or a cancelling close
                 self._settle_death(child, run, child.process.exitcode)
