@@ -41,7 +41,7 @@ lint: $(STAMP)
 check: lint test
 
 # Every benchmark into bench/results/report.md (~7 min on 2 cores); QUICK=1 for a smoke
-# check in about a minute.
+# check in 1-2 minutes.
 bench: $(BENCH_STAMP) redis-server
 	$(PY) bench/run_all.py $(if $(QUICK),--quick)
 
