@@ -40,8 +40,10 @@ lint: $(STAMP)
 
 check: lint test
 
+# Every benchmark into bench/results/report.md (~7 min on 2 cores); QUICK=1 for a smoke
+# check in 1-2 minutes.
 bench: $(BENCH_STAMP) redis-server
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -18,12 +18,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
 
 log = logging.getLogger("sandboxq.heartbeat")
+
+#: How many recent renewal times a heartbeat keeps: about 3 hours at the default 10 s
+#: interval, some 30 kB.
+RENEWAL_HISTORY = 1024
 
 
 def fence_margin_s(lease_s: float) -> float:
@@ -71,6 +76,9 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="sandboxq-heartbeat", daemon=True)
         #: Longest gap between two successful renewals, for tests and benchmarks.
         self.max_gap_s = 0.0
+        #: ``time.monotonic()`` of the latest successful renewals, oldest first, so a
+        #: benchmark can plot the gaps over time; bounded, so a long-lived worker stays small.
+        self.renewed_at: deque[float] = deque(maxlen=RENEWAL_HISTORY)
         self.renewals = 0
 
     def start(self) -> None:
@@ -86,6 +94,7 @@ class Heartbeat:
             if self.renew_now():
                 now = time.monotonic()
                 self.max_gap_s = max(self.max_gap_s, now - last_ok)
+                self.renewed_at.append(now)
                 last_ok = now
             if self._on_tick is not None:
                 try:
