@@ -300,14 +300,12 @@ class Supervisor:
 
     def _on_message(self, child: Child, msg: Any) -> None:
         run = child.running
-        if isinstance(msg, Progress):
-            if run and run.token == msg.token and run.task.on_progress:
-                self._call(run.task.on_progress, msg.fraction, msg.message)
-        elif isinstance(msg, Finished | Failed):
+        kind = type(msg)  # most frequent first: this runs once or twice per job
+        if kind is Finished or kind is Failed:
             if run is None or run.token != msg.token or run.kill_outcome is not None:
                 return  # stale, or being killed: the kill decides the outcome
             child.running = None
-            if isinstance(msg, Finished):
+            if kind is Finished:
                 outcome = run.soft_outcome if run.soft_sent else Outcome.OK
                 self._settle(run, outcome, child.pid, result=msg.result)
             else:
@@ -316,7 +314,10 @@ class Supervisor:
             child.jobs_done += 1
             self._recent_job_s += (time.monotonic() - run.started - self._recent_job_s) * 0.2
             self._advance(child)
-        elif isinstance(msg, Ready):
+        elif kind is Progress:
+            if run and run.token == msg.token and run.task.on_progress:
+                self._call(run.task.on_progress, msg.fraction, msg.message)
+        elif kind is Ready:
             child.ready = True
             self._start_failures = 0
             self._idle.append(child)
