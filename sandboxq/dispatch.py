@@ -102,6 +102,9 @@ class Dispatcher:
             else:
                 for job in claimed:
                     self._start(job)
+                # Let the pool's thread, just woken to dispatch these, take the GIL now
+                # rather than after this thread's next claim blocks.
+                time.sleep(0)
             self._inflight.unreserve(count)
             idle = not claimed
             if idle and burst and self._queue_is_drained():
