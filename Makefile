@@ -42,8 +42,10 @@ lint: $(STAMP)
 
 check: lint test
 
+# Every benchmark into bench/results/report.md (~7 min on 2 cores); QUICK=1 for a smoke
+# check in 1-2 minutes.
 bench: $(BENCH_STAMP) redis-server
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(if $(QUICK),--quick)
 
 # The chaos suite's faults mixed, against thousands of jobs, for SOAK_MINUTES (not in CI).
 SOAK_MINUTES ?= 10

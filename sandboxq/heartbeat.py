@@ -22,12 +22,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
 
 log = logging.getLogger("sandboxq.heartbeat")
+
+#: How many recent renewal times a heartbeat keeps: about 3 hours at the default 10 s
+#: interval, some 30 kB.
+RENEWAL_HISTORY = 1024
 
 
 def fence_margin_s(lease_s: float) -> float:
@@ -76,6 +81,9 @@ class Heartbeat:
         self._ticker = threading.Thread(target=self._tick, name="sandboxq-registry", daemon=True)
         #: Longest gap between two successful renewals, for tests and benchmarks.
         self.max_gap_s = 0.0
+        #: ``time.monotonic()`` of the latest successful renewals, oldest first, so a
+        #: benchmark can plot the gaps over time; bounded, so a long-lived worker stays small.
+        self.renewed_at: deque[float] = deque(maxlen=RENEWAL_HISTORY)
         self.renewals = 0
 
     def start(self) -> None:
@@ -98,6 +106,7 @@ class Heartbeat:
             if self.renew_now():
                 now = time.monotonic()
                 self.max_gap_s = max(self.max_gap_s, now - last_ok)
+                self.renewed_at.append(now)
                 last_ok = now
             # After a call longer than the interval, renew at once, then keep the schedule
             # from now rather than firing a burst of catch-up renewals.

@@ -7,6 +7,7 @@ a misspelt option is an error instead of a silently ignored setting.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from enum import StrEnum
@@ -114,6 +115,13 @@ class JobOptions(_Frozen):
     def _soft_before_hard(self) -> JobOptions:
         check_timeouts(self.soft_timeout_s, self.hard_timeout_s)
         return self
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_job_options(options_json: str) -> JobOptions:
+    """Validated job options from their stored JSON; cached because most jobs of a queue
+    share one options string. Raises ``pydantic.ValidationError`` (a ``ValueError``)."""
+    return JobOptions.model_validate_json(options_json)
 
 
 class AttemptRecord(_Frozen):

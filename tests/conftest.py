@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 import gc
-import time
 import uuid
 from collections.abc import Iterator
 
-import psutil
 import pytest
 
+from sandboxq.testing import processes
 from sandboxq.testing.redis_server import RedisServer
 
 
@@ -29,35 +28,14 @@ def queue_name() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
-# -- no process outlives its test ----------------------------------------------------------
-
-# Shared, long-lived helpers: the fork server, multiprocess's resource tracker, the
-# session's redis-server. Everything else a test starts must be gone when it ends.
-_SHARED = ("forkserver", "resource_tracker", "redis-server")
-
-
-def _descendants() -> dict[int, str]:
-    found = {}
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            cmd = " ".join(proc.cmdline())
-        except psutil.Error:
-            continue
-        if not any(name in cmd for name in _SHARED):
-            found[proc.pid] = cmd
-    return found
-
-
 @pytest.fixture(autouse=True)
 def no_leaked_processes() -> Iterator[None]:
-    before = set(_descendants())
+    """No process a test started outlives it: pool children and grandchildren included
+    (only the fork server, the resource tracker and redis-server are shared)."""
+    before = processes.descendants()
     yield
     # Collect now, inside the test: an unclosed socket or file then fails the test that
     # leaked it (ResourceWarning is an error) instead of surfacing after the session.
     gc.collect()
-    deadline = time.monotonic() + 3.0
-    while (leaked := {p: c for p, c in _descendants().items() if p not in before}) and (
-        time.monotonic() < deadline
-    ):
-        time.sleep(0.05)
-    assert not leaked, f"processes outlived the test: {leaked}"
+    leaked = processes.survivors(before, grace_s=3.0)
+    assert not leaked, "processes outlived the test:\n" + processes.describe(leaked)

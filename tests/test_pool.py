@@ -92,6 +92,21 @@ def test_hard_kill_takes_grandchildren(handler: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("handler", ["grandchild_hang", "setsid_grandchild_hang"])
+def test_shutdown_takes_grandchildren_a_soft_timeout_left_behind(
+    handler: str, tmp_path: Path
+) -> None:
+    # The child survives its soft timeout and exits when the pool closes: a grandchild it
+    # left in another session must be found while the child still lives.
+    pid_file = tmp_path / "pids"
+    with Pool(H + handler, size=1, soft_timeout_s=SOFT, hard_timeout_s=5) as pool:
+        assert attempt(pool, str(pid_file)).outcome is Outcome.SOFT_TIMEOUT
+        grandchildren = [int(x) for x in pid_file.read_text().split()]
+        assert grandchildren and wait_dead(grandchildren, 0.2) == grandchildren  # running
+    assert not wait_dead(grandchildren), "a grandchild outlived the pool"
+
+
+@pytest.mark.timeout(30)
 def test_soft_timeout_lets_cleanup_run(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     with Pool(H + "cleanup_on_soft_timeout", size=1, soft_timeout_s=SOFT, hard_timeout_s=5) as pool:

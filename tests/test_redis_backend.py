@@ -20,7 +20,7 @@ from sandboxq.backends.base import Claimed, FinishAction, NewJob
 from sandboxq.backends.redis import RedisBackend
 from sandboxq.errors import BackendError
 from sandboxq.models import Action, AttemptRecord, JobState, Outcome
-from sandboxq.testing.redis_server import free_port
+from sandboxq.testing.redis_server import RedisServer, free_port
 
 PAYLOAD = b"[[1],{}]"
 MakeBackend = Callable[..., RedisBackend]
@@ -321,9 +321,7 @@ def test_events_parse_and_block(backend: RedisBackend) -> None:
 # -- waking ---------------------------------------------------------------------------------
 
 
-def test_wait_for_jobs_wakes_within_milliseconds_of_an_enqueue(
-    make_backend: MakeBackend,
-) -> None:
+def test_an_idle_claim_gets_a_new_job_within_milliseconds(make_backend: MakeBackend) -> None:
     worker, producer = make_backend(), make_backend()
     assert worker.claim("w1", 1, lease_s=30) == []  # clears any wake token
     enqueued_at: list[float] = []
@@ -335,11 +333,11 @@ def test_wait_for_jobs_wakes_within_milliseconds_of_an_enqueue(
 
     thread = threading.Thread(target=produce)
     thread.start()
-    worker.wait_for_jobs(5)
+    claimed = worker.claim("w1", 1, lease_s=30, wait_s=5)
     woke_at = time.monotonic()
     thread.join()
+    assert [c.id for c in claimed] == ["a"]
     assert enqueued_at and woke_at - enqueued_at[0] < 0.05
-    assert [c.id for c in worker.claim("w1", 1, lease_s=30)] == ["a"]
 
 
 def test_idle_wait_blocks_instead_of_spinning(backend: RedisBackend) -> None:
@@ -354,18 +352,17 @@ def test_idle_wait_blocks_instead_of_spinning(backend: RedisBackend) -> None:
         [current] = done.claimed
     started = time.monotonic()
     for _ in range(3):
-        backend.wait_for_jobs(0.15)
+        assert backend.claim("w1", 1, lease_s=30, wait_s=0.15) == []
     assert time.monotonic() - started >= 0.4
 
 
-def test_wait_for_jobs_wakes_when_a_delayed_job_falls_due(backend: RedisBackend) -> None:
+def test_an_idle_claim_takes_a_delayed_job_when_it_falls_due(backend: RedisBackend) -> None:
     backend.enqueue([job("a", delay_s=0.3)])
-    backend.wait_for_jobs(0.01)  # consumes the enqueue's wake token
-    assert backend.claim("w1", 1, lease_s=30) == []
+    backend.claim("w1", 1, lease_s=30, wait_s=0.01)  # consumes the enqueue's wake token
     started = time.monotonic()
-    backend.wait_for_jobs(5)
+    claimed = backend.claim("w1", 1, lease_s=30, wait_s=5)
     assert 0.15 < time.monotonic() - started < 1.0
-    assert [c.id for c in backend.claim("w1", 1, lease_s=30)] == ["a"]
+    assert [c.id for c in claimed] == ["a"]
 
 
 def test_wait_for_finish_returns_soon_after_the_job_finishes(backend: RedisBackend) -> None:
@@ -476,7 +473,7 @@ def test_unreachable_redis_raises_backend_error_promptly(queue_name: str) -> Non
             lambda: backend.enqueue([job()]),
             lambda: backend.claim("w1", 1, lease_s=30),
             lambda: backend.renew("w1", [("a", "t")], lease_s=30),
-            lambda: backend.wait_for_jobs(1),
+            lambda: backend.claim("w1", 1, lease_s=30, wait_s=1),
             lambda: backend.get("a"),
         ):
             started = time.monotonic()
@@ -515,3 +512,21 @@ def test_retry_failed_purge_and_workers(backend: RedisBackend, raw: redis.Redis)
     assert backend.workers() == [{"pid": 1, "worker_id": "w1"}]
     backend.unregister_worker("w1")
     assert backend.workers() == []
+
+
+@pytest.mark.timeout(30)
+def test_the_first_calls_after_a_redis_restart_succeed(queue_name: str) -> None:
+    """Pooled connections the restarted server closed are replaced before anything is
+    sent, and its emptied script cache is refilled: no call fails once Redis is back."""
+    with RedisServer() as server:
+        backend = RedisBackend(server.url, queue_name)
+        try:
+            backend.enqueue([job("a")])
+            [claimed] = backend.claim("w1", 1, lease_s=30)
+            server.stop()
+            server.start()  # same port, no persistence: an empty server
+            assert backend.enqueue([job("b")]) == [("b", True)]
+            assert backend.renew("w1", [(claimed.id, claimed.token)], lease_s=30) == ["a"]
+            assert [c.id for c in backend.claim("w1", 1, lease_s=30)] == ["b"]
+        finally:
+            backend.close()

@@ -209,3 +209,30 @@ def test_graceful_stop_requeues_interrupted_jobs_without_charge(
     assert info.state is JobState.WAITING
     assert info.attempts == 0  # the interrupted attempt was not charged
     assert worker.stats["requeued"] == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_job_claimed_after_a_long_idle_wait_gets_its_whole_lease(
+    queue: Queue, start_worker: StartWorker
+) -> None:
+    """The fence counts from the claim that took the job, not from the start of the idle
+    wait before it: a wait longer than the lease must not fence the job on arrival."""
+    worker = start_worker("succeed_after", lease_s=0.6)
+    time.sleep(1.5)  # idle: the fetcher blocks in claims longer than the lease
+    job = queue.enqueue(0.3, "done")
+    assert job.result(timeout_s=10) == "done"
+    assert [h.outcome for h in job.info().history] == [Outcome.OK]
+    assert worker.stats["lease_lost"] == 0
+
+
+@pytest.mark.timeout(30)
+def test_an_unreachable_backend_fails_run_at_once(queue_name: str) -> None:
+    from sandboxq.errors import BackendError
+    from sandboxq.testing.redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    worker = SandboxWorker(queue_name, H + "echo", url=url, concurrency=1)
+    started = time.monotonic()
+    with pytest.raises(BackendError, match="unreachable"):
+        worker.run()
+    assert time.monotonic() - started < 5

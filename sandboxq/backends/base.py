@@ -44,7 +44,12 @@ class NewJob:
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """A job leased to the caller. ``attempt`` counts attempts charged so far, this one included."""
+    """A job leased to the caller. ``attempt`` counts attempts charged so far, this one included.
+
+    ``claimed_at`` is ``time.monotonic()`` just before the request that claimed it was sent:
+    the lease cannot have started earlier, so the caller's own deadline for it (the fence,
+    invariant 2) counts from there and always falls before the backend's.
+    """
 
     id: str
     token: str
@@ -52,12 +57,14 @@ class Claimed:
     codec: str
     options_json: str
     attempt: int
+    claimed_at: float
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
     id: str  # position in the stream, usable as ``since``
-    kind: str  # added, active, progress, completed, failed, retried, stalled, cancelled, ...
+    kind: str  # added, active, progress, completed, failed, retried, requeued, released,
+    # stalled, cancelled
     job_id: str
     data: dict[str, str] = field(default_factory=dict)
 
@@ -89,11 +96,13 @@ class Backend(Protocol):
 
         A ``job_id`` that already exists (in any state still retained) is not added again:
         its id comes back with ``created=False``. New jobs are ``waiting``, or ``delayed``
-        until now + ``delay_s``. Emits ``added``; wakes one idle ``wait_for_jobs`` per job.
+        until now + ``delay_s``. Emits ``added``; wakes one waiting ``claim`` per job.
         """
         ...
 
-    def claim(self, worker_id: str, count: int, lease_s: float) -> list[Claimed]:
+    def claim(
+        self, worker_id: str, count: int, lease_s: float, wait_s: float = 0.0
+    ) -> list[Claimed]:
         """Lease up to ``count`` jobs to ``worker_id`` for ``lease_s`` seconds.
 
         First promotes due delayed jobs to waiting. Takes the highest priority first, FIFO
@@ -101,6 +110,12 @@ class Backend(Protocol):
         ``worker_id``, lease expiry = backend now + ``lease_s``, attempts + 1. Emits
         ``active``. A record too broken to claim is failed on the spot with a stated cause
         and skipped.
+
+        With ``wait_s`` > 0 and nothing to claim, blocks until a job may be claimable (an
+        enqueue, retry, requeue or recovery, or a delayed job falling due) or ``wait_s``
+        passes, then claims once more: an idle worker gets a new job within milliseconds
+        and costs the backend nothing while it waits (a blocking command, not a polling
+        loop). It may return empty early (a spurious wake-up); it never misses a wake-up.
         """
         ...
 
@@ -109,6 +124,13 @@ class Backend(Protocol):
         ``lease_s``; returns the ids it could *not* renew (lease lost, expired and
         recovered, cancelled, finished). Uses a connection of its own where the backend has
         connections, so a busy claim loop cannot delay it."""
+        ...
+
+    def release(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        """Hand back ``(job_id, token)`` jobs ``worker_id`` claimed but never started: each
+        goes back to ``waiting`` at its old place in line, its attempt uncharged, with no
+        attempt record (nothing ran). Emits ``released``. Returns the ids it could not
+        release (no longer owned by the caller; nothing changed for those)."""
         ...
 
     def finish(
@@ -191,13 +213,6 @@ class Backend(Protocol):
 
     def list_jobs(self, state: JobState, limit: int = 100) -> list[str]:
         """Ids of jobs in ``state``; finished states newest first."""
-        ...
-
-    def wait_for_jobs(self, timeout_s: float) -> None:
-        """Block until a job may be claimable (an enqueue, retry, requeue or recovery since
-        the last call, or a delayed job falling due) or ``timeout_s`` passes. Spurious
-        returns are allowed; missing a wake-up is not. Costs the backend nothing while idle
-        (a blocking command, not a polling loop)."""
         ...
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:

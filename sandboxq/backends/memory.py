@@ -9,7 +9,7 @@ backend is held to by the contract suite (``sandboxq.testing.contract``).
                 completed | failed | cancelled   (trimmed by count and age)
 
 One ``threading.Condition`` guards every structure. Every state change emits an event,
-and emitting notifies *all* waiters: ``wait_for_jobs``, ``wait_for_finish`` and
+and emitting notifies *all* waiters: waiting claims, ``wait_for_finish`` and
 ``events`` share the condition, so waking only some of them could wake the wrong ones;
 each re-checks its own predicate instead, which makes a missed wake-up impossible.
 
@@ -194,6 +194,7 @@ class MemoryBackend:
             self._move(self._jobs[job_id], WAITING, now)
 
     def _claim(self, worker_id: str, count: int, lease_s: float, now: int) -> list[Claimed]:
+        claimed_at = time.monotonic()
         self._promote(now)
         claimed: list[Claimed] = []
         while len(claimed) < count and self._waiting:
@@ -208,7 +209,15 @@ class MemoryBackend:
             self._emit("active", job.id, worker=worker_id, attempt=str(job.attempts))
             new = job.new
             claimed.append(
-                Claimed(job.id, job.token, new.payload, new.codec, new.options_json, job.attempts)
+                Claimed(
+                    job.id,
+                    job.token,
+                    new.payload,
+                    new.codec,
+                    new.options_json,
+                    job.attempts,
+                    claimed_at,
+                )
             )
         return claimed
 
@@ -251,9 +260,20 @@ class MemoryBackend:
                 added.append((job_id, True))
         return added
 
-    def claim(self, worker_id: str, count: int, lease_s: float) -> list[Claimed]:
+    def claim(
+        self, worker_id: str, count: int, lease_s: float, wait_s: float = 0.0
+    ) -> list[Claimed]:
+        deadline = time.monotonic() + wait_s
         with self._cond:
-            return self._claim(worker_id, count, lease_s, _now_ms())
+            while not (claimed := self._claim(worker_id, count, lease_s, _now_ms())):
+                left = deadline - time.monotonic()
+                due_ms = self._next_due_ms()
+                if due_ms is not None:
+                    left = min(left, (due_ms - _now_ms()) / 1000)
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return claimed
 
     def renew(self, worker_id: str, leases: Sequence[tuple[str, str]], lease_s: float) -> list[str]:
         lost: list[str] = []
@@ -266,6 +286,20 @@ class MemoryBackend:
                 else:
                     job.lease_ms = now + _ms(lease_s)
         return lost
+
+    def release(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        kept: list[str] = []
+        with self._cond:
+            now = _now_ms()
+            for job_id, token in leases:
+                job = self._owned(worker_id, job_id, token)
+                if job is None:
+                    kept.append(job_id)
+                    continue
+                job.attempts = max(0, job.attempts - 1)
+                self._move(job, WAITING, now, keep_place=True)
+                self._emit("released", job_id)
+        return kept
 
     def finish(
         self,
@@ -462,21 +496,6 @@ class MemoryBackend:
             return [job.id for job in jobs[: max(0, limit)]]
 
     # -- waiting -----------------------------------------------------------------------------
-
-    def wait_for_jobs(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while not self._by_state[WAITING]:
-                left = deadline - time.monotonic()
-                due_ms = self._next_due_ms()
-                if due_ms is not None:
-                    until_due_s = (due_ms - _now_ms()) / 1000
-                    if until_due_s <= 0:
-                        return
-                    left = min(left, until_due_s)
-                if left <= 0:
-                    return
-                self._cond.wait(left)
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
         # An unknown id is waited for too: a producer may be about to enqueue it.

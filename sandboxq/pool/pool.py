@@ -15,13 +15,14 @@ import atexit
 import os
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from datetime import timedelta
 from typing import Any
 
 import multiprocess
 
 from sandboxq import codec
+from sandboxq.errors import SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.supervisor import Supervisor
@@ -165,15 +166,18 @@ class Pool:
 
 
 def _settle(future: Future[Any], attempt: AttemptResult) -> None:
-    if future.cancelled():
-        return
-    if attempt.outcome is Outcome.OK and attempt.result is not None:
+    try:
+        if attempt.outcome is not Outcome.OK or attempt.result is None:
+            future.set_exception(attempt.to_error())
+            return
         try:
-            future.set_result(codec.decode("pickle", attempt.result, what="result"))
-        except Exception as exc:
+            value = codec.decode("pickle", attempt.result, what="result")
+        except SerializationError as exc:
             future.set_exception(exc)
-    else:
-        future.set_exception(attempt.to_error())
+            return
+        future.set_result(value)
+    except InvalidStateError:  # the caller cancelled the future: nobody wants the outcome
+        pass
 
 
 @atexit.register

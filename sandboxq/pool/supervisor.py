@@ -37,7 +37,7 @@ from sandboxq.pool.attempt import AttemptResult, Task, signal_name
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import FENCE_CHECK_S, child_main
 from sandboxq.pool.children import Attempt, Child, OnDone, now_ms, readable
-from sandboxq.pool.kill import kill_tree
+from sandboxq.pool.kill import descendants, kill_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
 
 log = logging.getLogger("sandboxq.pool")
@@ -308,14 +308,12 @@ class Supervisor:
 
     def _on_message(self, child: Child, msg: Any) -> None:
         run = child.running
-        if isinstance(msg, Progress):
-            if run and run.token == msg.token and run.task.on_progress:
-                self._call(run.task.on_progress, msg.fraction, msg.message)
-        elif isinstance(msg, Finished | Failed):
+        kind = type(msg)  # most frequent first: this runs once or twice per job
+        if kind is Finished or kind is Failed:
             if run is None or run.token != msg.token or run.kill_outcome is not None:
                 return  # stale, or being killed: the kill decides the outcome
             child.running = None
-            if isinstance(msg, Finished):
+            if kind is Finished:
                 outcome = run.soft_outcome if run.soft_sent else Outcome.OK
                 self._settle(run, outcome, child.pid, result=msg.result)
             else:
@@ -325,7 +323,10 @@ class Supervisor:
             self._recent_job_s += (time.monotonic() - run.started - self._recent_job_s) * 0.2
             self._advance(child)
             child.sync_fence()
-        elif isinstance(msg, Ready):
+        elif kind is Progress:
+            if run and run.token == msg.token and run.task.on_progress:
+                self._call(run.task.on_progress, msg.fraction, msg.message)
+        elif kind is Ready:
             child.ready = True
             self._start_failures = 0
             self._idle.append(child)
@@ -515,6 +516,9 @@ class Supervisor:
         """Close every channel, give idle children a moment to exit, then kill what is left."""
         self._on_wake(None)  # commands that raced with close: run ones end as interrupted
         self._cancel_all()
+        # Seen while each child lives: once it exits, a grandchild that left its process
+        # group (setsid) is re-parented and no longer found under it.
+        trees = {child.pid: descendants(child.pid) for child in self._children}
         for child in self._children:
             if not child.conn.closed:
                 child.conn.close()
@@ -523,7 +527,7 @@ class Supervisor:
             child.process.join(max(0.0, deadline - time.monotonic()))
         for child in self._children:
             run = child.running
-            kill_tree(child.pid, run.tree if run else ())
+            kill_tree(child.pid, (*(run.tree if run else ()), *trees.get(child.pid, ())))
             child.process.join(EXIT_GRACE_S)
             if run is not None:  # only after a supervisor crash or a cancelling close
                 self._settle_death(child, run, child.process.exitcode)

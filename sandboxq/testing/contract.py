@@ -260,6 +260,21 @@ class BackendContract:
         again = claim_one(backend)
         assert again.attempt == 1 and again.token != first.token
 
+    def test_release_hands_back_unstarted_jobs_uncharged_and_unrecorded(
+        self, backend: Backend
+    ) -> None:
+        first, second = add(backend), add(backend)
+        a, b = backend.claim("w1", 2, LEASE_S)
+        assert backend.release("w2", [(a.id, a.token)]) == [a.id]  # not the owner
+        assert backend.release("w1", [(a.id, a.token), (b.id, "stale")]) == [b.id]
+        released = info(backend, first)
+        assert released.state == "waiting" and released.attempts == 0
+        assert released.history == [] and released.outcome is None
+        assert finish(backend, a, "complete").accepted is False  # the old lease is gone
+        again = claim_one(backend)
+        assert (again.id, again.attempt) == (first, 1)  # its old place in line, uncharged
+        assert info(backend, second).state == "active"
+
     def test_fail_stores_outcome_and_error(self, backend: Backend) -> None:
         job_id = add(backend)
         claimed = claim_one(backend)
@@ -430,7 +445,7 @@ class BackendContract:
 
     # -- waiting -----------------------------------------------------------------------------
 
-    def test_wait_for_jobs_wakes_promptly_on_enqueue(self, backend: Backend) -> None:
+    def test_a_waiting_claim_wakes_promptly_on_enqueue(self, backend: Backend) -> None:
         added_at: list[float] = []
 
         def produce() -> None:
@@ -439,7 +454,7 @@ class BackendContract:
 
         self._assert_wakes(backend, in_thread(0.3, produce), added_at)
 
-    def test_wait_for_jobs_wakes_on_retry_requeue_and_recovery(self, backend: Backend) -> None:
+    def test_a_waiting_claim_wakes_on_retry_requeue_and_recovery(self, backend: Backend) -> None:
         add(backend)
         claimed = claim_one(backend, lease_s=5.0)
         actions: tuple[FinishAction, ...] = ("retry", "requeue")
@@ -465,56 +480,51 @@ class BackendContract:
 
         self._assert_wakes(backend, in_thread(0.2 + SLACK_S, recover), recovered_at)
 
-    def test_wait_for_jobs_does_not_miss_a_job_added_before_the_call(
-        self, backend: Backend
-    ) -> None:
+    def test_a_waiting_claim_takes_a_job_added_just_before_it(self, backend: Backend) -> None:
         assert backend.claim("w1", 1, LEASE_S) == []
         add(backend)  # between a worker's empty claim and its wait: the race to lose
         start = time.monotonic()
-        backend.wait_for_jobs(3.0)
+        assert len(backend.claim("w1", 1, LEASE_S, wait_s=3.0)) == 1
         assert time.monotonic() - start < PROMPT_S
-        assert len(backend.claim("w1", 1, LEASE_S)) == 1
 
     def _assert_wakes(
         self, backend: Backend, thread: threading.Thread, when: list[float]
     ) -> Claimed:
-        """Wait for a job while ``thread`` makes one claimable; it must wake within
-        ``PROMPT_S`` of the moment recorded in ``when``. Returns the job, claimed."""
+        """Claim with a wait while ``thread`` makes a job claimable; the claim must return
+        it within ``PROMPT_S`` of the moment recorded in ``when``. Returns the job."""
         deadline = time.monotonic() + 3.0
         claimed: list[Claimed] = []
         try:
             # Spurious returns are allowed, so wait until a claim succeeds.
             while not claimed and time.monotonic() < deadline:
-                backend.wait_for_jobs(deadline - time.monotonic())
+                claimed = backend.claim("w1", 1, 5.0, wait_s=deadline - time.monotonic())
                 woke = time.monotonic()
-                claimed = backend.claim("w1", 1, 5.0)
         finally:
             thread.join(timeout=5.0)
         assert claimed and when, "the job never became claimable"
         assert woke - when[0] < PROMPT_S, f"woke {woke - when[0]:.3f} s after the job arrived"
         return claimed[0]
 
-    def test_wait_for_jobs_wakes_when_a_delayed_job_falls_due(self, backend: Backend) -> None:
+    def test_a_waiting_claim_takes_a_delayed_job_when_it_falls_due(self, backend: Backend) -> None:
         job_id = add(backend, delay_s=0.4)
         start = time.monotonic()
         claimed: list[Claimed] = []
         while not claimed and time.monotonic() - start < 3.0:
-            backend.wait_for_jobs(3.0)
-            claimed = backend.claim("w1", 1, LEASE_S)
+            claimed = backend.claim("w1", 1, LEASE_S, wait_s=3.0)
         waited = time.monotonic() - start
         assert [c.id for c in claimed] == [job_id]
         assert 0.3 <= waited < 0.4 + PROMPT_S, f"claimed after {waited:.3f} s"
 
-    def test_wait_for_jobs_waits_its_timeout_when_idle(self, backend: Backend) -> None:
+    def test_a_waiting_claim_waits_its_timeout_when_idle(self, backend: Backend) -> None:
         start = time.monotonic()
-        backend.wait_for_jobs(0.4)
+        assert backend.claim("w1", 1, LEASE_S, wait_s=0.4) == []
         assert 0.3 <= time.monotonic() - start < 0.4 + PROMPT_S
         # A job due long after the timeout does not end the wait early either (once any
         # wake-up its enqueue left behind has been taken).
         add(backend, delay_s=30.0)
-        backend.wait_for_jobs(0.05)
+        backend.claim("w1", 1, LEASE_S, wait_s=0.05)
         start = time.monotonic()
-        backend.wait_for_jobs(0.4)
+        assert backend.claim("w1", 1, LEASE_S, wait_s=0.4) == []
         assert 0.3 <= time.monotonic() - start < 0.4 + PROMPT_S
 
     def test_wait_for_finish(self, backend: Backend) -> None:

@@ -1,4 +1,6 @@
-"""A throwaway ``redis-server`` on a free loopback port, for tests and benchmarks."""
+"""A throwaway ``redis-server`` for tests and benchmarks: on a free loopback port, or on a
+Unix socket in a private directory, with its data in a temporary directory removed on
+``close()``."""
 
 from __future__ import annotations
 
@@ -10,6 +12,29 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+#: The binary looked up on PATH when none is named.
+BINARY = "redis-server"
+
+#: sockaddr_un holds 108 bytes on Linux (104 on macOS), the terminating NUL included.
+_MAX_SOCKET_PATH = 103
+
+
+class RedisServerNotFound(FileNotFoundError):
+    """The ``redis-server`` binary is not installed, or not where it was said to be."""
+
+
+def find_binary(binary: str | None = None) -> str:
+    """The path of ``binary`` (default: ``redis-server`` on PATH), or ``RedisServerNotFound``
+    saying how to get one."""
+    found = shutil.which(binary or BINARY)
+    if found is None:
+        where = f"{binary!r} was not found" if binary else "redis-server is not on PATH"
+        raise RedisServerNotFound(
+            f"{where}: install it (apt-get install redis-server, brew install redis, "
+            "or `make test` in a sandboxq checkout) or point at a running server"
+        )
+    return found
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -20,64 +45,106 @@ def free_port() -> int:
 class RedisServer:
     """Start with ``start()`` (or use as a context manager); ``url`` points at it.
 
-    ``appendonly=True`` runs it with AOF and ``appendfsync always``, so a restart loses
-    nothing that was acknowledged. ``stop()`` then ``start()`` restarts on the same port
-    with the same data directory.
+    ``unix_socket=True`` listens on a Unix socket in its own directory instead of a TCP
+    port (no port to collide with, nothing reachable from the network). ``appendonly=True``
+    runs it with AOF and ``appendfsync always``, so a restart loses nothing that was
+    acknowledged. ``stop()`` then ``start()`` restarts at the same address with the same
+    data directory. ``binary`` names the executable (default: ``redis-server`` on PATH).
     """
 
     def __init__(
-        self, *, port: int | None = None, appendonly: bool = False, extra_args: Sequence[str] = ()
+        self,
+        *,
+        port: int | None = None,
+        unix_socket: bool = False,
+        appendonly: bool = False,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
-        self.binary = shutil.which("redis-server")
-        if self.binary is None:
-            raise FileNotFoundError(
-                "redis-server is not installed (apt-get install redis-server, or `make test`)"
-            )
-        self.port = port or free_port()
-        self.appendonly = appendonly
+        if unix_socket and port is not None:
+            raise ValueError("a RedisServer listens on a port or on a Unix socket, not both")
+        self.binary = find_binary(binary)
         self.extra_args = list(extra_args)  # more redis-server options, e.g. for a Cluster node
         self._dir = tempfile.TemporaryDirectory(prefix="sandboxq-redis-")
+        self.socket_path: Path | None = None
+        self.port = 0
+        if unix_socket:
+            self.socket_path = Path(self._dir.name) / "redis.sock"
+            if len(str(self.socket_path)) > _MAX_SOCKET_PATH:
+                self._dir.cleanup()
+                raise ValueError(
+                    f"the socket path {self.socket_path} is too long for a Unix socket; "
+                    "set TMPDIR to a shorter directory"
+                )
+        else:
+            self.port = port or free_port()
+        self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        if self.socket_path is not None:
+            return f"unix://{self.socket_path}?db=0"
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> RedisServer:
-        args = [
-            str(self.binary),
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            self._dir.name,
-            "--save",
-            "",
-            "--daemonize",
-            "no",
-            "--appendonly",
-            "yes" if self.appendonly else "no",
-        ]
+    @property
+    def address(self) -> str:
+        """Where it listens, for messages: a socket path or host:port."""
+        return str(self.socket_path) if self.socket_path else f"127.0.0.1:{self.port}"
+
+    def _args(self) -> list[str]:
+        if self.socket_path is not None:
+            where = [
+                "--port",
+                "0",
+                "--unixsocket",
+                str(self.socket_path),
+                "--unixsocketperm",
+                "700",
+            ]
+        else:
+            where = ["--port", str(self.port), "--bind", "127.0.0.1"]
+        args = [self.binary, *where, "--dir", self._dir.name, "--save", "", "--daemonize", "no"]
+        args += ["--appendonly", "yes" if self.appendonly else "no"]
         if self.appendonly:
             args += ["--appendfsync", "always"]
         args += self.extra_args
+        return args
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+            self._args(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout_s
         while not self.ping():
             if self.process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with code {self.process.returncode}")
+                code = self.process.returncode
+                self.process = None
+                raise RuntimeError(f"redis-server exited with code {code} ({self.address})")
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"redis-server did not answer on port {self.port}")
+                raise TimeoutError(f"redis-server did not answer at {self.address}")
             time.sleep(0.01)
         return self
 
+    def _connect(self) -> socket.socket:
+        if self.socket_path is not None:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.settimeout(0.5)
+                s.connect(str(self.socket_path))
+            except OSError:
+                s.close()
+                raise
+            return s
+        return socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+
     def ping(self) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+            with self._connect() as s:
                 s.sendall(b"PING\r\n")
                 return s.recv(16).startswith(b"+PONG")
         except OSError:
@@ -98,7 +165,11 @@ class RedisServer:
         self._dir.cleanup()
 
     def __enter__(self) -> RedisServer:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self._dir.cleanup()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.close()

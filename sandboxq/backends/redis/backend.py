@@ -1,6 +1,6 @@
 """``RedisBackend``: the production backend. Every state change is one Lua script.
 
-    producer ── enqueue.lua ──► waiting / delayed ── wake LIST ──► idle workers (listen.py)
+    producer ── enqueue.lua ──► waiting / delayed ── wake LIST ──► idle workers' claims
     worker   ── claim.lua, finish.lua (complete-and-claim-next) ──► active: lease = TIME + lease_s
     heartbeat ── renew.lua, on its own connection ──► active
     reaper   ── recover_stalled.lua ──► waiting, or failed after max_stalls
@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -27,7 +28,7 @@ from sandboxq.backends.base import Ack, Claimed, Event, FinishAction, FinishResu
 from sandboxq.backends.redis import listen, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Scripts
+from sandboxq.backends.redis.scripts import Arg, Scripts, run
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.models import Action, AttemptRecord, JobInfo, JobState, Outcome, check_queue_name
 
@@ -37,8 +38,6 @@ ENQUEUE_CHUNK = 500  # jobs per enqueue script call; all chunks go in one pipeli
 RECOVER_LIMIT = 500  # expired leases handled per recover_stalled call
 PURGE_CHUNK = 1000  # jobs deleted per purge script call
 ACTIONS = ("complete", "retry", "fail", "requeue")
-
-Arg = bytes | str | int | float  # one script argument
 
 
 def _ms(seconds: float) -> int:
@@ -82,17 +81,12 @@ class RedisBackend:
             raise ConfigError(f"socket_timeout_s must be positive, got {socket_timeout_s!r}")
         self.url = url
         self.keys = QueueKeys(queue)
-        self._conns = Connections(url, float(socket_timeout_s))
+        self._conns = Connections(url, float(socket_timeout_s), self.keys.waiting)
         self._errors = self._conns.errors
-        self._scripts = Scripts(self._conns.main)
-        self._skeys = self.keys.script_keys
         # ARGV 1-4 of every script (lua/common.lua)
-        self._settings: list[Arg] = [
-            int(max_events),
-            int(retain_completed),
-            int(retain_failed),
-            _ms(retain_s),
-        ]
+        settings: list[Arg] = [int(max_events), int(retain_completed), int(retain_failed)]
+        settings.append(_ms(retain_s))
+        self._scripts = Scripts(self.keys.script_keys, settings, self._conns.main_lane)
         self._watches: list[listen.CancellationWatch] = []
         self._lock = threading.Lock()
 
@@ -104,41 +98,44 @@ class RedisBackend:
     def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
         ids = [job.job_id or uuid.uuid4().hex for job in jobs]
         frames = [records.frame_job(job_id, job) for job_id, job in zip(ids, jobs, strict=True)]
-        calls: list[list[Arg]] = [
-            [*self._settings, len(chunk), b"".join(chunk)]
+        if not frames:
+            return []
+        script = self._scripts.enqueue
+        calls = [
+            (script, script.pack([len(chunk), b"".join(chunk)]))
             for chunk in (
                 frames[i : i + ENQUEUE_CHUNK] for i in range(0, len(frames), ENQUEUE_CHUNK)
             )
         ]
-        if not calls:
-            return []
         with self._errors("enqueue"):
-            if len(calls) == 1 or self._conns.cluster:
-                # A Cluster pipeline refuses scripts: one call per chunk (each still atomic).
-                replies = [self._scripts.enqueue(self._skeys, args) for args in calls]
-            else:
-                pipe = self._conns.main.pipeline(transaction=False)
-                for args in calls:
-                    self._scripts.enqueue(self._skeys, args, client=pipe)
-                replies = pipe.execute()
+            replies = run(self._conns.main_lane, calls)
         created = [flag == 1 for reply in replies for flag in reply]
         return list(zip(ids, created, strict=True))
 
     # -- leases ---------------------------------------------------------------------------
 
-    def claim(self, worker_id: str, count: int, lease_s: float) -> list[Claimed]:
+    def claim(
+        self, worker_id: str, count: int, lease_s: float, wait_s: float = 0.0
+    ) -> list[Claimed]:
         if count <= 0:
             return []
-        args: list[Arg] = [*self._settings, worker_id, count, _lease_ms(lease_s), _token()]
+        args: list[Arg] = [worker_id, count, _lease_ms(lease_s), _token()]
         with self._errors("claim jobs"):
-            flat = self._scripts.claim(self._skeys, args)
-        return self._usable(worker_id, flat)
+            sent = time.monotonic()
+            wait_ms, *flat = self._scripts.claim(args)
+            if not flat and wait_s > 0 and wait_ms != 0:
+                if wait_ms > 0:  # a delayed job falls due before wait_s: claim it then
+                    wait_s = min(wait_s, wait_ms / 1000)
+                listen.wait_for_wake(self._conns, self.keys, wait_s)
+                sent = time.monotonic()
+                wait_ms, *flat = self._scripts.claim(args)
+        return self._usable(worker_id, flat, sent)
 
-    def _usable(self, worker_id: str, flat: Sequence[Any]) -> list[Claimed]:
+    def _usable(self, worker_id: str, flat: Sequence[Any], sent: float) -> list[Claimed]:
         """The claimed jobs whose options validate; each other one is failed with the cause
         (invariant 7: one bad record fails one job, never the claim)."""
         usable: list[Claimed] = []
-        for job, problem in records.claimed_rows(flat):
+        for job, problem in records.claimed_rows(flat, sent):
             if problem is None:
                 usable.append(job)
                 continue
@@ -150,7 +147,6 @@ class RedisBackend:
                 error=f"malformed job record: {problem}",
             )
             args: list[Arg] = [
-                *self._settings,
                 worker_id,
                 job.id,
                 job.token,
@@ -158,7 +154,7 @@ class RedisBackend:
                 record.model_dump_json(exclude_none=True),
             ]
             with self._errors(f"fail malformed job {job.id!r}"):
-                self._scripts.fail_malformed(self._skeys, args)
+                self._scripts.fail_malformed(args)
             log.warning(
                 "job %r of queue %r failed: malformed job record: %s", job.id, self.queue, problem
             )
@@ -167,12 +163,22 @@ class RedisBackend:
     def renew(self, worker_id: str, leases: Sequence[tuple[str, str]], lease_s: float) -> list[str]:
         if not leases:
             return []
-        args: list[Arg] = [*self._settings, worker_id, _lease_ms(lease_s)]
+        args: list[Arg] = [worker_id, _lease_ms(lease_s)]
         for job_id, token in leases:
             args += (job_id, token)
         with self._errors("renew leases"):
-            lost = self._scripts.renew(self._skeys, args, client=self._conns.renew)
+            lost = self._scripts.renew(args, self._conns.renew_lane)
         return [records.text(job_id) for job_id in lost]
+
+    def release(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        if not leases:
+            return []
+        args: list[Arg] = [worker_id]
+        for job_id, token in leases:
+            args += (job_id, token)
+        with self._errors("release jobs"):
+            kept = self._scripts.release(args)
+        return [records.text(job_id) for job_id in kept]
 
     def finish(
         self,
@@ -196,7 +202,6 @@ class RedisBackend:
         self, worker_id: str, acks: Sequence[Ack], *, claim: int = 0, lease_s: float = 30.0
     ) -> tuple[list[bool], list[Claimed]]:
         args: list[Arg] = [
-            *self._settings,
             worker_id,
             max(0, claim),
             _lease_ms(lease_s),
@@ -221,53 +226,46 @@ class RedisBackend:
             )
         what = f"finish job {acks[0].job_id!r}" if len(acks) == 1 else f"finish {len(acks)} jobs"
         with self._errors(what):
-            reply = self._scripts.finish(self._skeys, args)
+            sent = time.monotonic()
+            reply = self._scripts.finish(args)
         n = int(reply[0])
         accepted = [int(x) == 1 for x in reply[1 : n + 1]]
-        return accepted, self._usable(worker_id, reply[n + 1 :])
+        return accepted, self._usable(worker_id, reply[n + 1 :], sent)
 
     def record_progress(
         self, worker_id: str, job_id: str, token: str, fraction: float, message: str | None
     ) -> bool:
-        args: list[Arg] = [
-            *self._settings,
-            worker_id,
-            job_id,
-            token,
-            repr(float(fraction)),
-            message or "",
-        ]
+        args: list[Arg] = [worker_id, job_id, token, repr(float(fraction)), message or ""]
         with self._errors(f"record progress of job {job_id!r}"):
-            return bool(self._scripts.progress(self._skeys, args) == 1)
+            return bool(self._scripts.progress(args) == 1)
 
     def recover_stalled(self) -> list[tuple[str, str]]:
         with self._errors("recover stalled jobs"):
-            flat = self._scripts.recover_stalled(self._skeys, [*self._settings, RECOVER_LIMIT])
+            flat = self._scripts.recover_stalled([RECOVER_LIMIT])
         return [(records.text(flat[i]), records.text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     # -- managing -------------------------------------------------------------------------
 
     def cancel(self, job_id: str) -> bool:
-        args: list[Arg] = [*self._settings, job_id, self.keys.cancel_channel]
         with self._errors(f"cancel job {job_id!r}"):
-            return bool(self._scripts.cancel(self._skeys, args) == 1)
+            return bool(self._scripts.cancel([job_id, self.keys.cancel_channel]) == 1)
 
     def retry_failed(self, job_id: str) -> bool:
         with self._errors(f"retry job {job_id!r}"):
-            return bool(self._scripts.retry_failed(self._skeys, [*self._settings, job_id]) == 1)
+            return bool(self._scripts.retry_failed([job_id]) == 1)
 
     def purge(self, state: JobState) -> int:
         state = JobState(state)
         if state is JobState.ACTIVE:
             raise ConfigError("active jobs cannot be purged: their workers still hold leases")
         total = 0
-        args: list[Arg] = [*self._settings, state.value, PURGE_CHUNK]
+        args: list[Arg] = [state.value, PURGE_CHUNK]
         with self._errors(f"purge {state.value} jobs"):
             # bounded by the count at the start, so a steady stream of new jobs cannot
             # keep it going forever
             initial = int(self._conns.main.zcard(self.keys.state_set(state)))
             while total < initial:
-                deleted = int(self._scripts.purge(self._skeys, args))
+                deleted = int(self._scripts.purge(args))
                 total += deleted
                 if deleted < PURGE_CHUNK:
                     break
@@ -314,12 +312,6 @@ class RedisBackend:
         return [records.text(job_id) for job_id in ids]
 
     # -- waiting (listen.py) ----------------------------------------------------------------
-
-    def wait_for_jobs(self, timeout_s: float) -> None:
-        listen.wait_for_jobs(self._conns, self.keys, timeout_s, self._until_due_ms)
-
-    def _until_due_ms(self) -> int:
-        return int(self._scripts.until_due(self._skeys, self._settings))
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
         return listen.wait_for_finish(self._conns, self.keys, job_id, timeout_s)

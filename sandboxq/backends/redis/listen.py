@@ -1,6 +1,6 @@
 """Waiting without polling: idle workers, result waiters, event readers, cancellation.
 
-    enqueue / retry / recovery ── LPUSH wake ──► BLPOP ──► wait_for_jobs returns
+    enqueue / retry / recovery ── LPUSH wake ──► BLPOP ──► an idle worker claims again
     every state change ── XADD events ──► XREAD BLOCK ──► wait_for_finish, events()
     cancel ── PUBLISH sq:{q}:cancel ──► pub/sub thread ──► watch_cancellations callback
 
@@ -22,6 +22,7 @@ from sandboxq.backends.base import Event
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import BLOCK_CAP_S, Connections
 from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.backends.redis.scripts import pack_command, run
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 
@@ -36,22 +37,16 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-def wait_for_jobs(
-    conns: Connections, keys: QueueKeys, timeout_s: float, until_due_ms: Callable[[], int]
-) -> None:
-    """BLPOP one wake token, for at most ``timeout_s`` or until the next delayed job is due
-    (``until_due_ms``: by the server's clock, -1 when none is delayed)."""
-    if timeout_s <= 0:
-        return
-    with conns.errors("wait for jobs"):
-        due_ms = until_due_ms()
-        if due_ms == 0:
-            return  # a delayed job is due: the next claim promotes it
-        if due_ms > 0:
-            timeout_s = min(timeout_s, due_ms / 1000)
-        # BLPOP's timeout 0 means "forever": never let rounding produce it
-        timeout_s = max(0.001, min(timeout_s, BLOCK_CAP_S))
-        conns.blocking.blpop([keys.wake], timeout=round(timeout_s, 3))
+def wait_for_wake(conns: Connections, keys: QueueKeys, timeout_s: float) -> None:
+    """BLPOP one wake token, for at most ``timeout_s``.
+
+    The claim that follows is a separate round trip on purpose: pipelined behind the BLPOP
+    it would run on the server the moment a token arrives even if this process were frozen
+    (SIGSTOP, swapped out), leasing jobs to a worker that cannot run them.
+    """
+    # BLPOP's timeout 0 means "forever": never let rounding produce it
+    timeout_s = max(0.001, min(timeout_s, BLOCK_CAP_S))
+    run(conns.blocking_lane, [(None, pack_command("BLPOP", keys.wake, f"{timeout_s:.3f}"))])
 
 
 def read_events(

@@ -8,7 +8,6 @@ field, so "why can't I see my job" has an answer too.
 
 from __future__ import annotations
 
-import functools
 import math
 import struct
 from collections.abc import Callable, Sequence
@@ -23,6 +22,7 @@ from sandboxq.models import (
     JobOptions,
     JobState,
     Outcome,
+    parse_job_options,
 )
 
 T = TypeVar("T")
@@ -35,18 +35,11 @@ CLAIM_ROW = 6
 ENQUEUE_HEADER = struct.Struct(">HIHIhqH")
 
 
-@functools.lru_cache(maxsize=1024)
-def parse_options(options_json: str) -> JobOptions:
-    """Validated job options; cached because most jobs of a queue share one options string.
-    Raises ``pydantic.ValidationError`` (a ``ValueError``)."""
-    return JobOptions.model_validate_json(options_json)
-
-
 def frame_job(job_id: str, job: NewJob) -> bytes:
     """``job`` as enqueue.lua reads it. Options are validated here, once per distinct
     string: ``max_stalls`` is stored as its own field because Lua needs it at recovery."""
     try:
-        max_stalls = parse_options(job.options_json).max_stalls
+        max_stalls = parse_job_options(job.options_json).max_stalls
     except ValueError as exc:
         raise ConfigError(f"job {job_id!r}: invalid options: {brief(exc)}") from exc
     if not -MAX_PRIORITY <= job.priority <= MAX_PRIORITY:
@@ -72,7 +65,7 @@ def text(value: bytes | str) -> str:
     return value if isinstance(value, str) else value.decode("utf-8", errors="replace")
 
 
-def claimed_rows(flat: Sequence[Any]) -> list[tuple[Claimed, str | None]]:
+def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, str | None]]:
     """Claimed jobs from a claim reply, each with the reason its options are unusable
     (None when they validate)."""
     rows: list[tuple[Claimed, str | None]] = []
@@ -81,7 +74,7 @@ def claimed_rows(flat: Sequence[Any]) -> list[tuple[Claimed, str | None]]:
         problem: str | None = None
         try:
             options_json = opts.decode("utf-8")
-            parse_options(options_json)
+            parse_job_options(options_json)
         except ValueError as exc:
             options_json = "{}"
             problem = f"the opts field does not validate: {brief(exc)}"
@@ -92,6 +85,7 @@ def claimed_rows(flat: Sequence[Any]) -> list[tuple[Claimed, str | None]]:
             codec=text(codec),
             options_json=options_json,
             attempt=int(attempt),
+            claimed_at=claimed_at,
         )
         rows.append((claimed, problem))
     return rows

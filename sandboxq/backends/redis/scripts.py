@@ -1,21 +1,30 @@
-"""The Lua scripts, loaded from ``lua/*.lua`` and registered with redis-py in one place.
+"""The Lua scripts, loaded from ``lua/*.lua`` and called with their keys bound once.
 
 Each state change is one script (one atomic call, one round trip). ``lua/common.lua``
 holds the helpers they share (key layout, server time, events, claim, retention) and is
 put in front of every script here, so the scripts stay short and agree on one layout.
-redis-py sends a script by its SHA1 and loads it on the first ``NOSCRIPT`` answer, so a
-restarted Redis (empty script cache) is handled without any step of ours.
+
+A call is ``EVALSHA sha 10 <the queue's keys> <ARGV 1-4: retention settings> <args...>``.
+Everything before ``<args...>`` is the same on every call of one backend, so it is packed
+into RESP bytes once (``Script.head``); a call packs only its own arguments. A script the
+server does not know (a restarted Redis, an empty script cache) is loaded on the
+``NOSCRIPT`` answer and the call is sent again: nothing ran the first time.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from importlib import resources
+from typing import Any
 
-from redis.commands.core import Script
+from redis.exceptions import NoScriptError, ResponseError
 
-from sandboxq.backends.redis.connection import Client
+from sandboxq.backends.redis.connection import Lane
 
 _LUA = resources.files("sandboxq.backends.redis") / "lua"
+
+Arg = bytes | str | int | float  # one script argument
 
 
 def source(name: str) -> str:
@@ -25,22 +34,80 @@ def source(name: str) -> str:
     return f"{common}\n-- ---- {name}.lua ----\n{own}"
 
 
+def _bulk(value: Arg) -> bytes:
+    """One RESP bulk string (what redis-py's packer makes of the same value)."""
+    if type(value) is str:
+        data = value.encode()
+    elif type(value) is int:
+        data = b"%d" % value
+    elif isinstance(value, bytes):
+        data = value
+    else:
+        data = repr(value).encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+class Script:
+    """One script with this backend's keys and settings bound: ``script.pack(args)`` is a
+    ready-to-send command, ``script(args)`` a round trip."""
+
+    def __init__(self, name: str, keys: Sequence[str], settings: Sequence[Arg], lane: Lane):
+        self.name = name
+        self.source = source(name)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        fixed: list[Arg] = ["EVALSHA", self.sha, len(keys), *keys, *settings]
+        self._fixed = len(fixed)
+        self.head = b"".join(_bulk(arg) for arg in fixed)
+        self._lane = lane
+
+    def pack(self, args: Sequence[Arg]) -> bytes:
+        return b"*%d\r\n%s%s" % (
+            self._fixed + len(args),
+            self.head,
+            b"".join([_bulk(arg) for arg in args]),  # a list: join() of a generator is slower
+        )
+
+    def __call__(self, args: Sequence[Arg], lane: Lane | None = None) -> Any:
+        return run(lane or self._lane, [(self, self.pack(args))])[0]
+
+
+def pack_command(*args: Arg) -> bytes:
+    """A plain command packed for ``run`` (with ``None`` as its script)."""
+    return b"*%d\r\n%s" % (len(args), b"".join(_bulk(arg) for arg in args))
+
+
+def run(lane: Lane, calls: Sequence[tuple[Script | None, bytes]]) -> list[Any]:
+    """Send packed commands in one round trip; their replies, in order. Script calls
+    answered ``NOSCRIPT`` are loaded and sent again; any other error reply is raised."""
+    replies = lane.round_trip([packed for _, packed in calls])
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        load = {s.name: s for i in missing if (s := calls[i][0]) is not None}
+        lane.round_trip([pack_command("SCRIPT", "LOAD", script.source) for script in load.values()])
+        again = lane.round_trip([calls[i][1] for i in missing])
+        for i, reply in zip(missing, again, strict=True):
+            replies[i] = reply
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            raise reply
+    return replies
+
+
 class Scripts:
-    """One registered ``Script`` per state change. A script can run on any client of the
-    same server (``script(keys, args, client=...)``), e.g. renew on its own connection."""
+    """Every script of one queue, bound to its keys and settings."""
 
-    def __init__(self, client: Client) -> None:
-        def load(name: str) -> Script:
-            return client.register_script(source(name))
+    def __init__(self, keys: Sequence[str], settings: Sequence[Arg], lane: Lane) -> None:
+        def bind(name: str) -> Script:
+            return Script(name, keys, settings, lane)
 
-        self.enqueue = load("enqueue")
-        self.claim = load("claim")
-        self.renew = load("renew")
-        self.finish = load("finish")
-        self.fail_malformed = load("fail_malformed")
-        self.progress = load("progress")
-        self.recover_stalled = load("recover_stalled")
-        self.cancel = load("cancel")
-        self.retry_failed = load("retry_failed")
-        self.purge = load("purge")
-        self.until_due = load("until_due")
+        self.enqueue = bind("enqueue")
+        self.claim = bind("claim")
+        self.renew = bind("renew")
+        self.finish = bind("finish")
+        self.fail_malformed = bind("fail_malformed")
+        self.progress = bind("progress")
+        self.recover_stalled = bind("recover_stalled")
+        self.cancel = bind("cancel")
+        self.retry_failed = bind("retry_failed")
+        self.purge = bind("purge")
+        self.release = bind("release")

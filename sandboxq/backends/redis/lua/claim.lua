@@ -2,10 +2,19 @@
 -- KEYS: the standard list (common.lua).
 -- ARGV: 1-4 standard; 5 worker id, 6 count, 7 lease ms, 8 token base (random per call,
 --       made unique per job by a suffix).
--- Returns: a flat list, 6 entries per claimed job: id, token, payload, codec, opts, attempt.
+-- Returns: {wait_ms, then 6 entries per claimed job: id, token, payload, codec, opts,
+--          attempt}. wait_ms, when nothing was claimed, is how long until the next delayed
+--          job falls due (-1: none), so an idle worker blocks exactly that long at most.
 -- Upholds: invariant 1 (fresh token and owner per lease; highest priority first, FIFO
 -- within a priority), invariant 2 (expiry = server TIME + lease), invariant 7 (a broken
 -- record fails that one job with a stated cause and the claim goes on).
 
 local now = now_ms()
-return claim_jobs(ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], now)
+local out = claim_jobs(ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], now)
+local wait_ms = -1
+if #out == 0 then
+  local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
+  if #first > 0 then wait_ms = math.max(0, tonumber(first[2]) - now) end
+end
+table.insert(out, 1, wait_ms)
+return out

@@ -61,7 +61,7 @@ local function emit(kind, id, ...)
   redis.call('XADD', EVENTS, 'MAXLEN', '~', MAX_EVENTS, '*', 'kind', kind, 'job', id, ...)
 end
 
--- Wake up to n idle workers blocked in wait_for_jobs (BLPOP on WAKE).
+-- Wake up to n idle workers blocked in a waiting claim (BLPOP on WAKE, backend.claim).
 local function wake(n)
   if n <= 0 then return end
   n = math.min(n, WAKE_CAP)

@@ -1,0 +1,139 @@
+"""Figures and their targets: the one place the bench scripts and the report read them.
+
+A *figure* is one measured number as the JSON carries it:
+
+    {"name": "queue no-op throughput", "value": 5234.0, "unit": "jobs/s",
+     "target": ">= 5,000 jobs/s", "met": true, "runs": [5101.2, 5234.0, 5410.9]}
+
+``met`` is None when a figure has no target (it is shown for context). A figure that
+misses its target is printed and reported as missing it; nothing here rounds it in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    "<": operator.lt,
+    ">=": operator.ge,
+    "==": operator.eq,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    op: str  # one of _OPS
+    limit: float
+    unit: str = ""
+
+    def met(self, value: float) -> bool:
+        return _OPS[self.op](value, self.limit)
+
+    def __str__(self) -> str:
+        return f"{self.op} {number(self.limit)} {self.unit}".rstrip()
+
+
+# The targets of the project's speed goals. Targets that depend on a setting of the run
+# (the lease) are built by the functions below them.
+KILL_MEDIAN = Target("<=", 10, "ms")
+KILL_MAX = Target("<=", 30, "ms")
+LEFT_RUNNING = Target("==", 0, "processes")
+REPLACE_MEDIAN = Target("<=", 50, "ms")
+POOL_NOOP = Target(">=", 15_000, "jobs/s")
+QUEUE_NOOP = Target(">=", 5_000, "jobs/s")
+ENQUEUE_SINGLE = Target(">=", 10_000, "jobs/s")
+ENQUEUE_BULK = Target(">=", 50_000, "jobs/s")
+LATENCY_P50 = Target("<=", 1, "ms")
+LATENCY_P95 = Target("<=", 2, "ms")
+CPU_EFFICIENCY = Target(">=", 97, "%")
+NO_STALLS = Target("==", 0, "jobs")
+
+#: Slack allowed over the renewal interval for a heartbeat gap: the renew round trip
+#: and the thread's wake-up on a loaded machine.
+GAP_MARGIN_S = 0.05
+
+
+def recovery_target(lease_s: float) -> Target:
+    return Target("<=", lease_s + 1, "s")
+
+
+def gap_target(lease_s: float) -> Target:
+    return Target("<", round((lease_s / 3 + GAP_MARGIN_S) * 1000, 1), "ms")
+
+
+def figure(
+    name: str,
+    runs: Sequence[float],
+    unit: str,
+    target: Target | None = None,
+    *,
+    digits: int = 2,
+    note: str = "",
+) -> dict[str, Any]:
+    """The median of ``runs`` as a figure, judged against ``target``."""
+    value = statistics.median(runs)
+    out: dict[str, Any] = {
+        "name": name,
+        "value": round(value, digits),
+        "unit": unit,
+        "target": str(target) if target else None,
+        "met": target.met(value) if target else None,
+        "runs": [round(r, digits) for r in runs],
+    }
+    if note:
+        out["note"] = note
+    return out
+
+
+def mark(met: bool | None) -> str:
+    return {True: "ok", False: "MISSED", None: ""}[met]
+
+
+def number(value: float) -> str:
+    """1234.5 → '1,234.5'; small values keep their decimals."""
+    if math.isfinite(value) and value == int(value):
+        return f"{int(value):,}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
+
+
+def line(fig: dict[str, Any]) -> str:
+    """One terminal line: name, value, target and a mark where it is missed."""
+    runs = fig.get("runs") or []
+    spread = f"   runs: {', '.join(number(r) for r in runs)}" if len(runs) > 1 else ""
+    target = f"[target {fig['target']}] {mark(fig['met'])}" if fig["target"] else ""
+    return f"  {fig['name']:48} {number(fig['value']):>10} {fig['unit']:8} {target:30}{spread}"
+
+
+def percentile(sorted_values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile of already sorted values."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(pct / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def collect(data: Any) -> list[dict[str, Any]]:
+    """Every figure in a bench script's JSON, in order (sections nest their own)."""
+    if not isinstance(data, dict):
+        return []
+    found = list(data.get("figures", []))
+    for key, value in data.items():
+        if key != "figures":
+            found += collect(value)
+    return found
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=2))
+    print(f"wrote {path}")

@@ -1,0 +1,117 @@
+"""The jobs a worker holds, and the slots it may still fill.
+
+    fetcher thread ── reserve ─► claim ─► add ─┐
+    main thread ── reserve(finishing) ─► finish + claim ─► discard acked, add claimed
+    heartbeat / cancel watch / registry ─────────────► snapshot (leases, job ids)
+
+Slots are reserved under the lock *before* a claim goes out, so the fetcher and the main
+thread never hold more than ``capacity()`` jobs between them, whichever claims first.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable
+
+from sandboxq.backends.base import Claimed
+from sandboxq.heartbeat import Lease
+from sandboxq.models import JobOptions
+
+
+class Held:
+    """A job this worker owns: the claim, its resolved options, and its lease."""
+
+    __slots__ = ("job", "lease", "options")
+
+    def __init__(self, job: Claimed, options: JobOptions, lease: Lease) -> None:
+        self.job = job
+        self.options = options
+        self.lease = lease
+
+
+#: With the default (adaptive) prefetch, claim ahead about this much work per child...
+PREFETCH_WORK_S = 0.002
+#: ...but never more than this many jobs beyond the children.
+MAX_PREFETCH = 64
+
+
+class InFlight:
+    def __init__(self, children: int, prefetch: int | None, stopping: threading.Event) -> None:
+        self._children = children
+        self._prefetch = prefetch
+        self._stopping = stopping
+        self._held: dict[str, Held] = {}
+        self._reserved = 0
+        self._cond = threading.Condition()
+        self._recent_job_s = 1.0  # moving average of attempt run times
+
+    def _capacity(self) -> int:
+        """Jobs this worker may hold: one per child, plus the prefetch.
+
+        A prefetched job waits here while its lease runs, so for long jobs the prefetch
+        stays at one (or what was configured): another worker may be idle. For short jobs
+        a claim's round trip outlasts the job, so the adaptive default claims enough to
+        cover ``PREFETCH_WORK_S`` of work per child.
+        """
+        if self._prefetch is not None:
+            return self._children + self._prefetch
+        ahead = math.ceil(self._children * PREFETCH_WORK_S / max(self._recent_job_s, 1e-6))
+        return self._children + max(1, min(MAX_PREFETCH, ahead))
+
+    def record_runtime(self, seconds: float) -> None:
+        """An attempt ran this long: it tunes the adaptive prefetch."""
+        self._recent_job_s += (seconds - self._recent_job_s) * 0.2
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def wait_for_room(self) -> None:
+        """Block until a slot is free or the worker stops."""
+        with self._cond:
+            while not self._stopping.is_set() and (
+                len(self._held) + self._reserved >= self._capacity()
+            ):
+                self._cond.wait()
+
+    def reserve(self, finishing: int = 0) -> int:
+        """Reserve every free slot (``finishing`` jobs about to be acked count as free);
+        none once the worker stops."""
+        with self._cond:
+            if self._stopping.is_set():
+                return 0
+            free = max(0, self._capacity() - len(self._held) - self._reserved + finishing)
+            self._reserved += free
+            return free
+
+    def unreserve(self, count: int) -> None:
+        with self._cond:
+            self._reserved -= count
+            self._cond.notify_all()
+
+    def add(self, held: Held) -> None:
+        with self._cond:
+            self._held[held.job.id] = held
+
+    def get(self, job_id: str) -> Held | None:
+        with self._cond:
+            return self._held.get(job_id)
+
+    def discard(self, job_ids: Iterable[str]) -> None:
+        """Forget jobs that are no longer ours (acked, lost, cancelled); frees their slots."""
+        with self._cond:
+            for job_id in job_ids:
+                self._held.pop(job_id, None)
+            self._cond.notify_all()
+
+    def snapshot(self) -> list[Held]:
+        with self._cond:
+            return list(self._held.values())
+
+    def leases(self) -> list[Lease]:
+        return [held.lease for held in self.snapshot()]
+
+    def wake(self) -> None:
+        """Wake ``wait_for_room`` (the worker is stopping)."""
+        with self._cond:
+            self._cond.notify_all()

@@ -1,0 +1,67 @@
+"""Finding processes a test left behind: the pytest-free half of the plugin's orphan check.
+
+    snapshot = descendants()          # before the test
+    ... the test runs workers, pools, children, grandchildren ...
+    leaked = survivors(snapshot)      # after: new descendants still alive, after a grace
+
+Shared helpers that outlive every test on purpose are not counted: the fork server (one
+per process, started by the first pool; the children it forks *are* counted), the
+resource tracker, and redis-server. Orphaned grandchildren stay visible: the fork server
+is a child subreaper (see ``sandboxq.pool.forkserver_hooks``), so a grandchild whose
+parent died is re-parented to it and still descends from this process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from sandboxq.pool.kill import descendants as _tree
+
+#: Long-lived helpers started by the test process itself (directly, not by a child).
+_SHARED_DIRECT = ("multiprocess.forkserver", "multiprocessing.forkserver", "resource_tracker")
+#: Servers a test suite keeps for the whole session, wherever they hang in the tree.
+_SHARED_ANYWHERE = ("redis-server",)
+
+
+def _is_shared(cmdline: str, ppid: int) -> bool:
+    if any(name in cmdline for name in _SHARED_ANYWHERE):
+        return True
+    # A pool child forked by the fork server carries the fork server's command line, so
+    # only the fork server itself, a direct child of ours, is shared.
+    return ppid == os.getpid() and any(name in cmdline for name in _SHARED_DIRECT)
+
+
+def descendants() -> dict[int, str]:
+    """Live descendants of this process (pid → command line), shared helpers excluded."""
+    found: dict[int, str] = {}
+    for proc in _tree(os.getpid()):
+        try:
+            if proc.status() == "zombie":
+                continue  # dead already; only its parent's bookkeeping is left
+            cmdline = " ".join(proc.cmdline()) or proc.name()
+            ppid = proc.ppid()
+        except Exception:  # it ended while we looked: not a survivor
+            continue
+        if not _is_shared(cmdline, ppid):
+            found[proc.pid] = cmdline
+    return found
+
+
+def survivors(before: dict[int, str] | set[int], grace_s: float = 5.0) -> dict[int, str]:
+    """Descendants that were not in ``before`` and are still alive after ``grace_s``.
+
+    The grace covers processes already being killed or reaped when the test ended; it is
+    only spent when something is still there, so a clean test pays nothing.
+    """
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = {pid: cmd for pid, cmd in descendants().items() if pid not in before}
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def describe(leaked: dict[int, str]) -> str:
+    """A readable list of leaked processes, one per line."""
+    return "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in sorted(leaked.items()))

@@ -1,0 +1,344 @@
+"""The pytest plugin (sandboxq/pytest_plugin.py): its fixtures used directly by this suite
+(the plugin is active here, as wherever sandboxq is installed), and pytest runs of small
+test files in a subprocess for what only a whole run shows: teardown after a failure, the
+orphan check, a missing redis-server, the options and environment variable."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandboxq import JobFailed
+from sandboxq.client import Queue
+from sandboxq.models import JobState, Outcome
+from sandboxq.testing.cases import CASES, HandlerCase
+from sandboxq.testing.redis_server import free_port
+from sandboxq.worker import SandboxWorker
+
+pytest_plugins = ["pytester"]
+
+H = "sandboxq.testing.handlers:"
+StartWorker = Callable[..., SandboxWorker]
+
+
+# -- the fixtures, used directly ------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_every_handler_case_produces_its_outcome(
+    sandboxq_misbehaving_handler: HandlerCase, sandboxq_queue: Queue, sandboxq_worker: StartWorker
+) -> None:
+    case = sandboxq_misbehaving_handler
+    sandboxq_worker(case.processor, concurrency=1, **case.worker_options)
+    job = sandboxq_queue.enqueue(*case.args)
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=30)
+    assert failed.value.outcome == case.outcome
+    case.check(job.info().history[-1])
+
+
+@pytest.mark.timeout(10)
+def test_catalogue_covers_every_way_to_misbehave() -> None:
+    hung = [c.id for c in CASES if c.hangs]
+    assert len(hung) == 18 and all(c.endswith(("-soft", "-hard")) for c in hung)
+    assert {c.outcome for c in CASES if not c.hangs} == {
+        Outcome.EXIT,
+        Outcome.CRASHED,
+        Outcome.MEMORY_LIMIT,
+        Outcome.ERROR,
+    }
+
+
+@pytest.mark.timeout(10)
+def test_a_case_check_names_what_differs() -> None:
+    case = next(c for c in CASES if c.id == "os_exit")
+    from sandboxq.models import AttemptRecord
+
+    wrong = AttemptRecord(attempt=1, outcome=Outcome.CRASHED, worker_id="w", signal=11)
+    with pytest.raises(AssertionError, match=r"os_exit: outcome crashed, expected exit; exit code"):
+        case.check(wrong)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("sandboxq_hung_handler", ["hold_gil-soft"], indirect=True)
+def test_cases_can_be_chosen_by_id(
+    sandboxq_hung_handler: HandlerCase, sandboxq_memory_queue: Queue, sandboxq_worker: StartWorker
+) -> None:
+    case = sandboxq_hung_handler
+    assert (case.id, case.outcome) == ("hold_gil-soft", Outcome.HARD_TIMEOUT)
+    worker = sandboxq_worker(case.processor, **case.worker_options)
+    assert worker.settings.url == "memory://"  # the test asked for the memory queue only
+    job = sandboxq_memory_queue.enqueue()
+    with pytest.raises(JobFailed):
+        job.result(timeout_s=20)
+    case.check(job.info().history[-1])
+
+
+@pytest.mark.timeout(30)
+def test_worker_serves_the_redis_queue_and_an_explicit_one(
+    sandboxq_queue: Queue,
+    sandboxq_memory_queue: Queue,
+    sandboxq_worker: StartWorker,
+    sandboxq_redis_url: str,
+) -> None:
+    on_redis = sandboxq_worker(H + "echo")
+    assert on_redis.settings.url == sandboxq_redis_url
+    assert sandboxq_queue.enqueue(1, 2).result(timeout_s=20) == [[1, 2], {}]
+    on_memory = sandboxq_worker(H + "echo", queue=sandboxq_memory_queue, burst=True)
+    assert on_memory.settings.url == "memory://"
+    assert sandboxq_memory_queue.enqueue("m").result(timeout_s=20) == "m"
+
+
+# -- whole pytest runs in a subprocess ----------------------------------------------------
+
+
+# hypothesis's plugin imports all of hypothesis (1-2 s) at the end of every run.
+_ARGS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--timeout=60")
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(*_ARGS, *args)
+
+
+def run_inline(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """In this process: quicker, for runs that start no process."""
+    return pytester.runpytest_inprocess(*_ARGS, *args)
+
+
+@pytest.fixture
+def no_env_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SANDBOXQ_TEST_REDIS_URL", raising=False)
+
+
+@pytest.mark.timeout(60)
+def test_plugin_is_inert_for_tests_that_do_not_use_it(
+    pytester: pytest.Pytester, no_env_url: None
+) -> None:
+    pytester.makepyfile(
+        """
+        import sys, psutil
+
+        def test_plain(request):
+            assert request.config.pluginmanager.has_plugin("sandboxq")
+            # The plugin loads neither process machinery nor a Redis client up front.
+            assert not {"sandboxq.worker", "multiprocess", "redis"} & set(sys.modules)
+            assert not psutil.Process().children(recursive=True)
+        """
+    )
+    run(pytester).assert_outcomes(passed=1)
+
+
+@pytest.mark.timeout(90)
+def test_worker_is_stopped_at_teardown_even_when_the_test_fails(
+    pytester: pytest.Pytester, redis_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    pytester.makepyfile(
+        f"""
+        import os, time
+        import pytest
+        from sandboxq.client import Queue
+
+        seen = {{}}
+
+        def test_fails_while_a_job_runs(sandboxq_queue, sandboxq_worker, sandboxq_no_orphans):
+            seen["queue"] = sandboxq_queue.name
+            sandboxq_worker("sandboxq.testing.handlers:recorded_sleep")
+            seen["job"] = sandboxq_queue.enqueue({str(log)!r}, "k", 60).id
+            while not os.path.exists({str(log)!r}):
+                time.sleep(0.02)
+            assert False, "the test fails with its job running"
+
+        def test_then_the_job_is_back_in_the_queue_and_its_child_gone(sandboxq_redis_url):
+            ((start, pid, *_),) = [line.split() for line in open({str(log)!r})]
+            assert start == "start"
+            with pytest.raises(ProcessLookupError):
+                os.kill(int(pid), 0)
+            with Queue(seen["queue"], sandboxq_redis_url) as queue:
+                info = queue.job(seen["job"]).info()
+            assert (info.state, info.attempts) == ("waiting", 0)
+            assert [a.outcome for a in info.history] == ["interrupted"]
+        """
+    )
+    result = run(pytester, f"--sandboxq-redis-url={redis_url}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*the test fails with its job running*"])
+    assert "process(es) started by the test were still alive" not in result.stdout.str()
+
+
+LEAKY = """
+import os, subprocess, sys, time
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+def start_daemon(pid_file):
+    # Double fork: the daemon is re-parented away from the child, which returns normally.
+    if os.fork() == 0:
+        proc = subprocess.Popen(SLEEPER, start_new_session=True)
+        with open(pid_file, "w") as f:
+            f.write(str(proc.pid))
+        os._exit(0)
+    os.wait()
+    return "started"
+"""
+
+
+@pytest.mark.timeout(90)
+def test_orphan_check_catches_leaked_processes(
+    pytester: pytest.Pytester, redis_url: str, tmp_path: Path
+) -> None:
+    pytester.makepyfile(leaky=LEAKY)
+    pytester.makepyfile(
+        test_leaks=f"""
+        import subprocess, sys, time
+        import pytest
+        from leaky import SLEEPER
+
+        @pytest.mark.sandboxq_no_orphans
+        def test_leaks_a_subprocess():
+            subprocess.Popen(SLEEPER + ["marker-popen"])
+
+        def test_fixture_form_leaks_a_daemon_through_a_job(
+            sandboxq_worker, sandboxq_no_orphans, sandboxq_queue
+        ):
+            sandboxq_worker("leaky:start_daemon")
+            pid_file = {str(tmp_path / "daemon")!r}
+            assert sandboxq_queue.enqueue(pid_file).result(timeout_s=20) == "started"
+
+        @pytest.mark.sandboxq_no_orphans
+        def test_clean_with_a_hung_job(sandboxq_worker, sandboxq_queue):
+            sandboxq_worker("sandboxq.testing.handlers:setsid_grandchild_hang")
+            sandboxq_queue.enqueue()
+            time.sleep(1)
+        """
+    )
+    result = run(pytester, f"--sandboxq-redis-url={redis_url}", "-o", "sandboxq_orphan_grace_s=1")
+    result.assert_outcomes(passed=3, errors=2)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_leaks_a_subprocess*",
+            "*sandboxq_no_orphans: 1 process(es) started by the test were still alive 1 s after*",
+            "*marker-popen*",
+            "*ERROR at teardown of test_fixture_form_leaks_a_daemon_through_a_job*",
+        ]
+    )
+    assert "test_clean_with_a_hung_job" not in out.split("short test summary")[1]
+    daemon = int((tmp_path / "daemon").read_text())
+    assert f"pid {daemon}:" in out  # found under the fork server, where it was re-parented
+    assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == "zombie"
+
+
+def printed(result: pytest.RunResult) -> tuple[str, str]:
+    """The URL and queue name REDIS_USER printed."""
+    (found,) = re.findall(r"URL (\S+) QUEUE (\S+)", result.stdout.str())
+    return found[0], found[1]
+
+
+REDIS_USER = """
+import sys
+import psutil
+
+def test_redis(sandboxq_redis_url, sandboxq_queue, sandboxq_worker):
+    print("URL", sandboxq_redis_url, "QUEUE", sandboxq_queue.name)
+    sandboxq_worker("sandboxq.testing.handlers:echo")
+    assert sandboxq_queue.enqueue(7).result(timeout_s=20) == 7
+"""
+
+
+@pytest.mark.timeout(60)
+def test_missing_binary_skips_with_a_clear_message(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, no_env_url: None
+) -> None:
+    pytester.makepyfile(REDIS_USER)
+    empty = pytester.mkdir("empty-bin")
+    monkeypatch.setenv("PATH", str(empty))
+    result = run_inline(pytester, "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*sandboxq: no Redis for this test: redis-server is not on PATH*"])
+
+    result = run_inline(pytester, "--sandboxq-require-redis")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*redis-server is not on PATH: install it*"])
+
+    result = run_inline(pytester, "-rs", "--sandboxq-redis-server=/nowhere/redis-server")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*'/nowhere/redis-server' was not found*"])
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_an_existing_redis_is_used_and_nothing_is_started(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    redis_url: str,
+    how: str,
+) -> None:
+    pytester.makepyfile(
+        REDIS_USER
+        + """
+def test_no_server_of_our_own(sandboxq_redis_url):
+    assert not [p for p in psutil.Process().children() if "redis-server" in p.name()]
+"""
+    )
+    if how == "env":
+        monkeypatch.setenv("SANDBOXQ_TEST_REDIS_URL", redis_url)
+        result = run(pytester, "-s")
+    else:
+        monkeypatch.delenv("SANDBOXQ_TEST_REDIS_URL", raising=False)
+        result = run(pytester, "-s", f"--sandboxq-redis-url={redis_url}")
+    result.assert_outcomes(passed=2)
+    url, queue_name = printed(result)
+    assert url == redis_url
+    with Queue(queue_name, redis_url) as queue:  # the job really went to our server
+        assert queue.counts()[JobState.COMPLETED] == 1
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_redis_url_is_a_clear_error(
+    pytester: pytest.Pytester, no_env_url: None
+) -> None:
+    pytester.makepyfile(REDIS_USER)
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = run_inline(pytester, f"--sandboxq-redis-url={url}")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [f"*the Redis named by --sandboxq-redis-url is not usable: Redis at {url} is unreach*"]
+    )
+
+
+@pytest.mark.timeout(90)
+def test_own_server_on_a_unix_socket_is_stopped_after_the_session(
+    pytester: pytest.Pytester, no_env_url: None
+) -> None:
+    pytester.makepyfile(REDIS_USER)
+    result = run(pytester, "-s", "--sandboxq-redis-socket")
+    result.assert_outcomes(passed=1)
+    url, _ = printed(result)
+    assert url.startswith("unix://") and url.endswith("/redis.sock?db=0")
+    socket_dir = Path(url.removeprefix("unix://").split("?")[0]).parent
+    assert not socket_dir.exists()  # the server stopped and its directory was removed
+
+
+@pytest.mark.timeout(60)
+def test_an_unknown_case_id_fails_naming_the_known_ones(
+    pytester: pytest.Pytester, no_env_url: None
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.parametrize("sandboxq_misbehaving_handler", ["hang_forever"], indirect=True)
+        def test_case(sandboxq_misbehaving_handler):
+            pass
+        """
+    )
+    result = run_inline(pytester)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*unknown handler case 'hang_forever'; known: sleep_forever-soft*"]
+    )
