@@ -121,6 +121,7 @@ class SandboxWorker:
         except BackendError:
             self.backend.close()
             raise
+        log.info("worker %s started on queue %r: %s", self.id, s.queue, s.processor)
         pool = self._pool = Pool(
             s.processor,
             s.concurrency,
