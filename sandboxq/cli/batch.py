@@ -211,7 +211,10 @@ def run(args: argparse.Namespace) -> int:
         stop = _Stop(worker)
         redirect = file is None and sys.stdout.isatty()
         with BatchView(len(good), tally, redirect_stdout=redirect) as view:
-            _run_worker(worker, stop, lambda done: follow(backend, good, output, view, stop, done))
+            if good:  # else there is nothing to start a pool for
+                _run_worker(
+                    worker, stop, lambda done: follow(backend, good, output, view, stop, done)
+                )
         for item in good:  # what the events did not deliver, and what never ran
             if item.line not in output.written and not output.job(backend, item):
                 output.not_run(backend, item)

@@ -10,6 +10,7 @@ a CI log) rich prints it once, as it was at the end.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict
 
@@ -73,7 +74,9 @@ class _Rate(ProgressColumn):
 
 class BatchView:
     def __init__(self, total: int, tally: Tally, *, redirect_stdout: bool) -> None:
-        self.console = Console(stderr=True, highlight=False)
+        self.console = Console(
+            stderr=True, highlight=False, width=None if sys.stderr.isatty() else render.WIDE
+        )
         self.tally = tally
         self.started = time.monotonic()
         self._progress = Progress(
@@ -118,6 +121,9 @@ class BatchView:
     def summary(self, source: str, interrupted: bool) -> None:
         elapsed = time.monotonic() - self.started
         total = sum(len(v) for v in self.tally.lines.values())
+        if not total:
+            self.console.print(f"nothing to run: {source} has no job lines")
+            return
         ran = total - self.tally.count(MALFORMED, NOT_RUN)
         rate = f", {ran / elapsed:.1f} jobs/s" if elapsed > 0 and ran else ""
         title = f"{total} line(s) of {source} in {render.duration(elapsed)}{rate}"
