@@ -368,3 +368,22 @@ def test_on_a_terminal_the_progress_bar_redraws_live(tmp_path: Path) -> None:
     assert text.count("\r") > 2 or text.count("\x1b[") > 10  # redrawn in place, not printed once
     assert "8/8" in text and "8 ok" in text and "jobs/s" in text and "ETA" in text
     assert len(results(tmp_path / "o.jsonl")) == 8
+
+
+@pytest.mark.timeout(60)
+def test_a_reader_that_leaves_early_ends_the_batch_quietly(tmp_path: Path) -> None:
+    """`sandboxq run ... | head -1`: the pool stops, no traceback, no orphan."""
+    write_lines(tmp_path / "in.jsonl", *(json.dumps({"args": [0.05, i]}) for i in range(200)))
+    proc = subprocess.Popen(
+        [*CLI, "run", H + "succeed_after", "in.jsonl", "--concurrency", "2"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = json.loads(proc.stdout.readline())
+    proc.stdout.close()  # as `head -1` does
+    assert proc.wait(30) == 1
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert first["outcome"] == "ok" and "Traceback" not in err

@@ -521,3 +521,15 @@ def test_the_installed_script_and_python_m_both_answer() -> None:
     for command in ([str(script)], CLI):
         proc = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=20)
         assert proc.returncode == 0 and "enqueue" in proc.stdout and "exit status" in proc.stdout
+
+
+@pytest.mark.timeout(30)
+def test_a_producer_never_loads_rich() -> None:
+    """rich is the command line's: a program that enqueues (or runs a worker) pays nothing."""
+    code = (
+        "import sys, sandboxq.client, sandboxq.worker\n"
+        "from sandboxq import Queue, SandboxWorker\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'rich'], 'rich was loaded'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr

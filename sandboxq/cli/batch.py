@@ -264,8 +264,10 @@ def _run_worker(
     try:
         thread.start()
         follow_until(lambda: not thread.is_alive())
-        thread.join()
     finally:
+        if thread.is_alive():  # following failed (stdout closed...): stop the pool too
+            worker.stop(now=True)
+        thread.join()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if failure:
