@@ -11,7 +11,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from sandboxq.cli import main
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.testing.redis_server import free_port
+from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.worker import SandboxWorker
 
 H = "sandboxq.testing.handlers:"
@@ -103,24 +103,15 @@ def queue(redis_url: str, queue_name: str) -> Iterator[Queue]:
 
 
 @pytest.fixture
-def start_worker(redis_url: str, queue_name: str) -> Iterator[Callable[..., SandboxWorker]]:
-    """Workers through the Python API on threads; stopped and joined at teardown."""
-    running: list[tuple[SandboxWorker, threading.Thread]] = []
+def start_worker(queue: Queue) -> Iterator[Callable[..., SandboxWorker]]:
+    """Workers for ``queue`` on threads (one child each unless told); stopped at teardown."""
+    workers = BackgroundWorkers()
 
-    def start(processor: str, **kwargs: Any) -> SandboxWorker:
-        kwargs.setdefault("concurrency", 1)
-        worker = SandboxWorker(queue_name, H + processor, url=redis_url, **kwargs)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        running.append((worker, thread))
-        return worker
+    def start(processor: str, **options: Any) -> SandboxWorker:
+        return workers.start(queue, H + processor, **{"concurrency": 1, **options})
 
     yield start
-    for worker, _ in running:
-        worker.stop(now=True)
-    for _, thread in running:
-        thread.join(15)
-        assert not thread.is_alive(), "a worker did not stop"
+    workers.stop_all()
 
 
 # -- worker: start-up errors --------------------------------------------------------------
