@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Collection, Mapping
 from datetime import timedelta
-from typing import Any, Literal, TypeVar, get_origin
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -72,9 +72,9 @@ def from_env(
     """Build ``model`` from ``values``, else ``SANDBOXQ_*`` variables, else ``defaults``.
 
     ``values`` that are None count as not given (a CLI flag left out), so the variable or
-    the default applies. Variables are read as the model reads any input (``"2.5"``,
-    ``"true"``; JSON for mappings such as ``SANDBOXQ_EXIT_CODES='{"3": "retry"}'``), and
-    an error caused by one names it, with its value. Fields in ``skip`` are never read from
+    the default applies. A variable is read as JSON where it parses (``2.5``, ``true``,
+    ``SANDBOXQ_EXIT_CODES='{"3": "retry"}'``) and as text otherwise (``spawn``), and an
+    error caused by one names it, with its value. Fields in ``skip`` are never read from
     the environment. A variable one typo away from a setting is logged, not ignored in
     silence (other tools may share the prefix, so it is not an error).
     """
@@ -103,14 +103,35 @@ def from_env(
 
 
 def _env_value(var: str, raw: str, annotation: Any) -> Any:
-    if get_origin(annotation) is not dict:
-        return raw
+    """A variable's text as a setting's value: JSON where it parses (numbers, true/false,
+    objects), else the text itself (names such as ``spawn``). The model then checks it as
+    it checks a Python value, so a setting that takes numbers only is given a number."""
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except ValueError:
-        raise ConfigError(
-            f'{var}={raw!r} is not a JSON object (e.g. {var}=\'{{"3": "retry"}}\')'
-        ) from None
+        if get_origin(annotation) is dict:
+            raise ConfigError(
+                f'{var}={raw!r} is not a JSON object (e.g. {var}=\'{{"3": "retry"}}\')'
+            ) from None
+        return raw
+    if isinstance(value, dict) and _has_int_keys(annotation):
+        # JSON object keys are strings: "3" is the exit code 3.
+        value = {_int_or_text(k): v for k, v in value.items()}
+    return value
+
+
+def _has_int_keys(annotation: Any) -> bool:
+    if get_origin(annotation) is not dict:
+        return False
+    key = get_args(annotation)[0]
+    return key is int or (get_origin(key) is Annotated and get_args(key)[0] is int)
+
+
+def _int_or_text(key: str) -> int | str:
+    try:
+        return int(key)
+    except ValueError:
+        return key  # the model says what is wrong with it
 
 
 def _warn_near_misses(model: type[BaseModel], environ: Mapping[str, str]) -> None:

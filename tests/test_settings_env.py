@@ -4,8 +4,10 @@ name the variable."""
 from __future__ import annotations
 
 import logging
+from typing import Annotated, Literal
 
 import pytest
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from sandboxq.errors import ConfigError
 from sandboxq.settings import WorkerSettings, from_env
@@ -69,3 +71,38 @@ def test_from_env_warns_about_a_near_miss(caplog: pytest.LogCaptureFixture) -> N
     assert "SANDBOXQ_CONCURENCY is not a setting (did you mean SANDBOXQ_CONCURRENCY?)" in (
         caplog.text
     )
+
+
+def _no_text(value: object) -> object:
+    if isinstance(value, str):
+        raise ValueError(f"expected a number, got str {value!r}")
+    return value
+
+
+NumberOnly = BeforeValidator(_no_text)
+
+
+class NumbersOnly(BaseModel):
+    """Settings that refuse numbers written as text, as strict settings models do."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    lease_s: Annotated[float, NumberOnly] = 30.0
+    concurrency: Annotated[int, NumberOnly] = 1
+    allow_pickle: bool = False
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    exit_codes: dict[Annotated[int, NumberOnly], str] = {}
+
+
+def test_from_env_hands_numbers_to_a_model_that_takes_numbers_only() -> None:
+    env = {
+        "SANDBOXQ_LEASE_S": "2.5",
+        "SANDBOXQ_CONCURRENCY": "4",
+        "SANDBOXQ_ALLOW_PICKLE": "true",
+        "SANDBOXQ_START_METHOD": "spawn",
+        "SANDBOXQ_EXIT_CODES": '{"3": "retry"}',
+    }
+    s = from_env(NumbersOnly, env)
+    assert (s.lease_s, s.concurrency, s.allow_pickle) == (2.5, 4, True)
+    assert s.start_method == "spawn" and s.exit_codes == {3: "retry"}
+    with pytest.raises(ConfigError, match="SANDBOXQ_LEASE_S='soon': Value error, expected a num"):
+        from_env(NumbersOnly, {"SANDBOXQ_LEASE_S": "soon"})
