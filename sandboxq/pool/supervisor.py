@@ -289,6 +289,10 @@ class Supervisor:
     # -- messages from children ------------------------------------------------------------
 
     def _on_messages(self, child: Child) -> None:
+        if child.conn.closed:
+            # A stale readiness from this select batch: an earlier event of the batch (a
+            # kill's drain, the child's exit) already read this channel to its end.
+            return
         try:
             messages = child.conn.receive_available()
         except (EOFError, OSError):  # died mid-message or closed; the sentinel follows
