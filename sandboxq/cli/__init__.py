@@ -115,6 +115,10 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 def _configure_logging(level: int) -> None:
     """The ``sandboxq`` loggers at ``level`` (WARNING when a verb does not say), once per
     process however often ``main`` runs."""
+    # A worker logs a line per job: skip the record fields our format never shows (the
+    # logging HOWTO's "Optimization" settings; this process is ours to configure).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging._srcfile = None
     logger = logging.getLogger("sandboxq")
     logger.setLevel(level or logging.WARNING)
     if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
