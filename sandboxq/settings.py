@@ -6,9 +6,14 @@ Errors come out as ``ConfigError`` naming the setting, whichever door they came 
 
 from __future__ import annotations
 
+import difflib
+import json
+import logging
 import math
+import os
+from collections.abc import Collection, Mapping
 from datetime import timedelta
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -20,6 +25,8 @@ StartMethod = Literal["forkserver", "spawn"]
 
 M = TypeVar("M", bound=BaseModel)
 
+log = logging.getLogger("sandboxq.settings")
+
 
 def build(model: type[M], **values: Any) -> M:
     """Validate ``values`` into ``model``, turning pydantic's error into a ConfigError."""
@@ -27,11 +34,113 @@ def build(model: type[M], **values: Any) -> M:
     try:
         return model(**values)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or model.__name__}: {e['msg']}"
-            for e in exc.errors()
-        )
-        raise ConfigError(f"invalid {model.__name__}: {problems}") from None
+        raise _invalid(model, exc) from None
+
+
+def _invalid(
+    model: type[BaseModel], exc: ValidationError, names: Mapping[str, str] | None = None
+) -> ConfigError:
+    """One line listing every problem; ``names`` renames a setting where a user knows it by
+    another name (the environment variable it came from)."""
+    names = names or {}
+    problems = []
+    for e in exc.errors():
+        loc = [str(p) for p in e["loc"]]
+        if loc and loc[0] in names:
+            loc[0] = names[loc[0]]
+        problems.append(f"{'.'.join(loc) or model.__name__}: {e['msg']}")
+    return ConfigError(f"invalid {model.__name__}: {'; '.join(problems)}")
+
+
+#: Settings also come from the environment, as ``SANDBOXQ_<SETTING NAME IN CAPITALS>``.
+ENV_PREFIX = "SANDBOXQ_"
+
+
+def env_var(setting: str) -> str:
+    """The environment variable that sets ``setting``: ``lease_s`` -> ``SANDBOXQ_LEASE_S``."""
+    return ENV_PREFIX + setting.upper()
+
+
+def from_env(
+    model: type[M],
+    environ: Mapping[str, str] | None = None,
+    *,
+    skip: Collection[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+    **values: Any,
+) -> M:
+    """Build ``model`` from ``values``, else ``SANDBOXQ_*`` variables, else ``defaults``.
+
+    ``values`` that are None count as not given (a CLI flag left out), so the variable or
+    the default applies. A variable is read as JSON where it parses (``2.5``, ``true``,
+    ``SANDBOXQ_EXIT_CODES='{"3": "retry"}'``) and as text otherwise (``spawn``), and an
+    error caused by one names it, with its value. Fields in ``skip`` are never read from
+    the environment. A variable one typo away from a setting is logged, not ignored in
+    silence (other tools may share the prefix, so it is not an error).
+    """
+    environ = os.environ if environ is None else environ
+    merged = dict(defaults or {})
+    names: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        raw = environ.get(env_var(name), "").strip()
+        if name in skip or not raw:
+            continue
+        var = env_var(name)
+        names[name] = f"{var}={raw!r}"
+        merged[name] = _env_value(var, raw, field.annotation)
+    _warn_near_misses(model, environ)
+    given = {k: v for k, v in values.items() if v is not None}
+    for name in given:
+        names.pop(name, None)  # a value given outright hides the variable
+    merged.update(given)
+    try:
+        return model(**{k: _seconds(v) for k, v in merged.items()})
+    except ValidationError as exc:
+        error = _invalid(model, exc, names)
+        if names and any(not e["loc"] for e in exc.errors()):  # a cross-field check
+            error = ConfigError(f"{error} (from the environment: {', '.join(names.values())})")
+        raise error from None
+
+
+def _env_value(var: str, raw: str, annotation: Any) -> Any:
+    """A variable's text as a setting's value: JSON where it parses (numbers, true/false,
+    objects), else the text itself (names such as ``spawn``). The model then checks it as
+    it checks a Python value, so a setting that takes numbers only is given a number."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        if get_origin(annotation) is dict:
+            raise ConfigError(
+                f'{var}={raw!r} is not a JSON object (e.g. {var}=\'{{"3": "retry"}}\')'
+            ) from None
+        return raw
+    if isinstance(value, dict) and _has_int_keys(annotation):
+        # JSON object keys are strings: "3" is the exit code 3.
+        value = {_int_or_text(k): v for k, v in value.items()}
+    return value
+
+
+def _has_int_keys(annotation: Any) -> bool:
+    if get_origin(annotation) is not dict:
+        return False
+    key = get_args(annotation)[0]
+    return key is int or (get_origin(key) is Annotated and get_args(key)[0] is int)
+
+
+def _int_or_text(key: str) -> int | str:
+    try:
+        return int(key)
+    except ValueError:
+        return key  # the model says what is wrong with it
+
+
+def _warn_near_misses(model: type[BaseModel], environ: Mapping[str, str]) -> None:
+    known = [env_var(name) for name in model.model_fields]
+    for var in environ:
+        if var.startswith(ENV_PREFIX) and var not in known:
+            close = difflib.get_close_matches(var, known, n=1, cutoff=0.85)
+            if close:
+                log.warning("%s is not a setting (did you mean %s?); ignored", var, close[0])
 
 
 def _seconds(value: Any) -> Any:

@@ -121,6 +121,7 @@ class SandboxWorker:
         except BackendError:
             self.backend.close()
             raise
+        log.info("worker %s started on queue %r: %s", self.id, s.queue, s.processor)
         pool = self._pool = Pool(
             s.processor,
             s.concurrency,
@@ -231,6 +232,7 @@ class SandboxWorker:
             "concurrency": self.settings.concurrency,
             "started_ms": self._started_ms,
             "lease_s": self.settings.lease_s,
+            "registered_ms": int(time.time() * 1000),  # what lease_renewed_s_ago counts from
             "jobs": jobs,
         }
         try:

@@ -32,7 +32,12 @@ from sandboxq.models import AttemptRecord, JobInfo, JobState
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
 
 
-@dataclass(frozen=True, slots=True)
+# NewJob, Claimed and Ack are made once per job on the hot path: plain slotted dataclasses,
+# read-only by convention, because a frozen one sets every field through
+# object.__setattr__ and costs several times more to build (see pool/attempt.py).
+
+
+@dataclass(slots=True)
 class NewJob:
     payload: bytes  # encoded [args, kwargs]
     codec: str = "json"
@@ -42,7 +47,7 @@ class NewJob:
     delay_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Claimed:
     """A job leased to the caller. ``attempt`` counts attempts charged so far, this one included.
 
@@ -69,7 +74,7 @@ class Event:
     data: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ack:
     """One attempt's end, for ``finish_many`` (the arguments of ``finish``, as data)."""
 

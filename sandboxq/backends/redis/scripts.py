@@ -61,11 +61,18 @@ class Script:
         self._lane = lane
 
     def pack(self, args: Sequence[Arg]) -> bytes:
-        return b"*%d\r\n%s%s" % (
-            self._fixed + len(args),
-            self.head,
-            b"".join([_bulk(arg) for arg in args]),  # a list: join() of a generator is slower
-        )
+        parts = [b"*%d\r\n" % (self._fixed + len(args)), self.head]
+        # _bulk inlined for the common types: this runs for every argument of every call
+        for arg in args:
+            if isinstance(arg, str):
+                data = arg.encode()
+            elif isinstance(arg, bytes):
+                data = arg
+            else:
+                parts.append(_bulk(arg))
+                continue
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return b"".join(parts)
 
     def __call__(self, args: Sequence[Arg], lane: Lane | None = None) -> Any:
         return run(lane or self._lane, [(self, self.pack(args))])[0]

@@ -1,0 +1,127 @@
+"""The ``sandboxq`` command (also ``python -m sandboxq``).
+
+    main(argv) ─► parser: one sub-command per verb ─► args.run(args) ─► exit status
+                                                      │ SandboxqError / Exit / Ctrl-C
+                                                      ▼
+                                          "sandboxq: error: <one line>" on stderr
+
+    worker.py   worker                        run a SandboxWorker (Redis)
+    enqueue.py  enqueue                       add a job; --wait for its result
+    admin.py    info jobs job retry cancel purge   read and manage a queue (Redis)
+    batch.py    run                           a JSONL file through the pool, locally
+
+A user's mistake (bad processor path, invalid settings, unreachable Redis, malformed
+input) ends with a one-line reason and no traceback; a traceback means a bug in sandboxq.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from sandboxq.cli import admin, batch, enqueue, worker
+from sandboxq.cli.options import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, Exit
+from sandboxq.errors import SandboxqError
+
+EPILOG = """\
+exit status: 0 done; 1 a job failed (or nothing to retry/cancel); 2 bad input or
+settings, unreachable Redis, unimportable processor; 3 `enqueue --wait --timeout-s`
+ran out; 130 stopped by Ctrl-C.
+environment: SANDBOXQ_URL (the Redis URL), and SANDBOXQ_<SETTING> for every worker
+setting (SANDBOXQ_CONCURRENCY, SANDBOXQ_LEASE_S, SANDBOXQ_HARD_TIMEOUT_S, ...);
+a flag wins over its variable."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sandboxq",
+        description="A job queue whose handlers run in sandboxed, killable child processes.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    worker.add_parser(verbs)
+    batch.add_parser(verbs)
+    enqueue.add_parser(verbs)
+    admin.add_parsers(verbs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra and not _late_positional(args, extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:  # --help, or a usage error argparse has already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    _configure_logging(logging.DEBUG if args.verbose else getattr(args, "log_level", 0))
+    try:
+        return int(args.run(args))
+    except Exit as exc:
+        _say(exc.message)
+        return exc.code
+    except SandboxqError as exc:
+        _say(f"error: {exc}")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `sandboxq jobs q | head`: the reader left, and that is fine
+        # As the Python docs advise: point stdout at devnull so the exit flush cannot fail.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+
+
+def _late_positional(args: argparse.Namespace, extra: list[str]) -> bool:
+    """Take a verb's optional last argument when options came before it.
+
+    argparse binds an optional positional (``retry QUEUE [ID]``) to nothing as soon as an
+    option follows the one before it, so ``retry q --url U ID`` would leave ``ID`` over.
+    A verb names that argument in ``late_positional``; one word left over is it.
+    """
+    name = getattr(args, "late_positional", None)
+    if name is None or getattr(args, name) is not None or len(extra) != 1:
+        return False
+    if extra[0].startswith("-"):
+        return False
+    setattr(args, name, extra[0])
+    return True
+
+
+def _say(message: str) -> None:
+    """One line on stderr, whatever the message holds (an import error can span several)."""
+    print(f"sandboxq: {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to the ``sys.stderr`` of the moment: a live progress display replaces it to
+    print log lines above the bar, and a test's capture replaces it too."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _configure_logging(level: int) -> None:
+    """The ``sandboxq`` loggers at ``level`` (WARNING when a verb does not say), once per
+    process however often ``main`` runs."""
+    # A worker logs a line per job: skip the record fields our format never shows (the
+    # logging HOWTO's "Optimization" settings; this process is ours to configure).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging._srcfile = None
+    logger = logging.getLogger("sandboxq")
+    logger.setLevel(level or logging.WARNING)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)

@@ -1,0 +1,314 @@
+"""The read and manage verbs: ``info``, ``jobs``, ``job``, ``retry``, ``cancel``, ``purge``.
+
+    backend (Redis) ──► *_data(): one plain dict ──► --json: printed as it is
+                                                 └─► otherwise: tables (render.py)
+
+Worker records come from other processes (``SandboxWorker._register``), so they are read
+with ``.get`` and defaults: an old or odd record shows as blanks, it never breaks ``info``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+from typing import Any
+
+from sandboxq.backends.base import Backend
+from sandboxq.cli import render
+from sandboxq.cli.options import EXIT_OK, Exit, add_json, add_url, open_queue
+from sandboxq.codec import check_codec, decode
+from sandboxq.errors import BackendError, ConfigError
+from sandboxq.models import JobInfo, JobState
+
+STATES = [state.value for state in JobState]
+
+
+def add_parsers(verbs: Any) -> None:
+    def verb(name: str, help: str, run: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = verbs.add_parser(name, help=help, description=help)
+        parser.add_argument("queue")
+        add_url(parser)
+        add_json(parser)
+        parser.set_defaults(run=run)
+        return parser
+
+    verb("info", "counts by state, live workers and the jobs they run", info)
+    jobs_ = verb("jobs", "list jobs (with outcome and error) by state", jobs)
+    jobs_.add_argument("--state", choices=STATES, action="append", help="repeatable; default all")
+    jobs_.add_argument("--limit", type=int, default=50, help="at most this many per state")
+    job_ = verb("job", "one job in full: options, result or error, every attempt", job)
+    job_.add_argument("id")
+    retry_ = verb("retry", "put a failed or cancelled job back in the queue", retry)
+    retry_.add_argument("id", nargs="?", help="the job (or --all-failed)")
+    retry_.add_argument("--all-failed", action="store_true", help="every failed job")
+    retry_.set_defaults(late_positional="id")
+    cancel_ = verb("cancel", "cancel a job (a running one's child is killed)", cancel)
+    cancel_.add_argument("id")
+    purge_ = verb("purge", "delete every job in the given states", purge)
+    purge_.add_argument(
+        "--state", choices=STATES, action="append", required=True, help="repeatable"
+    )
+
+
+# -- info ---------------------------------------------------------------------------------
+
+
+def info_data(backend: Backend) -> dict[str, Any]:
+    counts = backend.counts()
+    now = render.now_ms()
+    workers = []
+    for record in backend.workers():
+        lease_s = float(record.get("lease_s") or 0)
+        # How old the record is: the lease ages were true when it was written.
+        registered = record.get("registered_ms")
+        age_s = max(0, now - int(registered)) / 1000 if registered is not None else 0.0
+        jobs = [
+            {
+                "id": job.get("id"),
+                "attempt": job.get("attempt"),
+                "pid": job.get("pid"),
+                "lease_left_s": round(
+                    lease_s - float(job.get("lease_renewed_s_ago") or 0) - age_s, 1
+                ),
+            }
+            for job in record.get("jobs") or []
+        ]
+        fields = ("worker_id", "host", "pid", "concurrency", "lease_s", "started_ms")
+        workers.append({**{k: record.get(k) for k in fields}, "jobs": jobs})
+    return {
+        "queue": backend.queue,
+        "counts": {state.value: n for state, n in counts.items()},
+        "workers": workers,
+    }
+
+
+def info(args: argparse.Namespace) -> int:
+    with open_queue(args) as queue:
+        data = info_data(queue.backend)
+    if args.json:
+        render.print_json(data)
+        return EXIT_OK
+    out, now = render.stdout(), render.now_ms()
+    counts = data["counts"]
+    out.print(render.table(f"queue {data['queue']}", list(counts), [list(counts.values())]))
+    workers = data["workers"]
+    if not workers:
+        out.print("no live workers")
+        return EXIT_OK
+    rows = [
+        (
+            w["worker_id"],
+            w["host"],
+            w["pid"],
+            w["concurrency"],
+            len(w["jobs"]),
+            render.ago(w["started_ms"], now),
+        )
+        for w in workers
+    ]
+    columns = ["worker", "host", "pid", "children", "running", "started"]
+    out.print(render.table(f"live workers ({len(workers)})", columns, rows, keep=["worker"]))
+    held = [
+        (j["id"], j["attempt"], w["worker_id"], j["pid"] or "not started",
+         _lease_left(j["lease_left_s"]))
+        for w in workers
+        for j in w["jobs"]
+    ]  # fmt: skip
+    if held:
+        columns = ["job", "attempt", "worker", "child pid", "lease left"]
+        title = f"jobs held by workers ({len(held)})"
+        out.print(render.table(title, columns, held, keep=["job"]))
+    return EXIT_OK
+
+
+def _lease_left(seconds: float) -> str:
+    return render.duration(seconds) if seconds > 0 else "expired: the worker stopped renewing"
+
+
+# -- jobs and job -------------------------------------------------------------------------
+
+
+def _summary(info: JobInfo) -> dict[str, Any]:
+    return {
+        "id": info.id,
+        "state": info.state.value,
+        "attempts": info.attempts,
+        "stalls": info.stalls,
+        "outcome": info.outcome.value if info.outcome else None,
+        "error": info.error,
+        "created_ms": info.created_ms,
+        "finished_ms": info.finished_ms,
+    }
+
+
+def jobs_data(backend: Backend, states: list[JobState], limit: int) -> list[dict[str, Any]]:
+    rows = []
+    for state in states:
+        for job_id in backend.list_jobs(state, max(0, limit)):
+            try:
+                info = backend.get(job_id)
+            except BackendError as exc:  # one unreadable record must not hide the others
+                rows.append({"id": job_id, "state": "unreadable", "error": str(exc)})
+                continue
+            if info is not None:  # it may have been trimmed since it was listed
+                rows.append(_summary(info))
+    return rows
+
+
+def jobs(args: argparse.Namespace) -> int:
+    states = [JobState(s) for s in args.state] if args.state else list(JobState)
+    with open_queue(args) as queue:
+        rows = jobs_data(queue.backend, states, args.limit)
+    if args.json:
+        render.print_json(rows)
+        return EXIT_OK
+    out = render.stdout()
+    if not rows:
+        out.print(f"no {' or '.join(s.value for s in states)} jobs in queue {args.queue}")
+        return EXIT_OK
+    table = render.table(
+        f"jobs of queue {args.queue}",
+        ["job", "state", "attempts", "outcome", "finished", "error"],
+        [
+            (
+                r["id"],
+                r["state"],
+                r.get("attempts"),
+                r.get("outcome"),
+                render.when(r.get("finished_ms")),
+                render.clip(r.get("error"), 200),
+            )
+            for r in rows
+        ],
+        keep=["job"],
+        wrap="error",
+    )
+    out.print(table)
+    return EXIT_OK
+
+
+def job_data(backend: Backend, job_id: str) -> dict[str, Any]:
+    info = backend.get(job_id)
+    if info is None:
+        raise Exit(f"no job {job_id!r} in queue {backend.queue!r} (unknown, or trimmed)")
+    data = info.model_dump(mode="json")
+    if info.state is JobState.COMPLETED:
+        raw = backend.get_result(job_id)
+        result = None if raw is None else decode(check_codec(info.codec), raw, what="result")
+        data["result"] = result
+    return data
+
+
+def job(args: argparse.Namespace) -> int:
+    with open_queue(args) as queue:
+        data = job_data(queue.backend, args.id)
+    if args.json:
+        render.print_json(data)
+        return EXIT_OK
+    out = render.stdout()
+    fields = [
+        ("state", data["state"]),
+        ("attempts", f"{data['attempts']} (stalls: {data['stalls']})"),
+        ("outcome", data["outcome"]),
+        ("error", data["error"]),
+        ("created", render.when(data["created_ms"])),
+        ("finished", render.when(data["finished_ms"])),
+        ("options", json.dumps({k: v for k, v in data["options"].items() if v is not None})),
+    ]
+    if "result" in data:
+        fields.append(("result", json.dumps(data["result"], ensure_ascii=False)))
+    title = f"job {data['id']} (queue {data['queue']})"
+    out.print(render.table(title, ["", "value"], fields, wrap="value", header=False))
+    history = [
+        (
+            a["attempt"],
+            a["outcome"],
+            a["action"],
+            a["worker_id"],
+            a["pid"],
+            _ended_by(a),
+            render.when(a["started_ms"], date=False),
+            _took(a),
+            a["error"],
+        )
+        for a in data["history"]
+    ]
+    columns = ["#", "outcome", "action", "worker", "pid", "exit", "started", "took", "error"]
+    if history:
+        out.print(render.table("attempts", columns, history, keep=["worker"], wrap="error"))
+    else:
+        out.print("no attempts yet")
+    return EXIT_OK
+
+
+def _ended_by(attempt: dict[str, Any]) -> str:
+    if attempt.get("signal"):
+        try:
+            return signal.Signals(attempt["signal"]).name
+        except ValueError:
+            return f"signal {attempt['signal']}"
+    code = attempt.get("exitcode")
+    return "" if code is None else f"code {code}"
+
+
+def _took(attempt: dict[str, Any]) -> str:
+    start, end = attempt.get("started_ms"), attempt.get("ended_ms")
+    return render.duration((end - start) / 1000) if start and end else ""
+
+
+# -- retry, cancel, purge -----------------------------------------------------------------
+
+
+def _state_of(backend: Backend, job_id: str) -> str:
+    info = backend.get(job_id)
+    return "unknown" if info is None else info.state.value
+
+
+def retry(args: argparse.Namespace) -> int:
+    if args.all_failed == (args.id is not None):
+        raise ConfigError("retry takes a job id or --all-failed (one of them)")
+    with open_queue(args) as queue:
+        backend = queue.backend
+        if args.all_failed:
+            # The ids are taken once: a job that fails again meanwhile is not retried twice.
+            failed = backend.list_jobs(JobState.FAILED, backend.counts()[JobState.FAILED])
+            retried = [job_id for job_id in failed if backend.retry_failed(job_id)]
+        elif backend.retry_failed(args.id):
+            retried = [args.id]
+        else:
+            state = _state_of(backend, args.id)
+            raise Exit(f"job {args.id!r} is {state}: only failed or cancelled jobs can be retried")
+    if args.json:
+        render.print_json({"retried": retried})
+    elif args.all_failed:
+        render.stdout().print(f"retried {len(retried)} failed job(s) of queue {args.queue}")
+    else:
+        render.stdout().print(f"retried job {args.id}")
+    return EXIT_OK
+
+
+def cancel(args: argparse.Namespace) -> int:
+    with open_queue(args) as queue:
+        if not queue.backend.cancel(args.id):
+            state = _state_of(queue.backend, args.id)
+            raise Exit(f"job {args.id!r} is {state}: only unfinished jobs can be cancelled")
+    if args.json:
+        render.print_json({"cancelled": args.id})
+    else:
+        render.stdout().print(f"cancelled job {args.id}")
+    return EXIT_OK
+
+
+def purge(args: argparse.Namespace) -> int:
+    states = [JobState(s) for s in dict.fromkeys(args.state)]
+    if JobState.ACTIVE in states:  # refused before anything is deleted
+        raise ConfigError("active jobs cannot be purged: their workers hold leases; cancel them")
+    with open_queue(args) as queue:
+        purged = {state.value: queue.backend.purge(state) for state in states}
+    if args.json:
+        render.print_json({"purged": purged})
+    else:
+        for state, n in purged.items():
+            render.stdout().print(f"purged {n} {state} job(s) from queue {args.queue}")
+    return EXIT_OK

@@ -1,0 +1,306 @@
+"""``sandboxq run PROCESSOR INPUT.jsonl``: a local batch through the sandboxed pool, no Redis.
+
+    INPUT.jsonl ─► read_input: one Item per non-blank line (malformed ones keep their error)
+        │ good lines, as jobs "line-<n>"
+        ▼
+    memory:// queue (a fresh one) ◄── SandboxWorker.run(burst=True), on a thread of its own
+        │ events: completed / failed / retried
+        ▼
+    main thread: follow() ─► Output: one JSON line per input line ─► --output or stdout
+                     └────► BatchView: progress bar, then the summary (stderr)
+
+The worker is the production one (leases, exit policy, retries, timeouts, kills), on the
+in-memory backend. The main thread keeps the signals: the first Ctrl-C (or SIGTERM)
+drains, letting running jobs finish; a second one kills them. Lines that did not finish
+are written as ``not_run`` and listed, so nothing is silently lost.
+
+Malformed lines are reported (with their line numbers) before anything runs and then
+written as ``malformed``, and the rest of the batch runs: one bad line among thousands
+should not cost the others, and the user learns of it at once instead of at the end.
+``--strict`` stops before anything runs instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import IO, Any
+
+from sandboxq import codec
+from sandboxq.backends.base import Backend, NewJob
+from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, BatchView, Tally
+from sandboxq.cli.options import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Exit,
+    import_from_cwd,
+    json_type,
+)
+from sandboxq.cli.worker import add_pool_flags, settings
+from sandboxq.errors import ConfigError, SerializationError
+from sandboxq.models import JobState
+
+log = logging.getLogger("sandboxq.cli")
+
+#: How long the follower waits for events before it checks whether the worker is done.
+FOLLOW_TICK_S = 0.2
+FINISHED_EVENTS = ("completed", "failed", "cancelled")
+_KEYS = ("args", "kwargs")
+_EXAMPLE = '{"args": [1, 2], "kwargs": {"size": 256}}'
+
+
+def add_parser(verbs: Any) -> None:
+    r = verbs.add_parser(
+        "run",
+        help="run a JSONL file of jobs through the sandboxed pool, locally (no Redis)",
+        description="Run every line of INPUT (a JSON object per line, "
+        f"e.g. {_EXAMPLE}; both keys optional) through PROCESSOR in sandboxed children, "
+        "with a progress bar. Each output line is a JSON object: the input line number, "
+        "the outcome (ok, error, hard_timeout, ..., malformed, not_run), the attempts, "
+        "and the result or the error. Ctrl-C lets running jobs finish; a second one "
+        "stops at once. Worker settings also come from SANDBOXQ_<SETTING> variables.",
+    )
+    r.add_argument("processor", help="the handler, as package.module:function")
+    r.add_argument("input", metavar="INPUT.jsonl")
+    r.add_argument("--output", metavar="OUT.jsonl", help="write results here (default: stdout)")
+    add_pool_flags(r)
+    r.add_argument(
+        "--stop-timeout-s", type=float, help="after Ctrl-C, wait this long for running jobs"
+    )
+    r.add_argument("--strict", action="store_true", help="run nothing if any line is malformed")
+    r.set_defaults(run=run, log_level=logging.WARNING)
+
+
+# -- input --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One non-blank input line: its encoded call, or why it cannot run."""
+
+    line: int
+    payload: bytes | None
+    error: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return f"line-{self.line}"
+
+
+def read_input(path: str) -> list[Item]:
+    try:
+        with open(path, "rb") as f:
+            return [parse_line(n, raw) for n, raw in enumerate(f, 1) if raw.strip()]
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def parse_line(number: int, raw: bytes) -> Item:
+    def bad(why: str) -> Item:
+        return Item(number, None, why)
+
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return bad(f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except ValueError as exc:
+        return bad(f"not JSON: {exc}")
+    if not isinstance(value, dict):
+        return bad(f"expected a JSON object like {_EXAMPLE}, got a JSON {json_type(type(value))}")
+    if unknown := sorted(set(value) - set(_KEYS)):
+        return bad(f"unknown key(s) {unknown}: a line may have 'args' and 'kwargs' only")
+    args, kwargs = value.get("args", []), value.get("kwargs", {})
+    if not isinstance(args, list):
+        return bad(f"'args' must be a JSON array, got a JSON {json_type(type(args))}")
+    if not isinstance(kwargs, dict):
+        return bad(f"'kwargs' must be a JSON object, got a JSON {json_type(type(kwargs))}")
+    try:
+        return Item(number, codec.encode_call("json", tuple(args), kwargs))
+    except SerializationError as exc:  # NaN, or over the size limit
+        return bad(str(exc))
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+class Output:
+    """Writes one JSON line per input line, as each finishes, and tallies the outcomes.
+
+    Lines are written in the order they finish (each names its input line), and flushed
+    one by one: what finished is on disk even if the batch is killed.
+    """
+
+    def __init__(self, file: IO[str] | None, tally: Tally) -> None:
+        self._file = file  # None: stdout, looked up per write (a live display may proxy it)
+        self.tally = tally
+        self.written: set[int] = set()
+
+    def write(self, line: int, outcome: str, **fields: Any) -> None:
+        if line in self.written:
+            return
+        self.written.add(line)
+        self.tally.add(outcome, line)
+        out = self._file or sys.stdout
+        out.write(json.dumps({"line": line, "outcome": outcome, **fields}) + "\n")
+        out.flush()
+
+    def job(self, backend: Backend, item: Item) -> bool:
+        """Write ``item``'s result if its job has finished; False if it has not."""
+        info = backend.get(item.job_id)
+        if info is None or not info.state.finished:
+            return False
+        outcome = info.outcome.value if info.outcome else info.state.value
+        if info.state is JobState.COMPLETED:
+            raw = backend.get_result(item.job_id)
+            result = None if raw is None else codec.decode("json", raw, what="result")
+            self.write(item.line, outcome, attempts=info.attempts, result=result)
+        else:
+            self.write(item.line, outcome, attempts=info.attempts, error=info.error)
+        return True
+
+    def not_run(self, backend: Backend, item: Item) -> None:
+        info = backend.get(item.job_id)
+        attempts = info.attempts if info is not None else 0
+        why = "the batch stopped before this line ran"
+        if info is not None and info.error:
+            why = f"the batch stopped before this line finished (last attempt: {info.error})"
+        self.write(item.line, NOT_RUN, attempts=attempts, error=why)
+
+
+# -- running ------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    from sandboxq.worker import SandboxWorker
+
+    items = read_input(args.input)
+    good = [item for item in items if item.payload is not None]
+    bad = [item for item in items if item.payload is None]
+    for item in bad:
+        print(f"sandboxq: {args.input} line {item.line}: {item.error}", file=sys.stderr)
+    if bad and args.strict:
+        raise Exit(f"{len(bad)} malformed line(s) in {args.input}; nothing was run", EXIT_ERROR)
+    chosen = settings(
+        args,
+        queue=f"run-{uuid.uuid4().hex[:12]}",
+        url="memory://",
+        stop_timeout_s=args.stop_timeout_s,
+    )
+    import_from_cwd()
+    # Every result stays in the backend until it is written; events are only the fast path.
+    keep = {"retain_completed": len(good), "retain_failed": len(good)}
+    worker = SandboxWorker(**chosen.model_dump(), backend_options=keep)
+    backend = worker.backend
+    tally = Tally()
+    with ExitStack() as files:
+        file = files.enter_context(_open_output(args.output)) if args.output else None
+        output = Output(file, tally)
+        for item in bad:
+            output.write(item.line, MALFORMED, attempts=0, error=item.error)
+        backend.enqueue([NewJob(item.payload or b"", job_id=item.job_id) for item in good])
+        stop = _Stop(worker)
+        redirect = file is None and sys.stdout.isatty()
+        with BatchView(len(good), tally, redirect_stdout=redirect) as view:
+            if good:  # else there is nothing to start a pool for
+                _run_worker(
+                    worker, stop, lambda done: follow(backend, good, output, view, stop, done)
+                )
+        for item in good:  # what the events did not deliver, and what never ran
+            if item.line not in output.written and not output.job(backend, item):
+                output.not_run(backend, item)
+    view.summary(args.input, interrupted=stop.requests > 0)
+    if stop.requests:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if tally.all_ok else EXIT_FAILED
+
+
+def _open_output(path: str) -> IO[str]:
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+class _Stop:
+    """The batch's SIGINT / SIGTERM handler: the first request drains, the next stops now.
+
+    Only a count and a wake-up happen here: the main thread may be mid-write when a
+    signal lands, so it shows the message itself (``follow``)."""
+
+    def __init__(self, worker: Any) -> None:
+        self._worker = worker
+        self.requests = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.requests += 1
+        self._worker.stop(now=self.requests > 1)
+
+
+def _run_worker(
+    worker: Any, stop: _Stop, follow_until: Callable[[Callable[[], bool]], None]
+) -> None:
+    """Run the worker on a thread of its own while this (main) thread follows it and
+    keeps the signals (the worker installs none off the main thread)."""
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            worker.run(burst=True)
+        except BaseException as exc:  # re-raised on the main thread, below
+            failure.append(exc)
+
+    thread = threading.Thread(target=work, name="sandboxq-batch-worker", daemon=True)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        thread.start()
+        follow_until(lambda: not thread.is_alive())
+    finally:
+        if thread.is_alive():  # following failed (stdout closed...): stop the pool too
+            worker.stop(now=True)
+        thread.join()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failure:
+        raise failure[0]
+
+
+def follow(
+    backend: Backend,
+    items: list[Item],
+    output: Output,
+    view: BatchView,
+    stop: _Stop,
+    done: Callable[[], bool],
+) -> None:
+    """Write each line as its job finishes, until the worker is done and every event read."""
+    by_id = {item.job_id: item for item in items}
+    since: str | None = None
+    shown = 0  # stop requests already shown
+
+    def show_stop_requests() -> None:
+        nonlocal shown
+        if stop.requests != shown:
+            shown = stop.requests
+            view.stopping(now=shown > 1)
+
+    while True:
+        finished = done()  # read before the events, so the last ones are never skipped
+        for event in backend.events(since, block_s=FOLLOW_TICK_S):
+            since = event.id
+            item = by_id.get(event.job_id)
+            if item is not None and event.kind in FINISHED_EVENTS and output.job(backend, item):
+                view.finished()
+            show_stop_requests()
+        show_stop_requests()
+        if finished:
+            return

@@ -1,0 +1,150 @@
+"""What ``sandboxq run`` shows a person, on stderr: a live progress bar, then a summary.
+
+    Tally (outcome -> input line numbers) ◄── one call per finished line
+      ├─► progress bar: done/total, ok, failed, timed out, rate, ETA (redrawn by rich)
+      └─► summary table: lines per outcome, with their line numbers
+
+On a terminal the bar redraws in place and log lines print above it; elsewhere (a pipe,
+a CI log) rich prints it once, as it was at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+from sandboxq.cli import render
+from sandboxq.models import Outcome
+
+TIMEOUTS = {Outcome.SOFT_TIMEOUT.value, Outcome.HARD_TIMEOUT.value}
+#: Outcomes a line can end with beyond the attempts' own (models.Outcome).
+MALFORMED = "malformed"
+NOT_RUN = "not_run"
+
+
+class Tally:
+    """Input line numbers by final outcome."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, list[int]] = defaultdict(list)
+
+    def add(self, outcome: str, line: int) -> None:
+        self.lines[outcome].append(line)
+
+    def count(self, *outcomes: str) -> int:
+        return sum(len(self.lines.get(o, ())) for o in outcomes)
+
+    @property
+    def ok(self) -> int:
+        return self.count(Outcome.OK.value)
+
+    @property
+    def timed_out(self) -> int:
+        return self.count(*TIMEOUTS)
+
+    @property
+    def failed(self) -> int:
+        """Lines that ran and did not end ok or by a timeout."""
+        ran = sum(len(v) for k, v in self.lines.items() if k not in (MALFORMED, NOT_RUN))
+        return ran - self.ok - self.timed_out
+
+    @property
+    def all_ok(self) -> bool:
+        return all(k == Outcome.OK.value for k, v in self.lines.items() if v)
+
+
+class _Rate(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{speed:.1f} jobs/s")
+
+
+class BatchView:
+    def __init__(self, total: int, tally: Tally, *, redirect_stdout: bool) -> None:
+        self.console = Console(
+            stderr=True, highlight=False, width=None if sys.stderr.isatty() else render.WIDE
+        )
+        self.tally = tally
+        self.started = time.monotonic()
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "[green]{task.fields[ok]} ok[/] [red]{task.fields[failed]} failed[/] "
+                "[yellow]{task.fields[timed_out]} timed out[/]"
+            ),
+            _Rate(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            redirect_stdout=redirect_stdout,
+            redirect_stderr=True,
+        )
+        self._task = self._progress.add_task("running", total=total, ok=0, failed=0, timed_out=0)
+
+    def __enter__(self) -> BatchView:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def finished(self) -> None:
+        """Redraw after a line finished (the tally has it already)."""
+        t = self.tally
+        self._progress.update(
+            self._task, advance=1, ok=t.ok, failed=t.failed, timed_out=t.timed_out
+        )
+
+    def stopping(self, now: bool) -> None:
+        if now:
+            text = "stopping now: running jobs are killed"
+        else:
+            text = "stopping: running jobs may finish; Ctrl-C again to stop now"
+        self._progress.update(self._task, description=text.partition(":")[0])
+        self.console.print(f"[yellow]{text}[/]")
+
+    def summary(self, source: str, interrupted: bool) -> None:
+        elapsed = time.monotonic() - self.started
+        total = sum(len(v) for v in self.tally.lines.values())
+        if not total:
+            self.console.print(f"nothing to run: {source} has no job lines")
+            return
+        ran = total - self.tally.count(MALFORMED, NOT_RUN)
+        rate = f", {ran / elapsed:.1f} jobs/s" if elapsed > 0 and ran else ""
+        title = f"{total} line(s) of {source} in {render.duration(elapsed)}{rate}"
+        if interrupted:
+            title += " (stopped early)"
+        rows = [
+            (outcome, len(lines), render.clip(render.number_ranges(lines), 60))
+            for outcome, lines in sorted(self.tally.lines.items(), key=_order)
+            if lines
+        ]
+        self.console.print(f"[bold]{title}[/]")
+        self.console.print(render.table(None, ["outcome", "lines", "line numbers"], rows))
+        not_run = self.tally.lines.get(NOT_RUN)
+        if not_run:
+            self.console.print(
+                f"[yellow]{len(not_run)} line(s) did not run: "
+                f"{render.clip(render.number_ranges(not_run), 200)}[/]"
+            )
+
+
+def _order(item: tuple[str, list[int]]) -> tuple[int, str]:
+    """ok first, then the failures by name, then malformed and not run."""
+    rank = {Outcome.OK.value: 0, MALFORMED: 2, NOT_RUN: 3}
+    return rank.get(item[0], 1), item[0]

@@ -1,0 +1,96 @@
+"""``sandboxq enqueue QUEUE``: add one job; with ``--wait``, wait for it and print its result.
+
+Output: the job id on stdout; with ``--wait`` the result follows as one line of JSON.
+A failed job prints its cause on stderr and exits 1; ``--json`` prints one object either
+way (``id``, ``state`` and ``result``, or ``outcome``, ``attempts`` and ``error``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from sandboxq.cli import render
+from sandboxq.cli.options import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    Exit,
+    add_json,
+    add_url,
+    open_queue,
+    parse_json,
+)
+from sandboxq.errors import JobFailed
+
+#: The flags that become JobOptions (the rest take the queue's defaults).
+JOB_OPTIONS = ("job_id", "soft_timeout_s", "hard_timeout_s", "retries", "priority", "delay_s")
+
+
+def add_parser(verbs: Any) -> None:
+    e = verbs.add_parser(
+        "enqueue",
+        help="add a job to QUEUE (prints its id); --wait prints its result",
+        description="Add a job: the worker calls its processor with --args and --kwargs.",
+    )
+    e.add_argument("queue")
+    e.add_argument("--args", metavar="JSON", help="positional arguments, a JSON array")
+    e.add_argument("--kwargs", metavar="JSON", help="keyword arguments, a JSON object")
+    e.add_argument("--job-id", help="a unique id: a job with this id is not added twice")
+    e.add_argument("--soft-timeout-s", type=float, help="overrides the worker's")
+    e.add_argument("--hard-timeout-s", type=float, help="overrides the worker's")
+    e.add_argument("--retries", type=int, help="overrides the worker's")
+    e.add_argument("--priority", type=int, help="higher runs first (-1000..1000, default 0)")
+    e.add_argument("--delay-s", type=float, help="run no sooner than this from now")
+    add_url(e)
+    e.add_argument("--wait", action="store_true", help="wait for the job and print its result")
+    e.add_argument("--timeout-s", type=float, help="with --wait: give up after this long")
+    add_json(e)
+    e.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    call_args = parse_json("--args", args.args, list, '[1, "two"]')
+    call_kwargs = parse_json("--kwargs", args.kwargs, dict, '{"size": 256}')
+    options = {name: value for name in JOB_OPTIONS if (value := getattr(args, name)) is not None}
+    with open_queue(args) as queue:
+        target = queue.options(**options) if options else queue
+        job = target.enqueue(*call_args, **call_kwargs)
+        if not args.wait:
+            if args.json:
+                render.print_json({"id": job.id})
+            else:
+                print(job.id)
+            return EXIT_OK
+        if not args.json:
+            print(job.id, flush=True)  # known at once, even if the wait is long
+        try:
+            value = job.result(timeout_s=args.timeout_s)
+        except JobFailed as exc:
+            if args.json:
+                render.print_json(
+                    {
+                        "id": job.id,
+                        "state": job.state().value,
+                        "outcome": exc.outcome,
+                        "attempts": exc.attempts,
+                        "error": exc.error,
+                    }
+                )
+            raise Exit(
+                f"job {job.id} failed after {exc.attempts} attempt(s): "
+                f"{render.clip(exc.error or exc.outcome, 500)}",
+                EXIT_FAILED,
+            ) from None
+        except TimeoutError:
+            raise Exit(
+                f"job {job.id} did not finish within {args.timeout_s} s "
+                f"(it is {job.state().value}; it stays queued)",
+                EXIT_TIMEOUT,
+            ) from None
+    if args.json:
+        render.print_json({"id": job.id, "state": "completed", "result": value})
+    else:
+        print(json.dumps(value, ensure_ascii=False))
+    return EXIT_OK

@@ -1,0 +1,389 @@
+"""``sandboxq run``: a JSONL batch through the real sandboxed pool on the in-memory backend.
+
+Real children that really hang and are really killed; Ctrl-C is a real SIGINT sent to
+the whole process group, as a terminal sends it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from sandboxq.cli import main
+from sandboxq.cli.batch import parse_line
+from sandboxq.cli.render import number_ranges
+
+H = "sandboxq.testing.handlers:"
+CLI = [sys.executable, "-m", "sandboxq"]
+
+
+def results(path: Path) -> dict[int, dict[str, Any]]:
+    """The output file by input line number (each line must appear once)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    by_line = {row["line"]: row for row in rows}
+    assert len(by_line) == len(rows), "an input line was written twice"
+    return by_line
+
+
+def write_lines(path: Path, *lines: str) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def started(log: Path) -> list[tuple[int, str]]:
+    """(pid, key) of every recorded_sleep that started."""
+    if not log.exists():
+        return []
+    return [
+        (int(pid), key)
+        for kind, pid, key, _ in (line.split() for line in log.read_text().splitlines())
+        if kind == "start"
+    ]
+
+
+# -- the batch ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_a_mixed_file_gives_each_line_its_outcome(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_lines(
+        tmp_path / "in.jsonl",
+        '{"args": [0, "a"]}',  # 1 ok
+        '{"kwargs": {"seconds": 0, "value": [1, 2]}}',  # 2 ok
+        "",  # 3 blank: skipped, not an error
+        '{"args": [3600]}',  # 4 hangs: killed at the hard timeout
+        '{"args": ["soon"]}',  # 5 raises TypeError
+        "not json",  # 6 malformed
+        '{"args": 1}',  # 7 malformed
+        '{"args": [0], "options": {}}',  # 8 malformed: unknown key
+        "{}",  # 9 raises: a required argument is missing
+    )
+    out = tmp_path / "out.jsonl"
+    code = main(
+        [
+            "run",
+            H + "succeed_after",
+            str(source),
+            "--output",
+            str(out),
+            "--hard-timeout-s",
+            "1",
+            "--concurrency",
+            "2",
+        ]
+    )
+    _, err = capsys.readouterr()
+    assert code == 1
+    rows = results(out)
+    assert sorted(rows) == [1, 2, 4, 5, 6, 7, 8, 9]
+    assert {n: rows[n]["outcome"] for n in rows} == {
+        1: "ok",
+        2: "ok",
+        4: "hard_timeout",
+        5: "error",
+        6: "malformed",
+        7: "malformed",
+        8: "malformed",
+        9: "error",
+    }
+    assert rows[1]["result"] == "a" and rows[2]["result"] == [1, 2]
+    assert rows[1]["attempts"] == 1 and rows[6]["attempts"] == 0
+    assert "killed at the hard deadline of 1 s" in rows[4]["error"]
+    assert "TypeError" in rows[5]["error"]
+    assert "missing 1 required positional argument" in rows[9]["error"]
+    assert rows[6]["error"].startswith("not JSON")
+    assert rows[7]["error"] == "'args' must be a JSON array, got a JSON number"
+    assert "unknown key(s) ['options']" in rows[8]["error"]
+    # Malformed lines are reported, by number, before anything runs...
+    assert err.index(f"{source} line 6: not JSON") < err.index("5/5")
+    # ...the bar ends complete, and the summary counts each outcome with its lines.
+    assert "2 ok" in err and "2 failed" in err and "1 timed out" in err
+    assert "8 line(s) of" in err
+    summary = {line.split()[0]: line.split()[1:] for line in err.splitlines() if line.strip()}
+    assert summary["ok"] == ["2", "1-2"] and summary["malformed"] == ["3", "6-8"]
+    assert summary["error"] == ["2", "5,", "9"] and summary["hard_timeout"] == ["1", "4"]
+
+
+@pytest.mark.timeout(60)
+def test_results_go_to_stdout_and_retries_apply(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [3]}', '{"args": [[1, 2]]}', "[5]")
+    code = main(["run", H + "echo", str(source), "--concurrency", "1"])
+    out, _ = capsys.readouterr()
+    rows = {row["line"]: row for row in map(json.loads, out.splitlines())}
+    assert code == 1  # line 3 is malformed (a bare array is not a line object)
+    assert (rows[1]["result"], rows[2]["result"]) == (3, [1, 2])
+    assert rows[3]["outcome"] == "malformed" and "got a JSON array" in rows[3]["error"]
+    source = write_lines(tmp_path / "fails.jsonl", '{"args": ["x"]}', '{"args": [0, 1]}')
+    code = main(["run", H + "succeed_after", str(source), "--retries", "1", "--concurrency", "1"])
+    out, _ = capsys.readouterr()
+    rows = {row["line"]: row for row in map(json.loads, out.splitlines())}
+    assert (rows[1]["outcome"], rows[1]["attempts"]) == ("error", 2)
+    assert (rows[2]["outcome"], rows[2]["result"]) == ("ok", 1)
+    assert code == 1
+    source = write_lines(tmp_path / "fine.jsonl", '{"args": [0, 1]}')
+    assert main(["run", H + "succeed_after", str(source)]) == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_file_without_job_lines_starts_no_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = write_lines(tmp_path / "in.jsonl", "", "  ")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert main(["run", H + "echo", str(source)]) == 0
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+    out, err = capsys.readouterr()
+    assert out == "" and f"nothing to run: {source} has no job lines" in err
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (b'{"args": [NaN]}', "Out of range float values are not JSON compliant"),
+        (b'{"args": [1]} trailing', "not JSON: Extra data"),
+        (b'{"kwargs": [1]}', "'kwargs' must be a JSON object, got a JSON array"),
+        (b'"just a string"', "expected a JSON object like"),
+        (b'{"args": ["\xff"]}', "not UTF-8 text"),
+    ],
+)
+def test_malformed_lines_say_what_is_wrong(raw: bytes, needle: str) -> None:
+    item = parse_line(7, raw)
+    assert item.payload is None and item.line == 7
+    assert item.error is not None and needle in item.error
+
+
+@pytest.mark.timeout(60)
+def test_strict_stops_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    ok = json.dumps({"args": [str(runs), "k", 0]})
+    source = write_lines(tmp_path / "in.jsonl", ok, "{oops", ok)
+    out = tmp_path / "out.jsonl"
+    code = main(["run", H + "recorded_sleep", str(source), "--output", str(out), "--strict"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.splitlines() == [
+        f"sandboxq: {source} line 2: not JSON: Expecting property name enclosed in double "
+        "quotes: line 1 column 2 (char 1)",
+        f"sandboxq: 1 malformed line(s) in {source}; nothing was run",
+    ]
+    assert not out.exists() and not runs.exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["no.such.module:fn", "IN"], {}, "cannot import module 'no.such.module'"),
+        ([H + "echo", "missing.jsonl"], {}, "cannot read missing.jsonl: No such file"),
+        ([H + "echo", "IN", "--output", "/no/such/dir/out.jsonl"], {}, "cannot write /no/such"),
+        ([H + "echo", "IN", "--concurrency", "0"], {}, "concurrency"),
+        ([H + "echo", "IN"], {"SANDBOXQ_CONCURRENCY": "lots"}, "SANDBOXQ_CONCURRENCY='lots'"),
+    ],
+    ids=["processor", "input", "output", "flag", "variable"],
+)
+def test_start_errors_are_one_line_and_run_nothing(
+    tmp_path: Path, args: list[str], env: dict[str, str], needle: str
+) -> None:
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}')
+    argv = [str(source) if a == "IN" else a for a in args]
+    proc = subprocess.run(
+        [*CLI, "run", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+        env={**os.environ, **env},
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("sandboxq: error: ")
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_settings_come_from_the_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDBOXQ_HARD_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("SANDBOXQ_URL", "redis://unused.invalid:1/0")  # run is always local
+    source = write_lines(tmp_path / "in.jsonl", "{}")
+    assert main(["run", H + "sleep_forever", str(source)]) == 1
+    (row,) = map(json.loads, capsys.readouterr()[0].splitlines())
+    assert row["outcome"] == "hard_timeout" and "0.5 s" in row["error"]
+
+
+@pytest.mark.timeout(60)
+def test_the_installed_script_imports_a_processor_from_the_current_directory(
+    tmp_path: Path,
+) -> None:
+    """What a newcomer does first: a module of their own, a file, `sandboxq run`."""
+    (tmp_path / "myjobs.py").write_text("def double(x):\n    return 2 * x\n")
+    write_lines(tmp_path / "in.jsonl", '{"args": [1]}', '{"args": [21]}')
+    script = Path(sys.executable).with_name("sandboxq")
+    proc = subprocess.run(
+        [str(script), "run", "myjobs:double", "in.jsonl", "--output", "out.jsonl"],
+        capture_output=True,
+        text=True,
+        timeout=40,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = results(tmp_path / "out.jsonl")
+    assert (rows[1]["result"], rows[2]["result"]) == (2, 42)
+
+
+# -- a terminal: the live bar, and Ctrl-C -------------------------------------------------
+
+
+def start_in_session(tmp_path: Path, *args: str, stderr: Any = None) -> subprocess.Popen[bytes]:
+    """Started as a terminal starts a job: its own process group, which Ctrl-C signals."""
+    return subprocess.Popen(
+        [*CLI, "run", *args],
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr or subprocess.PIPE,
+    )
+
+
+def ctrl_c(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGINT)
+
+
+def interrupt_a_batch(
+    tmp_path: Path, lines: int, seconds: float, presses: int
+) -> tuple[int, str, list[int], float]:
+    """Run ``lines`` sleeps of ``seconds`` two at a time; once two run, press Ctrl-C
+    ``presses`` times. Returns the exit status, stderr, the pids that ran the sleeps, and
+    how long the batch took to end after the last press."""
+    log = tmp_path / "runs"
+    jobs = [json.dumps({"args": [str(log), f"k{i}", seconds]}) for i in range(1, lines + 1)]
+    write_lines(tmp_path / "in.jsonl", *jobs)
+    proc = start_in_session(
+        tmp_path, H + "recorded_sleep", "in.jsonl", "--output", "out.jsonl", "--concurrency", "2"
+    )
+    try:
+        wait_for(lambda: len(started(log)) == 2, 30, "two lines to start")
+        for press in range(presses):
+            time.sleep(0.5 if press else 0)
+            ctrl_c(proc)
+        pressed = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - pressed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ran = started(log)
+    assert len(ran) == 2, ran  # nothing new started after Ctrl-C
+    return proc.returncode, err.decode(), [pid for pid, _ in ran], took
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_lets_running_lines_finish_and_reports_what_did_not_run(tmp_path: Path) -> None:
+    code, text, _, _ = interrupt_a_batch(tmp_path, lines=5, seconds=1.5, presses=1)
+    assert code == 130, text
+    rows = results(tmp_path / "out.jsonl")
+    ran = {int(key[1:]) for _, key in started(tmp_path / "runs")}
+    assert {n for n, r in rows.items() if r["outcome"] == "ok"} == ran
+    not_run = sorted(n for n, r in rows.items() if r["outcome"] == "not_run")
+    assert not_run == sorted(set(range(1, 6)) - ran)
+    assert "stopping: running jobs may finish; Ctrl-C again to stop now" in text
+    assert f"3 line(s) did not run: {number_ranges(not_run)}" in text
+    assert "Traceback" not in text
+
+
+@pytest.mark.timeout(90)
+def test_a_second_ctrl_c_kills_running_lines_at_once(tmp_path: Path) -> None:
+    code, text, children, took = interrupt_a_batch(tmp_path, lines=3, seconds=600, presses=2)
+    assert code == 130, text
+    assert took < 15  # not the 600 s the jobs wanted, nor the 30 s drain
+    assert "stopping now: running jobs are killed" in text
+    rows = results(tmp_path / "out.jsonl")
+    assert {n: r["outcome"] for n, r in rows.items()} == {1: "not_run", 2: "not_run", 3: "not_run"}
+    assert "3 line(s) did not run: 1-3" in text
+    for pid in children:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+@pytest.mark.timeout(60)
+def test_on_a_terminal_the_progress_bar_redraws_live(tmp_path: Path) -> None:
+    lines = [json.dumps({"args": [0.3, i]}) for i in range(8)]
+    write_lines(tmp_path / "in.jsonl", *lines)
+    leader, follower = pty.openpty()
+    try:
+        proc = start_in_session(
+            tmp_path,
+            H + "succeed_after",
+            "in.jsonl",
+            "--output",
+            "o.jsonl",
+            "--concurrency",
+            "2",
+            stderr=follower,
+        )
+        os.close(follower)
+        screen = b""
+        while True:  # read all the terminal gets, so the writer never blocks
+            ready, _, _ = select.select([leader], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the process closed the terminal
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(30) == 0
+    finally:
+        os.close(leader)
+    text = screen.decode(errors="replace")
+    assert text.count("\r") > 2 or text.count("\x1b[") > 10  # redrawn in place, not printed once
+    assert "8/8" in text and "8 ok" in text and "jobs/s" in text and "ETA" in text
+    assert len(results(tmp_path / "o.jsonl")) == 8
+
+
+@pytest.mark.timeout(60)
+def test_a_reader_that_leaves_early_ends_the_batch_quietly(tmp_path: Path) -> None:
+    """`sandboxq run ... | head -1`: the pool stops, no traceback, no orphan."""
+    write_lines(tmp_path / "in.jsonl", *(json.dumps({"args": [0.05, i]}) for i in range(200)))
+    proc = subprocess.Popen(
+        [*CLI, "run", H + "succeed_after", "in.jsonl", "--concurrency", "2"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = json.loads(proc.stdout.readline())
+    proc.stdout.close()  # as `head -1` does
+    assert proc.wait(30) == 1
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert first["outcome"] == "ok" and "Traceback" not in err
