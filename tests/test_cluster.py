@@ -89,6 +89,21 @@ def test_each_queue_lives_in_one_slot_and_queues_spread_over_the_nodes(
     assert len({next(iter(h)) for h in homes.values()}) >= 2, "every queue landed on one node"
 
 
+def test_a_queue_follows_its_slot_to_another_node(cluster: LocalCluster, queue_name: str) -> None:
+    """Resharding moves the queue's slot, with its keys, to another master: the scripts'
+    lanes, still connected to the old owner, are answered MOVED (nothing ran) and follow."""
+    slot = key_slot(f"sq:{{{queue_name}}}:waiting".encode())
+    with Queue(queue_name, url=cluster.url) as queue:
+        first = queue.enqueue(1)
+        target = next(port for port in cluster.ports if port != cluster.owner(slot))
+        cluster.move_slot(slot, target)
+        assert cluster.owner(slot) == target
+        second = queue.enqueue(2)
+        claimed = queue.backend.claim("w", 3, 5.0, wait_s=0.2)
+        assert sorted(c.id for c in claimed) == sorted([first.id, second.id])
+        assert queue.counts()[JobState.ACTIVE] == 2
+
+
 @pytest.fixture
 def cluster_queue(cluster: LocalCluster, queue_name: str) -> Iterator[Queue]:
     with Queue(queue_name, url=cluster.url) as queue:

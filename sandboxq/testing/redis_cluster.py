@@ -4,8 +4,10 @@
         └─ redis-cli --cluster create 127.0.0.1:p1 ... --cluster-replicas 0 --cluster-yes
              └─ ready once every node reports cluster_state:ok
 
-``url`` is the ``redis+cluster://`` URL sandboxq takes; ``close()`` (or leaving the
-``with`` block) stops every node and deletes its data, also when the start failed half-way.
+``url`` is the ``redis+cluster://`` URL sandboxq takes; ``move_slot()`` moves one hash
+slot (a queue's) with its keys to another node, as a resharding would. ``close()`` (or
+leaving the ``with`` block) stops every node and deletes its data, also when the start
+failed half-way.
 Needs ``redis-server`` and ``redis-cli`` (Debian: the redis-server package pulls in
 redis-tools, which holds redis-cli).
 """
@@ -97,6 +99,34 @@ class LocalCluster:
             if line.startswith("cluster_state:"):
                 return line.split(":", 1)[1].strip()
         return "unknown"
+
+    def owner(self, slot: int) -> int:
+        """The port of the node that serves ``slot``."""
+        for port in self.ports:
+            for line in self._cli("-p", str(port), "cluster", "nodes").splitlines():
+                fields = line.split()
+                if "myself" not in fields[2]:
+                    continue
+                for span in fields[8:]:
+                    first, _, last = span.partition("-")
+                    if first.isdigit() and int(first) <= slot <= int(last or first):
+                        return port
+        raise LookupError(f"no node serves slot {slot}")
+
+    def move_slot(self, slot: int, to_port: int) -> None:
+        """Migrate ``slot`` and its keys to the node on ``to_port`` (CLUSTER SETSLOT, MIGRATE)."""
+        from_port = self.owner(slot)
+        if from_port == to_port:
+            return
+        src, dst = str(from_port), str(to_port)
+        src_id = self._cli("-p", src, "cluster", "myid").strip()
+        dst_id = self._cli("-p", dst, "cluster", "myid").strip()
+        self._cli("-p", dst, "cluster", "setslot", str(slot), "importing", src_id)
+        self._cli("-p", src, "cluster", "setslot", str(slot), "migrating", dst_id)
+        while keys := self._cli("-p", src, "cluster", "getkeysinslot", str(slot), "100").split():
+            self._cli("-p", src, "migrate", "127.0.0.1", dst, "", "0", "5000", "keys", *keys)
+        for port in self.ports:
+            self._cli("-p", str(port), "cluster", "setslot", str(slot), "node", dst_id)
 
     def close(self) -> None:
         for node in self.nodes:
