@@ -6,5 +6,9 @@
     workers        SandboxWorkers on background threads, always stopped and joined
     processes      which processes a test left behind
     redis_server   a throwaway redis-server on a free port or a Unix socket
+    redis_cluster  a throwaway 3-master Redis Cluster; moves a slot as resharding would
+    redis_sentinel a master, a replica and sentinels; kills the master for a failover
+    proxy          a TCP proxy that delays, stalls or cuts traffic (network faults)
+    ledger         a handler that logs its executions, and the check that none overlapped
     contract       the suite every Backend must pass
 """
