@@ -346,9 +346,11 @@ class Scene:
         self.fleets.append(Fleet(self.queue.name, self.url, self.workdir, worker_args))
         return self.fleets[-1]
 
-    def producer(self, count: int, **options: Any) -> Producer:
+    def producer(
+        self, count: int, job_options: JobOptions = CHAOS_OPTIONS, **options: Any
+    ) -> Producer:
         """A started producer of ``count`` ledger jobs (``options``: see ``Producer``)."""
-        producer = Producer(self.queue, self.ledger, count, CHAOS_OPTIONS, **options)
+        producer = Producer(self.queue, self.ledger, count, job_options, **options)
         self.producers.append(producer)
         producer.start()
         return producer
