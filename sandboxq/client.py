@@ -12,7 +12,7 @@ from typing import Any
 from sandboxq import codec as codecs
 from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
-from sandboxq.errors import JobFailed, SandboxqError
+from sandboxq.errors import JobFailed, SandboxqError, SerializationError
 from sandboxq.models import JobInfo, JobOptions, JobState
 from sandboxq.settings import build
 
@@ -71,6 +71,22 @@ class Job:
         return self.queue.backend.cancel(self.id)
 
 
+def _call_pair(n: int, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``call`` as an ``(args, kwargs)`` pair, or a SerializationError naming it: a string
+    is a sequence too, and ``("ab", {})`` must not quietly become ``f("a", "b")``."""
+    if (
+        isinstance(call, list | tuple)
+        and len(call) == 2
+        and isinstance(call[0], list | tuple)
+        and isinstance(call[1], dict)
+    ):
+        return tuple(call[0]), call[1]
+    raise SerializationError(
+        f"enqueue_many: call #{n} is {call!r:.200}, not an (args, kwargs) pair "
+        "with args a list or tuple and kwargs a dict"
+    )
+
+
 class Queue:
     """A named queue on a backend chosen by URL (``None``: ``$SANDBOXQ_URL``, else memory://).
 
@@ -100,17 +116,19 @@ class Queue:
         )
         return view
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+    def enqueue(self, /, *args: Any, **kwargs: Any) -> Job:
         """Enqueue ``processor(*args, **kwargs)``; returns its Job (an existing one when a
-        ``job_id`` option names a job that already exists)."""
+        ``job_id`` option names a job that already exists). Keyword arguments may have any
+        name: options are set with ``options(...)``, never here."""
         return self.enqueue_many([(args, kwargs)])[0]
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[Job]:
         """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs."""
         opts, options_json = self._options, self._options_json
         jobs = []
-        for args, kwargs in calls:
-            payload = codecs.encode_call(self.codec, tuple(args), dict(kwargs))
+        for n, call in enumerate(calls):
+            args, kwargs = _call_pair(n, call)
+            payload = codecs.encode_call(self.codec, args, kwargs)
             jobs.append(
                 NewJob(payload, self.codec, options_json, opts.job_id, opts.priority, opts.delay_s)
             )

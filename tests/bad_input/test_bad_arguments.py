@@ -74,6 +74,13 @@ def test_json_arguments_round_trip_exactly_through_a_real_worker(
     assert same(result, expected), (result, expected)
 
 
+def test_keyword_arguments_may_have_any_name(queue: Queue, echo_worker: None) -> None:
+    """``self`` or ``job_id`` are the handler's business, not the queue's."""
+    kwargs = {"self": 1, "args": 2, "kwargs": 3, "job_id": 4, "": 5}
+    assert queue.enqueue(**kwargs).result(timeout_s=30) == [[], kwargs]
+    assert queue.enqueue_many([((), kwargs)])[0].result(timeout_s=30) == [[], kwargs]
+
+
 # -- what JSON cannot carry: refused at enqueue, naming where and what ----------------------
 
 
@@ -181,6 +188,25 @@ def test_a_circular_or_oversized_argument_is_refused(queue: Queue) -> None:
         queue.enqueue(loop)
     with pytest.raises(SerializationError, match="over the limit of 16777216 bytes"):
         queue.enqueue("x" * (16 * 1024 * 1024 + 1))
+    assert sum(queue.counts().values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("calls", "needle"),
+    [
+        ([1], "call #0 is 1"),
+        ([((1,), {}), ("ab", {})], "call #1 is ('ab', {})"),
+        ([((1,), [("a", 1)])], "call #0 is ((1,), [('a', 1)])"),
+        ([((1,), {}, "extra")], "call #0 is ((1,), {}, 'extra')"),
+    ],
+)
+def test_enqueue_many_names_the_call_that_is_not_an_args_kwargs_pair(
+    queue: Queue, calls: list[Any], needle: str
+) -> None:
+    with pytest.raises(SerializationError) as refused:
+        queue.enqueue_many(calls)
+    assert needle in str(refused.value)
+    assert "(args, kwargs) pair" in str(refused.value)
     assert sum(queue.counts().values()) == 0
 
 
