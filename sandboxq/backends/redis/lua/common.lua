@@ -3,12 +3,14 @@
 --
 -- KEYS, the same list in the same order for every script (keys.py: QueueKeys.script_keys).
 -- All of them carry the queue's hash tag, so every script runs on one Cluster slot.
---   1 job key prefix  sq:{q}:job:  (job hash = prefix..id, history = prefix..id..':attempts')
+--   1 job key prefix  sq:{q}:job:  (job hash = prefix..id)
 --   2 waiting ZSET    score = -priority * 2^40 + seq: highest priority first, FIFO within
 --   3 delayed ZSET    score = due ms (server clock)
 --   4 active ZSET     score = lease expiry ms (server clock)
 --   5 completed ZSET  6 failed ZSET  7 cancelled ZSET    score = finished ms
 --   8 seq counter     9 events STREAM    10 wake LIST (one token per claimable job)
+--  11 history prefix  sq:{q}:history:  (attempt records LIST = prefix..id; an id may hold
+--                     ':', so no key built from an id may extend another one: keys.py)
 -- ARGV 1-4, the same for every script: max events kept in the stream, jobs kept in the
 -- completed set, jobs kept in the failed (and cancelled) set, max age of finished jobs ms.
 -- Script-specific arguments start at ARGV[5].
@@ -19,7 +21,7 @@
 
 local PREFIX, WAITING, DELAYED, ACTIVE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local COMPLETED, FAILED, CANCELLED = KEYS[5], KEYS[6], KEYS[7]
-local SEQ, EVENTS, WAKE = KEYS[8], KEYS[9], KEYS[10]
+local SEQ, EVENTS, WAKE, HISTORY = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local MAX_EVENTS = ARGV[1]
 local RETAIN_COMPLETED, RETAIN_FAILED = tonumber(ARGV[2]), tonumber(ARGV[3])
 local RETAIN_MS = tonumber(ARGV[4])
@@ -85,14 +87,14 @@ local function short(value)
 end
 
 local function append_history(id, record_json)
-  local hkey = PREFIX .. id .. ':attempts'
+  local hkey = HISTORY .. id
   if redis.call('RPUSH', hkey, record_json) > HISTORY_CAP then
     redis.call('LTRIM', hkey, -HISTORY_CAP, -1)
   end
 end
 
 local function drop_job(id)
-  redis.call('DEL', PREFIX .. id, PREFIX .. id .. ':attempts')
+  redis.call('DEL', PREFIX .. id, HISTORY .. id)
 end
 
 -- Retention: keep at most `keep` jobs in a finished set and none older than RETAIN_MS,
