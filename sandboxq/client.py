@@ -13,7 +13,7 @@ from sandboxq import codec as codecs
 from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
 from sandboxq.errors import JobFailed, SandboxqError, SerializationError
-from sandboxq.models import JobInfo, JobOptions, JobState
+from sandboxq.models import JobInfo, JobOptions, JobState, check_job_id
 from sandboxq.settings import build
 
 Call = tuple[Sequence[Any], dict[str, Any]]
@@ -137,7 +137,8 @@ class Queue:
         return [Job(self, job_id) for job_id, _created in self.backend.enqueue(jobs)]
 
     def job(self, job_id: str) -> Job:
-        return Job(self, job_id)
+        """A handle on the job ``job_id`` (whether or not it exists)."""
+        return Job(self, check_job_id(job_id))
 
     def counts(self) -> dict[JobState, int]:
         return self.backend.counts()

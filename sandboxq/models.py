@@ -22,6 +22,9 @@ MAX_PRIORITY = 1000
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 
+#: Job ids are any text a user likes (braces and colons included), up to this length.
+MAX_JOB_ID = 512
+
 
 def check_queue_name(name: str) -> str:
     """Queue names become part of Redis keys inside a ``{hash tag}``: keep them plain."""
@@ -30,6 +33,21 @@ def check_queue_name(name: str) -> str:
             f"queue name {name!r} is invalid: use 1-200 letters, digits, '_', '-', '.' or ':'"
         )
     return name
+
+
+def check_job_id(job_id: str) -> str:
+    """A job id names one job: 1-512 characters of text that UTF-8 can carry."""
+    ok = isinstance(job_id, str) and 1 <= len(job_id) <= MAX_JOB_ID
+    try:
+        ok = ok and bool(job_id.encode())
+    except UnicodeEncodeError:  # a lone surrogate
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"job id {job_id!r:.80} is invalid: use 1-{MAX_JOB_ID} characters of text "
+            "(anything UTF-8 can carry)"
+        )
+    return job_id
 
 
 class Outcome(StrEnum):
@@ -95,7 +113,7 @@ def check_timeouts(soft_timeout_s: float | None, hard_timeout_s: float | None) -
 class JobOptions(_Frozen):
     """Per-job options; ``None`` means "use the worker's default"."""
 
-    job_id: str | None = Field(default=None, min_length=1, max_length=512)
+    job_id: str | None = Field(default=None, min_length=1, max_length=MAX_JOB_ID)
     soft_timeout_s: float | None = None
     hard_timeout_s: float | None = None
     retries: int | None = Field(default=None, ge=0, le=1000)

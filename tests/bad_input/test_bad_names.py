@@ -132,6 +132,12 @@ def test_job_ids_that_cannot_name_a_job_are_refused(
     assert needle in str(refused.value)
 
 
+@pytest.mark.parametrize("job_id", ["", "bad \ud800 id", "x" * 513, 7])
+def test_a_job_handle_for_an_impossible_id_is_refused(queue: Queue, job_id: object) -> None:
+    with pytest.raises(ConfigError, match="job id .* is invalid"):
+        queue.job(job_id)  # type: ignore[arg-type]
+
+
 def test_a_job_that_does_not_exist_says_so(queue: Queue) -> None:
     with pytest.raises(SandboxqError, match=r"job 'x:attempts' of queue .* does not exist"):
         queue.job("x:attempts").info()
