@@ -140,7 +140,9 @@ def _json_problem(parts: tuple[tuple[str, Any], ...]) -> str | None:
 
 
 def _problems(value: Any, path: str, seen: set[int], depth: int) -> Iterator[tuple[str, str]]:
-    if value is None or isinstance(value, int):  # bool and IntEnum are ints too
+    if value is None:
+        return
+    if isinstance(value, int):  # bool and IntEnum are ints too
         try:
             str(value)
         except ValueError:  # over sys.get_int_max_str_digits()
