@@ -10,9 +10,16 @@ from __future__ import annotations
 import math
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from sandboxq.errors import ConfigError
 
@@ -86,6 +93,18 @@ class JobState(StrEnum):
         return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 
 
+def _number_only(value: Any) -> Any:
+    """Pydantic would read ``True`` as 1 and ``"5"`` as 5.0: a flag passed in the wrong
+    place, or a string nobody converted, would quietly become a timeout or a count."""
+    if isinstance(value, bool | str | bytes | bytearray):
+        raise ValueError(f"expected a number, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+#: Put on every numeric setting and option: numbers only (see ``_number_only``).
+NUMBER_ONLY = BeforeValidator(_number_only)
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -114,14 +133,18 @@ class JobOptions(_Frozen):
     """Per-job options; ``None`` means "use the worker's default"."""
 
     job_id: str | None = Field(default=None, min_length=1, max_length=MAX_JOB_ID)
-    soft_timeout_s: float | None = None
-    hard_timeout_s: float | None = None
-    retries: int | None = Field(default=None, ge=0, le=1000)
-    backoff_s: float = Field(default=1.0, ge=0, le=7 * 24 * 3600, allow_inf_nan=False)
-    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
-    delay_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600, allow_inf_nan=False)
-    max_memory_mb: float | None = None
-    max_stalls: int = Field(default=1, ge=0, le=1000)
+    soft_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
+    hard_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
+    retries: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=0, le=1000)
+    backoff_s: Annotated[float, NUMBER_ONLY] = Field(
+        default=1.0, ge=0, le=7 * 24 * 3600, allow_inf_nan=False
+    )
+    priority: Annotated[int, NUMBER_ONLY] = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    delay_s: Annotated[float, NUMBER_ONLY] = Field(
+        default=0.0, ge=0, le=365 * 24 * 3600, allow_inf_nan=False
+    )
+    max_memory_mb: Annotated[float | None, NUMBER_ONLY] = None
+    max_stalls: Annotated[int, NUMBER_ONLY] = Field(default=1, ge=0, le=1000)
 
     @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
     @classmethod

@@ -99,7 +99,8 @@ class SandboxWorker:
             queue=queue,
             processor=processor,
             url=url,
-            concurrency=concurrency or os.cpu_count() or 1,
+            # 0 is an error, not "the default": only None means "one child per CPU"
+            concurrency=concurrency if concurrency is not None else os.cpu_count() or 1,
             lease_s=lease_s,
             soft_timeout_s=soft_timeout_s,
             hard_timeout_s=hard_timeout_s,

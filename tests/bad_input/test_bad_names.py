@@ -52,7 +52,7 @@ def test_a_queue_name_is_a_working_queue_or_an_error_naming_it(url: str, name: s
     "name", ["", "a" * 201, "caf\u00e9", "a{b", "a}b", "{a}", "a b", "a\nb", "a/b", None, 7, b"q"]
 )
 def test_queue_names_that_cannot_be_keys_are_refused(url: str, name: object) -> None:
-    with pytest.raises(ConfigError, match="queue name .* is invalid"):
+    with pytest.raises(ConfigError, match=r"queue name .* is invalid"):
         Queue(name, url=url)  # type: ignore[arg-type]
 
 
@@ -134,7 +134,7 @@ def test_job_ids_that_cannot_name_a_job_are_refused(
 
 @pytest.mark.parametrize("job_id", ["", "bad \ud800 id", "x" * 513, 7])
 def test_a_job_handle_for_an_impossible_id_is_refused(queue: Queue, job_id: object) -> None:
-    with pytest.raises(ConfigError, match="job id .* is invalid"):
+    with pytest.raises(ConfigError, match=r"job id .* is invalid"):
         queue.job(job_id)  # type: ignore[arg-type]
 
 
