@@ -21,7 +21,7 @@ from sandboxq import ConfigError, Pool, Queue
 from sandboxq.models import JobOptions
 from sandboxq.worker import SandboxWorker
 
-from .support import SHARED_ACROSS_EXAMPLES, H
+from .support import SHARED_ACROSS_EXAMPLES, H, StartWorker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -222,6 +222,25 @@ def test_an_unknown_option_name_is_refused_by_name(
 
 
 # -- odd but valid values, and the settings that only looked valid ---------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_thirty_day_hard_timeout_runs_jobs_instead_of_breaking_the_pool() -> None:
+    """Regression: the supervisor waited for the nearest deadline in one select(), and
+    epoll cannot wait longer than 2**31 ms (about 25 days): the pool crashed."""
+    month = 30 * 24 * 3600.0
+    with Pool(H + "echo", 1, soft_timeout_s=month - 1, hard_timeout_s=month) as pool:
+        assert pool.submit(41).result(timeout=30) == 41
+        assert pool.submit({"still": "serving"}).result(timeout=30) == {"still": "serving"}
+
+
+@pytest.mark.timeout(60)
+def test_huge_job_timeouts_run_through_a_worker(queue: Queue, start_worker: StartWorker) -> None:
+    worker = start_worker("echo", hard_timeout_s=1e9)
+    job = queue.options(soft_timeout_s=1e300 / 2, hard_timeout_s=1e300).enqueue("big")
+    assert job.result(timeout_s=30) == "big"
+    assert queue.enqueue("next").result(timeout_s=30) == "next"
+    assert worker.stats["completed"] == 2
 
 
 @pytest.mark.parametrize(
