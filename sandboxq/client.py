@@ -5,6 +5,7 @@ Importing this module loads no process machinery: producers only need a backend.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from sandboxq import codec as codecs
 from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
-from sandboxq.errors import JobFailed, SandboxqError, SerializationError
+from sandboxq.errors import ConfigError, JobFailed, SandboxqError, SerializationError
 from sandboxq.models import JobInfo, JobOptions, JobState, check_job_id
 from sandboxq.settings import build
 
@@ -44,6 +45,13 @@ class Job:
         Raises ``JobFailed`` (with ``.outcome``, ``.attempts``, ``.error``) if it failed or
         was cancelled, and ``TimeoutError`` if it is not finished within ``timeout_s``.
         """
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or math.isnan(timeout_s)
+        ):
+            # NaN compares false with everything: it would wait forever
+            raise ConfigError(f"timeout_s must be a number of seconds or None, got {timeout_s!r}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             left = 3600.0 if deadline is None else deadline - time.monotonic()

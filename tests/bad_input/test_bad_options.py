@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -269,3 +270,19 @@ def test_worker_settings_that_only_looked_valid_are_refused(
     with pytest.raises(ConfigError) as refused:
         SandboxWorker(queue_name, H + "echo", url=url, **kwargs)
     assert needle in str(refused.value)
+
+
+@pytest.mark.parametrize("timeout_s", [float("nan"), "5", True, [1]])
+def test_result_refuses_a_timeout_that_is_not_a_number(queue: Queue, timeout_s: Any) -> None:
+    """Regression: ``result(timeout_s=nan)`` waited forever (NaN is never <= 0)."""
+    job = queue.enqueue()
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="timeout_s must be a number of seconds or None"):
+        job.result(timeout_s=timeout_s)
+    assert time.monotonic() - started < 5
+
+
+def test_result_with_a_negative_timeout_does_not_wait(queue: Queue) -> None:
+    job = queue.enqueue()
+    with pytest.raises(TimeoutError, match="did not finish within -1 s"):
+        job.result(timeout_s=-1)
