@@ -68,6 +68,10 @@ class PoolSettings(_Settings):
     start_method: StartMethod = "forkserver"
     max_result_bytes: Annotated[int, NUMBER_ONLY] = Field(default=DEFAULT_MAX_BYTES, ge=1)
     memory_check_interval_s: Annotated[float, NUMBER_ONLY] = Field(default=0.05, gt=0, le=60)
+    # None: processor.default_import_timeout_s() ($SANDBOXQ_IMPORT_TIMEOUT_S, else 60 s)
+    import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(
+        default=None, gt=0, le=MAX_INTERVAL_S
+    )
 
     @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
     @classmethod
@@ -109,6 +113,9 @@ class WorkerSettings(_Settings):
     start_method: StartMethod = "forkserver"
     # a security opt-in: only a real True turns it on, never 1 or "yes"
     allow_pickle: Annotated[bool, Strict()] = False
+    import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(  # as in PoolSettings
+        default=None, gt=0, le=MAX_INTERVAL_S
+    )
 
     @field_validator(
         "soft_timeout_s", "hard_timeout_s", "max_memory_mb", "renew_interval_s", "stall_check_s"

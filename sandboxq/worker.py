@@ -36,7 +36,7 @@ from sandboxq.models import Action, AttemptRecord, JobOptions, JobState, Outcome
 from sandboxq.outcomes import ExitPolicy, backoff_s
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.pool import Pool, Seconds
-from sandboxq.processor import resolve
+from sandboxq.processor import resolve_within
 from sandboxq.reaper import Reaper
 from sandboxq.settings import StartMethod, WorkerSettings, build
 
@@ -93,6 +93,7 @@ class SandboxWorker:
         start_method: StartMethod = "forkserver",
         allow_pickle: bool = False,
         backend_options: dict[str, Any] | None = None,
+        import_timeout_s: float | None = None,
     ) -> None:
         self.settings = s = build(
             WorkerSettings,
@@ -114,8 +115,11 @@ class SandboxWorker:
             stall_check_s=stall_check_s,
             start_method=start_method,
             allow_pickle=allow_pickle,
+            import_timeout_s=import_timeout_s,
         )
-        resolve(processor)  # an unimportable processor fails here, with its import error
+        # an unimportable processor fails here, with its import error (or after
+        # import_timeout_s if its import hangs)
+        resolve_within(processor, s.import_timeout_s)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.backend = open_backend(url, queue, **(backend_options or {}))
         self.policy = ExitPolicy(exit_codes=s.exit_codes)
@@ -153,6 +157,7 @@ class SandboxWorker:
             s.concurrency,
             max_jobs_per_child=s.max_jobs_per_child,
             start_method=s.start_method,
+            import_timeout_s=s.import_timeout_s,
         )
         heartbeat = Heartbeat(
             self.backend,
