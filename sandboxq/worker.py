@@ -152,13 +152,25 @@ class SandboxWorker:
         """Work until stopped; with ``burst``, return once no job is waiting or delayed and
         nothing is in flight."""
         s = self.settings
-        self._pool = Pool(
-            s.processor,
-            s.concurrency,
-            max_jobs_per_child=s.max_jobs_per_child,
-            start_method=s.start_method,
-            import_timeout_s=s.import_timeout_s,
-        )
+        # An unreachable backend fails the start before any child exists, and nothing
+        # that failed to start is left running (run() closes the backend when it returns).
+        try:
+            unwatch = self.backend.watch_cancellations(self._on_cancel)
+        except BaseException:
+            self.backend.close()
+            raise
+        try:
+            self._pool = Pool(
+                s.processor,
+                s.concurrency,
+                max_jobs_per_child=s.max_jobs_per_child,
+                start_method=s.start_method,
+                import_timeout_s=s.import_timeout_s,
+            )
+        except BaseException:
+            unwatch()
+            self.backend.close()
+            raise
         heartbeat = Heartbeat(
             self.backend,
             self.id,
@@ -170,7 +182,6 @@ class SandboxWorker:
             self._register,
         )
         reaper = Reaper(self.backend, s.stall_every_s)
-        unwatch = self.backend.watch_cancellations(self._on_cancel)
         fetcher = threading.Thread(
             target=self._fetch, args=(burst,), name="sandboxq-fetcher", daemon=True
         )

@@ -5,13 +5,17 @@ fails the worker's start with the address, and leaves no child or thread behind.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxq import ConfigError, Queue
+from sandboxq import BackendError, ConfigError, Queue
+from sandboxq.testing.redis_server import free_port
 from sandboxq.worker import SandboxWorker
 
 from .support import H
@@ -85,3 +89,37 @@ def test_a_misspelt_backend_option_is_refused_even_by_a_shared_memory_queue(
             Queue(queue_name, url=url, retain_failed=-1)
         with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
             SandboxWorker(queue_name, H + "echo", url=url, backend_options={"bogus": 1})
+
+
+def _supervisors() -> int:
+    return sum(t.name == "sandboxq-supervisor" for t in threading.enumerate())
+
+
+def _live_descendants() -> set[int]:
+    """Every process below this one, fork server children included (the leak check in
+    conftest leaves those out, since the fork server is shared)."""
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.add(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_an_unreachable_redis_fails_the_worker_start_and_leaves_nothing_running(
+    queue_name: str,
+) -> None:
+    """Regression: the pool was started before the backend was first used, so when Redis
+    could not be reached run() raised with every child and the supervisor thread still
+    running (until the process exited)."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    worker = SandboxWorker(queue_name, H + "echo", url=url, concurrency=2)
+    supervisors, processes = _supervisors(), _live_descendants()
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=f"Redis at {url} is unreachable"):
+        worker.run()
+    assert time.monotonic() - started < 10
+    assert _supervisors() == supervisors
+    assert _live_descendants() <= processes
