@@ -187,3 +187,6 @@ class JobInfo(_Frozen):
     outcome: Outcome | None = None
     error: str | None = None
     history: list[AttemptRecord] = []
+    #: Parts of the stored record that could not be read (a record edited by hand), each
+    #: naming the field and what it held; those fields show their defaults instead.
+    unreadable: list[str] = []
