@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sandboxq.errors import SandboxqError
+from sandboxq.errors import ConfigError, SandboxqError
 
 log = logging.getLogger("sandboxq")
 
@@ -23,7 +23,12 @@ def _worker(args: argparse.Namespace) -> int:
 
     exit_codes = {}
     for item in args.exit_code or []:
-        code, _, action = item.partition("=")
+        code, sep, action = item.partition("=")
+        if not sep or not code.strip().lstrip("-").isdigit():
+            raise ConfigError(
+                f"--exit-code {item!r}: expected N=ACTION, N an exit code and ACTION one of "
+                "complete, retry, fail"
+            )
         exit_codes[int(code)] = action
     worker = SandboxWorker(
         args.queue,
