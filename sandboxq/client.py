@@ -6,6 +6,7 @@ Importing this module loads no process machinery: producers only need a backend.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -45,13 +46,7 @@ class Job:
         Raises ``JobFailed`` (with ``.outcome``, ``.attempts``, ``.error``) if it failed or
         was cancelled, and ``TimeoutError`` if it is not finished within ``timeout_s``.
         """
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, int | float)
-            or math.isnan(timeout_s)
-        ):
-            # NaN compares false with everything: it would wait forever
-            raise ConfigError(f"timeout_s must be a number of seconds or None, got {timeout_s!r}")
+        _check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
@@ -77,6 +72,18 @@ class Job:
     def cancel(self) -> bool:
         """Cancel the job; a running job's child is killed. False if it had already finished."""
         return self.queue.backend.cancel(self.id)
+
+
+def _check_seconds(name: str, value: float | None) -> None:
+    """A wait in seconds, or None. NaN compares false with everything: it would never end."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
+    ):
+        raise ConfigError(f"{name} must be a number of seconds or None, got {value!r}")
+
+
+#: An event id: "12" (memory://) or "1700000000000-0" (a Redis stream entry).
+_EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 
 
 def _call_pair(n: int, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -152,6 +159,13 @@ class Queue:
         return self.backend.counts()
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
+        """The retained events after event id ``since`` (all when None); then, with
+        ``block_s``, new ones as they come until ``block_s`` passes without any."""
+        _check_seconds("block_s", block_s)
+        if since is not None and not (isinstance(since, str) and _EVENT_ID.fullmatch(since)):
+            raise ConfigError(
+                f"since must be an event id such as '12' or '1700000000000-0', got {since!r}"
+            )
         return self.backend.events(since, block_s)
 
     def close(self) -> None:

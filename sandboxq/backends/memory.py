@@ -504,7 +504,10 @@ class MemoryBackend:
             return job.state
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
-        last = int(since) if since is not None else 0
+        try:
+            last = int(since) if since is not None else 0
+        except ValueError:
+            raise ConfigError(f"since {since!r} is not an event id of a memory:// queue") from None
         while True:
             with self._cond:
                 deadline = time.monotonic() + (block_s or 0.0)

@@ -286,3 +286,26 @@ def test_result_with_a_negative_timeout_does_not_wait(queue: Queue) -> None:
     job = queue.enqueue()
     with pytest.raises(TimeoutError, match="did not finish within -1 s"):
         job.result(timeout_s=-1)
+
+
+@pytest.mark.parametrize(
+    ("since", "block_s", "needle"),
+    [
+        ("garbage", None, "since must be an event id"),
+        ("-1", None, "since must be an event id"),
+        (5, None, "since must be an event id such as '12' or '1700000000000-0', got 5"),
+        (None, float("nan"), "block_s must be a number of seconds or None, got nan"),
+        (None, "1", "block_s must be a number of seconds or None, got '1'"),
+    ],
+)
+def test_events_refuse_an_id_or_a_wait_they_cannot_use(
+    queue: Queue, since: Any, block_s: Any, needle: str
+) -> None:
+    """Before: a ValueError from int() on memory://, a BackendError ("invalid stream ID")
+    on Redis, a TypeError for a string wait."""
+    queue.enqueue()
+    with pytest.raises(ConfigError) as refused:
+        list(queue.events(since, block_s))
+    assert needle in str(refused.value)
+    [added] = list(queue.events())
+    assert list(queue.events(since=added.id)) == []  # a real id still works
