@@ -24,7 +24,15 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sandboxq.backends.base import Ack, Claimed, Event, FinishAction, FinishResult, NewJob
+from sandboxq.backends.base import (
+    Ack,
+    Claimed,
+    Event,
+    FinishAction,
+    FinishResult,
+    NewJob,
+    check_limits,
+)
 from sandboxq.backends.redis import listen, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
@@ -68,15 +76,12 @@ class RedisBackend:
         socket_timeout_s: float = 5.0,
     ) -> None:
         self.queue = check_queue_name(queue)
-        limits = {
-            "retain_completed": retain_completed,
-            "retain_failed": retain_failed,
-            "max_events": max_events,
-            "retain_s": retain_s,
-        }
-        for name, value in limits.items():
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
+        check_limits(
+            retain_completed=retain_completed,
+            retain_failed=retain_failed,
+            max_events=max_events,
+            retain_s=retain_s,
+        )
         if not (isinstance(socket_timeout_s, int | float) and socket_timeout_s > 0):
             raise ConfigError(f"socket_timeout_s must be positive, got {socket_timeout_s!r}")
         self.url = url

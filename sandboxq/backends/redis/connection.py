@@ -14,6 +14,7 @@ The scripts (every state change) do not go through redis-py's per-command machin
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from sandboxq.errors import BackendError
+from sandboxq.errors import BackendError, ConfigError
 
 #: Longest single blocking read; longer waits are made of several.
 BLOCK_CAP_S = 30.0
@@ -32,12 +33,16 @@ BLOCK_CAP_S = 30.0
 
 def redact(url: str) -> str:
     """The URL without its password, for error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    try:
+        parts = urlsplit(url)
+        password, port = parts.password, parts.port
+    except ValueError:  # malformed (a bad port...): hide what sits between "user:" and "@"
+        return re.sub(r"^(\w+://[^/@:]*):[^/@]*@", r"\1:***@", url)
+    if password is None:
         return url
     netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
-    if parts.port:
-        netloc += f":{parts.port}"
+    if port:
+        netloc += f":{port}"
     return urlunsplit(parts._replace(netloc=netloc))
 
 
@@ -117,7 +122,10 @@ class Lane:
 class Connections:
     def __init__(self, url: str, socket_timeout_s: float) -> None:
         self.where = redact(url)
-        self.main = connect(url, socket_timeout_s)
+        try:
+            self.main = connect(url, socket_timeout_s)
+        except ValueError as exc:  # a bad port, IPv6 address or query option
+            raise ConfigError(f"invalid Redis URL {self.where!r}: {exc}") from None
         self.renew = connect(url, socket_timeout_s)
         self.blocking = connect(url, BLOCK_CAP_S + socket_timeout_s)
         self.main_lane = Lane(self.main)
