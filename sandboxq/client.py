@@ -135,21 +135,22 @@ class Queue:
         """Enqueue ``processor(*args, **kwargs)``; returns its Job (an existing one when a
         ``job_id`` option names a job that already exists). Keyword arguments may have any
         name: options are set with ``options(...)``, never here."""
-        return self.enqueue_many([(args, kwargs)])[0]
+        ((job_id, _created),) = self.backend.enqueue([self._new_job(args, kwargs)])
+        return Job(self, job_id)
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[Job]:
         """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs."""
-        opts, options_json = self._options, self._options_json
-        jobs = []
-        for n, call in enumerate(calls):
-            args, kwargs = _call_pair(n, call)
-            payload = codecs.encode_call(self.codec, args, kwargs)
-            jobs.append(
-                NewJob(payload, self.codec, options_json, opts.job_id, opts.priority, opts.delay_s)
-            )
-        if opts.job_id is not None and len(jobs) > 1:
+        jobs = [self._new_job(*_call_pair(n, call)) for n, call in enumerate(calls)]
+        if self._options.job_id is not None and len(jobs) > 1:
             raise SandboxqError("a job_id option names one job; enqueue_many got several calls")
         return [Job(self, job_id) for job_id, _created in self.backend.enqueue(jobs)]
+
+    def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any]) -> NewJob:
+        opts = self._options
+        payload = codecs.encode_call(self.codec, tuple(args), kwargs)
+        return NewJob(
+            payload, self.codec, self._options_json, opts.job_id, opts.priority, opts.delay_s
+        )
 
     def job(self, job_id: str) -> Job:
         """A handle on the job ``job_id`` (whether or not it exists)."""
