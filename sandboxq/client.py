@@ -5,6 +5,8 @@ Importing this module loads no process machinery: producers only need a backend.
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -12,8 +14,8 @@ from typing import Any
 from sandboxq import codec as codecs
 from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
-from sandboxq.errors import JobFailed, SandboxqError
-from sandboxq.models import JobInfo, JobOptions, JobState
+from sandboxq.errors import ConfigError, JobFailed, SandboxqError, SerializationError
+from sandboxq.models import JobInfo, JobOptions, JobState, check_job_id
 from sandboxq.settings import build
 
 Call = tuple[Sequence[Any], dict[str, Any]]
@@ -44,6 +46,7 @@ class Job:
         Raises ``JobFailed`` (with ``.outcome``, ``.attempts``, ``.error``) if it failed or
         was cancelled, and ``TimeoutError`` if it is not finished within ``timeout_s``.
         """
+        _check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
@@ -69,6 +72,34 @@ class Job:
     def cancel(self) -> bool:
         """Cancel the job; a running job's child is killed. False if it had already finished."""
         return self.queue.backend.cancel(self.id)
+
+
+def _check_seconds(name: str, value: float | None) -> None:
+    """A wait in seconds, or None. NaN compares false with everything: it would never end."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
+    ):
+        raise ConfigError(f"{name} must be a number of seconds or None, got {value!r}")
+
+
+#: An event id: "12" (memory://) or "1700000000000-0" (a Redis stream entry).
+_EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
+
+
+def _call_pair(n: int, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``call`` as an ``(args, kwargs)`` pair, or a SerializationError naming it: a string
+    is a sequence too, and ``("ab", {})`` must not quietly become ``f("a", "b")``."""
+    if (
+        isinstance(call, list | tuple)
+        and len(call) == 2
+        and isinstance(call[0], list | tuple)
+        and isinstance(call[1], dict)
+    ):
+        return tuple(call[0]), call[1]
+    raise SerializationError(
+        f"enqueue_many: call #{n} is {call!r:.200}, not an (args, kwargs) pair "
+        "with args a list or tuple and kwargs a dict"
+    )
 
 
 class Queue:
@@ -100,31 +131,42 @@ class Queue:
         )
         return view
 
-    def enqueue(self, *args: Any, **kwargs: Any) -> Job:
+    def enqueue(self, /, *args: Any, **kwargs: Any) -> Job:
         """Enqueue ``processor(*args, **kwargs)``; returns its Job (an existing one when a
-        ``job_id`` option names a job that already exists)."""
-        return self.enqueue_many([(args, kwargs)])[0]
+        ``job_id`` option names a job that already exists). Keyword arguments may have any
+        name: options are set with ``options(...)``, never here."""
+        ((job_id, _created),) = self.backend.enqueue([self._new_job(args, kwargs)])
+        return Job(self, job_id)
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[Job]:
         """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs."""
-        opts, options_json = self._options, self._options_json
-        jobs = []
-        for args, kwargs in calls:
-            payload = codecs.encode_call(self.codec, tuple(args), dict(kwargs))
-            jobs.append(
-                NewJob(payload, self.codec, options_json, opts.job_id, opts.priority, opts.delay_s)
-            )
-        if opts.job_id is not None and len(jobs) > 1:
+        jobs = [self._new_job(*_call_pair(n, call)) for n, call in enumerate(calls)]
+        if self._options.job_id is not None and len(jobs) > 1:
             raise SandboxqError("a job_id option names one job; enqueue_many got several calls")
         return [Job(self, job_id) for job_id, _created in self.backend.enqueue(jobs)]
 
+    def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any]) -> NewJob:
+        opts = self._options
+        payload = codecs.encode_call(self.codec, tuple(args), kwargs)
+        return NewJob(
+            payload, self.codec, self._options_json, opts.job_id, opts.priority, opts.delay_s
+        )
+
     def job(self, job_id: str) -> Job:
-        return Job(self, job_id)
+        """A handle on the job ``job_id`` (whether or not it exists)."""
+        return Job(self, check_job_id(job_id))
 
     def counts(self) -> dict[JobState, int]:
         return self.backend.counts()
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
+        """The retained events after event id ``since`` (all when None); then, with
+        ``block_s``, new ones as they come until ``block_s`` passes without any."""
+        _check_seconds("block_s", block_s)
+        if since is not None and not (isinstance(since, str) and _EVENT_ID.fullmatch(since)):
+            raise ConfigError(
+                f"since must be an event id such as '12' or '1700000000000-0', got {since!r}"
+            )
         return self.backend.events(since, block_s)
 
     def close(self) -> None:

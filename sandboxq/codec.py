@@ -7,12 +7,20 @@ since its payloads never leave the parent and its children).
 
 A call is encoded as ``[args, kwargs]``. Every encode checks ``max_bytes`` so an
 oversized payload fails the one job that produced it.
+
+JSON carries exactly dict (str keys), list, str, int, float (finite), bool and None.
+Tuples arrive as lists. Anything else is refused with an error naming where it sits
+(``args[1]['size']``): Python's ``json`` would quietly turn a dict key ``1`` into ``"1"``
+(and ``{1: a, "1": b}`` into two equal keys, one of them lost), so non-string keys are
+refused too, and a value that does arrive is the value that was sent.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import pickle
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from sandboxq.errors import SerializationError
@@ -33,14 +41,27 @@ def check_codec(codec: str) -> CodecName:
 
 
 def encode(codec: CodecName, value: Any, *, what: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """Encode ``value``; ``what`` names it in errors ("arguments", "result")."""
+    """Encode ``value``; ``what`` names it in errors ("result")."""
+    return _encode(codec, value, what, ((what, value),), max_bytes)
+
+
+def _encode(
+    codec: CodecName,
+    value: Any,
+    what: str,
+    parts: tuple[tuple[str, Any], ...],
+    max_bytes: int,
+) -> bytes:
+    """Encode ``value``, made of the named ``parts`` (named in errors: "args", "kwargs")."""
     try:
         if codec == "json":
             data = _json_encoder.encode(value).encode()
+            _check_keys(parts)
         else:
             data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except (TypeError, ValueError, pickle.PicklingError, AttributeError, RecursionError) as exc:
-        raise SerializationError(f"{what} cannot be encoded as {codec}: {exc}") from exc
+        where = _json_problem(parts) if codec == "json" else None
+        raise SerializationError(f"{what} cannot be encoded as {codec}: {where or exc}") from exc
     if len(data) > max_bytes:
         raise SerializationError(
             f"{what} encode to {len(data)} bytes, over the limit of {max_bytes} bytes"
@@ -64,7 +85,9 @@ def encode_call(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> bytes:
-    return encode(codec, [list(args), kwargs], what="arguments", max_bytes=max_bytes)
+    args_list = list(args)
+    parts = (("args", args_list), ("kwargs", kwargs))
+    return _encode(codec, [args_list, kwargs], "arguments", parts, max_bytes)
 
 
 def decode_call(codec: CodecName, data: bytes) -> tuple[list[Any], dict[str, Any]]:
@@ -77,3 +100,103 @@ def decode_call(codec: CodecName, data: bytes) -> tuple[list[Any], dict[str, Any
     ):
         raise SerializationError("arguments are not an [args, kwargs] pair")
     return list(call[0]), call[1]
+
+
+# -- what JSON cannot carry, and where ------------------------------------------------------
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})  # exact types: the fast path
+_CONTAINERS = (dict, list, tuple)
+_JSON_TYPES = "dict, list, str, int, float, bool and None"
+#: Deeper than this, the JSON encoder has already failed with a RecursionError.
+_MAX_DEPTH = 500
+
+
+def _check_keys(parts: tuple[tuple[str, Any], ...]) -> None:
+    """Raise ``TypeError`` if a dict anywhere in ``parts`` has a key that is not a str.
+
+    Runs after a successful encode (so there is no cycle), on every JSON payload: it is a
+    plain walk, cheaper than the encode itself, and only ``_json_problem`` builds paths.
+    """
+    stack = [value for _, value in parts]
+    while stack:
+        value = stack.pop()
+        if type(value) in _SCALARS:
+            continue
+        if isinstance(value, dict):
+            for key in value:
+                if not isinstance(key, str):
+                    raise TypeError("a dict key is not a string")
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+
+
+def _json_problem(parts: tuple[tuple[str, Any], ...]) -> str | None:
+    """Where the first value JSON cannot carry exactly sits, and what it is."""
+    for name, value in parts:
+        for path, problem in _problems(value, name, set(), 0):
+            return f"{path} {problem}"
+    return None
+
+
+def _problems(value: Any, path: str, seen: set[int], depth: int) -> Iterator[tuple[str, str]]:
+    if value is None:
+        return
+    if isinstance(value, int):  # bool and IntEnum are ints too
+        try:
+            str(value)
+        except ValueError:  # over sys.get_int_max_str_digits()
+            yield path, f"is an integer of {value.bit_length()} bits, too long to write as text"
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield path, f"is {value!r}: JSON has no NaN or infinity"
+        return
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start : exc.end]
+            yield path, f"is a string holding {bad!r}, which UTF-8 cannot carry (a lone surrogate)"
+        return
+    if not isinstance(value, _CONTAINERS):
+        kind = type(value)
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}"
+        )
+        yield (
+            path,
+            f"is a {name} ({_short(value)}): JSON carries only {_JSON_TYPES}",
+        )
+        return
+    if id(value) in seen:
+        yield path, "contains itself (a circular reference)"
+        return
+    if depth >= _MAX_DEPTH:
+        yield path, f"is nested more than {_MAX_DEPTH} levels deep"
+        return
+    seen.add(id(value))
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                yield (
+                    path,
+                    f"has the key {_short(key)} ({type(key).__qualname__}): JSON object keys "
+                    "must be strings",
+                )
+                return
+            yield from _problems(item, f"{path}[{key!r}]", seen, depth + 1)
+    else:
+        for i, item in enumerate(value):
+            yield from _problems(item, f"{path}[{i}]", seen, depth + 1)
+    seen.discard(id(value))
+
+
+def _short(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = object.__repr__(value)
+    return text if len(text) <= 60 else text[:57] + "..."

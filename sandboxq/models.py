@@ -11,9 +11,16 @@ import functools
 import math
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from sandboxq.errors import ConfigError
 
@@ -23,6 +30,9 @@ MAX_PRIORITY = 1000
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 
+#: Job ids are any text a user likes (braces and colons included), up to this length.
+MAX_JOB_ID = 512
+
 
 def check_queue_name(name: str) -> str:
     """Queue names become part of Redis keys inside a ``{hash tag}``: keep them plain."""
@@ -31,6 +41,21 @@ def check_queue_name(name: str) -> str:
             f"queue name {name!r} is invalid: use 1-200 letters, digits, '_', '-', '.' or ':'"
         )
     return name
+
+
+def check_job_id(job_id: str) -> str:
+    """A job id names one job: 1-512 characters of text that UTF-8 can carry."""
+    ok = isinstance(job_id, str) and 1 <= len(job_id) <= MAX_JOB_ID
+    try:
+        ok = ok and bool(job_id.encode())
+    except UnicodeEncodeError:  # a lone surrogate
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"job id {job_id!r:.80} is invalid: use 1-{MAX_JOB_ID} characters of text "
+            "(anything UTF-8 can carry)"
+        )
+    return job_id
 
 
 class Outcome(StrEnum):
@@ -69,6 +94,18 @@ class JobState(StrEnum):
         return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 
 
+def _number_only(value: Any) -> Any:
+    """Pydantic would read ``True`` as 1 and ``"5"`` as 5.0: a flag passed in the wrong
+    place, or a string nobody converted, would quietly become a timeout or a count."""
+    if isinstance(value, bool | str | bytes | bytearray):
+        raise ValueError(f"expected a number, got {type(value).__name__} {value!r:.40}")
+    return value
+
+
+#: Put on every numeric setting and option: numbers only (see ``_number_only``).
+NUMBER_ONLY = BeforeValidator(_number_only)
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -96,15 +133,19 @@ def check_timeouts(soft_timeout_s: float | None, hard_timeout_s: float | None) -
 class JobOptions(_Frozen):
     """Per-job options; ``None`` means "use the worker's default"."""
 
-    job_id: str | None = Field(default=None, min_length=1, max_length=512)
-    soft_timeout_s: float | None = None
-    hard_timeout_s: float | None = None
-    retries: int | None = Field(default=None, ge=0, le=1000)
-    backoff_s: float = Field(default=1.0, ge=0, le=7 * 24 * 3600, allow_inf_nan=False)
-    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
-    delay_s: float = Field(default=0.0, ge=0, le=365 * 24 * 3600, allow_inf_nan=False)
-    max_memory_mb: float | None = None
-    max_stalls: int = Field(default=1, ge=0, le=1000)
+    job_id: str | None = Field(default=None, min_length=1, max_length=MAX_JOB_ID)
+    soft_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
+    hard_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
+    retries: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=0, le=1000)
+    backoff_s: Annotated[float, NUMBER_ONLY] = Field(
+        default=1.0, ge=0, le=7 * 24 * 3600, allow_inf_nan=False
+    )
+    priority: Annotated[int, NUMBER_ONLY] = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    delay_s: Annotated[float, NUMBER_ONLY] = Field(
+        default=0.0, ge=0, le=365 * 24 * 3600, allow_inf_nan=False
+    )
+    max_memory_mb: Annotated[float | None, NUMBER_ONLY] = None
+    max_stalls: Annotated[int, NUMBER_ONLY] = Field(default=1, ge=0, le=1000)
 
     @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
     @classmethod
@@ -154,3 +195,6 @@ class JobInfo(_Frozen):
     outcome: Outcome | None = None
     error: str | None = None
     history: list[AttemptRecord] = []
+    #: Parts of the stored record that could not be read (a record edited by hand), each
+    #: naming the field and what it held; those fields show their defaults instead.
+    unreadable: list[str] = []

@@ -15,13 +15,28 @@ from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sandboxq.codec import DEFAULT_MAX_BYTES
 from sandboxq.errors import ConfigError
-from sandboxq.models import Action, check_timeouts
+from sandboxq.models import NUMBER_ONLY, Action, check_timeouts
 
 StartMethod = Literal["forkserver", "spawn"]
+
+#: Longest interval between two background checks: ``threading.Event.wait`` overflows on
+#: absurd timeouts, and a check that never comes is a setting nobody meant.
+MAX_INTERVAL_S = 24 * 3600.0
+
+#: A process exit status: what a handler's exit code can be mapped from.
+ExitCode = Annotated[int, NUMBER_ONLY, Field(ge=0, le=255)]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -154,14 +169,18 @@ class _Settings(BaseModel):
 
 class PoolSettings(_Settings):
     processor: str = Field(min_length=3)
-    size: int = Field(ge=1, le=1024)
-    soft_timeout_s: float | None = None
-    hard_timeout_s: float | None = None
-    max_memory_mb: float | None = None
-    max_jobs_per_child: int | None = Field(default=None, ge=1)
+    size: Annotated[int, NUMBER_ONLY] = Field(ge=1, le=1024)
+    soft_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
+    hard_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
+    max_memory_mb: Annotated[float | None, NUMBER_ONLY] = None
+    max_jobs_per_child: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=1)
     start_method: StartMethod = "forkserver"
-    max_result_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1)
-    memory_check_interval_s: float = Field(default=0.05, gt=0, le=60)
+    max_result_bytes: Annotated[int, NUMBER_ONLY] = Field(default=DEFAULT_MAX_BYTES, ge=1)
+    memory_check_interval_s: Annotated[float, NUMBER_ONLY] = Field(default=0.05, gt=0, le=60)
+    # None: processor.default_import_timeout_s() ($SANDBOXQ_IMPORT_TIMEOUT_S, else 60 s)
+    import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(
+        default=None, gt=0, le=MAX_INTERVAL_S
+    )
 
     @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
     @classmethod
@@ -180,20 +199,32 @@ class WorkerSettings(_Settings):
     queue: str = Field(min_length=1)
     processor: str = Field(min_length=3)
     url: str | None = None
-    concurrency: int = Field(ge=1, le=1024)
-    lease_s: float = Field(default=30.0, ge=0.3, le=24 * 3600, allow_inf_nan=False)
-    renew_interval_s: float | None = None  # default lease_s / 3
-    stall_check_s: float | None = None  # default min(lease_s / 2, 5)
-    soft_timeout_s: float | None = None
-    hard_timeout_s: float | None = None
-    retries: int = Field(default=0, ge=0, le=1000)
-    max_memory_mb: float | None = None
-    max_jobs_per_child: int | None = Field(default=None, ge=1)
-    exit_codes: dict[int, Action] = Field(default_factory=dict)
-    prefetch: int | None = Field(default=None, ge=0, le=1000)  # None: adaptive
-    stop_timeout_s: float = Field(default=30.0, ge=0, allow_inf_nan=False)
+    concurrency: Annotated[int, NUMBER_ONLY] = Field(ge=1, le=1024)
+    lease_s: Annotated[float, NUMBER_ONLY] = Field(
+        default=30.0, ge=0.3, le=24 * 3600, allow_inf_nan=False
+    )
+    # default lease_s / 3
+    renew_interval_s: Annotated[float | None, NUMBER_ONLY] = Field(default=None, ge=0.01)
+    # default min(lease_s / 2, 5)
+    stall_check_s: Annotated[float | None, NUMBER_ONLY] = Field(
+        default=None, ge=0.01, le=MAX_INTERVAL_S
+    )
+    soft_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
+    hard_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
+    retries: Annotated[int, NUMBER_ONLY] = Field(default=0, ge=0, le=1000)
+    max_memory_mb: Annotated[float | None, NUMBER_ONLY] = None
+    max_jobs_per_child: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=1)
+    exit_codes: dict[ExitCode, Action] = Field(default_factory=dict)
+    prefetch: Annotated[int | None, NUMBER_ONLY] = Field(
+        default=None, ge=0, le=1000
+    )  # None: adaptive
+    stop_timeout_s: Annotated[float, NUMBER_ONLY] = Field(default=30.0, ge=0, allow_inf_nan=False)
     start_method: StartMethod = "forkserver"
-    allow_pickle: bool = False
+    # a security opt-in: only a real True turns it on, never 1 or "yes"
+    allow_pickle: Annotated[bool, Strict()] = False
+    import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(  # as in PoolSettings
+        default=None, gt=0, le=MAX_INTERVAL_S
+    )
 
     @field_validator(
         "soft_timeout_s", "hard_timeout_s", "max_memory_mb", "renew_interval_s", "stall_check_s"

@@ -31,7 +31,7 @@ from sandboxq.heartbeat import Heartbeat, Lease
 from sandboxq.inflight import InFlight
 from sandboxq.models import Outcome
 from sandboxq.pool.pool import Pool, Seconds
-from sandboxq.processor import resolve
+from sandboxq.processor import resolve_within
 from sandboxq.reaper import Reaper
 from sandboxq.settings import StartMethod, WorkerSettings, build
 
@@ -67,13 +67,15 @@ class SandboxWorker:
         start_method: StartMethod = "forkserver",
         allow_pickle: bool = False,
         backend_options: dict[str, Any] | None = None,
+        import_timeout_s: float | None = None,
     ) -> None:
         self.settings = s = build(
             WorkerSettings,
             queue=queue,
             processor=processor,
             url=url,
-            concurrency=concurrency or os.cpu_count() or 1,
+            # 0 is an error, not "the default": only None means "one child per CPU"
+            concurrency=concurrency if concurrency is not None else os.cpu_count() or 1,
             lease_s=lease_s,
             soft_timeout_s=soft_timeout_s,
             hard_timeout_s=hard_timeout_s,
@@ -87,8 +89,11 @@ class SandboxWorker:
             stall_check_s=stall_check_s,
             start_method=start_method,
             allow_pickle=allow_pickle,
+            import_timeout_s=import_timeout_s,
         )
-        resolve(processor)  # an unimportable processor fails here, with its import error
+        # an unimportable processor fails here, with its import error (or after
+        # import_timeout_s if its import hangs)
+        resolve_within(processor, s.import_timeout_s)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.backend = open_backend(url, queue, **(backend_options or {}))
         self.stats: dict[str, int] = dict.fromkeys(
@@ -116,18 +121,29 @@ class SandboxWorker:
         nothing is in flight. Raises ``BackendError`` at once if the backend cannot be
         reached when it starts."""
         s = self.settings
+        # An unreachable backend fails the start before any child exists, and nothing
+        # that failed to start is left running.
         try:
             self._register(raise_errors=True)
-        except BackendError:
+            unwatch = self.backend.watch_cancellations(self._on_cancel)
+        except BaseException:
+            self._unregister()
             self.backend.close()
             raise
         log.info("worker %s started on queue %r: %s", self.id, s.queue, s.processor)
-        pool = self._pool = Pool(
-            s.processor,
-            s.concurrency,
-            max_jobs_per_child=s.max_jobs_per_child,
-            start_method=s.start_method,
-        )
+        try:
+            pool = self._pool = Pool(
+                s.processor,
+                s.concurrency,
+                max_jobs_per_child=s.max_jobs_per_child,
+                start_method=s.start_method,
+                import_timeout_s=s.import_timeout_s,
+            )
+        except BaseException:
+            unwatch()
+            self._unregister()
+            self.backend.close()
+            raise
         dispatcher = self._dispatcher = Dispatcher(
             self.id,
             s,
@@ -150,7 +166,6 @@ class SandboxWorker:
             self._register,
         )
         reaper = Reaper(self.backend, s.stall_every_s)
-        unwatch = self.backend.watch_cancellations(self._on_cancel)
         restore = self._install_signal_handlers()
         try:
             heartbeat.start()

@@ -163,7 +163,7 @@ def test_a_file_without_job_lines_starts_no_pool(
 @pytest.mark.parametrize(
     ("raw", "needle"),
     [
-        (b'{"args": [NaN]}', "Out of range float values are not JSON compliant"),
+        (b'{"args": [NaN]}', "args[0] is nan: JSON has no NaN or infinity"),
         (b'{"args": [1]} trailing', "not JSON: Extra data"),
         (b'{"kwargs": [1]}', "'kwargs' must be a JSON object, got a JSON array"),
         (b'"just a string"', "expected a JSON object like"),

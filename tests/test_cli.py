@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -213,6 +214,28 @@ def test_worker_logs_each_outcome_and_sigterm_drains_to_a_clean_exit(
     assert f"job {job.id} attempt 1: ok -> complete" in text
     assert "received SIGTERM: draining" in text
     assert "Traceback" not in text
+
+
+@pytest.mark.timeout(60)
+def test_every_outcome_gets_its_own_prefixed_line_when_jobs_end_together(
+    redis_url: str, queue: Queue, queue_name: str, tmp_path: Path
+) -> None:
+    """Outcomes acked in one batch are logged as one record; each still reads as a line
+    of its own, with time, level and logger in front."""
+    runs, log = tmp_path / "runs", tmp_path / "worker.log"
+    jobs = queue.enqueue_many([((str(runs), f"k{i}", 0), {}) for i in range(40)])
+    proc = spawn_worker(queue_name, redis_url, log, "--concurrency", "2", "--burst")
+    try:
+        assert proc.wait(30) == 0
+    finally:
+        end(proc)
+    lines = [line for line in log.read_text().splitlines() if "attempt 1: ok -> complete" in line]
+    assert sorted(line.split(" job ")[1].split()[0] for line in lines) == sorted(
+        job.id for job in jobs
+    )
+    assert all(
+        re.match(r"\d{4}-\d\d-\d\d [\d:,]+ INFO sandboxq\.worker: job ", line) for line in lines
+    )
 
 
 @pytest.mark.timeout(60)

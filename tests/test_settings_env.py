@@ -40,7 +40,10 @@ def test_from_env_reads_variables_below_flags_and_above_defaults() -> None:
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
-        ({"SANDBOXQ_CONCURRENCY": "four"}, "SANDBOXQ_CONCURRENCY='four': Input should be"),
+        (
+            {"SANDBOXQ_CONCURRENCY": "four"},
+            "SANDBOXQ_CONCURRENCY='four': Value error, expected a number",
+        ),
         ({"SANDBOXQ_LEASE_S": "0.1"}, "SANDBOXQ_LEASE_S='0.1': Input should be greater"),
         ({"SANDBOXQ_LEASE_S": "nan"}, "SANDBOXQ_LEASE_S='nan'"),
         ({"SANDBOXQ_HARD_TIMEOUT_S": "-1"}, "SANDBOXQ_HARD_TIMEOUT_S='-1': Value error, must be"),

@@ -34,6 +34,8 @@ REDIS_SCHEMES = (
 
 def resolve_url(url: str | None) -> str:
     """``url``, else ``$SANDBOXQ_URL``, else ``memory://``."""
+    if url is not None and not isinstance(url, str):
+        raise ConfigError(f"a backend URL is a string such as redis://host:6379/0, got {url!r}")
     return url or os.environ.get(URL_ENV) or DEFAULT_URL
 
 

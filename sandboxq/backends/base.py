@@ -23,13 +23,27 @@ Lease expiry is computed with the backend's own clock (Redis ``TIME``), never th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from sandboxq.errors import ConfigError
 from sandboxq.models import AttemptRecord, JobInfo, JobState
 
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
+
+
+def check_limits(**limits: object) -> None:
+    """Retention and size limits of a backend: non-negative, finite numbers (not bools)."""
+    for name, value in limits.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
 
 
 # NewJob, Claimed and Ack are made once per job on the hot path: plain slotted dataclasses,

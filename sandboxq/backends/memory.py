@@ -34,7 +34,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from sandboxq.backends.base import Ack, Claimed, Event, FinishAction, FinishResult, NewJob
+from sandboxq.backends.base import (
+    Ack,
+    Claimed,
+    Event,
+    FinishAction,
+    FinishResult,
+    NewJob,
+    check_limits,
+)
 from sandboxq.errors import ConfigError
 from sandboxq.models import (
     MAX_PRIORITY,
@@ -116,8 +124,12 @@ class MemoryBackend:
         max_events: int = 10_000,
     ) -> None:
         self.queue = check_queue_name(queue)
-        if min(retain_completed, retain_failed, max_events) < 0 or retain_s < 0:
-            raise ConfigError("retention settings and max_events must not be negative")
+        check_limits(
+            retain_completed=retain_completed,
+            retain_failed=retain_failed,
+            retain_s=retain_s,
+            max_events=max_events,
+        )
         # Cancelled jobs count against the failed limit: both are jobs that did not succeed.
         self._retain = {
             COMPLETED: retain_completed,
@@ -146,6 +158,8 @@ class MemoryBackend:
             backend = cls._registry.get(queue)
             if backend is None:
                 backend = cls._registry[queue] = cls(queue, **options)
+            elif options:
+                cls(queue, **options)  # a misspelt or invalid option is an error all the same
             return backend
 
     # -- internals (the lock is held) --------------------------------------------------------
@@ -509,7 +523,10 @@ class MemoryBackend:
             return job.state
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
-        last = int(since) if since is not None else 0
+        try:
+            last = int(since) if since is not None else 0
+        except ValueError:
+            raise ConfigError(f"since {since!r} is not an event id of a memory:// queue") from None
         while True:
             with self._cond:
                 deadline = time.monotonic() + (block_s or 0.0)

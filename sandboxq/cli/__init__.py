@@ -112,6 +112,21 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+class _EveryLineFormatter(logging.Formatter):
+    """Time, level and logger in front of *every* line of a message: the worker logs the
+    outcomes of one batch of jobs as one record holding one line per job."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.exc_info or record.stack_info:
+            return text
+        message = record.getMessage()
+        if "\n" not in message:
+            return text
+        head = text[: len(text) - len(message)]
+        return "\n".join(head + line for line in message.split("\n"))
+
+
 def _configure_logging(level: int) -> None:
     """The ``sandboxq`` loggers at ``level`` (WARNING when a verb does not say), once per
     process however often ``main`` runs."""
@@ -123,5 +138,5 @@ def _configure_logging(level: int) -> None:
     logger.setLevel(level or logging.WARNING)
     if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
         handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(_EveryLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)

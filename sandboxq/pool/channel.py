@@ -2,7 +2,9 @@
 
 Why not ``multiprocess.connection.Connection``: it spends two reads per message (header,
 then body). Here one ``recv`` takes everything the peer has sent so far and every complete
-frame in it is returned, so a burst of results costs one syscall.
+frame in it is returned, so a burst of results costs one syscall. Several messages sent
+together travel as one frame holding their tuple: one pickle call instead of one per
+message (messages are never tuples themselves, so a tuple is always such a batch).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import pickle
 import socket
 import struct
+from collections import deque
 from typing import Any
 
 _HEADER = struct.Struct("!I")
@@ -17,10 +20,11 @@ _CHUNK = 256 * 1024
 
 
 class Channel:
-    __slots__ = ("_buffer", "_chunk", "_start", "sock")
+    __slots__ = ("_batch", "_buffer", "_chunk", "_start", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self._batch: deque[Any] = deque()  # the rest of a received batch, not yet returned
         self._buffer = bytearray()
         self._start = 0  # where the unread part of _buffer begins
         # One reusable read buffer: a fresh 256 KiB bytes object per recv costs an
@@ -44,19 +48,19 @@ class Channel:
         self.sock.close()
 
     def send(self, *messages: Any) -> None:
-        """Send ``messages`` in one write (several frames cost one syscall)."""
-        frames: list[bytes] = []
-        for message in messages:
-            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-            frames += (_HEADER.pack(len(data)), data)
-        self.sock.sendall(b"".join(frames))
+        """Send ``messages`` in one frame and one write."""
+        data = pickle.dumps(
+            messages[0] if len(messages) == 1 else messages, protocol=pickle.HIGHEST_PROTOCOL
+        )
+        self.sock.sendall(_HEADER.pack(len(data)) + data)
 
     def receive_available(self) -> list[Any]:
         """Messages that are complete after one read (blocks only to finish a started frame).
 
         Raises EOFError when the peer has closed its end.
         """
-        self._fill()
+        if not self._batch:
+            self._fill()
         messages = []
         while (message := self._pop()) is not None:
             messages.append(message)
@@ -82,6 +86,8 @@ class Channel:
         self._buffer += self._chunk[:size]
 
     def _pop(self) -> Any:
+        if self._batch:
+            return self._batch.popleft()
         buf, start = self._buffer, self._start
         if len(buf) - start < _HEADER.size:
             return None
@@ -92,4 +98,7 @@ class Channel:
         with memoryview(buf) as view:
             message = pickle.loads(view[start + _HEADER.size : end])
         self._start = end
+        if type(message) is tuple:
+            self._batch.extend(message[1:])
+            return message[0]
         return message

@@ -26,7 +26,7 @@ from sandboxq.errors import SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.supervisor import Supervisor
-from sandboxq.processor import resolve, split_path
+from sandboxq.processor import resolve_within, split_path
 from sandboxq.settings import PoolSettings, StartMethod, build
 
 Seconds = float | timedelta | None
@@ -70,6 +70,7 @@ class Pool:
         start_method: StartMethod = "forkserver",
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         memory_check_interval_s: float = 0.05,
+        import_timeout_s: float | None = None,
     ) -> None:
         self.settings = build(
             PoolSettings,
@@ -82,8 +83,11 @@ class Pool:
             start_method=start_method,
             max_result_bytes=max_result_bytes,
             memory_check_interval_s=memory_check_interval_s,
+            import_timeout_s=import_timeout_s,
         )
-        resolve(processor)  # an unimportable processor fails here, with the import error
+        # An unimportable processor fails here, with the import error; one that hangs at
+        # import fails after import_timeout_s, and never reaches the fork server's preload.
+        resolve_within(processor, self.settings.import_timeout_s)
         s = self.settings
         self._supervisor = Supervisor(
             _context(s.start_method, processor),

@@ -43,6 +43,9 @@ from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
 log = logging.getLogger("sandboxq.pool")
 
 
+#: Longest single select(): epoll cannot wait 25 days (2**31 ms), and a 30-day hard timeout
+#: is a legitimate setting, so a far deadline is reached through several waits.
+MAX_SELECT_S = 3600.0
 #: Children that die before they are ready, in a row, before the pool gives up.
 MAX_START_FAILURES = 3
 #: How long idle children get to exit on their own at shutdown before they are killed.
@@ -184,7 +187,7 @@ class Supervisor:
 
     def _next_event(self, now: float) -> float | None:
         times = [t for c in self._children if c.running and (t := c.running.next_event())]
-        return max(0.0, min(times) - now) if times else None
+        return min(MAX_SELECT_S, max(0.0, min(times) - now)) if times else None
 
     def _on_wake(self, _fd: Any) -> None:
         try:

@@ -21,6 +21,7 @@ Each docstring states the outcome it must produce. "soft" means a soft timeout i
 | grow_memory               | memory_limit (with max_memory_mb)  |
 | raise_unpicklable         | error (type and message still arrive) |
 | return_unserializable     | error (the result cannot be encoded)  |
+| return_int_keys           | error with JSON (its keys would arrive as strings); ok with pickle |
 | return_huge(mb)           | error over max_result_bytes, else ok  |
 | succeed_after(s, value)   | ok               | ok             |
 | recorded_sleep(f, k, s)   | ok (logs start/end with its pid to f) |
@@ -195,6 +196,12 @@ def raise_unpicklable() -> None:
 def return_unserializable() -> Any:
     """Returns a value no codec can encode (a lock): error."""
     return threading.Lock()
+
+
+def return_int_keys() -> dict[int, str]:
+    """Returns ``{1: "one"}``: JSON would turn the key into ``"1"``, so the json codec
+    refuses it (error); pickle carries it (ok)."""
+    return {1: "one"}
 
 
 def return_huge(mb: int = 64) -> bytes | str:

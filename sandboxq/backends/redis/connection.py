@@ -26,6 +26,7 @@ follows the slot if it moves. The redis-py clients route everything else by key.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -53,7 +54,10 @@ CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 def redact(url: str) -> str:
     """The URL without its password, for error messages."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # malformed (an open IPv6 bracket): hide what sits between "user:" and "@"
+        return re.sub(r"^([\w+.-]+://[^/@:]*):[^/@]*@", r"\1:***@", url)
     userinfo, at, hosts = parts.netloc.rpartition("@")
     if not at or ":" not in userinfo:
         return url
@@ -67,7 +71,7 @@ def _retry() -> Retry:
     return Retry(NoBackoff(), 1)
 
 
-def _nodes(url: str, netloc: str, default_port: int) -> list[tuple[str, int]]:
+def _nodes(netloc: str, default_port: int) -> list[tuple[str, int]]:
     """``h1:p1,h2:p2`` (after any ``user:password@``; ``[v6]:port`` too) as (host, port)."""
     nodes = []
     for item in netloc.rpartition("@")[2].split(","):
@@ -78,11 +82,11 @@ def _nodes(url: str, netloc: str, default_port: int) -> list[tuple[str, int]]:
         else:
             host, _, port = item.partition(":")
         if not host:
-            raise ConfigError(f"missing host in Redis URL {redact(url)!r}")
+            raise ConfigError(f"missing host in {item!r}")
         try:
             nodes.append((host, int(port) if port else default_port))
         except ValueError:
-            raise ConfigError(f"bad port in {item!r} in Redis URL {redact(url)!r}") from None
+            raise ConfigError(f"bad port in {item!r}") from None
     return nodes
 
 
@@ -210,8 +214,8 @@ class Connections:
         #: A Cluster: scripts go to the slot's node; every other command routes by key.
         self.cluster = False
         self._closers: list[Callable[[], None]] = []
-        connect = self._factory(url)
         try:
+            connect = self._factory(url)
             with self.errors("connect"):
                 self.main: Client = connect(socket_timeout_s)
                 self.renew: Client = connect(socket_timeout_s)
@@ -219,6 +223,9 @@ class Connections:
                 self.main_lane = self._lane(self.main, slot_key)
                 self.renew_lane = self._lane(self.renew, slot_key)
                 self.blocking_lane = self._lane(self.blocking, slot_key)
+        except ValueError as exc:  # a bad port, IPv6 address, query option, path...
+            self.close()
+            raise ConfigError(f"invalid Redis URL {self.where!r}: {exc}") from None
         except BaseException:
             self.close()
             raise
@@ -250,50 +257,39 @@ class Connections:
         if scheme not in SENTINEL_SCHEMES + CLUSTER_SCHEMES:
             return partial(redis.Redis.from_url, url, decode_responses=False)
         if parts.query:
-            raise ConfigError(
-                f"{scheme}:// URLs take no query options, got {parts.query!r} in {self.where!r}"
-            )
+            raise ConfigError(f"{scheme}:// URLs take no query options, got {parts.query!r}")
         options: dict[str, Any] = {"decode_responses": False, **_credentials(parts.netloc)}
         if scheme.startswith("rediss"):
             options["ssl"] = True
         if scheme in CLUSTER_SCHEMES:
-            return self._cluster(url, parts.netloc, parts.path, options)
-        return self._sentinel(url, parts.netloc, parts.path, options)
+            return self._cluster(parts.netloc, parts.path, options)
+        return self._sentinel(parts.netloc, parts.path, options)
 
-    def _cluster(
-        self, url: str, netloc: str, path: str, options: dict[str, Any]
-    ) -> Callable[..., Client]:
+    def _cluster(self, netloc: str, path: str, options: dict[str, Any]) -> Callable[..., Client]:
         if path.strip("/") not in ("", "0"):
-            raise ConfigError(
-                f"a Redis Cluster has only database 0, got {path!r} in {self.where!r}"
-            )
+            raise ConfigError(f"a Redis Cluster has only database 0, got {path!r}")
         nodes = [
             ClusterNode(host, port)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            for host, port in _nodes(url, netloc, 6379)
+            for host, port in _nodes(netloc, 6379)
         ]
         self.cluster = True
         return partial(RedisCluster, startup_nodes=nodes, **options)
 
-    def _sentinel(
-        self, url: str, netloc: str, path: str, options: dict[str, Any]
-    ) -> Callable[..., Client]:
+    def _sentinel(self, netloc: str, path: str, options: dict[str, Any]) -> Callable[..., Client]:
         service, _, db = path.strip("/").partition("/")
         if not service:
-            raise ConfigError(
-                f"a Sentinel URL names the master: redis+sentinel://host:port/service[/db], "
-                f"got {self.where!r}"
-            )
+            raise ConfigError("a Sentinel URL names the master: host:port,.../service[/db]")
         try:
             options["db"] = int(db or 0)
         except ValueError:
-            raise ConfigError(f"bad database {db!r} in Redis URL {self.where!r}") from None
+            raise ConfigError(f"bad database {db!r}") from None
         # One Sentinel manager (one connection per sentinel) serves all three clients; it
         # is only asked where the master is, so short timeouts suit it whatever they wait
         # for. Its own retry too: redis-py's default backs off for seconds on a dead
         # sentinel, when the next sentinel on the list could answer at once.
         sockets = {"socket_connect_timeout": 2.0, "socket_timeout": 2.0, "retry": _retry()}
         manager = Sentinel(  # type: ignore[no-untyped-call]  # untyped in redis-py
-            _nodes(url, netloc, 26379), sentinel_kwargs=sockets
+            _nodes(netloc, 26379), sentinel_kwargs=sockets
         )
         self._closers.append(manager.close)
         return partial(manager.master_for, unquote(service), **options)

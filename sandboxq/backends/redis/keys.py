@@ -3,7 +3,7 @@ so all of a queue's keys live on one Redis Cluster slot and every Lua script can
 any of them atomically.
 
     sq:{q}:job:<id>            HASH   one job (payload, codec, opts, state, attempts, ...)
-    sq:{q}:job:<id>:attempts   LIST   one AttemptRecord JSON per attempt
+    sq:{q}:history:<id>        LIST   one AttemptRecord JSON per attempt
     sq:{q}:waiting             ZSET   -priority * 2^40 + seq: highest priority first, FIFO within
     sq:{q}:delayed             ZSET   due time ms (server clock)
     sq:{q}:active              ZSET   lease expiry ms (server clock)
@@ -14,6 +14,11 @@ any of them atomically.
     sq:{q}:workers             SET    ids of registered workers
     sq:{q}:worker:<id>         STRING a worker's JSON description, with a TTL
     sq:{q}:cancel              pub/sub channel: ids of cancelled jobs
+
+Job ids are chosen by users and may contain anything, ``:`` included, so a key built
+from an id is the id appended to a prefix that no other kind of key starts with. (The
+history list was once ``sq:{q}:job:<id>:attempts``, which *is* the hash of a job whose
+id is ``<id>:attempts``.) The queue name is safe inside the tag: it cannot hold braces.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class QueueKeys:
         self.queue = check_queue_name(queue)
         base = f"sq:{{{queue}}}:"
         self.job_prefix = base + "job:"
+        self.history_prefix = base + "history:"
         self.waiting = base + "waiting"
         self.delayed = base + "delayed"
         self.active = base + "active"
@@ -52,6 +58,7 @@ class QueueKeys:
             self.seq,
             self.events,
             self.wake,
+            self.history_prefix,
         ]
         self._by_state = {
             JobState.WAITING: self.waiting,
@@ -66,7 +73,7 @@ class QueueKeys:
         return self.job_prefix + job_id
 
     def history(self, job_id: str) -> str:
-        return self.job_prefix + job_id + ":attempts"
+        return self.history_prefix + job_id
 
     def worker(self, worker_id: str) -> str:
         return self.worker_prefix + worker_id

@@ -101,8 +101,15 @@ def event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
 def job_info(
     queue: str, job_id: str, fields: dict[bytes, bytes], history: Sequence[bytes]
 ) -> JobInfo:
-    """``JobInfo`` from a job hash and its history list; ``BackendError`` if unreadable."""
+    """``JobInfo`` from a job hash and its history list.
+
+    Only an unreadable ``state`` raises ``BackendError`` (there is no job to show without
+    it). Any other field, or attempt record, that does not parse is left at its default
+    and listed in ``JobInfo.unreadable``: one damaged field must not hide the job's error,
+    history and result from the user who wants to know what happened to it.
+    """
     f = {text(k): v for k, v in fields.items()}
+    unreadable: list[str] = []
 
     def read(name: str, parse: Callable[[bytes], T]) -> T | None:
         raw = f.get(name)
@@ -111,37 +118,43 @@ def job_info(
         try:
             return parse(raw)
         except ValueError as exc:
-            raise BackendError(
-                f"job {job_id!r} in queue {queue!r} has an unreadable {name} field "
-                f"({raw[:60]!r}): {brief(exc)}"
-            ) from exc
+            unreadable.append(f"{name} ({raw[:60]!r}): {brief(exc)}")
+            return None
 
-    state = read("state", lambda raw: JobState(raw.decode()))
+    raw_state = f.get("state")
+    try:
+        state = JobState(text(raw_state)) if raw_state is not None else None
+    except ValueError:
+        state = None
     if state is None:
-        raise BackendError(f"job {job_id!r} in queue {queue!r} has no state field")
+        raise BackendError(
+            f"job {job_id!r} in queue {queue!r} has an unreadable state field ({raw_state!r})"
+        )
     history_records: list[AttemptRecord] = []
     for n, raw in enumerate(history, 1):
         try:
             history_records.append(AttemptRecord.model_validate_json(raw))
         except ValueError as exc:
-            raise BackendError(
-                f"job {job_id!r} in queue {queue!r} has an unreadable attempt record #{n}: "
-                f"{brief(exc)}"
-            ) from exc
-    try:
-        return JobInfo(
-            id=job_id,
-            queue=queue,
-            state=state,
-            codec=read("codec", text) or "json",
-            attempts=read("attempts", int) or 0,
-            stalls=read("stalls", int) or 0,
-            options=read("opts", JobOptions.model_validate_json) or JobOptions(),
-            created_ms=read("created_ms", int),
-            finished_ms=read("finished_ms", int),
-            outcome=read("outcome", lambda raw: Outcome(raw.decode())),
-            error=read("error", text),
-            history=history_records,
-        )
-    except ValueError as exc:
-        raise BackendError(f"job {job_id!r} in queue {queue!r}: {brief(exc)}") from exc
+            unreadable.append(f"attempt record #{n} ({raw[:60]!r}): {brief(exc)}")
+    return JobInfo(
+        id=job_id,
+        queue=queue,
+        state=state,
+        codec=read("codec", text) or "json",
+        attempts=read("attempts", _count) or 0,
+        stalls=read("stalls", _count) or 0,
+        options=read("opts", parse_job_options) or JobOptions(),
+        created_ms=read("created_ms", int),
+        finished_ms=read("finished_ms", int),
+        outcome=read("outcome", lambda raw: Outcome(raw.decode())),
+        error=read("error", text),
+        history=history_records,
+        unreadable=unreadable,
+    )
+
+
+def _count(raw: bytes) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"a count cannot be negative: {value}")
+    return value

@@ -3,12 +3,14 @@
 --
 -- KEYS, the same list in the same order for every script (keys.py: QueueKeys.script_keys).
 -- All of them carry the queue's hash tag, so every script runs on one Cluster slot.
---   1 job key prefix  sq:{q}:job:  (job hash = prefix..id, history = prefix..id..':attempts')
+--   1 job key prefix  sq:{q}:job:  (job hash = prefix..id)
 --   2 waiting ZSET    score = -priority * 2^40 + seq: highest priority first, FIFO within
 --   3 delayed ZSET    score = due ms (server clock)
 --   4 active ZSET     score = lease expiry ms (server clock)
 --   5 completed ZSET  6 failed ZSET  7 cancelled ZSET    score = finished ms
 --   8 seq counter     9 events STREAM    10 wake LIST (one token per claimable job)
+--  11 history prefix  sq:{q}:history:  (attempt records LIST = prefix..id; an id may hold
+--                     ':', so no key built from an id may extend another one: keys.py)
 -- ARGV 1-4, the same for every script: max events kept in the stream, jobs kept in the
 -- completed set, jobs kept in the failed (and cancelled) set, max age of finished jobs ms.
 -- Script-specific arguments start at ARGV[5].
@@ -19,7 +21,7 @@
 
 local PREFIX, WAITING, DELAYED, ACTIVE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local COMPLETED, FAILED, CANCELLED = KEYS[5], KEYS[6], KEYS[7]
-local SEQ, EVENTS, WAKE = KEYS[8], KEYS[9], KEYS[10]
+local SEQ, EVENTS, WAKE, HISTORY = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local MAX_EVENTS = ARGV[1]
 local RETAIN_COMPLETED, RETAIN_FAILED = tonumber(ARGV[2]), tonumber(ARGV[3])
 local RETAIN_MS = tonumber(ARGV[4])
@@ -42,8 +44,23 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A whole number from 0 up: tonumber() alone takes 'inf', 'nan' and '1e400', which make
+-- an attempt number that never runs out of retries.
+local MAX_COUNT = 9007199254740991 -- 2^53 - 1: exact as a Lua number and as JSON
+local function is_count(value)
+  local n = tonumber(value)
+  return n ~= nil and n >= 0 and n <= MAX_COUNT and n == math.floor(n)
+end
+
+-- A counter field as a number, or `default` when it holds anything but a count.
+local function count_or(value, default)
+  if is_count(value) then return tonumber(value) end
+  return default
+end
+
 local function clamp_priority(p)
   p = tonumber(p) or 0
+  if p ~= p then return 0 end -- NaN
   if p > MAX_PRIORITY then return MAX_PRIORITY end
   if p < -MAX_PRIORITY then return -MAX_PRIORITY end
   return p
@@ -84,15 +101,23 @@ local function short(value)
   return string.sub(tostring(value), 1, 60)
 end
 
+-- A history key of the wrong type (written by hand) would abort the script half-way,
+-- after the job left the active set: the job would be lost. It holds nothing readable,
+-- so it is replaced by a list that starts again.
 local function append_history(id, record_json)
-  local hkey = PREFIX .. id .. ':attempts'
-  if redis.call('RPUSH', hkey, record_json) > HISTORY_CAP then
+  local hkey = HISTORY .. id
+  local n = redis.pcall('RPUSH', hkey, record_json)
+  if type(n) == 'table' and n.err then
+    redis.call('DEL', hkey)
+    n = redis.call('RPUSH', hkey, record_json)
+  end
+  if n > HISTORY_CAP then
     redis.call('LTRIM', hkey, -HISTORY_CAP, -1)
   end
 end
 
 local function drop_job(id)
-  redis.call('DEL', PREFIX .. id, PREFIX .. id .. ':attempts')
+  redis.call('DEL', PREFIX .. id, HISTORY .. id)
 end
 
 -- Retention: keep at most `keep` jobs in a finished set and none older than RETAIN_MS,
@@ -156,8 +181,8 @@ local function claim_problem(key)
   if not ok or type(decoded) ~= 'table' then
     return 'the opts field is not a JSON object: ' .. short(f[3]), nil, 'opts'
   end
-  if f[4] and not tonumber(f[4]) then
-    return 'the attempts field is not a number: ' .. short(f[4]), nil, 'attempts'
+  if f[4] and not is_count(f[4]) then
+    return 'the attempts field is not a count: ' .. short(f[4]), nil, 'attempts'
   end
   if f[5] ~= 'waiting' then
     return 'state is ' .. short(f[5] or '(missing)') .. ' but the job was in the waiting set'
@@ -202,7 +227,7 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
     else
       n = n + 1
       local token = token_base .. '.' .. n
-      local attempt = (tonumber(f[4]) or 0) + 1
+      local attempt = count_or(f[4], 0) + 1
       redis.call('HSET', key, 'state', 'active', 'owner', worker, 'token', token,
         'attempts', int(attempt))
       redis.call('ZADD', ACTIVE, expiry, id)

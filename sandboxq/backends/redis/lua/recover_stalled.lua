@@ -15,13 +15,25 @@ for _, id in ipairs(expired) do
   local key = PREFIX .. id
   redis.call('ZREM', ACTIVE, id)
   local f = hmget(key, 'state', 'owner', 'attempts', 'stalls', 'max_stalls', 'priority', 'seq')
-  if not f or not f[1] then
-    fail_malformed(id, f and 'the job hash is missing' or 'the job key is not a hash', now, nil)
+  local current = f and f[1]
+  if current == 'completed' or current == 'failed' or current == 'cancelled' then
+    -- a stale entry: the job moved on (every such move leaves the set; this one did not)
+  elseif current ~= 'active' then
+    -- nowhere else to go: failing it is the only way it is not lost (invariant 3)
+    local why
+    if not f then
+      why = 'the job key is not a hash'
+    elseif redis.call('EXISTS', key) == 0 then
+      why = 'the job hash is missing'
+    else
+      why = 'state is ' .. short(current or '(missing)') .. ' while its lease was held'
+    end
+    fail_malformed(id, why, now, nil)
     out[#out + 1], out[#out + 2] = id, 'failed'
-  elseif f[1] == 'active' then
-    local stalls = (tonumber(f[4]) or 0) + 1
-    local max_stalls = tonumber(f[5]) or 1
-    local record = {attempt = tonumber(f[3]) or 0, outcome = 'lease_lost', ended_ms = now}
+  else
+    local stalls = count_or(f[4], 0) + 1
+    local max_stalls = count_or(f[5], 1)
+    local record = {attempt = count_or(f[3], 0), outcome = 'lease_lost', ended_ms = now}
     if f[2] then record.worker_id = f[2] end
     local state, err
     redis.call('HDEL', key, 'owner', 'token')
@@ -37,7 +49,7 @@ for _, id in ipairs(expired) do
         .. '): the worker holding it stopped renewing it'
       redis.call('HSET', key, 'state', 'waiting')
       -- back to its old place in line: it was claimed first, so it runs next
-      redis.call('ZADD', WAITING, waiting_score(f[6], tonumber(f[7]) or next_seq()), id)
+      redis.call('ZADD', WAITING, waiting_score(f[6], count_or(f[7], nil) or next_seq()), id)
       record.action = 'retry'
       requeued = requeued + 1
     end
@@ -51,7 +63,6 @@ for _, id in ipairs(expired) do
     end
     out[#out + 1], out[#out + 2] = id, state
   end
-  -- any other state: a stale entry in active (the job moved on); dropping it is the fix
 end
 wake(requeued)
 return out

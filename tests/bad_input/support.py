@@ -1,0 +1,31 @@
+"""Helpers shared by the bad-input tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from hypothesis import HealthCheck, settings
+
+from sandboxq.worker import SandboxWorker
+
+H = "sandboxq.testing.handlers:"
+
+#: Hypothesis runs many examples per test, but workers and pools are slow to start, so a
+#: test builds them once (in fixtures) and shares them across its examples. That is
+#: deliberate, hence the ``function_scoped_fixture`` health check is off where this is used.
+SHARED_ACROSS_EXAMPLES = settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+StartWorker = Callable[..., SandboxWorker]
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)

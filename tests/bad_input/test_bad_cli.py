@@ -1,0 +1,145 @@
+"""``sandboxq worker`` given bad input: exit status 2 and one line that names what was
+wrong, never a traceback and never a hang; a usable command line still runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from sandboxq import cli
+from sandboxq.testing.redis_server import free_port
+
+from .support import SHARED_ACROSS_EXAMPLES, H
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run_cli(
+    *argv: str, env: dict[str, str] | None = None, timeout_s: float = 40
+) -> tuple[int, str]:
+    """``python -m sandboxq worker ...`` in its own process: (exit status, stderr). Unless
+    the test names one, the worker gets a Redis URL nothing listens on: every refusal
+    tested here must come before the worker first reaches for Redis."""
+    nowhere = {"SANDBOXQ_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "sandboxq", "worker", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **nowhere, **(env or {})},
+        stdin=subprocess.DEVNULL,
+    )
+    return done.returncode, done.stderr
+
+
+def assert_one_line_error(status: int, stderr: str, needle: str) -> None:
+    assert status == 2, stderr
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, stderr
+    assert needle in errors[0], stderr
+
+
+ECHO = H + "echo"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["q"], "the following arguments are required: processor"),
+        (["q", ECHO, "--concurrency", "abc"], "argument --concurrency: invalid int value: 'abc'"),
+        (["q", ECHO, "--concurrency", "0"], "concurrency: Input should be greater than or equal"),
+        (["q", ECHO, "--lease-s", "nan"], "lease_s: Input should be a finite number"),
+        (["q", ECHO, "--hard-timeout-s", "inf"], "hard_timeout_s: Value error"),
+        (["q", ECHO, "--soft-timeout-s", "5", "--hard-timeout-s", "1"], "must be less than"),
+        (["q", ECHO, "--exit-code", "x=fail"], "--exit-code 'x=fail' is not N=ACTION"),
+        (["q", ECHO, "--exit-code", "3"], "--exit-code '3' is not N=ACTION"),
+        (["q", ECHO, "--exit-code", "300=fail"], "exit_codes.300.[key]: Input should be less"),
+        (["q", ECHO, "--exit-code", "3=explode"], "exit_codes.3: Input should be 'complete'"),
+        (["bad{q}", ECHO], "queue name 'bad{q}' is invalid"),
+        (["q", ECHO, "--url", "http://x"], "unsupported backend URL 'http://x'"),
+        (["q", ECHO, "--url", "redis://h:notaport/0"], "invalid Redis URL"),
+        (["q", "nope_not_a_module:fn"], "No module named 'nope_not_a_module'"),
+        (["q", H + "nope"], "has no attribute 'nope'"),
+        (["q", "sandboxq.testing.handlers"], "is not of the form 'package.module:function'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line_naming_the_problem(
+    argv: list[str], needle: str
+) -> None:
+    assert_one_line_error(*run_cli(*argv), needle)
+
+
+def test_an_unreachable_redis_exits_2_promptly() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    status, stderr = run_cli("q", ECHO, "--url", url, "--concurrency", "1")
+    assert_one_line_error(status, stderr, f"Redis at {url} is unreachable")
+    assert time.monotonic() - started < 30
+
+
+def test_a_processor_that_hangs_at_import_exits_2_after_the_import_timeout(tmp_path: Path) -> None:
+    module = f"sq_cli_hang_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text("import time\nwhile True:\n    time.sleep(0.05)\n")
+    env = {"PYTHONPATH": str(tmp_path), "SANDBOXQ_IMPORT_TIMEOUT_S": "1"}
+    started = time.monotonic()
+    status, stderr = run_cli("q", f"{module}:fn", env=env)
+    assert_one_line_error(status, stderr, f"importing module {module!r} did not finish within 1 s")
+    assert time.monotonic() - started < 30  # the hung import thread does not hold up the exit
+    status, stderr = run_cli("q", ECHO, env={"SANDBOXQ_IMPORT_TIMEOUT_S": "soon"})
+    assert_one_line_error(status, stderr, "SANDBOXQ_IMPORT_TIMEOUT_S='soon'")
+
+
+# -- any option value: a burst run, or exit 2 with one line ----------------------------------
+
+FLAGS = {
+    "--concurrency": st.sampled_from(["1", "2", "0", "-1", "1.5", "abc", "", "99999"]),
+    "--lease-s": st.sampled_from(["0.3", "5", "0", "-1", "nan", "inf", "1e300", "x"]),
+    "--soft-timeout-s": st.sampled_from(["1", "0", "-1", "nan", "inf", "1e300", "1e-300"]),
+    "--hard-timeout-s": st.sampled_from(["2", "0", "-1", "nan", "inf", "1e300", "3e6"]),
+    "--retries": st.sampled_from(["0", "3", "-1", "1001", "x"]),
+    "--max-memory-mb": st.sampled_from(["64", "0", "-5", "nan", "1e300"]),
+    "--max-jobs-per-child": st.sampled_from(["1", "0", "-1"]),
+    "--prefetch": st.sampled_from(["0", "5", "-1", "1001"]),
+    "--stop-timeout-s": st.sampled_from(["0", "1", "-1", "nan", "inf"]),
+    "--exit-code": st.sampled_from(
+        ["3=retry", "0=complete", "x", "=", "3=", "256=fail", "-1=fail"]
+    ),
+}
+
+
+@st.composite
+def command_lines(draw: st.DrawFn, url: str) -> list[str]:
+    argv = ["bad-cli-queue", ECHO, "--url", url, "--burst"]
+    for flag in draw(st.lists(st.sampled_from(sorted(FLAGS)), max_size=3, unique=True)):
+        argv += [flag, draw(FLAGS[flag])]
+    return argv
+
+
+@settings(SHARED_ACROSS_EXAMPLES, max_examples=30)  # capsys is read out per example
+@given(data=st.data())
+def test_any_option_value_runs_or_is_refused_in_one_line(
+    data: st.DataObject, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process (``cli.main``) for speed: a usable command line runs a burst worker on an
+    empty queue and returns 0; anything else returns or exits 2 with one error line."""
+    argv = data.draw(command_lines(redis_url))
+    try:
+        status = cli.main(["worker", *argv])
+    except SystemExit as exc:  # argparse's own errors
+        status = int(exc.code or 0)
+    stderr = capsys.readouterr().err
+    event(f"exit status {status}")
+    assert status in (0, 2), (argv, stderr)
+    if status == 2:
+        errors = [line for line in stderr.splitlines() if "error:" in line]
+        assert len(errors) == 1, (argv, stderr)
