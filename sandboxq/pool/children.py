@@ -70,10 +70,10 @@ class Attempt:
         self.kill_detail: str | None = None
         self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
 
-    def start(self, now: float, memory_every: float) -> None:
+    def start(self, now: float, memory_every: float, at_ms: int | None = None) -> None:
         task = self.task
         self.started = now
-        self.started_ms = now_ms()
+        self.started_ms = at_ms if at_ms is not None else now_ms()
         self.soft_deadline = now + task.soft_timeout_s if task.soft_timeout_s else None
         self.hard_deadline = now + task.hard_timeout_s if task.hard_timeout_s else None
         self.memory_check_at = now + memory_every if task.max_memory_mb else None

@@ -316,15 +316,16 @@ class Supervisor:
             if run is None or run.token != msg.token or run.kill_outcome is not None:
                 return  # stale, or being killed: the kill decides the outcome
             child.running = None
+            now, at_ms = time.monotonic(), now_ms()  # once: the end of this, the start of next
             if kind is Finished:
                 outcome = run.soft_outcome if run.soft_sent else Outcome.OK
-                self._settle(run, outcome, child.pid, result=msg.result)
+                self._settle(run, outcome, child.pid, now, at_ms, result=msg.result)
             else:
                 outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
-                self._settle(run, outcome, child.pid, error=msg.error)
+                self._settle(run, outcome, child.pid, now, at_ms, error=msg.error)
             child.jobs_done += 1
-            self._recent_job_s += (time.monotonic() - run.started - self._recent_job_s) * 0.2
-            self._advance(child)
+            self._recent_job_s += (now - run.started - self._recent_job_s) * 0.2
+            self._advance(child, now, at_ms)
             child.sync_fence()
         elif kind is Progress:
             if run and run.token == msg.token and run.task.on_progress:
@@ -334,12 +335,12 @@ class Supervisor:
             self._start_failures = 0
             self._idle.append(child)
 
-    def _advance(self, child: Child) -> None:
+    def _advance(self, child: Child, now: float, at_ms: int) -> None:
         """The running attempt ended and the child lives: start its next, retire it, or idle it."""
         if child.queued:
             # The child went straight on to the next task in its channel.
             nxt = child.running = child.queued.popleft()
-            nxt.start(time.monotonic(), self._memory_every)
+            nxt.start(now, self._memory_every, at_ms)
             if nxt.kill_outcome is not None:  # killed while it was queued
                 kill_tree(child.pid)
             return
@@ -354,14 +355,26 @@ class Supervisor:
         while not child.conn.closed and readable(child.conn):
             self._on_messages(child)
 
-    def _settle(self, attempt: Attempt, outcome: Outcome, pid: int | None, **fields: Any) -> None:
-        runtime = time.monotonic() - attempt.started if attempt.started_ms else None
+    def _settle(
+        self,
+        attempt: Attempt,
+        outcome: Outcome,
+        pid: int | None,
+        now: float | None = None,
+        at_ms: int | None = None,
+        **fields: Any,
+    ) -> None:
+        """Report how ``attempt`` ended (``now`` / ``at_ms``: the moment, when the caller
+        already read the clocks)."""
+        if now is None:
+            now = time.monotonic()
+        runtime = now - attempt.started if attempt.started_ms else None
         result = AttemptResult(
             attempt.token,
             outcome,
             pid=pid,
             started_ms=attempt.started_ms,
-            ended_ms=now_ms(),
+            ended_ms=at_ms if at_ms is not None else now_ms(),
             runtime_s=runtime,
             **fields,
         )
