@@ -196,6 +196,9 @@ def _header(data: dict[str, Any]) -> list[str]:
         f"- commit `{meta['commit']}`, Python {meta['python']}, redis-server {meta['redis']}",
         f"- {meta['cpu_count']} cores, load average {load(meta['load_before'])} before and "
         f"{load(meta['load_after'])} after (1, 5, 15 min){busy}",
+        f"- CPU speed: a fixed Python loop took {meta.get('cpu_speed_ms_before', '?')} ms "
+        f"before and {meta.get('cpu_speed_ms_after', '?')} ms after the run (lower is "
+        "faster; every figure here moves with it)",
         "- a figure measured in several runs shows their median, and each run beside it",
         "- reproduce with `make bench` (or `python bench/run_all.py`, `--quick` for a "
         "smoke check); each bench script in `bench/` also runs on its own",

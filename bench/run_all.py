@@ -57,6 +57,20 @@ def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
     ]
 
 
+def cpu_speed_ms() -> float:
+    """Milliseconds of CPU for a fixed pure-Python loop (best of 5): on a shared or virtual
+    machine the same code can run much slower from one hour to the next, and every figure
+    here moves with it, so the report records how fast the CPU was."""
+    times = []
+    for _ in range(5):
+        t0 = time.process_time()
+        total = 0
+        for i in range(1_000_000):
+            total += i
+        times.append(time.process_time() - t0)
+    return round(min(times) * 1000, 1)
+
+
 def _meta(quick: bool) -> dict[str, Any]:
     def run(*cmd: str) -> str:
         try:
@@ -76,6 +90,7 @@ def _meta(quick: bool) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "load_before": [round(x, 2) for x in os.getloadavg()],
+        "cpu_speed_ms_before": cpu_speed_ms(),
     }
 
 
@@ -100,6 +115,7 @@ def run_sections(names: list[str], out_dir: Path, quick: bool) -> dict[str, Any]
         duration_s=round(time.monotonic() - t0, 1),
         section_durations_s=durations,
         load_after=[round(x, 2) for x in os.getloadavg()],
+        cpu_speed_ms_after=cpu_speed_ms(),
     )
     return data
 
