@@ -1,5 +1,6 @@
 """The supervisor's records: one ``Attempt`` per submitted task, one ``Child`` per process,
-and what can be done to a child (soft signal, tree kill, memory sample).
+what can be done to a child (soft signal, tree kill, memory sample), and how an attempt
+ended when its child died (``death_outcome``).
 
 Deadlines are ``time.monotonic()`` values; they are set when an attempt *starts* (is handed
 to an idle child, or becomes the running one after its predecessor in the channel ends).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -17,9 +19,9 @@ from typing import Any
 import psutil
 
 from sandboxq.models import Outcome
-from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.attempt import AttemptResult, Task, signal_name
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import SIGSOFT
+from sandboxq.pool.child import FENCE_CHECK_S, SIGSOFT
 from sandboxq.pool.kill import kill_tree, tree_rss
 
 OnDone = Callable[[AttemptResult], None]
@@ -150,3 +152,21 @@ class Child:
         if rss > run.task.max_memory_mb * 1024 * 1024:
             return f"used {rss / 2**20:.0f} MB, over the limit of {run.task.max_memory_mb:g} MB"
         return None
+
+
+def death_outcome(
+    run: Attempt, exitcode: int | None
+) -> tuple[Outcome, str, int | None, int | None]:
+    """How ``run`` ended when its child died with ``exitcode`` (multiprocess's: negative for
+    a signal): its outcome, why in words, and the exit code or the signal."""
+    signum = -exitcode if exitcode is not None and exitcode < 0 else None
+    code = exitcode if exitcode is not None and exitcode >= 0 else None
+    fence = run.fence_deadline
+    if run.kill_outcome is not None:  # we killed it, and said why
+        return run.kill_outcome, run.kill_detail or str(run.kill_outcome), code, signum
+    if code is not None:
+        return Outcome.EXIT, f"the handler exited with code {code}", code, signum
+    if signum == signal.SIGKILL and fence and time.monotonic() + FENCE_CHECK_S >= fence:
+        # the child's own fence guard: the parent had not renewed the lease in time
+        return Outcome.LEASE_LOST, "the lease could not be renewed in time", code, signum
+    return Outcome.CRASHED, f"the child was killed by {signal_name(signum or 0)}", code, signum

@@ -135,20 +135,20 @@ class Pool:
 
     def kill(self, token: int, outcome: Outcome, detail: str) -> None:
         """End attempt ``token`` now with ``outcome``; kills its child's tree if it runs."""
-        self._supervisor.kill(token, outcome, detail)
+        self._supervisor.command("kill", token, outcome, detail)
 
     def extend_fence(self, token: int, deadline: float) -> None:
         """Move attempt ``token``'s fence deadline (``time.monotonic()``) later."""
-        self._supervisor.extend_fence(token, deadline)
+        self._supervisor.command("fence", token, deadline)
 
     def soft_stop(self, token: int) -> None:
         """Send attempt ``token`` its soft-timeout signal now (``SoftTimeout`` in the handler);
         however it ends after that, its outcome is ``interrupted`` (a shutdown, not a fault)."""
-        self._supervisor.soft_stop(token)
+        self._supervisor.command("soft", token)
 
     def release_unstarted(self, outcome: Outcome, detail: str) -> None:
         """End every attempt not yet handed to a child with ``outcome``, without running it."""
-        self._supervisor.release_unstarted(outcome, detail)
+        self._supervisor.command("release", outcome, detail)
 
     def running_pids(self) -> dict[int, int]:
         """Attempt token → pid of the child running it, right now."""

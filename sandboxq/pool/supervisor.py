@@ -23,7 +23,6 @@ import itertools
 import logging
 import os
 import selectors
-import signal
 import threading
 import time
 from collections import deque
@@ -33,10 +32,10 @@ from typing import Any
 from sandboxq.errors import PoolBroken
 from sandboxq.models import Outcome
 from sandboxq.pool import launch
-from sandboxq.pool.attempt import AttemptResult, Task, signal_name
+from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import FENCE_CHECK_S, child_main
-from sandboxq.pool.children import Attempt, Child, OnDone, now_ms, readable
+from sandboxq.pool.child import child_main
+from sandboxq.pool.children import Attempt, Child, OnDone, death_outcome, now_ms, readable
 from sandboxq.pool.kill import descendants, kill_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
 
@@ -104,24 +103,8 @@ class Supervisor:
         if self._closing:
             raise RuntimeError("cannot submit to a pool that is shutting down")
         token = next(self._tokens)
-        self._command("run", Attempt(token, task, on_done))
+        self.command("run", Attempt(token, task, on_done))
         return token
-
-    def kill(self, token: int, outcome: Outcome, detail: str) -> None:
-        """End attempt ``token`` with ``outcome`` (killing its child if it runs)."""
-        self._command("kill", token, outcome, detail)
-
-    def extend_fence(self, token: int, deadline: float) -> None:
-        """Move attempt ``token``'s fence deadline (its lease was renewed)."""
-        self._command("fence", token, deadline)
-
-    def soft_stop(self, token: int) -> None:
-        """Send attempt ``token`` its soft-timeout signal now (graceful shutdown)."""
-        self._command("soft", token)
-
-    def release_unstarted(self, outcome: Outcome, detail: str) -> None:
-        """End every attempt no child has been handed yet with ``outcome`` (not run)."""
-        self._command("release", outcome, detail)
 
     def running_pids(self) -> dict[int, int]:
         """Attempt token → child pid for what runs now (a snapshot, for status displays)."""
@@ -130,7 +113,7 @@ class Supervisor:
     def close(self, *, cancel: bool) -> None:
         """Stop accepting work; ``cancel`` ends queued and running attempts as interrupted."""
         self._closing = True
-        self._command("close", cancel)
+        self.command("close", cancel)
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -146,7 +129,10 @@ class Supervisor:
     def pids(self) -> list[int]:
         return [c.pid for c in list(self._children)]
 
-    def _command(self, *command: Any) -> None:
+    def command(self, *command: Any) -> None:
+        """Queue a command for the supervisor thread (``Pool`` documents each kind):
+        ``("kill", token, outcome, detail)``, ``("fence", token, deadline)``,
+        ``("soft", token)``, ``("release", outcome, detail)``, ``("close", cancel)``."""
         self._commands.append(command)
         # One wake byte per batch of commands: the supervisor clears the flag before
         # draining the deque, so a command appended while it is set is always seen.
@@ -425,19 +411,7 @@ class Supervisor:
 
     def _settle_death(self, child: Child, run: Attempt, exitcode: int | None) -> None:
         child.running = None
-        signum = -exitcode if exitcode is not None and exitcode < 0 else None
-        code = exitcode if exitcode is not None and exitcode >= 0 else None
-        fence = run.fence_deadline
-        if run.kill_outcome is not None:
-            outcome, detail = run.kill_outcome, run.kill_detail
-        elif code is not None:
-            outcome, detail = Outcome.EXIT, f"the handler exited with code {code}"
-        elif signum == signal.SIGKILL and fence and time.monotonic() + FENCE_CHECK_S >= fence:
-            # the child's fence guard: the parent had not renewed the lease in time
-            outcome, detail = Outcome.LEASE_LOST, "the lease could not be renewed in time"
-        else:
-            outcome = Outcome.CRASHED
-            detail = f"the child was killed by {signal_name(signum or 0)}"
+        outcome, detail, code, signum = death_outcome(run, exitcode)
         self._settle(run, outcome, child.pid, exitcode=code, signal=signum, detail=detail)
 
     def _break(self, why: str) -> None:
