@@ -31,9 +31,9 @@ class Held:
 
 
 #: With the default (adaptive) prefetch, claim ahead about this much work per child...
-PREFETCH_WORK_S = 0.002
+PREFETCH_WORK_S = 0.02
 #: ...but never more than this many jobs beyond the children.
-MAX_PREFETCH = 64
+MAX_PREFETCH = 256
 
 
 class InFlight:
