@@ -293,3 +293,37 @@ def test_bad_settings_name_the_setting(kwargs: dict[str, object], needle: str) -
 def test_unpicklable_arguments_fail_at_submit() -> None:
     with Pool(H + "echo", size=1) as pool, pytest.raises(SerializationError):
         pool.submit(threading.Lock())
+
+
+@pytest.mark.timeout(20)
+def test_tree_walk_finds_grandchildren_that_left_the_group_either_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel's per-thread children lists and psutil's full scan find the same tree
+    (a child, its grandchild in the group and one that called setsid)."""
+    import subprocess
+    import sys
+
+    from sandboxq.pool import kill
+
+    script = (
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
+        " start_new_session=True)\n"
+        "time.sleep(30)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(kill.descendants(child.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        fast = sorted(p.pid for p in kill.descendants(child.pid))
+        monkeypatch.setattr(kill, "_CHILDREN_LISTS", False)
+        scanned = sorted(p.pid for p in kill.descendants(child.pid))
+        assert len(fast) == 2 and fast == scanned
+        kill.kill_tree(child.pid, kill.descendants(child.pid))
+        assert child.wait(5) == -signal.SIGKILL
+    finally:
+        kill.kill_tree(child.pid)
+        child.wait(5)
