@@ -130,6 +130,36 @@ def noop_throughput(url: str, n: int = 20000, concurrency: int = 2) -> dict[str,
         q.close()
 
 
+def bullmq_enqueue_rates(url: str, n: int) -> tuple[float, float] | None:
+    """The same two enqueue figures for BullMQ for Python (``Queue.add`` awaited one by
+    one, then ``add_bulk``) against the same server in the same run; None when the
+    ``bullmq`` package (the bench extra) is not installed."""
+    try:
+        from bullmq import Queue as BullQueue
+    except ImportError:
+        return None
+    import asyncio
+
+    async def measure() -> tuple[float, float]:
+        q = BullQueue(f"bull-{uuid.uuid4().hex[:8]}", {"connection": url})
+        try:
+            t0 = time.perf_counter()
+            for i in range(n):
+                await q.add("job", {"i": i})
+            single = n / (time.perf_counter() - t0)
+            jobs = [{"name": "job", "data": {"i": i}} for i in range(5 * n)]
+            t0 = time.perf_counter()
+            for start in range(0, len(jobs), 1000):  # its own batches; one call per 1000
+                await q.addBulk(jobs[start : start + 1000])
+            bulk = len(jobs) / (time.perf_counter() - t0)
+            await q.obliterate({"force": True})
+            return single, bulk
+        finally:
+            await q.close()
+
+    return asyncio.run(measure())
+
+
 def enqueue_rates(url: str, n: int = 20000) -> tuple[float, float]:
     q = Queue(f"b-{uuid.uuid4().hex[:8]}", url=url)
     t0 = time.perf_counter()
@@ -253,6 +283,8 @@ FIGURES: dict[str, tuple[str, str, figures.Target | None]] = {
     "parent_rss_mb": ("worker process RSS after the no-op run", "MB", None),
     "enqueue_single_s": ("enqueue one by one", "jobs/s", figures.ENQUEUE_SINGLE),
     "enqueue_bulk_s": ("enqueue_many", "jobs/s", figures.ENQUEUE_BULK),
+    "bullmq_enqueue_single_s": ("BullMQ for Python: add one by one (same run)", "jobs/s", None),
+    "bullmq_enqueue_bulk_s": ("BullMQ for Python: addBulk (same run)", "jobs/s", None),
     "latency_p50_ms": ("idle enqueue->start latency p50", "ms", figures.LATENCY_P50),
     "latency_p95_ms": ("idle enqueue->start latency p95", "ms", figures.LATENCY_P95),
     "latency_p99_ms": ("idle enqueue->start latency p99", "ms", None),
@@ -285,6 +317,10 @@ def one_run(url: str, size: dict[str, int], values: dict[str, list[float]]) -> N
     single, bulk = enqueue_rates(url, size["enqueue"])
     values["enqueue_single_s"].append(single)
     values["enqueue_bulk_s"].append(bulk)
+    peer = bullmq_enqueue_rates(url, size["enqueue"])
+    if peer is not None:
+        values["bullmq_enqueue_single_s"].append(peer[0])
+        values["bullmq_enqueue_bulk_s"].append(peer[1])
     lat = sorted(latency(url, size["latency"]))
     for pct in (50, 95, 99):
         values[f"latency_p{pct}_ms"].append(figures.percentile(lat, pct))
@@ -298,6 +334,8 @@ def one_run(url: str, size: dict[str, int], values: dict[str, list[float]]) -> N
 def summarize(values: dict[str, list[float]], quick: bool) -> dict[str, Any]:
     report: dict[str, Any] = {"quick": quick, "figures": [], "concurrency": {}}
     for key, (name, unit, target) in FIGURES.items():
+        if not values[key]:
+            continue  # a peer that is not installed
         fig = figures.figure(name, values[key], unit, target, digits=3)
         report[key] = {"median": fig["value"], "runs": fig["runs"], "target": fig["target"]}
         report["figures"].append(fig)
