@@ -17,6 +17,7 @@ import pytest
 from sandboxq import AttemptFailed, ConfigError, Pool, ProcessorError, SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult
+from sandboxq.pool.supervisor import PIPELINE_DEPTH
 
 H = "sandboxq.testing.handlers:"
 SOFT, HARD = 0.3, 0.6
@@ -245,6 +246,26 @@ def test_kill_of_a_queued_attempt_never_runs_it() -> None:
         result = queued.result(timeout=5)
         assert result.outcome is Outcome.CANCELLED and result.pid is None
         assert busy.result(timeout=5) == "busy"
+
+
+@pytest.mark.timeout(30)
+def test_short_tasks_wait_behind_an_unexpectedly_long_one_only_up_to_the_pipeline_depth() -> None:
+    """While jobs are short, busy children get tasks queued in their channels; one job that
+    turns out long holds back only the few queued behind it, never the whole backlog."""
+    with Pool(H + "succeed_after", size=2) as pool:
+        for f in [pool.submit(0) for _ in range(300)]:  # the pool learns: jobs are short
+            f.result(timeout=10)
+        long = pool.submit(0.5, "long")
+        shorts = [pool.submit(0) for _ in range(200)]
+        ended: list[float] = []
+        for f in shorts:
+            f.add_done_callback(lambda _: ended.append(time.monotonic()))
+        assert long.result(timeout=10) == "long"
+        long_ended = time.monotonic()
+        for f in shorts:
+            f.result(timeout=10)
+        behind = sum(1 for t in ended if t >= long_ended - 0.05)
+        assert behind <= PIPELINE_DEPTH, f"{behind} short tasks waited for the long one"
 
 
 @pytest.mark.timeout(30)

@@ -91,7 +91,7 @@ class Attempt:
 
 class Child:
     """A pool process: at most one running attempt, and while jobs are short, up to
-    ``PIPELINE_DEPTH`` more already sent down its channel (queued, not started)."""
+    a few more already sent down its channel (queued, not started: supervisor.py)."""
 
     __slots__ = (
         "conn",

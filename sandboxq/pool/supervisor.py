@@ -51,9 +51,10 @@ MAX_START_FAILURES = 3
 EXIT_GRACE_S = 1.0
 #: Queue tasks in a busy child's channel only while attempts average less than this...
 PIPELINE_BELOW_S = 0.005
-#: ...at most this many per child, topped up this many at a time.
-PIPELINE_DEPTH = 8
-PIPELINE_REFILL = 4
+#: ...about this much expected work per child (so a task never waits long behind the
+#: ones queued before it), and never more than PIPELINE_DEPTH tasks.
+PIPELINE_WORK_S = 0.002
+PIPELINE_DEPTH = 32
 
 
 class Supervisor:
@@ -215,22 +216,25 @@ class Supervisor:
             process.sentinel, selectors.EVENT_READ, lambda _: self._on_exit(child)
         )
 
-    # -- dispatch: idle children first; while jobs are short, pipeline one more each -----
+    # -- dispatch: idle children first; while jobs are short, queue a few more in each ----
 
     def _dispatch(self) -> None:
         while self._pending and self._idle:
             self._send(self._idle.pop(), 1)
         if self._pending and self._recent_job_s < PIPELINE_BELOW_S:
+            ahead = int(PIPELINE_WORK_S / max(self._recent_job_s, 1e-9))
+            depth = max(1, min(PIPELINE_DEPTH, ahead))
+            refill = max(1, depth // 2)
             limit = self._max_jobs_per_child
             for child in self._children:
                 run = child.running
                 if run is None or run.kill_outcome is not None:
                     continue
-                room = PIPELINE_DEPTH - len(child.queued)
+                room = depth - len(child.queued)
                 if limit is not None:
                     room = min(room, limit - child.assigned())
                 # Top up in batches: one write carries several tasks.
-                if room >= PIPELINE_REFILL or (room > 0 and len(self._pending) <= room):
+                if room >= refill or (room > 0 and len(self._pending) <= room):
                     self._send(child, room)
                 if not self._pending:
                     return
