@@ -5,7 +5,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import redis
 
+from sandboxq import Queue
 from sandboxq.testing import processes
 from sandboxq.testing.redis_server import RedisServer
 
@@ -23,9 +25,32 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 @pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain redis-py client on the session's server: to read or damage keys by hand."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def queue_name() -> str:
     """A queue name no other test uses, so tests sharing one Redis never see each other."""
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(params=["memory", "redis"])
+def url(request: pytest.FixtureRequest) -> str:
+    """Both backends: the embedded one and a real redis-server."""
+    if request.param == "memory":
+        return "memory://"
+    return str(request.getfixturevalue("redis_url"))
+
+
+@pytest.fixture
+def queue(url: str, queue_name: str) -> Iterator[Queue]:
+    q = Queue(queue_name, url=url)
+    yield q
+    q.close()
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from sandboxq.cli import main
 from sandboxq.cli.batch import parse_line
 from sandboxq.cli.render import number_ranges
+from sandboxq.testing.waiting import wait_for
 
 H = "sandboxq.testing.handlers:"
 CLI = [sys.executable, "-m", "sandboxq"]
@@ -39,15 +39,6 @@ def results(path: Path) -> dict[int, dict[str, Any]]:
 def write_lines(path: Path, *lines: str) -> Path:
     path.write_text("".join(line + "\n" for line in lines))
     return path
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def started(log: Path) -> list[tuple[int, str]]:

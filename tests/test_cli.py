@@ -25,6 +25,7 @@ from sandboxq.cli import main
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.testing.redis_server import free_port
+from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.worker import SandboxWorker
 
@@ -36,15 +37,6 @@ CLI = [sys.executable, "-m", "sandboxq"]
 def _family() -> set[int]:
     """Every live process below this one, shared helpers (fork server...) included."""
     return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()}
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 Run = Callable[..., tuple[int, str, str]]

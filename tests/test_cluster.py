@@ -24,6 +24,8 @@ from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.testing.contract import BackendContract, MakeBackend
 from sandboxq.testing.redis_cluster import LocalCluster
+from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import child_pid
 from sandboxq.worker import SandboxWorker
 
 pytestmark = pytest.mark.timeout(30)
@@ -131,11 +133,10 @@ def test_a_worker_end_to_end_on_a_cluster(
         assert failed.value.attempts == 2 and "TypeError" in str(failed.value)
 
         hung = cluster_queue.enqueue(60, "never")
-        wait_until(lambda: hung.state() is JobState.ACTIVE, 10)
-        time.sleep(0.2)  # the child has it
+        wait_for(lambda: child_pid(cluster_queue, hung.id), 10, "the hung job's child")
         cancelled_at = time.monotonic()
         assert hung.cancel()
-        wait_until(lambda: worker.stats["cancelled"] == 1, 10)
+        wait_for(lambda: worker.stats["cancelled"] == 1, 10, "the cancellation to reach the worker")
         assert time.monotonic() - cancelled_at < 2.0
 
         clients = node_clients(cluster)
@@ -151,13 +152,6 @@ def test_a_worker_end_to_end_on_a_cluster(
         thread.join(20)
     assert hung.state() is JobState.CANCELLED
     assert worker.stats["lease_lost"] == 0 and worker.stats["rejected_acks"] == 0
-
-
-def wait_until(condition: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_cluster_urls_are_checked(queue_name: str) -> None:

@@ -18,6 +18,7 @@ from sandboxq import AttemptFailed, ConfigError, Pool, ProcessorError, Serializa
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.supervisor import PIPELINE_DEPTH
+from sandboxq.testing.waiting import wait_for
 
 H = "sandboxq.testing.handlers:"
 SOFT, HARD = 0.3, 0.6
@@ -336,9 +337,7 @@ def test_tree_walk_finds_grandchildren_that_left_the_group_either_way(
     )
     child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     try:
-        deadline = time.monotonic() + 10
-        while len(kill.descendants(child.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: len(kill.descendants(child.pid)) >= 2, 10, "the child and grandchild")
         fast = sorted(p.pid for p in kill.descendants(child.pid))
         monkeypatch.setattr(kill, "_CHILDREN_LISTS", False)
         scanned = sorted(p.pid for p in kill.descendants(child.pid))

@@ -45,13 +45,6 @@ def backend(make_backend: MakeBackend) -> RedisBackend:
     return make_backend()
 
 
-@pytest.fixture
-def raw(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
-
-
 def job(job_id: str | None = None, **fields: Any) -> NewJob:
     return NewJob(payload=PAYLOAD, job_id=job_id, **fields)
 

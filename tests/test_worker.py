@@ -11,23 +11,11 @@ import pytest
 
 from sandboxq import ConfigError, JobFailed, ProcessorError, Queue, SerializationError
 from sandboxq.models import JobState, Outcome
+from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers, child_pid
 from sandboxq.worker import SandboxWorker
 
 H = "sandboxq.testing.handlers:"
-
-
-@pytest.fixture(params=["memory", "redis"])
-def url(request: pytest.FixtureRequest) -> str:
-    if request.param == "memory":
-        return "memory://"
-    return str(request.getfixturevalue("redis_url"))
-
-
-@pytest.fixture
-def queue(url: str, queue_name: str) -> Iterator[Queue]:
-    q = Queue(queue_name, url=url)
-    yield q
-    q.close()
 
 
 StartWorker = Callable[..., SandboxWorker]
@@ -36,23 +24,14 @@ StartWorker = Callable[..., SandboxWorker]
 @pytest.fixture
 def start_worker(url: str, queue_name: str) -> Iterator[StartWorker]:
     """Run workers on background threads; always stopped and joined at teardown."""
-    running: list[tuple[SandboxWorker, threading.Thread]] = []
+    workers = BackgroundWorkers(join_timeout_s=15)
 
     def start(processor: str, **kwargs: Any) -> SandboxWorker:
-        kwargs.setdefault("concurrency", 2)
         kwargs.setdefault("lease_s", 5.0)
-        worker = SandboxWorker(queue_name, H + processor, url=url, **kwargs)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        running.append((worker, thread))
-        return worker
+        return workers.start(queue_name, H + processor, url=url, **kwargs)
 
     yield start
-    for worker, _ in running:
-        worker.stop(now=True)
-    for _, thread in running:
-        thread.join(15)
-        assert not thread.is_alive(), "a worker did not stop"
+    workers.stop_all()
 
 
 @pytest.mark.timeout(30)
@@ -121,15 +100,11 @@ def test_progress_events_and_priorities(queue: Queue, start_worker: StartWorker)
 def test_cancel_kills_the_running_child(queue: Queue, start_worker: StartWorker) -> None:
     worker = start_worker("sleep_forever", concurrency=1)
     job = queue.options(retries=5).enqueue()
-    deadline = time.monotonic() + 10
-    while job.state() is not JobState.ACTIVE and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.2)
+    wait_for(lambda: child_pid(queue, job.id), 10, "the job's child")
     t0 = time.monotonic()
     assert job.cancel()
-    while worker.stats["cancelled"] == 0 and time.monotonic() - t0 < 5:
-        time.sleep(0.01)
-    assert worker.stats["cancelled"] == 1, "the child was not killed"
+    wait_for(lambda: worker.stats["cancelled"], 5, "the child to be killed")
+    assert worker.stats["cancelled"] == 1
     assert time.monotonic() - t0 < 1.0
     assert job.state() is JobState.CANCELLED
     with pytest.raises(JobFailed):
@@ -199,9 +174,7 @@ def test_graceful_stop_requeues_interrupted_jobs_without_charge(
     thread = threading.Thread(target=worker.run)
     thread.start()
     job = queue.enqueue()
-    deadline = time.monotonic() + 10
-    while job.state() is not JobState.ACTIVE and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: job.state() is JobState.ACTIVE, 10, "the job to start")
     worker.stop()
     thread.join(10)
     assert not thread.is_alive()

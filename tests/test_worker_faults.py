@@ -19,6 +19,7 @@ import pytest
 from sandboxq import JobFailed, Queue
 from sandboxq.models import JobState, Outcome
 from sandboxq.testing.redis_server import RedisServer
+from sandboxq.testing.waiting import wait_for
 from sandboxq.worker import SandboxWorker
 
 H = "sandboxq.testing.handlers:"
@@ -39,14 +40,6 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait(10)
-
-
-def wait_for(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def executions(log_file: Path) -> dict[str, list[tuple[str, int, float]]]:

@@ -4,6 +4,7 @@
     handlers       misbehaving handlers: hang, spin, hold the GIL, crash, exit, leak memory
     cases          each handler with the settings that provoke it and the outcome it must give
     workers        SandboxWorkers on background threads, always stopped and joined
+    waiting        wait_for: poll a condition against a deadline that names what it waits for
     processes      which processes a test left behind
     redis_server   a throwaway redis-server on a free port or a Unix socket
     redis_cluster  a throwaway 3-master Redis Cluster; moves a slot as resharding would

@@ -4,6 +4,7 @@
     worker = workers.start(queue, "pkg.mod:fn", hard_timeout_s=1)   # on its own thread
     ... enqueue, wait for results ...
     workers.stop_all()    # stop(now=True) every worker, join, re-raise what run() raised
+    child_pid(queue, job_id)   # the child running a job, from the worker registry
 
 ``stop_all`` interrupts running jobs (they go back to the queue uncharged, as on a second
 SIGTERM) and waits for every worker to shut its pool down, so no child outlives it.
@@ -32,6 +33,16 @@ def url_of(queue: Queue) -> str:
     if not isinstance(url, str):
         raise SandboxqError(f"cannot tell the URL of queue {queue.name!r}'s backend")
     return url
+
+
+def child_pid(queue: Queue, job_id: str) -> int | None:
+    """The pid of the child that runs ``job_id``, as its worker last registered it (the
+    registry is refreshed every ``lease_s / 3``); None until then."""
+    for worker in queue.backend.workers():
+        for job in worker.get("jobs") or []:
+            if job.get("id") == job_id and job.get("pid"):
+                return int(job["pid"])
+    return None
 
 
 class WorkerDidNotStop(SandboxqError):
@@ -81,6 +92,11 @@ class BackgroundWorkers:
         self._running.append(running)
         running.thread.start()
         return worker
+
+    def not_running(self) -> list[SandboxWorker]:
+        """Workers whose ``run()`` has already ended: a burst worker that drained its
+        queue, or one that died (``stop_all`` re-raises what it raised)."""
+        return [each.worker for each in self._running if not each.thread.is_alive()]
 
     def stop_all(self) -> None:
         """Stop every worker now and join it; raise if one would not stop or had crashed."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from hypothesis import HealthCheck, settings
@@ -21,11 +20,3 @@ SHARED_ACROSS_EXAMPLES = settings(
 )
 
 StartWorker = Callable[..., SandboxWorker]
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -63,13 +62,6 @@ job_ids = (
     | st.text(st.characters(codec="utf-8"), min_size=1, max_size=512)
     | st.text(alphabet="x:{}", min_size=500, max_size=512)
 )
-
-
-@pytest.fixture
-def raw(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 @pytest.fixture

@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 from sandboxq import ConfigError, Pool, ProcessorError
 from sandboxq.processor import IMPORT_TIMEOUT_ENV
+from sandboxq.testing.waiting import wait_for
 from sandboxq.worker import SandboxWorker
 
-from .support import H, wait_for
+from .support import H
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,7 +10,6 @@ tests/test_redis_backend.py (claim-time checks, one script at a time).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,20 +22,15 @@ from sandboxq import JobFailed, Queue
 from sandboxq.backends.redis import RedisBackend
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.models import JobState, Outcome
+from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.worker import SandboxWorker
 
-from .support import SHARED_ACROSS_EXAMPLES, H, wait_for
+from .support import SHARED_ACROSS_EXAMPLES, H
 
 pytestmark = pytest.mark.timeout(120)
 
 Corrupt = Callable[[Any, QueueKeys, str], None]  # (pipeline, keys, job id)
-
-
-@pytest.fixture
-def raw(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 @pytest.fixture
@@ -46,25 +40,23 @@ def rqueue(redis_url: str, queue_name: str) -> Iterator[Queue]:
     q.close()
 
 
+def _surviving(
+    queue_name: str, url: str, processor: str, **options: Any
+) -> Iterator[SandboxWorker]:
+    """A worker on a thread, for a fixture; at teardown it must still be running."""
+    workers = BackgroundWorkers(join_timeout_s=20)
+    yield workers.start(queue_name, H + processor, url=url, **options)
+    died = workers.not_running()
+    workers.stop_all()
+    assert not died, "the worker died of a corrupt record"
+
+
 @pytest.fixture
 def worker(redis_url: str, queue_name: str) -> Iterator[SandboxWorker]:
     """One worker for every example of a test; it must still be running at the end."""
-    w = SandboxWorker(
-        queue_name,
-        H + "echo",
-        url=redis_url,
-        concurrency=2,
-        lease_s=1.0,
-        stall_check_s=0.1,
-        retries=1,
+    yield from _surviving(
+        queue_name, redis_url, "echo", concurrency=2, lease_s=1.0, stall_check_s=0.1, retries=1
     )
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    yield w
-    assert thread.is_alive(), "the worker died of a corrupt record"
-    w.stop(now=True)
-    thread.join(20)
-    assert not thread.is_alive()
 
 
 # -- what can be done to a record ------------------------------------------------------------
@@ -194,21 +186,9 @@ RUNNING_CORRUPTIONS: list[tuple[str, Corrupt, str | None]] = [
 
 @pytest.fixture
 def slow_worker(redis_url: str, queue_name: str) -> Iterator[SandboxWorker]:
-    w = SandboxWorker(
-        queue_name,
-        H + "succeed_after",
-        url=redis_url,
-        concurrency=2,
-        lease_s=1.0,
-        stall_check_s=0.1,
+    yield from _surviving(
+        queue_name, redis_url, "succeed_after", concurrency=2, lease_s=1.0, stall_check_s=0.1
     )
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    yield w
-    assert thread.is_alive(), "the worker died of a corrupt record"
-    w.stop(now=True)
-    thread.join(20)
-    assert not thread.is_alive()
 
 
 @pytest.mark.timeout(60)

@@ -31,16 +31,9 @@ from sandboxq.backends.base import NewJob
 from sandboxq.errors import BackendError
 from sandboxq.models import JobOptions
 from sandboxq.testing.ledger import read_ledger
+from sandboxq.testing.waiting import wait_for
 
 PROCESSOR = "sandboxq.testing.ledger:ledger_job"
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def alive(pid: int) -> bool:

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import wait_for
 
 from sandboxq import Pool
 from sandboxq.testing.ledger import overlaps, read_ledger
+from sandboxq.testing.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

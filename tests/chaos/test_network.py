@@ -8,12 +8,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from harness import Scene, alive, unfinished, wait_for
+from harness import Scene, alive, unfinished
 
 from sandboxq.models import Outcome
 from sandboxq.testing.ledger import read_ledger
 from sandboxq.testing.proxy import TcpProxy
 from sandboxq.testing.redis_server import RedisServer
+from sandboxq.testing.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 

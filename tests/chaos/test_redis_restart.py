@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from harness import Scene, wait_for
+from harness import Scene
 
 from sandboxq.testing.redis_server import RedisServer
+from sandboxq.testing.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -8,10 +8,11 @@ import signal
 import time
 
 import pytest
-from harness import Scene, alive, unfinished, wait_for
+from harness import Scene, alive, unfinished
 
 from sandboxq.models import Outcome
 from sandboxq.testing.ledger import read_ledger
+from sandboxq.testing.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
