@@ -7,32 +7,39 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test lint check bench soak redis-server clean
+.PHONY: demo test lint check bench soak servers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,dev]'
+	$(PY) -m pip install -q -e '.[test,dev,web]'
 	touch $(STAMP)
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,dev,bench]'
+	$(PY) -m pip install -q -e '.[test,dev,web,bench]'
 	touch $(BENCH_STAMP)
 
-# redis-server is needed by the test suite (it starts its own on a free port), and
-# redis-cli (package redis-tools) to join a throwaway Redis Cluster.
-redis-server:
-	@command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 || { \
-	  echo "installing redis-server and redis-tools"; \
+# The real servers the test suite starts on free loopback ports, installed where missing:
+# redis-server (and redis-cli, package redis-tools, to join a throwaway Redis Cluster),
+# Prometheus with promtool (it scrapes a worker and the exporter), and Debian's headless
+# Chromium with its driver (the dashboard's browser tests). apt starts no service here.
+SERVER_COMMANDS := redis-server:redis-server redis-cli:redis-tools prometheus:prometheus \
+                   promtool:prometheus chromium:chromium chromedriver:chromium-driver
+servers:
+	@missing=; for pair in $(SERVER_COMMANDS); do \
+	  command -v $${pair%%:*} >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server redis-tools >/dev/null; }
-	@command -v redis-server >/dev/null 2>&1 || { echo "redis-server could not be installed"; exit 1; }
-	@command -v redis-cli >/dev/null 2>&1 || { echo "redis-cli could not be installed"; exit 1; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@for pair in $(SERVER_COMMANDS); do command -v $${pair%%:*} >/dev/null 2>&1 || \
+	  { echo "$${pair%%:*} could not be installed (package $${pair#*:})"; exit 1; }; done
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP) redis-server
+test: $(STAMP) servers
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -44,12 +51,12 @@ check: lint test
 
 # Every benchmark into bench/results/report.md (~7 min on 2 cores); QUICK=1 for a smoke
 # check in 1-2 minutes.
-bench: $(BENCH_STAMP) redis-server
+bench: $(BENCH_STAMP) servers
 	$(PY) bench/run_all.py $(if $(QUICK),--quick)
 
 # The chaos suite's faults mixed, against thousands of jobs, for SOAK_MINUTES (not in CI).
 SOAK_MINUTES ?= 10
-soak: $(STAMP) redis-server
+soak: $(STAMP) servers
 	$(PY) tests/chaos/soak.py --minutes $(SOAK_MINUTES)
 
 clean:
