@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from sandboxq import codec as codecs
@@ -57,10 +57,7 @@ class Job:
                 break
         info = self.info()
         if info.state is JobState.COMPLETED:
-            data = self.queue.backend.get_result(self.id)
-            if data is None:
-                return None
-            return codecs.decode(codecs.check_codec(info.codec), data, what="result")
+            return read_result(self.queue.backend, info, self.queue.allowed_codecs)
         raise JobFailed(
             f"job {self.id!r} {info.state}: {info.error or info.outcome or 'no cause recorded'}",
             job_id=self.id,
@@ -72,6 +69,16 @@ class Job:
     def cancel(self) -> bool:
         """Cancel the job; a running job's child is killed. False if it had already finished."""
         return self.queue.backend.cancel(self.id)
+
+
+def read_result(backend: Backend, info: JobInfo, allowed: Collection[str]) -> Any:
+    """The decoded result of the completed job ``info`` describes (None if it stored none),
+    decoded only with a codec in ``allowed`` (see ``codec.decode_stored``): the read path
+    of ``Job.result`` and of ``sandboxq job``."""
+    data = backend.get_result(info.id)
+    if data is None:
+        return None
+    return codecs.decode_stored(data, info.codec, allowed=allowed, job_id=info.id)
 
 
 def _check_seconds(name: str, value: float | None) -> None:
@@ -106,14 +113,24 @@ class Queue:
     """A named queue on a backend chosen by URL (``None``: ``$SANDBOXQ_URL``, else memory://).
 
     Payloads are JSON by default; ``codec="pickle"`` is an explicit opt-in for trusted
-    deployments (workers must opt in too).
+    deployments (workers must opt in too). What this queue *reads* back (results) is
+    decoded only with ``allowed_codecs``: json, and pickle only with ``codec="pickle"`` or
+    ``allow_pickle=True``; a stored record claiming anything else is refused
+    (``CodecRefused``), whatever it says.
     """
 
     def __init__(
-        self, name: str, url: str | None = None, *, codec: str = "json", **backend_options: Any
+        self,
+        name: str,
+        url: str | None = None,
+        *,
+        codec: str = "json",
+        allow_pickle: bool = False,
+        **backend_options: Any,
     ) -> None:
         self.name = name
         self.codec = codecs.check_codec(codec)
+        self.allowed_codecs = codecs.reader_codecs(self.codec, allow_pickle=allow_pickle)
         self.backend: Backend = open_backend(url, name, **backend_options)
         self._set_options(JobOptions())
 

@@ -13,6 +13,14 @@ Tuples arrive as lists. Anything else is refused with an error naming where it s
 (``args[1]['size']``): Python's ``json`` would quietly turn a dict key ``1`` into ``"1"``
 (and ``{1: a, "1": b}`` into two equal keys, one of them lost), so non-string keys are
 refused too, and a value that does arrive is the value that was sent.
+
+Reading what is stored (invariant 13): a record in a shared Redis says which codec its
+payload uses, and anyone who can write to that Redis can say "pickle". So a reader never
+takes the record's word for it: ``decode_stored`` is the one path every reader of stored
+payloads goes through (``Job.result``, ``sandboxq job``, ``enqueue --wait``, any later
+reader such as a dashboard or an asyncio client). It decodes only with a codec the
+reader opted into (``reader_codecs``), refuses anything else with ``CodecRefused`` before
+a byte is decoded, and refuses payloads over the size cap the same way.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any, Literal
 
 from sandboxq.errors import SerializationError
@@ -38,6 +46,68 @@ def check_codec(codec: str) -> CodecName:
     if codec not in CODECS:
         raise SerializationError(f"unknown codec {codec!r}; expected one of {CODECS}")
     return codec
+
+
+class CodecRefused(SerializationError):
+    """A stored record claims a codec its reader did not opt into (or no codec at all):
+    nothing in it was decoded. ``codec`` is what the record claimed, clipped."""
+
+    _fields = ("job_id", "codec")
+    job_id: str | None
+    codec: str | None
+
+
+def reader_codecs(codec: str = "json", *, allow_pickle: bool = False) -> frozenset[CodecName]:
+    """The codecs a reader decodes: always json; pickle only by the reader's own opt-in
+    (its queue's ``codec="pickle"``, or ``allow_pickle=True``). What a record claims never
+    widens this set."""
+    chosen = check_codec(codec)
+    if not isinstance(allow_pickle, bool):
+        raise SerializationError(f"allow_pickle must be True or False, got {allow_pickle!r}")
+    if chosen == "pickle" or allow_pickle:
+        return frozenset(("json", "pickle"))
+    return frozenset(("json",))
+
+
+def decode_stored(
+    data: bytes,
+    claimed: str | bytes | None,
+    *,
+    allowed: Collection[str],
+    job_id: str,
+    what: str = "result",
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Any:
+    """Decode a payload read back from a backend; the one decoding path of every reader.
+
+    ``claimed`` is the codec the stored record names. It must be one of ``allowed`` (the
+    reader's own choice, see ``reader_codecs``), else ``CodecRefused`` naming the job and
+    the claimed codec, and ``data`` is not touched. ``data`` over ``max_bytes`` is refused
+    with the cap in the error. Anything that does not decode is a ``SerializationError``.
+    """
+    name = claimed.decode("utf-8", errors="replace") if isinstance(claimed, bytes) else claimed
+    if name is None or name not in allowed or name not in CODECS:
+        shown = "no codec" if name is None else f"codec {_short(name)}"
+        hint = (
+            "; a reader opts into pickle with Queue(codec='pickle') or allow_pickle=True "
+            "(sandboxq --allow-pickle), and only if every writer to this backend is trusted"
+            if name == "pickle"
+            else ""
+        )
+        raise CodecRefused(
+            f"job {job_id!r}: the {what} claims {shown}, which this reader does not decode "
+            f"(it allows {', '.join(sorted(allowed)) or 'nothing'}){hint}; nothing was decoded",
+            job_id=job_id,
+            codec=None if name is None else name[:60],
+        )
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise SerializationError(f"job {job_id!r}: the {what} is not bytes ({type(data).__name__})")
+    if len(data) > max_bytes:
+        raise SerializationError(
+            f"job {job_id!r}: the {what} is {len(data)} bytes, over the read limit of "
+            f"{max_bytes} bytes; nothing was decoded"
+        )
+    return decode(name, bytes(data), what=f"the {what} of job {job_id!r}")
 
 
 def encode(codec: CodecName, value: Any, *, what: str, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
@@ -70,12 +140,19 @@ def _encode(
 
 
 def decode(codec: CodecName, data: bytes, *, what: str) -> Any:
+    """Decode ``data`` with ``codec``, trusted: readers of stored payloads call
+    ``decode_stored`` instead, which checks the codec against the reader's choice first."""
     try:
         if codec == "json":
             return json.loads(data)
         return pickle.loads(data)
     except Exception as exc:
-        raise SerializationError(f"{what} cannot be decoded as {codec}: {exc}") from exc
+        raise SerializationError(f"{what} cannot be decoded as {codec}: {_clip(exc)}") from exc
+
+
+def _clip(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def encode_call(

@@ -12,13 +12,22 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+from collections.abc import Collection
 from typing import Any
 
 from sandboxq.backends.base import Backend
 from sandboxq.cli import render
-from sandboxq.cli.options import EXIT_OK, Exit, add_json, add_url, open_queue
-from sandboxq.codec import check_codec, decode
-from sandboxq.errors import BackendError, ConfigError
+from sandboxq.cli.options import (
+    EXIT_ERROR,
+    EXIT_OK,
+    Exit,
+    add_allow_pickle,
+    add_json,
+    add_url,
+    open_queue,
+)
+from sandboxq.client import read_result
+from sandboxq.errors import BackendError, ConfigError, SerializationError
 from sandboxq.models import JobInfo, JobState
 
 STATES = [state.value for state in JobState]
@@ -30,6 +39,7 @@ def add_parsers(verbs: Any) -> None:
         parser.add_argument("queue")
         add_url(parser)
         add_json(parser)
+        add_allow_pickle(parser)
         parser.set_defaults(run=run)
         return parser
 
@@ -188,24 +198,42 @@ def jobs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def job_data(backend: Backend, job_id: str) -> dict[str, Any]:
+def job_data(backend: Backend, job_id: str, allowed: Collection[str]) -> dict[str, Any]:
+    """The job's record; a completed job's ``result`` decoded only with ``allowed`` codecs,
+    else ``result_error`` saying why it is not shown (the rest of the record still is)."""
     info = backend.get(job_id)
     if info is None:
         raise Exit(f"no job {job_id!r} in queue {backend.queue!r} (unknown, or trimmed)")
     data = info.model_dump(mode="json")
     if info.state is JobState.COMPLETED:
-        raw = backend.get_result(job_id)
-        result = None if raw is None else decode(check_codec(info.codec), raw, what="result")
-        data["result"] = result
+        try:
+            data["result"] = _jsonable(read_result(backend, info, allowed))
+        except SerializationError as exc:
+            data["result_error"] = str(exc)
     return data
+
+
+def _jsonable(value: Any) -> Any:
+    """A decoded result as JSON can print it (a pickled result may hold anything)."""
+    if isinstance(value, set | frozenset):
+        value = list(value)
+    try:
+        json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)[:10_000]
+    return value
 
 
 def job(args: argparse.Namespace) -> int:
     with open_queue(args) as queue:
-        data = job_data(queue.backend, args.id)
+        data = job_data(queue.backend, args.id, queue.allowed_codecs)
+    status = EXIT_OK
+    if "result_error" in data:
+        # The record is shown, then the refusal ends the command with an error status.
+        status = EXIT_ERROR
     if args.json:
         render.print_json(data)
-        return EXIT_OK
+        return _refused(data, status)
     out = render.stdout()
     fields = [
         ("state", data["state"]),
@@ -218,6 +246,8 @@ def job(args: argparse.Namespace) -> int:
     ]
     if "result" in data:
         fields.append(("result", json.dumps(data["result"], ensure_ascii=False)))
+    if data.get("unreadable"):
+        fields.append(("unreadable", "\n".join(data["unreadable"])))
     title = f"job {data['id']} (queue {data['queue']})"
     out.print(render.table(title, ["", "value"], fields, wrap="value", header=False))
     history = [
@@ -239,7 +269,13 @@ def job(args: argparse.Namespace) -> int:
         out.print(render.table("attempts", columns, history, keep=["worker"], wrap="error"))
     else:
         out.print("no attempts yet")
-    return EXIT_OK
+    return _refused(data, status)
+
+
+def _refused(data: dict[str, Any], status: int) -> int:
+    if "result_error" in data:
+        raise Exit(f"result not shown: {data['result_error']}", status)
+    return status
 
 
 def _ended_by(attempt: dict[str, Any]) -> str:

@@ -162,7 +162,11 @@ class Output:
         outcome = info.outcome.value if info.outcome else info.state.value
         if info.state is JobState.COMPLETED:
             raw = backend.get_result(item.job_id)
-            result = None if raw is None else codec.decode("json", raw, what="result")
+            result = (
+                None
+                if raw is None
+                else codec.decode_stored(raw, info.codec, allowed={"json"}, job_id=item.job_id)
+            )
             self.write(item.line, outcome, attempts=info.attempts, result=result)
         else:
             self.write(item.line, outcome, attempts=info.attempts, error=info.error)

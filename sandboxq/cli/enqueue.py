@@ -17,6 +17,7 @@ from sandboxq.cli.options import (
     EXIT_OK,
     EXIT_TIMEOUT,
     Exit,
+    add_allow_pickle,
     add_json,
     add_url,
     open_queue,
@@ -47,6 +48,7 @@ def add_parser(verbs: Any) -> None:
     e.add_argument("--wait", action="store_true", help="wait for the job and print its result")
     e.add_argument("--timeout-s", type=float, help="with --wait: give up after this long")
     add_json(e)
+    add_allow_pickle(e)
     e.set_defaults(run=run)
 
 

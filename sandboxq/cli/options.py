@@ -40,6 +40,15 @@ def add_url(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_allow_pickle(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="decode pickled results (only if every writer to this Redis is trusted: "
+        "unpickling runs code)",
+    )
+
+
 def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON, for scripts")
 
@@ -63,7 +72,8 @@ def shared_url(url: str | None) -> str:
 def open_queue(args: argparse.Namespace) -> Iterator[Queue]:
     from sandboxq.client import Queue
 
-    queue = Queue(args.queue, url=shared_url(args.url))
+    allow_pickle = bool(getattr(args, "allow_pickle", False))
+    queue = Queue(args.queue, url=shared_url(args.url), allow_pickle=allow_pickle)
     try:
         yield queue
     finally:

@@ -140,7 +140,8 @@ def job_info(
         id=job_id,
         queue=queue,
         state=state,
-        codec=read("codec", text) or "json",
+        # Exactly what is stored ("" stays ""): readers check it against their own codecs.
+        codec=text(f["codec"]) if "codec" in f else "json",
         attempts=read("attempts", _count) or 0,
         stalls=read("stalls", _count) or 0,
         options=read("opts", parse_job_options) or JobOptions(),
