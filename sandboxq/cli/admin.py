@@ -85,7 +85,10 @@ def info_data(backend: Backend) -> dict[str, Any]:
             for job in record.get("jobs") or []
         ]
         fields = ("worker_id", "host", "pid", "concurrency", "lease_s", "started_ms")
-        workers.append({**{k: record.get(k) for k in fields}, "jobs": jobs})
+        entry = {**{k: record.get(k) for k in fields}, "jobs": jobs}
+        if record.get("unreadable"):
+            entry["unreadable"] = record["unreadable"]
+        workers.append(entry)
     return {
         "queue": backend.queue,
         "counts": {state.value: n for state, n in counts.items()},
@@ -129,6 +132,10 @@ def info(args: argparse.Namespace) -> int:
         columns = ["job", "attempt", "worker", "child pid", "lease left"]
         title = f"jobs held by workers ({len(held)})"
         out.print(render.table(title, columns, held, keep=["job"]))
+    damaged = [(w["worker_id"], "; ".join(w["unreadable"])) for w in workers if w.get("unreadable")]
+    if damaged:
+        title = f"unreadable parts of worker records ({len(damaged)})"
+        out.print(render.table(title, ["worker", "unreadable"], damaged, wrap="unreadable"))
     return EXIT_OK
 
 

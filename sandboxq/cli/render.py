@@ -74,7 +74,11 @@ def when(ms: int | None, *, date: bool = True) -> str:
     """A stored timestamp as local time (``date=False``: the time of day only)."""
     if ms is None:
         return ""
-    return datetime.fromtimestamp(ms / 1000).strftime("%m-%d %H:%M:%S" if date else "%H:%M:%S")
+    try:
+        moment = datetime.fromtimestamp(ms / 1000)
+    except (OverflowError, ValueError, OSError):  # a stored number no clock reaches
+        return f"{ms} ms"
+    return moment.strftime("%m-%d %H:%M:%S" if date else "%H:%M:%S")
 
 
 def duration(seconds: float | None) -> str:

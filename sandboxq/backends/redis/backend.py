@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import redis
+
 from sandboxq.backends.base import (
     Ack,
     Claimed,
@@ -36,7 +38,8 @@ from sandboxq.backends.redis import listen, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Scripts, run
-from sandboxq.errors import BackendError, ConfigError
+from sandboxq.codec import DEFAULT_MAX_BYTES as MAX_RESULT_BYTES
+from sandboxq.errors import BackendError, ConfigError, SerializationError
 from sandboxq.models import Action, AttemptRecord, JobInfo, JobState, Outcome, check_queue_name
 
 log = logging.getLogger(__name__)
@@ -85,7 +88,9 @@ class RedisBackend:
             raise ConfigError(f"socket_timeout_s must be positive, got {socket_timeout_s!r}")
         self.url = url
         self.keys = QueueKeys(queue)
-        self._conns = Connections(url, float(socket_timeout_s), self.keys.waiting)
+        self._conns = Connections(
+            url, float(socket_timeout_s), self.keys.waiting, records.queue_key_types(self.keys)
+        )
         self._errors = self._conns.errors
         # ARGV 1-4 of every script (lua/common.lua)
         settings: list[Arg] = [int(max_events), int(retain_completed), int(retain_failed)]
@@ -275,19 +280,68 @@ class RedisBackend:
     # -- reading --------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JobInfo | None:
+        """Two round trips: the sizes and types first, so a field over the read cap or a
+        key of the wrong type is never fetched (see ``records``), then what can be read."""
+        key, history_key = self.keys.job(job_id), self.keys.history(job_id)
+        fields = records.INFO_FIELDS
         with self._errors(f"read job {job_id!r}"):
             pipe = self._conns.main.pipeline(transaction=False)
-            pipe.hgetall(self.keys.job(job_id))
-            pipe.lrange(self.keys.history(job_id), 0, -1)
-            fields, history = pipe.execute()
-        if not fields:
-            return None
-        return records.job_info(self.queue, job_id, fields, history)
+            pipe.type(key)
+            pipe.type(history_key)
+            pipe.llen(history_key)
+            for name in fields:
+                pipe.hstrlen(key, name)
+            kind, history_kind, length, *sizes = pipe.execute(raise_on_error=False)
+            kind, history_kind = records.text(kind), records.text(history_kind)
+            if kind == "none":
+                return None
+            if kind != "hash":
+                raise BackendError(
+                    f"job {job_id!r} in queue {self.queue!r}: its record {key} holds a "
+                    f"{kind}, not a hash (changed by hand?)"
+                )
+            total = length if history_kind == "list" and isinstance(length, int) else 0
+            oversized = {
+                name: size
+                for name, size in zip(fields, sizes, strict=True)
+                if isinstance(size, int) and size > records.MAX_FIELD_BYTES
+            }
+            wanted = [name for name in fields if name not in oversized]
+            pipe = self._conns.main.pipeline(transaction=False)
+            pipe.hmget(key, wanted)
+            if total:
+                pipe.lrange(history_key, -records.MAX_HISTORY, -1)
+            values, *history = pipe.execute()
+        found = {name.encode(): v for name, v in zip(wanted, values, strict=True) if v is not None}
+        damaged = []
+        if history_kind not in ("list", "none"):
+            damaged.append(f"history: {history_key} holds a {history_kind}, not a list")
+        return records.job_info(
+            self.queue,
+            job_id,
+            found,
+            history[0] if history else [],
+            oversized=oversized,
+            damaged=damaged,
+            history_total=total,
+        )
 
     def get_result(self, job_id: str) -> bytes | None:
+        key = self.keys.job(job_id)
         with self._errors(f"read the result of job {job_id!r}"):
-            state, result = self._conns.main.hmget(self.keys.job(job_id), ["state", "result"])
-        if state != b"completed" or result is None:
+            pipe = self._conns.main.pipeline(transaction=False)
+            pipe.hget(key, "state")
+            pipe.hstrlen(key, "result")
+            state, size = pipe.execute()
+            if state != b"completed" or not size:
+                return None
+            if size > MAX_RESULT_BYTES:
+                raise SerializationError(
+                    f"job {job_id!r}: the result is {records.over_cap(size, MAX_RESULT_BYTES)}"
+                    "; it was not read"
+                )
+            result = self._conns.main.hget(key, "result")
+        if result is None:
             return None
         return result if isinstance(result, bytes) else result.encode()
 
@@ -356,19 +410,16 @@ class RedisBackend:
             ids = sorted(records.text(w) for w in main.smembers(self.keys.workers))
             values = main.mget([self.keys.worker(w) for w in ids]) if ids else []
             gone = [w for w, value in zip(ids, values, strict=True) if value is None]
-            if gone:  # their TTL ran out: forget them
-                main.srem(self.keys.workers, *gone)
-        live: list[dict[str, Any]] = []
-        for worker_id, value in zip(ids, values, strict=True):
-            if value is None:
-                continue
+        if gone:  # their TTL ran out: forget them (a read-only ACL user may not: fine)
             try:
-                live.append(dict(json.loads(value)))
-            except ValueError as exc:
-                raise BackendError(
-                    f"worker {worker_id!r} of queue {self.queue!r} has an unreadable record"
-                ) from exc
-        return live
+                main.srem(self.keys.workers, *gone)
+            except redis.RedisError as exc:
+                log.debug("could not forget expired workers of %r: %s", self.queue, exc)
+        return [
+            records.worker_record(worker_id, value)
+            for worker_id, value in zip(ids, values, strict=True)
+            if value is not None
+        ]
 
     def close(self) -> None:
         with self._lock:

@@ -207,10 +207,18 @@ class ClusterLane(Lane):
 
 
 class Connections:
-    def __init__(self, url: str, socket_timeout_s: float, slot_key: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        socket_timeout_s: float,
+        slot_key: str,
+        key_types: dict[str, str] | None = None,
+    ) -> None:
         """Clients for ``url``; ``slot_key`` is any key of the queue (on a Cluster, the
-        lanes go to the node that serves its slot)."""
+        lanes go to the node that serves its slot). ``key_types`` maps the queue's own
+        keys to the type each must hold: a WRONGTYPE error then names the damaged key."""
         self.where = redact(url)
+        self._key_types = dict(key_types or {})
         #: A Cluster: scripts go to the slot's node; every other command routes by key.
         self.cluster = False
         self._closers: list[Callable[[], None]] = []
@@ -303,7 +311,31 @@ class Connections:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise BackendError(f"Redis at {self.where} is unreachable ({doing}): {exc}") from exc
         except (redis.RedisError, RedisClusterException) as exc:
-            raise BackendError(f"Redis at {self.where} failed to {doing}: {exc}") from exc
+            detail = self._wrong_types() if "WRONGTYPE" in str(exc) else None
+            raise BackendError(f"Redis at {self.where} failed to {doing}: {detail or exc}") from exc
+
+    def _wrong_types(self) -> str | None:
+        """Which of the queue's keys holds the wrong kind of value (changed by hand), for a
+        WRONGTYPE error; None if none does (a single job's record was damaged, which the
+        caller reports for that job alone)."""
+        try:
+            pipe = self.main.pipeline(transaction=False)
+            for key in self._key_types:
+                pipe.type(key)
+            found = pipe.execute()
+        except (redis.RedisError, RedisClusterException):
+            return None
+        wrong = [
+            f"{key} holds a {kind.decode(errors='replace')}, not a {expected}"
+            for (key, expected), kind in zip(self._key_types.items(), found, strict=True)
+            if kind not in (expected.encode(), b"none")
+        ]
+        if not wrong:
+            return None
+        return (
+            f"the queue's key {'; '.join(wrong)} (changed by hand?): this queue cannot work "
+            "until that key is repaired or deleted"
+        )
 
     def close(self) -> None:
         for close in reversed(self._closers):

@@ -4,16 +4,24 @@ enqueue.lua's framed argument, job hashes into ``JobInfo``, claim replies into
 
 A record that cannot be read raises ``BackendError`` naming the queue, the job and the
 field, so "why can't I see my job" has an answer too.
+
+Everything read back is treated as hostile input (a shared Redis can be written by
+anyone with access): every stored text is capped at ``MAX_FIELD_BYTES`` (a field over it
+is listed, with its size and the cap, instead of read), a job's history is read from its
+end, ``MAX_HISTORY`` records at most, and a worker's registry record is checked field by
+field. A damaged part is listed in ``unreadable``; the rest stays readable.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sandboxq.backends.base import Claimed, Event, NewJob
+from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.models import (
     MAX_PRIORITY,
@@ -26,6 +34,48 @@ from sandboxq.models import (
 )
 
 T = TypeVar("T")
+
+#: Largest stored text a reader takes in: a job field, attempt record, event field or
+#: worker record. Results and payloads have their own cap (``codec.DEFAULT_MAX_BYTES``).
+MAX_FIELD_BYTES = 1 << 20
+
+#: Attempt records read per job, the newest ones.
+MAX_HISTORY = 1000
+
+#: The job hash fields ``job_info`` reads (never the payload or the result).
+INFO_FIELDS = (
+    "state",
+    "codec",
+    "attempts",
+    "stalls",
+    "opts",
+    "created_ms",
+    "finished_ms",
+    "outcome",
+    "error",
+)
+
+
+#: What each queue-level key holds (``TYPE``'s answer); a key holding anything else was
+#: changed by hand, and the queue stops with an error naming it.
+def queue_key_types(keys: QueueKeys) -> dict[str, str]:
+    return {
+        keys.waiting: "zset",
+        keys.delayed: "zset",
+        keys.active: "zset",
+        keys.completed: "zset",
+        keys.failed: "zset",
+        keys.cancelled: "zset",
+        keys.seq: "string",
+        keys.events: "stream",
+        keys.wake: "list",
+        keys.workers: "set",
+    }
+
+
+def over_cap(size: int, cap: int = MAX_FIELD_BYTES) -> str:
+    return f"{size} bytes, over the read limit of {cap} bytes"
+
 
 #: Entries per claimed job in a claim/finish reply (see lua/claim.lua).
 CLAIM_ROW = 6
@@ -91,17 +141,36 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
     return rows
 
 
+def capped(value: bytes | str) -> str:
+    """A stored text, or what it was if it is over ``MAX_FIELD_BYTES``."""
+    if len(value) > MAX_FIELD_BYTES:
+        return f"<{over_cap(len(value))}>"
+    return text(value)
+
+
 def event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event:
-    data = {text(k): text(v) for k, v in fields.items()}
+    data = {capped(k): capped(v) for k, v in fields.items()}
     kind = data.pop("kind", "")
     job_id = data.pop("job", "")
     return Event(id=text(entry_id), kind=kind, job_id=job_id, data=data)
 
 
 def job_info(
-    queue: str, job_id: str, fields: dict[bytes, bytes], history: Sequence[bytes]
+    queue: str,
+    job_id: str,
+    fields: dict[bytes, bytes],
+    history: Sequence[bytes],
+    *,
+    oversized: dict[str, int] | None = None,
+    damaged: Sequence[str] = (),
+    history_total: int | None = None,
 ) -> JobInfo:
     """``JobInfo`` from a job hash and its history list.
+
+    ``oversized`` names the fields left unread because they are over ``MAX_FIELD_BYTES``
+    (with their sizes); ``damaged`` lists what the caller already found unreadable (a
+    history key of the wrong type); ``history_total`` is the length of the whole history
+    list when ``history`` holds only its newest entries.
 
     Only an unreadable ``state`` raises ``BackendError`` (there is no job to show without
     it). Any other field, or attempt record, that does not parse is left at its default
@@ -109,7 +178,14 @@ def job_info(
     history and result from the user who wants to know what happened to it.
     """
     f = {text(k): v for k, v in fields.items()}
-    unreadable: list[str] = []
+    unreadable: list[str] = list(damaged)
+    for name, size in (oversized or {}).items():
+        if name == "state":
+            raise BackendError(
+                f"job {job_id!r} in queue {queue!r} has an unreadable state field "
+                f"({over_cap(size)})"
+            )
+        unreadable.append(f"{name}: {over_cap(size)}")
 
     def read(name: str, parse: Callable[[bytes], T]) -> T | None:
         raw = f.get(name)
@@ -131,7 +207,16 @@ def job_info(
             f"job {job_id!r} in queue {queue!r} has an unreadable state field ({raw_state!r})"
         )
     history_records: list[AttemptRecord] = []
-    for n, raw in enumerate(history, 1):
+    skipped = max(0, (history_total or 0) - len(history))
+    if skipped:
+        unreadable.append(
+            f"only the newest {len(history)} of {history_total} attempt records are read"
+        )
+    first = 1 + skipped
+    for n, raw in enumerate(history, first):
+        if len(raw) > MAX_FIELD_BYTES:
+            unreadable.append(f"attempt record #{n}: {over_cap(len(raw))}")
+            continue
         try:
             history_records.append(AttemptRecord.model_validate_json(raw))
         except ValueError as exc:
@@ -141,7 +226,7 @@ def job_info(
         queue=queue,
         state=state,
         # Exactly what is stored ("" stays ""): readers check it against their own codecs.
-        codec=text(f["codec"]) if "codec" in f else "json",
+        codec=_codec(f, oversized or {}),
         attempts=read("attempts", _count) or 0,
         stalls=read("stalls", _count) or 0,
         options=read("opts", parse_job_options) or JobOptions(),
@@ -152,6 +237,98 @@ def job_info(
         history=history_records,
         unreadable=unreadable,
     )
+
+
+def _codec(fields: dict[str, bytes], oversized: dict[str, int]) -> str:
+    if "codec" in oversized:
+        return f"<{over_cap(oversized['codec'])}>"
+    return text(fields["codec"]) if "codec" in fields else "json"
+
+
+def worker_record(worker_id: str, raw: bytes | str) -> dict[str, Any]:
+    """A worker's registry record, checked: fields of the wrong type become None and every
+    problem is listed under ``unreadable`` (a record is another process's word, and a
+    shared Redis anyone's)."""
+    unreadable: list[str] = []
+    data: Any = {}
+    if len(raw) > MAX_FIELD_BYTES:
+        unreadable.append(f"the record is {over_cap(len(raw))}")
+    else:
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            unreadable.append(f"the record is not JSON: {brief(exc, 120)}")
+        if not isinstance(data, dict):
+            if not unreadable:
+                unreadable.append(f"the record is a JSON {type(data).__name__}, not an object")
+            data = {}
+    record: dict[str, Any] = {**data, "worker_id": worker_id}
+    for name, kinds in _WORKER_FIELDS.items():
+        if name in record and not _is(record[name], kinds):
+            unreadable.append(f"{name} ({_clip_repr(record[name])}) is not {_KIND_NAMES[kinds]}")
+            record[name] = None
+    jobs = record.get("jobs")
+    if jobs is not None and not isinstance(jobs, list):
+        unreadable.append(f"jobs ({_clip_repr(jobs)}) is not a list")
+        jobs = None
+    checked = []
+    for n, job in enumerate(jobs or [], 1):
+        if not isinstance(job, dict):
+            unreadable.append(f"jobs[{n}] ({_clip_repr(job)}) is not an object")
+            continue
+        job = dict(job)
+        for name, kinds in _WORKER_JOB_FIELDS.items():
+            if name in job and not _is(job[name], kinds):
+                unreadable.append(f"jobs[{n}].{name} ({_clip_repr(job[name])}) is not "
+                                  f"{_KIND_NAMES[kinds]}")  # fmt: skip
+                job[name] = None
+        checked.append(job)
+    if "jobs" in record:
+        record["jobs"] = checked
+    if unreadable:
+        record["unreadable"] = unreadable
+    return record
+
+
+_Kinds = tuple[type, ...]
+_INT: _Kinds = (int,)
+_NUMBER: _Kinds = (int, float)
+_STR: _Kinds = (str,)
+_KIND_NAMES: dict[_Kinds, str] = {_INT: "an integer", _NUMBER: "a finite number", _STR: "a string"}
+_WORKER_FIELDS: dict[str, _Kinds] = {
+    "host": _STR,
+    "pid": _INT,
+    "queue": _STR,
+    "concurrency": _INT,
+    "started_ms": _INT,
+    "registered_ms": _INT,
+    "lease_s": _NUMBER,
+}
+_WORKER_JOB_FIELDS: dict[str, _Kinds] = {
+    "id": _STR,
+    "attempt": _INT,
+    "pid": _INT,
+    "lease_renewed_s_ago": _NUMBER,
+}
+#: Timestamps and pids beyond this are not real (and overflow date conversions).
+_LARGEST = 2**53
+
+
+def _is(value: Any, kinds: _Kinds) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        return False
+    if isinstance(value, float):
+        return math.isfinite(value) and abs(value) < _LARGEST
+    if isinstance(value, int):
+        return abs(value) < _LARGEST
+    return isinstance(value, str) and len(value) <= 1000
+
+
+def _clip_repr(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def _count(raw: bytes) -> int:
