@@ -182,7 +182,9 @@ def jobs(args: argparse.Namespace) -> int:
         return EXIT_OK
     out = render.stdout()
     if not rows:
-        out.print(f"no {' or '.join(s.value for s in states)} jobs in queue {args.queue}")
+        out.print(
+            render.plain(f"no {' or '.join(s.value for s in states)} jobs in queue {args.queue}")
+        )
         return EXIT_OK
     table = render.table(
         f"jobs of queue {args.queue}",
@@ -325,9 +327,11 @@ def retry(args: argparse.Namespace) -> int:
     if args.json:
         render.print_json({"retried": retried})
     elif args.all_failed:
-        render.stdout().print(f"retried {len(retried)} failed job(s) of queue {args.queue}")
+        render.stdout().print(
+            render.plain(f"retried {len(retried)} failed job(s) of queue {args.queue}")
+        )
     else:
-        render.stdout().print(f"retried job {args.id}")
+        render.stdout().print(render.plain(f"retried job {args.id}"))
     return EXIT_OK
 
 
@@ -339,7 +343,7 @@ def cancel(args: argparse.Namespace) -> int:
     if args.json:
         render.print_json({"cancelled": args.id})
     else:
-        render.stdout().print(f"cancelled job {args.id}")
+        render.stdout().print(render.plain(f"cancelled job {args.id}"))
     return EXIT_OK
 
 
@@ -353,5 +357,7 @@ def purge(args: argparse.Namespace) -> int:
         render.print_json({"purged": purged})
     else:
         for state, n in purged.items():
-            render.stdout().print(f"purged {n} {state} job(s) from queue {args.queue}")
+            render.stdout().print(
+                render.plain(f"purged {n} {state} job(s) from queue {args.queue}")
+            )
     return EXIT_OK

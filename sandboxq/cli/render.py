@@ -8,6 +8,7 @@ the batch view) only: a producer importing ``sandboxq`` never loads it.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -17,10 +18,27 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    # JSON escapes C0 controls itself; DEL and the C1 controls (\x9b starts a terminal
+    # command as \x1b[ does) are escaped here, so a stored value cannot drive a terminal.
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    sys.stdout.write(_C1.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n")
+
+
+_C1 = re.compile("[\x7f-\x9f]")
+#: Control characters but newline and tab: what must never reach a terminal raw.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(value: object) -> Text:
+    """``value`` as text to show as it is: never read as rich markup (``[/]`` in a stored
+    error broke the table), control characters made visible (``\\x1b``), so nothing read
+    from a shared Redis can drive the operator's terminal."""
+    text = "" if value is None else str(value)
+    return Text(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text))
 
 
 def stdout() -> Console:
@@ -46,9 +64,9 @@ def table(
     """A compact table that never crops: when the width runs short, cells fold onto more
     lines, the ``wrap`` column (errors) first, except in the ``keep`` columns (ids, which
     must stay whole to be copied)."""
-    cells = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    cells = [[plain(cell) for cell in row] for row in rows]
     out = Table(
-        title=title,
+        title=None if title is None else plain(title),
         title_justify="left",
         title_style="bold",
         box=box.SIMPLE_HEAD,
@@ -57,7 +75,7 @@ def table(
     )
     for i, column in enumerate(columns):
         if column in keep:
-            width = max([len(column), *(len(row[i]) for row in cells)])
+            width = max([len(column), *(row[i].cell_len for row in cells)])
             out.add_column(column, no_wrap=True, min_width=width)
         else:
             out.add_column(column, overflow="fold", ratio=1 if column == wrap else None)

@@ -10,9 +10,19 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, settings
 
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.cli import main
+
+H = "sandboxq.testing.handlers:"
+
+#: Workers are slow to start, so a fuzz test builds one in a fixture and shares it across
+#: its examples (hence the function-scoped fixture health check is off).
+SHARED_ACROSS_EXAMPLES = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 class Planted:

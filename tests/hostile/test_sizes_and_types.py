@@ -148,3 +148,25 @@ def test_a_worker_on_a_broken_queue_logs_why_and_others_go_on(
         workers.stop_all()
         other.close()
     assert not died
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_markup_and_terminal_escapes_in_records_are_shown_as_text(
+    raw: redis.Redis, redis_url: str, q: Queue, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """A stored error of ``[/]`` broke rich's markup parser (a traceback), and an escape
+    sequence in a record reached the operator's terminal as a command."""
+    job = q.enqueue("x")
+    hostile = "[/] [bold]x\x1b]0;owned\x07\x1b[2J\x00"
+    raw.hset(QueueKeys(q.name).job(job.id), "error", hostile)
+    raw.set(QueueKeys(q.name).worker("w[/]"), json.dumps({"host": hostile, "jobs": []}))
+    raw.sadd(QueueKeys(q.name).workers, "w[/]")
+    flags = ["--json"] if as_json else []
+    for verb in (["job", q.name, job.id], ["jobs", q.name], ["info", q.name]):
+        code, out, err = cli(capsys, *verb, "--url", redis_url, *flags)
+        assert code == 0, err
+        assert "\x1b" not in out and "\x07" not in out and "\x00" not in out, verb
+        if as_json:
+            json.loads(out)
+        else:
+            assert "[/]" in out, verb  # shown as it is, not read as markup
