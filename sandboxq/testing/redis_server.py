@@ -1,15 +1,18 @@
 """A throwaway ``redis-server`` for tests and benchmarks: on a free loopback port, or on a
 Unix socket in a private directory, with its data in a temporary directory removed on
-``close()``."""
+``close()``. With ``tls=TlsFiles(...)`` it speaks TLS only (``rediss://``), optionally
+requiring client certificates (mutual TLS)."""
 
 from __future__ import annotations
 
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 #: The binary looked up on PATH when none is named.
@@ -36,6 +39,20 @@ def find_binary(binary: str | None = None) -> str:
     return found
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for a TLS ``RedisServer``: its certificate chain and key, and the CA it
+    checks client certificates against (``client_auth``: clients must present one)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_auth: bool = False
+    #: A client certificate and key the server's own readiness check presents.
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,9 +77,10 @@ class RedisServer:
         appendonly: bool = False,
         binary: str | None = None,
         extra_args: Sequence[str] = (),
+        tls: TlsFiles | None = None,
     ) -> None:
-        if unix_socket and port is not None:
-            raise ValueError("a RedisServer listens on a port or on a Unix socket, not both")
+        if unix_socket and (port is not None or tls is not None):
+            raise ValueError("a RedisServer on a Unix socket has no port and no TLS")
         self.binary = find_binary(binary)
         self.extra_args = list(extra_args)  # more redis-server options, e.g. for a Cluster node
         self._dir = tempfile.TemporaryDirectory(prefix="sandboxq-redis-")
@@ -79,12 +97,15 @@ class RedisServer:
         else:
             self.port = port or free_port()
         self.appendonly = appendonly
+        self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         if self.socket_path is not None:
             return f"unix://{self.socket_path}?db=0"
+        if self.tls is not None:  # the certificates name localhost
+            return f"rediss://localhost:{self.port}/0"
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
@@ -102,6 +123,12 @@ class RedisServer:
                 "--unixsocketperm",
                 "700",
             ]
+        elif self.tls is not None:
+            tls = self.tls
+            where = ["--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1"]
+            where += ["--tls-cert-file", str(tls.cert_file), "--tls-key-file", str(tls.key_file)]
+            where += ["--tls-ca-cert-file", str(tls.ca_file)]
+            where += ["--tls-auth-clients", "yes" if tls.client_auth else "no"]
         else:
             where = ["--port", str(self.port), "--bind", "127.0.0.1"]
         args = [self.binary, *where, "--dir", self._dir.name, "--save", "", "--daemonize", "no"]
@@ -140,13 +167,27 @@ class RedisServer:
                 s.close()
                 raise
             return s
-        return socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+        plain = socket.create_connection(("127.0.0.1", self.port), timeout=0.5)
+        if self.tls is None:
+            return plain
+        # Readiness only: the certificate may be made to fail verification on purpose.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        if self.tls.client_cert_file is not None:
+            context.load_cert_chain(self.tls.client_cert_file, self.tls.client_key_file)
+        try:
+            return context.wrap_socket(plain, server_hostname="localhost")
+        except (OSError, ssl.SSLError):
+            plain.close()
+            raise
 
     def ping(self) -> bool:
         try:
             with self._connect() as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                # NOAUTH: it answers, and wants a password (--requirepass): ready too
+                return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

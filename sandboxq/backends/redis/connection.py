@@ -17,6 +17,17 @@ Where they connect, by URL:
     redis+cluster://[[user]:password@]h1:port[,h2:port...]                     a Cluster
         (rediss+cluster:// for TLS); any reachable node will do, the rest are discovered
 
+TLS (every ``rediss`` scheme) verifies the server's certificate and host name by default,
+against the system's CAs. URL query options, as redis-py names them, change that:
+``ssl_ca_certs=/path/ca.pem`` (the CA that signed the server's certificate),
+``ssl_certfile=...&ssl_keyfile=...`` (a client certificate, for mutual TLS),
+``ssl_cert_reqs=none`` (no verification: say so explicitly). An unknown query option is a
+``ConfigError`` naming it, not a silently ignored typo.
+
+Secrets never leave this module in clear: ``redact`` is the one function that shows a URL
+(password, and query options such as ``ssl_password``, become ``***``), and every error
+names the server by its redacted URL.
+
 The scripts (every state change) do not go through redis-py's per-command machinery: a
 ``Lane`` sends commands packed once on connections it keeps itself (see its docstring).
 Every key of a queue shares the ``{queue}`` hash tag, so on a Cluster all of one queue's
@@ -32,11 +43,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeAlias
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.exceptions import MovedError, RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -52,17 +64,56 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 
+#: Query options that hold secrets (shown as ``***`` by ``redact``).
+_SECRET_OPTION = re.compile(r"(pass|secret|token|key_?data)", re.IGNORECASE)
+
+#: TLS options a URL may carry (redis-py's names), on every scheme that speaks TLS.
+TLS_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_password",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+    "ssl_min_version",
+)
+
+
 def redact(url: str) -> str:
-    """The URL without its password, for error messages."""
+    """``url`` fit to show: its password, and any query option that holds a secret, as
+    ``***``. The one way a URL reaches a message, a log line or a worker record."""
     try:
         parts = urlsplit(url)
     except ValueError:  # malformed (an open IPv6 bracket): hide what sits between "user:" and "@"
         return re.sub(r"^([\w+.-]+://[^/@:]*):[^/@]*@", r"\1:***@", url)
     userinfo, at, hosts = parts.netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
+    if at and ":" in userinfo:
+        parts = parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hosts}")
+    if parts.query:
+        shown = []
+        for item in parts.query.split("&"):
+            name, eq, _ = item.partition("=")
+            shown.append(f"{name}=***" if eq and _SECRET_OPTION.search(name) else item)
+        parts = parts._replace(query="&".join(shown))
+    return urlunsplit(parts)
+
+
+def _query_options(query: str, allowed: Sequence[str], scheme: str) -> dict[str, str]:
+    """The query options of a URL, each checked against ``allowed``."""
+    found: dict[str, str] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in allowed:
+            tls = ", ".join(TLS_OPTIONS)
+            if scheme in SENTINEL_SCHEMES + CLUSTER_SCHEMES:
+                raise ConfigError(
+                    f"{scheme}:// URLs take no query options but TLS ones ({tls}), got {name!r}"
+                )
+            raise ConfigError(f"unknown option {name!r} in a {scheme}:// URL (TLS options: {tls})")
+        if name.startswith("ssl_") and not scheme.startswith("rediss"):
+            raise ConfigError(f"{name} is a TLS option: use rediss:// (not {scheme}://)")
+        found[name] = value
+    return found
 
 
 def _retry() -> Retry:
@@ -101,6 +152,29 @@ def _credentials(netloc: str) -> dict[str, Any]:
     if colon:
         found["password"] = unquote(password)
     return found
+
+
+def _tls_values(options: dict[str, str]) -> dict[str, Any]:
+    """TLS query options as the client constructors take them."""
+    values: dict[str, Any] = dict(options)
+    if "ssl_check_hostname" in values:
+        values["ssl_check_hostname"] = values["ssl_check_hostname"].lower() in ("1", "true", "yes")
+    return values
+
+
+def tls_hint(error: str) -> str:
+    """What to do about a TLS failure in ``error`` (empty if it is none)."""
+    if "CERTIFICATE_VERIFY_FAILED" in error or "certificate verify failed" in error:
+        return (
+            " (TLS: the server's certificate was refused; if it is signed by your own CA, "
+            "name it with ?ssl_ca_certs=/path/to/ca.pem)"
+        )
+    if "SSL" in error or "TLS" in error:
+        return (
+            " (TLS handshake failed: check the server's TLS port, and ssl_certfile and "
+            "ssl_keyfile if it requires client certificates)"
+        )
+    return ""
 
 
 class Lane:
@@ -263,12 +337,15 @@ class Connections:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in SENTINEL_SCHEMES + CLUSTER_SCHEMES:
+            # redis-py passes unknown query options on to the connection class, where a
+            # typo (ssl_ca_cert=) fails only at the first command, as a TypeError.
+            _query_options(parts.query, [*URL_QUERY_ARGUMENT_PARSERS, *TLS_OPTIONS], scheme)
             return partial(redis.Redis.from_url, url, decode_responses=False)
-        if parts.query:
-            raise ConfigError(f"{scheme}:// URLs take no query options, got {parts.query!r}")
+        tls = _query_options(parts.query, TLS_OPTIONS, scheme)
         options: dict[str, Any] = {"decode_responses": False, **_credentials(parts.netloc)}
         if scheme.startswith("rediss"):
             options["ssl"] = True
+            options.update(_tls_values(tls))
         if scheme in CLUSTER_SCHEMES:
             return self._cluster(parts.netloc, parts.path, options)
         return self._sentinel(parts.netloc, parts.path, options)
@@ -309,7 +386,9 @@ class Connections:
         try:
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise BackendError(f"Redis at {self.where} is unreachable ({doing}): {exc}") from exc
+            raise BackendError(
+                f"Redis at {self.where} is unreachable ({doing}): {exc}{tls_hint(str(exc))}"
+            ) from exc
         except (redis.RedisError, RedisClusterException) as exc:
             detail = self._wrong_types() if "WRONGTYPE" in str(exc) else None
             raise BackendError(f"Redis at {self.where} failed to {doing}: {detail or exc}") from exc
