@@ -18,6 +18,7 @@ from typing import Any
 from sandboxq.backends.base import Backend
 from sandboxq.errors import ConfigError
 from sandboxq.models import check_queue_name
+from sandboxq.redaction import redact_url
 
 URL_ENV = "SANDBOXQ_URL"
 DEFAULT_URL = "memory://"
@@ -51,6 +52,6 @@ def open_backend(url: str | None, queue: str, **options: Any) -> Backend:
 
         return RedisBackend(url, queue, **options)
     raise ConfigError(
-        f"unsupported backend URL {url!r}: use memory://, redis://host:port/db, "
+        f"unsupported backend URL {redact_url(url)!r}: use memory://, redis://host:port/db, "
         "redis+sentinel://host:port/service or redis+cluster://host:port"
     )

@@ -24,9 +24,8 @@ against the system's CAs. URL query options, as redis-py names them, change that
 ``ssl_cert_reqs=none`` (no verification: say so explicitly). An unknown query option is a
 ``ConfigError`` naming it, not a silently ignored typo.
 
-Secrets never leave this module in clear: ``redact`` is the one function that shows a URL
-(password, and query options such as ``ssl_password``, become ``***``), and every error
-names the server by its redacted URL.
+Secrets never leave this module in clear: every error names the server by its URL as
+``sandboxq.redaction.redact_url`` shows it (password and secret query options as ``***``).
 
 The scripts (every state change) do not go through redis-py's per-command machinery: a
 ``Lane`` sends commands packed once on connections it keeps itself (see its docstring).
@@ -37,23 +36,23 @@ follows the slot if it moves. The redis-py clients route everything else by key.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeAlias
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import URL_QUERY_ARGUMENT_PARSERS
-from redis.exceptions import MovedError, RedisClusterException
+from redis.exceptions import MovedError, NoPermissionError, RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from sandboxq.errors import BackendError, ConfigError
+from sandboxq.redaction import redact_url as redact
 
 #: Longest single blocking read; longer waits are made of several.
 BLOCK_CAP_S = 30.0
@@ -63,9 +62,6 @@ Client: TypeAlias = "redis.Redis | RedisCluster"
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
-
-#: Query options that hold secrets (shown as ``***`` by ``redact``).
-_SECRET_OPTION = re.compile(r"(pass|secret|token|key_?data)", re.IGNORECASE)
 
 #: TLS options a URL may carry (redis-py's names), on every scheme that speaks TLS.
 TLS_OPTIONS = (
@@ -78,25 +74,6 @@ TLS_OPTIONS = (
     "ssl_check_hostname",
     "ssl_min_version",
 )
-
-
-def redact(url: str) -> str:
-    """``url`` fit to show: its password, and any query option that holds a secret, as
-    ``***``. The one way a URL reaches a message, a log line or a worker record."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # malformed (an open IPv6 bracket): hide what sits between "user:" and "@"
-        return re.sub(r"^([\w+.-]+://[^/@:]*):[^/@]*@", r"\1:***@", url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    if at and ":" in userinfo:
-        parts = parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hosts}")
-    if parts.query:
-        shown = []
-        for item in parts.query.split("&"):
-            name, eq, _ = item.partition("=")
-            shown.append(f"{name}=***" if eq and _SECRET_OPTION.search(name) else item)
-        parts = parts._replace(query="&".join(shown))
-    return urlunsplit(parts)
 
 
 def _query_options(query: str, allowed: Sequence[str], scheme: str) -> dict[str, str]:
@@ -388,6 +365,12 @@ class Connections:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise BackendError(
                 f"Redis at {self.where} is unreachable ({doing}): {exc}{tls_hint(str(exc))}"
+            ) from exc
+        except NoPermissionError as exc:
+            raise BackendError(
+                f"Redis at {self.where} refused to {doing}: permission denied by the "
+                f"server's ACL for this user ({exc}); the rules each role needs are "
+                "sandboxq.backends.redis.acl.rules(queue, role), tabled in the README"
             ) from exc
         except (redis.RedisError, RedisClusterException) as exc:
             detail = self._wrong_types() if "WRONGTYPE" in str(exc) else None

@@ -1,0 +1,125 @@
+"""The least a Redis ACL user needs to work one queue, as a worker or as a producer.
+
+    rules("thumbs", "worker")    ->  ["resetkeys", "resetchannels", "-@all", "~sq:{thumbs}:*", ...]
+    ACL SETUSER thumbs-worker on >password <the rules>
+
+The README's table is checked against this module, so the documented rules and the
+tested ones are the same. Every state change is a Lua script run with ``EVALSHA`` (and
+``SCRIPT LOAD`` when the server's script cache is empty); since Redis 7 the commands a
+script calls are checked against the caller's ACL too, so both roles need them.
+
+What separates the roles is what only a worker does outside the scripts: it registers
+itself (``SET``/``SADD``/``SREM`` on the worker registry), blocks on the wake list
+(``BLPOP``) and subscribes to cancellations. A producer-only user lacks those, so a worker
+started with its credentials fails at once with Redis's ``NOPERM`` naming the command.
+ACLs cannot tell one script from another: a producer user can still run the claim
+script by hand. They keep a client to its own queue's keys; they do not make a
+producer's credentials safe to hand to someone hostile.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from sandboxq.backends.redis.keys import QueueKeys
+
+Role = Literal["worker", "producer"]
+ROLES: tuple[Role, ...] = ("worker", "producer")
+
+#: What the Lua scripts call (lua/*.lua), for either role.
+SCRIPT_COMMANDS = (
+    "del",
+    "exists",
+    "hdel",
+    "hget",
+    "hmget",
+    "hset",
+    "incr",
+    "incrby",
+    "lpush",
+    "ltrim",
+    "publish",
+    "rpush",
+    "time",
+    "type",
+    "xadd",
+    "zadd",
+    "zcard",
+    "zpopmin",
+    "zrange",
+    "zrangebyscore",
+    "zrem",
+    "zremrangebyrank",
+    "zscore",
+)
+
+#: Running the scripts.
+SCRIPTING = ("evalsha", "script|load")
+
+#: Reading a queue: job records, results, counts, listings, events, the worker registry.
+READ_COMMANDS = (
+    "hstrlen",
+    "llen",
+    "lrange",
+    "zrevrange",
+    "xread",
+    "xrevrange",
+    "smembers",
+    "mget",
+    "select",
+    "ping",
+)
+
+#: Only a worker: its registry entry, the wake list, cancellations.
+WORKER_COMMANDS = ("set", "sadd", "srem", "blpop", "subscribe", "unsubscribe")
+
+#: A Redis Cluster client also reads the slot map and the command table (not tested here).
+CLUSTER_COMMANDS = ("cluster|slots", "cluster|shards", "command")
+
+
+def commands(role: Role, *, cluster: bool = False) -> list[str]:
+    """The commands ``role`` needs, sorted."""
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+    needed = {*SCRIPT_COMMANDS, *SCRIPTING, *READ_COMMANDS}
+    if role == "worker":
+        needed.update(WORKER_COMMANDS)
+    if cluster:
+        needed.update(CLUSTER_COMMANDS)
+    return sorted(needed)
+
+
+def key_patterns(queue: str, role: Role) -> list[str]:
+    """ACL key patterns: a worker reads and writes every key of its queue (one hash tag);
+    a producer every key but the worker registry, which it may only read."""
+    keys = QueueKeys(queue)
+    if role == "worker":
+        return [f"~sq:{{{keys.queue}}}:*"]
+    writable = [
+        keys.job_prefix + "*",
+        keys.history_prefix + "*",
+        keys.waiting,
+        keys.delayed,
+        keys.active,
+        keys.completed,
+        keys.failed,
+        keys.cancelled,
+        keys.seq,
+        keys.events,
+        keys.wake,
+    ]
+    readable = [keys.workers, keys.worker_prefix + "*"]
+    return [f"~{key}" for key in writable] + [f"%R~{key}" for key in readable]
+
+
+def rules(queue: str, role: Role, *, cluster: bool = False) -> list[str]:
+    """The ``ACL SETUSER`` rules (after ``on`` and the password) for ``role`` on ``queue``."""
+    keys = QueueKeys(queue)
+    return [
+        "resetkeys",
+        "resetchannels",
+        "-@all",
+        *key_patterns(queue, role),
+        f"&{keys.cancel_channel}",
+        *(f"+{command}" for command in commands(role, cluster=cluster)),
+    ]

@@ -1,0 +1,36 @@
+"""The one function that shows a backend URL: passwords and secret options hidden.
+
+    redis://user:pw@host:6379/0?ssl_password=x  ->  redis://user:***@host:6379/0?ssl_password=***
+
+Every error message, log line, ``repr`` and worker record that names a server goes
+through ``redact_url``; nothing else in sandboxq formats a URL it was given. Imports
+nothing heavy, so the backend chooser can use it before any backend is loaded.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+#: Query options that hold secrets (shown as ``***``).
+_SECRET_OPTION = re.compile(r"(pass|secret|token|key_?data|auth)", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit to show: its password, and any query option that holds a secret, as
+    ``***``. A string that does not parse as a URL has whatever sits between ``user:`` and
+    ``@`` hidden all the same."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # malformed (an open IPv6 bracket): hide what sits between "user:" and "@"
+        return re.sub(r"^([\w+.-]+://[^/@:]*):[^/@]*@", r"\1:***@", url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        parts = parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hosts}")
+    if parts.query:
+        shown = []
+        for item in parts.query.split("&"):
+            name, eq, _ = item.partition("=")
+            shown.append(f"{name}=***" if eq and _SECRET_OPTION.search(name) else item)
+        parts = parts._replace(query="&".join(shown))
+    return urlunsplit(parts)

@@ -1,0 +1,96 @@
+"""A worker and a producer as Redis ACL users with exactly ``acl.rules(queue, role)``
+(the rules the README documents): both do their whole job; the producer cannot start a
+worker (a clear NOPERM naming what is missing), and neither reaches another queue."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from sandboxq import Queue
+from sandboxq.backends.redis import acl
+from sandboxq.errors import BackendError
+from sandboxq.models import JobState
+from sandboxq.testing.workers import BackgroundWorkers
+from sandboxq.worker import SandboxWorker
+
+from .support import H, cli
+
+pytestmark = pytest.mark.timeout(60)
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+MakeUser = Callable[[str, acl.Role], str]
+
+
+@pytest.fixture
+def acl_user(raw: redis.Redis, redis_server: object) -> Iterator[MakeUser]:
+    """``make(queue, role)``: a new ACL user with the role's rules; returns its URL."""
+    made: list[str] = []
+    port = raw.connection_pool.connection_kwargs["port"]
+
+    def make(queue: str, role: acl.Role) -> str:
+        name, password = f"{role}-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+        raw.execute_command("ACL", "SETUSER", name, "on", f">{password}", *acl.rules(queue, role))
+        made.append(name)
+        return f"redis://{name}:{password}@127.0.0.1:{port}/0"
+
+    yield make
+    if made:
+        raw.execute_command("ACL", "DELUSER", *made)
+
+
+def test_a_worker_and_a_producer_work_with_exactly_the_documented_rules(
+    acl_user: MakeUser, queue_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    producer_url = acl_user(queue_name, "producer")
+    worker_url = acl_user(queue_name, "worker")
+    workers = BackgroundWorkers(join_timeout_s=20)
+    try:
+        workers.start(queue_name, H + "echo", url=worker_url, concurrency=1, lease_s=3.0)
+        with Queue(queue_name, url=producer_url) as q:
+            job = q.enqueue("as a producer")
+            assert job.result(timeout_s=30) == "as a producer"
+            assert job.info().history[0].outcome.value == "ok"
+            assert q.counts()[JobState.COMPLETED] == 1
+            assert {e.kind for e in q.events()} >= {"added", "active", "completed"}
+            assert q.backend.workers()  # the registry is readable
+            later = q.options(delay_s=3600).enqueue("never runs")
+            assert later.cancel() and later.state() is JobState.CANCELLED
+            assert q.backend.retry_failed(later.id)
+        for verb in (["info", queue_name], ["jobs", queue_name], ["job", queue_name, job.id]):
+            code, _, err = cli(capsys, *verb, "--url", producer_url, "--json")
+            assert code == 0, err
+    finally:
+        workers.stop_all()
+
+
+def test_a_producer_user_cannot_act_as_a_worker(acl_user: MakeUser, queue_name: str) -> None:
+    producer_url = acl_user(queue_name, "producer")
+    worker = SandboxWorker(queue_name, H + "echo", url=producer_url, concurrency=1)
+    with pytest.raises(BackendError) as caught:
+        worker.run(burst=True)
+    message = str(caught.value)
+    assert "permission denied" in message and "register worker" in message, message
+    assert re.search(r"permissions to (run the '(set|sadd)' command|access)", message), message
+    assert producer_url.split(":")[2].split("@")[0] not in message  # the password
+
+
+def test_a_user_of_one_queue_cannot_touch_another(acl_user: MakeUser, queue_name: str) -> None:
+    producer_url = acl_user(queue_name, "producer")
+    with Queue(queue_name + "-other", url=producer_url) as other:
+        with pytest.raises(BackendError, match=r"permission denied.*keys"):
+            other.enqueue("x")
+
+
+@pytest.mark.parametrize("role", acl.ROLES)
+def test_the_readme_documents_exactly_these_rules(role: acl.Role) -> None:
+    documented = " ".join(acl.rules("QUEUE", role))
+    assert documented in README.read_text(encoding="utf-8"), (
+        f"the README's ACL rules for a {role} differ from acl.rules('QUEUE', {role!r}):\n"
+        f"{documented}"
+    )
