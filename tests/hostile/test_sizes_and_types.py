@@ -170,3 +170,36 @@ def test_markup_and_terminal_escapes_in_records_are_shown_as_text(
             json.loads(out)
         else:
             assert "[/]" in out, verb  # shown as it is, not read as markup
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "cause"),
+    [
+        ("payload", b"[" * (DEFAULT_MAX_BYTES + 1), f"over the read limit of {DEFAULT_MAX_BYTES}"),
+        ("codec", b"json" * 10_000, "the codec field is 40000 bytes"),
+    ],
+    ids=["payload", "codec"],
+)
+def test_a_claimed_job_over_the_caps_fails_with_the_cap(
+    raw: redis.Redis, redis_url: str, q: Queue, field: str, value: bytes, cause: str
+) -> None:
+    victim = q.options(delay_s=3600).enqueue("victim")
+    keys = QueueKeys(q.name)
+    with raw.pipeline(transaction=True) as pipe:  # made waiting as promotion does it
+        pipe.zrem(keys.delayed, victim.id)
+        pipe.hset(keys.job(victim.id), mapping={"state": "waiting", field: value})
+        pipe.zadd(keys.waiting, {victim.id: 0})
+        pipe.lpush(keys.wake, "1")
+        pipe.execute()
+    workers = BackgroundWorkers(join_timeout_s=20)
+    try:
+        workers.start(q.name, "sandboxq.testing.handlers:echo", url=redis_url, concurrency=1)
+        wait_for(lambda: victim.state().finished, 30, "the victim to be failed")
+        info = victim.info()
+        assert info.state.value == "failed" and info.error and cause in info.error, info.error
+        assert len(info.error) < 1000
+        assert q.enqueue("beside").result(timeout_s=30) == "beside"
+    finally:
+        died = workers.not_running()
+        workers.stop_all()
+    assert not died

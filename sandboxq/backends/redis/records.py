@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from sandboxq.backends.base import Claimed, Event, NewJob
 from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.codec import DEFAULT_MAX_BYTES
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.models import (
     MAX_PRIORITY,
@@ -38,6 +39,11 @@ T = TypeVar("T")
 #: Largest stored text a reader takes in: a job field, attempt record, event field or
 #: worker record. Results and payloads have their own cap (``codec.DEFAULT_MAX_BYTES``).
 MAX_FIELD_BYTES = 1 << 20
+
+#: A claimed job's payload over this fails the job instead of reaching a child.
+MAX_PAYLOAD_BYTES = DEFAULT_MAX_BYTES
+#: Longest codec name a claimed job may carry.
+MAX_CODEC_BYTES = 32
 
 #: Attempt records read per job, the newest ones.
 MAX_HISTORY = 1000
@@ -128,6 +134,12 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
         except ValueError as exc:
             options_json = "{}"
             problem = f"the opts field does not validate: {brief(exc)}"
+        if len(payload) > MAX_PAYLOAD_BYTES:  # never handed to a child to decode
+            problem = f"the payload is {over_cap(len(payload), MAX_PAYLOAD_BYTES)}"
+            payload = b""
+        if len(codec) > MAX_CODEC_BYTES:  # a codec name, not a message to store
+            problem = f"the codec field is {over_cap(len(codec), MAX_CODEC_BYTES)}"
+            codec = b"?"
         claimed = Claimed(
             id=text(job_id),
             token=text(token),
