@@ -25,12 +25,17 @@ def redact_url(url: str) -> str:
     except ValueError:  # malformed (an open IPv6 bracket): hide what sits between "user:" and "@"
         return re.sub(r"^([\w+.-]+://[^/@:]*):[^/@]*@", r"\1:***@", url)
     userinfo, at, hosts = parts.netloc.rpartition("@")
+    hidden = False
     if at and ":" in userinfo:
         parts = parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hosts}")
+        hidden = True
     if parts.query:
         shown = []
         for item in parts.query.split("&"):
             name, eq, _ = item.partition("=")
-            shown.append(f"{name}=***" if eq and _SECRET_OPTION.search(name) else item)
+            secret = bool(eq) and _SECRET_OPTION.search(name) is not None
+            shown.append(f"{name}=***" if secret else item)
+            hidden = hidden or secret
         parts = parts._replace(query="&".join(shown))
-    return urlunsplit(parts)
+    # Nothing to hide: the string as given (urlunsplit would tidy odd ones, "a?" -> "a").
+    return urlunsplit(parts) if hidden else url
