@@ -5,6 +5,11 @@
 
 Worker records come from other processes (``SandboxWorker._register``), so they are read
 with ``.get`` and defaults: an old or odd record shows as blanks, it never breaks ``info``.
+
+Everything shown was read from a Redis others can write: a completed job's result is
+decoded only with the codecs this command allows (json; pickle with ``--allow-pickle``),
+through ``client.read_result``; damaged parts are listed as ``unreadable``; and stored
+text is printed as text (``render.plain``), never as markup or terminal escapes.
 """
 
 from __future__ import annotations
