@@ -280,70 +280,56 @@ class RedisBackend:
     # -- reading --------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JobInfo | None:
-        """Two round trips: the sizes and types first, so a field over the read cap or a
-        key of the wrong type is never fetched (see ``records``), then what can be read."""
-        key, history_key = self.keys.job(job_id), self.keys.history(job_id)
+        """One script (lua/read_job.lua): a field or attempt record over the read cap is
+        never sent here, only its size (see ``records``)."""
         fields = records.INFO_FIELDS
+        args: list[Arg] = [job_id, records.MAX_FIELD_BYTES, records.MAX_HISTORY, *fields]
         with self._errors(f"read job {job_id!r}"):
-            pipe = self._conns.main.pipeline(transaction=False)
-            pipe.type(key)
-            pipe.type(history_key)
-            pipe.llen(history_key)
-            for name in fields:
-                pipe.hstrlen(key, name)
-            kind, history_kind, length, *sizes = pipe.execute(raise_on_error=False)
-            kind, history_kind = records.text(kind), records.text(history_kind)
-            if kind == "none":
-                return None
-            if kind != "hash":
-                raise BackendError(
-                    f"job {job_id!r} in queue {self.queue!r}: its record {key} holds a "
-                    f"{kind}, not a hash (changed by hand?)"
-                )
-            total = length if history_kind == "list" and isinstance(length, int) else 0
-            oversized = {
-                name: size
-                for name, size in zip(fields, sizes, strict=True)
-                if isinstance(size, int) and size > records.MAX_FIELD_BYTES
-            }
-            wanted = [name for name in fields if name not in oversized]
-            pipe = self._conns.main.pipeline(transaction=False)
-            pipe.hmget(key, wanted)
-            if total:
-                pipe.lrange(history_key, -records.MAX_HISTORY, -1)
-            values, *history = pipe.execute()
-        found = {name.encode(): v for name, v in zip(wanted, values, strict=True) if v is not None}
+            reply = self._scripts.read_job(args)
+        kind, history_kind = records.text(reply[0]), records.text(reply[1])
+        if kind == "none":
+            return None
+        if kind != "hash":
+            raise BackendError(
+                f"job {job_id!r} in queue {self.queue!r}: its record "
+                f"{self.keys.job(job_id)} holds a {kind}, not a hash (changed by hand?)"
+            )
+        total, sizes, values, history = reply[2:]
+        oversized = {
+            name: int(size)
+            for name, size in zip(fields, sizes, strict=True)
+            if size > records.MAX_FIELD_BYTES
+        }
+        found = {
+            name.encode(): value
+            for name, value in zip(fields, values, strict=True)
+            if value is not None and name not in oversized
+        }
         damaged = []
         if history_kind not in ("list", "none"):
+            history_key = self.keys.history(job_id)
             damaged.append(f"history: {history_key} holds a {history_kind}, not a list")
         return records.job_info(
             self.queue,
             job_id,
             found,
-            history[0] if history else [],
+            history,
             oversized=oversized,
             damaged=damaged,
-            history_total=total,
+            history_total=int(total),
         )
 
     def get_result(self, job_id: str) -> bytes | None:
-        key = self.keys.job(job_id)
         with self._errors(f"read the result of job {job_id!r}"):
-            pipe = self._conns.main.pipeline(transaction=False)
-            pipe.hget(key, "state")
-            pipe.hstrlen(key, "result")
-            state, size = pipe.execute()
-            if state != b"completed" or not size:
-                return None
-            if size > MAX_RESULT_BYTES:
-                raise SerializationError(
-                    f"job {job_id!r}: the result is {records.over_cap(size, MAX_RESULT_BYTES)}"
-                    "; it was not read"
-                )
-            result = self._conns.main.hget(key, "result")
-        if result is None:
+            state, size, result = self._scripts.read_result([job_id, MAX_RESULT_BYTES])
+        if state != b"completed" or not size:
             return None
-        return result if isinstance(result, bytes) else result.encode()
+        if size > MAX_RESULT_BYTES:
+            raise SerializationError(
+                f"job {job_id!r}: the result is {records.over_cap(size, MAX_RESULT_BYTES)}"
+                "; it was not read"
+            )
+        return None if result is None else bytes(result)
 
     def counts(self) -> dict[JobState, int]:
         with self._errors("count jobs"):

@@ -171,7 +171,7 @@ def job_info(
     queue: str,
     job_id: str,
     fields: dict[bytes, bytes],
-    history: Sequence[bytes],
+    history: Sequence[bytes | int],
     *,
     oversized: dict[str, int] | None = None,
     damaged: Sequence[str] = (),
@@ -182,7 +182,8 @@ def job_info(
     ``oversized`` names the fields left unread because they are over ``MAX_FIELD_BYTES``
     (with their sizes); ``damaged`` lists what the caller already found unreadable (a
     history key of the wrong type); ``history_total`` is the length of the whole history
-    list when ``history`` holds only its newest entries.
+    list when ``history`` holds only its newest entries. An entry of ``history`` that is
+    an int is the size of a record left unread, over the cap.
 
     Only an unreadable ``state`` raises ``BackendError`` (there is no job to show without
     it). Any other field, or attempt record, that does not parse is left at its default
@@ -226,8 +227,9 @@ def job_info(
         )
     first = 1 + skipped
     for n, raw in enumerate(history, first):
-        if len(raw) > MAX_FIELD_BYTES:
-            unreadable.append(f"attempt record #{n}: {over_cap(len(raw))}")
+        size = raw if isinstance(raw, int) else len(raw)  # read_job.lua sends only the size
+        if isinstance(raw, int) or size > MAX_FIELD_BYTES:
+            unreadable.append(f"attempt record #{n}: {over_cap(size)}")
             continue
         try:
             history_records.append(AttemptRecord.model_validate_json(raw))

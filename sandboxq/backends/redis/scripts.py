@@ -118,3 +118,6 @@ class Scripts:
         self.retry_failed = bind("retry_failed")
         self.purge = bind("purge")
         self.release = bind("release")
+        # Readers (read-only): bounded reads of one job for Job.info and Job.result.
+        self.read_job = bind("read_job")
+        self.read_result = bind("read_result")
