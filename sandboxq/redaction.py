@@ -22,8 +22,13 @@ def redact_url(url: str) -> str:
     ``@`` hidden all the same."""
     try:
         parts = urlsplit(url)
-    except ValueError:  # malformed (an open IPv6 bracket): hide what sits between "user:" and "@"
-        return re.sub(r"^([\w+.-]+://[^/@:]*):[^/@]*@", r"\1:***@", url)
+    except ValueError:  # malformed (an open IPv6 bracket)
+        return _hide_userinfo(url)
+    if "@" in url and "@" not in parts.netloc:
+        # A password holding '#', '?' or '/' unencoded ends the netloc early, and the
+        # parse no longer sees it as one: hide up to the last '@' instead (too much,
+        # rather than too little).
+        return _hide_userinfo(url)
     userinfo, at, hosts = parts.netloc.rpartition("@")
     hidden = False
     if at and ":" in userinfo:
@@ -39,3 +44,13 @@ def redact_url(url: str) -> str:
         parts = parts._replace(query="&".join(shown))
     # Nothing to hide: the string as given (urlunsplit would tidy odd ones, "a?" -> "a").
     return urlunsplit(parts) if hidden else url
+
+
+def _hide_userinfo(url: str) -> str:
+    """Hide what sits between ``scheme://user:`` and the last ``@``, and the values of
+    secret query options after it."""
+    url = re.sub(r"^([A-Za-z][\w+.-]*://[^/@:]*):.*@", r"\1:***@", url, flags=re.DOTALL)
+    return _SECRET_VALUE.sub(r"\1***", url)
+
+
+_SECRET_VALUE = re.compile(r"([?&][^=&]*" + _SECRET_OPTION.pattern + r"[^=&]*=)[^&]*", re.I)

@@ -8,14 +8,18 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from urllib.parse import quote
 
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sandboxq import Queue
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.cli import main
 from sandboxq.errors import SandboxqError
+from sandboxq.redaction import redact_url
 from sandboxq.testing.redis_server import free_port
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
@@ -99,3 +103,27 @@ def test_no_output_anywhere_holds_the_password(
     leaks = [text for text in seen if SECRET in text]
     assert not leaks, f"the password appeared in {len(leaks)} output(s), e.g. {leaks[0][:500]!r}"
     assert "***" in err  # the URLs were named, redacted
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    password=st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=20),
+    shape=st.sampled_from(
+        [
+            "redis://user:{pw}@h:1/0",
+            "rediss://:{pw}@h:1/0?ssl_ca_certs=/ca.pem",
+            "redis+sentinel://:{pw}@h1:1,h2:2/main/0",
+            "rediss+cluster://u:{pw}@[::1]:7000,h:7001",
+            "rediss://h:1/0?ssl_certfile=/c&ssl_password={pw}",
+            "unix://:{pw}@/tmp/redis.sock?db=0",
+            "redis://user:{pw}@[::1/0",  # malformed
+        ]
+    ),
+)
+def test_redact_url_hides_any_password(password: str, shape: str) -> None:
+    secret = "Pw-" + password
+    for written in {quote(secret, safe=""), secret.replace("@", "%40").replace("/", "%2F")}:
+        url = shape.format(pw=written)
+        shown = redact_url(url)
+        assert written not in shown and secret not in shown, (url, shown)
+        assert "***" in shown

@@ -6,6 +6,7 @@
     reaper   ── recover_stalled.lua ──► waiting, or failed after max_stalls
     user     ── cancel.lua ──► cancelled + PUBLISH ──► the owner's watch_cancellations
     every script ── XADD ──► events STREAM ──► events(), wait_for_finish()
+    reader   ── read_job.lua, read_result.lua ──► get(), get_result(): bounded, one round trip
 
 The scripts (``lua/*.lua``) hold the rules; this class turns arguments into script
 arguments and replies into sandboxq types (``records.py``), and every Redis failure into
