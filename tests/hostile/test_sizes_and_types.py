@@ -203,3 +203,18 @@ def test_a_claimed_job_over_the_caps_fails_with_the_cap(
         died = workers.not_running()
         workers.stop_all()
     assert not died
+
+
+def test_a_waiter_never_fetches_a_huge_state_field(raw: redis.Redis, q: Queue) -> None:
+    """``result()`` re-reads the state while it waits: a state made huge by hand was
+    fetched whole on every check. It is now refused with the cap, and so is a job record
+    of the wrong type (both end the wait with an error, never a wait that cannot end)."""
+    job = q.enqueue("x")
+    raw.hset(QueueKeys(q.name).job(job.id), "state", b"s" * (CAP + 1))
+    with pytest.raises(BackendError, match=r"state field .* over the read limit of \d+ bytes"):
+        job.result(timeout_s=5)
+    other = q.enqueue("y")
+    raw.delete(QueueKeys(q.name).job(other.id))
+    raw.set(QueueKeys(q.name).job(other.id), "by hand")
+    with pytest.raises(BackendError, match="string, not a hash"):
+        other.result(timeout_s=5)

@@ -6,7 +6,8 @@
     reaper   ── recover_stalled.lua ──► waiting, or failed after max_stalls
     user     ── cancel.lua ──► cancelled + PUBLISH ──► the owner's watch_cancellations
     every script ── XADD ──► events STREAM ──► events(), wait_for_finish()
-    reader   ── read_job.lua, read_result.lua ──► get(), get_result(): bounded, one round trip
+    reader   ── read_job.lua, read_result.lua, read_state.lua ──► get(), get_result(),
+                wait_for_finish(): bounded, one round trip each
 
 The scripts (``lua/*.lua``) hold the rules; this class turns arguments into script
 arguments and replies into sandboxq types (``records.py``), and every Redis failure into
@@ -356,7 +357,10 @@ class RedisBackend:
     # -- waiting (listen.py) ----------------------------------------------------------------
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
-        return listen.wait_for_finish(self._conns, self.keys, job_id, timeout_s)
+        def read_state() -> Any:
+            return self._scripts.read_state([job_id, records.MAX_STATE_BYTES])
+
+        return listen.wait_for_finish(self._conns, self.keys, job_id, timeout_s, read_state)
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
         return listen.events(self._conns, self.keys, since, block_s)

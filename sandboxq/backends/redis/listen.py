@@ -63,12 +63,17 @@ def read_events(
 
 
 def wait_for_finish(
-    conns: Connections, keys: QueueKeys, job_id: str, timeout_s: float
+    conns: Connections,
+    keys: QueueKeys,
+    job_id: str,
+    timeout_s: float,
+    read_state: Callable[[], Any],
 ) -> JobState | None:
-    """Follow the events stream from "now" and re-read the job's state whenever an event
-    names it (or every FINISH_POLL_S, in case its event was trimmed before we read it)."""
+    """Follow the events stream from "now" and re-read the job's state (``read_state``,
+    bounded: lua/read_state.lua) whenever an event names it (or every FINISH_POLL_S, in
+    case its event was trimmed before we read it)."""
     deadline = time.monotonic() + timeout_s
-    key, wanted = keys.job(job_id), job_id.encode()
+    wanted = job_id.encode()
     with conns.errors(f"wait for job {job_id!r}"):
         # the stream position is taken before the state is read: no event can slip between
         newest: Any = conns.main.xrevrange(keys.events, count=1)
@@ -76,7 +81,7 @@ def wait_for_finish(
         check, checked_at = True, 0.0
         while True:
             if check or time.monotonic() - checked_at >= FINISH_POLL_S:
-                raw: Any = conns.main.hget(key, "state")
+                raw: Any = read_state()
                 state = _FINISHED.get(raw or b"")
                 checked_at = time.monotonic()
                 if state is not None:

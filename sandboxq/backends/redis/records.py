@@ -40,6 +40,9 @@ T = TypeVar("T")
 #: worker record. Results and payloads have their own cap (``codec.DEFAULT_MAX_BYTES``).
 MAX_FIELD_BYTES = 1 << 20
 
+#: The longest state a waiter takes in (a real one is a few letters).
+MAX_STATE_BYTES = 64
+
 #: A claimed job's payload over this fails the job instead of reaching a child.
 MAX_PAYLOAD_BYTES = DEFAULT_MAX_BYTES
 #: Longest codec name a claimed job may carry.

@@ -121,3 +121,4 @@ class Scripts:
         # Readers (read-only): bounded reads of one job for Job.info and Job.result.
         self.read_job = bind("read_job")
         self.read_result = bind("read_result")
+        self.read_state = bind("read_state")
