@@ -14,6 +14,7 @@ arguments and replies into sandboxq types (``records.py``), and every Redis fail
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -29,10 +30,12 @@ from sandboxq.backends.base import (
     Event,
     FinishAction,
     FinishResult,
+    JobDetail,
+    JobPage,
     NewJob,
     check_limits,
 )
-from sandboxq.backends.redis import listen, records
+from sandboxq.backends.redis import listen, pages, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Scripts, run
@@ -376,3 +379,31 @@ class RedisBackend:
         for watch in watches:
             watch.stop()
         self._conns.close()
+
+    # -- reads for the dashboard (pages.py) ---------------------------------------------------
+
+    @functools.cached_property
+    def _pages(self) -> pages.Pages:
+        return pages.Pages(self.keys, self._conns.main_lane)
+
+    def job_page(
+        self,
+        state: JobState,
+        cursor: str | None = None,
+        limit: int = 50,
+        outcome: str | None = None,
+    ) -> JobPage:
+        with self._errors(f"read a page of {JobState(state).value} jobs"):
+            return self._pages.job_page(state, cursor, limit, outcome)
+
+    def job_detail(self, job_id: str) -> JobDetail | None:
+        with self._errors(f"read job {job_id!r}"):
+            pipe = self._conns.main.pipeline(transaction=False)
+            pipe.hgetall(self.keys.job(job_id))
+            pipe.lrange(self.keys.history(job_id), 0, -1)
+            fields, history = pipe.execute()
+        return pages.job_detail(self.queue, job_id, fields, history)
+
+    def oldest_waiting_ms(self) -> int | None:
+        with self._errors("read the oldest waiting job"):
+            return self._pages.oldest_waiting_ms()
