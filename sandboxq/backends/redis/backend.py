@@ -407,3 +407,8 @@ class RedisBackend:
     def oldest_waiting_ms(self) -> int | None:
         with self._errors("read the oldest waiting job"):
             return self._pages.oldest_waiting_ms()
+
+    def queue_names(self, budget_s: float = 2.0) -> list[str]:
+        """Every queue on this Redis (not only this one), for the dashboard: see pages.py."""
+        with self._errors("list the queues"):
+            return pages.queue_names(self._conns, budget_s)

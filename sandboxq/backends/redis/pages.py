@@ -4,6 +4,7 @@ wait. Each is one round trip of bounded work, whatever the queue's size:
     job_page          page.lua: ZRANGEBYSCORE from the cursor's score + HMGET per job
     job_detail        one pipeline: HGETALL job + LRANGE history
     oldest_waiting_ms oldest_waiting.lua: the head of each priority, O(log N) each
+    queue_names       SCAN for events streams: a background thread's job, time-boxed
 
 A cursor is ``<score>:<ties>``: the score of the last job shown and how many jobs at
 exactly that score were shown (scores repeat in the finished sets: one per ms).
@@ -11,6 +12,7 @@ exactly that score were shown (scores repeat in the finished sets: one per ms).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sandboxq.backends.base import (
@@ -22,7 +24,7 @@ from sandboxq.backends.base import (
     JobSummary,
 )
 from sandboxq.backends.redis import records
-from sandboxq.backends.redis.connection import Lane
+from sandboxq.backends.redis.connection import Connections, Lane
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Script
 from sandboxq.errors import ConfigError
@@ -115,3 +117,19 @@ def job_detail(
         progress=progress,
         progress_message=None if message is None else records.text(message),
     )
+
+
+def queue_names(conns: Connections, budget_s: float) -> list[str]:
+    """Names of the queues on this Redis, found by their events streams (``SCAN ... TYPE
+    stream``). The SCAN walks the whole keyspace, so it is for a background thread, with a
+    time budget; what it found by then is returned."""
+    deadline = time.monotonic() + budget_s
+    found: set[str] = set()
+    client: Any = conns.main
+    for key in client.scan_iter(match="sq:{*}:events", count=5000, _type="stream"):
+        name = records.text(key)[4:-8]
+        if name.startswith("{") and name.endswith("}"):
+            found.add(name[1:-1])
+        if time.monotonic() > deadline:
+            break
+    return sorted(found)
