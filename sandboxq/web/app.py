@@ -126,8 +126,13 @@ class Dashboard:
 
 
 def _ctx(dash: Dashboard, request: Request) -> views.Ctx:
+    """The request's context; the hub's position is taken first, before the page reads
+    anything, so its stream replays whatever happens from here on."""
+    dash.hub.start()
+    since = dash.hub.position()
     session = dash.auth.session(request)
     return views.Ctx(
+        since=since,
         root=request.scope.get("root_path", "").rstrip("/"),
         now=now_ms(),
         actions=dash.auth.enabled,
@@ -155,7 +160,7 @@ def _page(
         )
     else:
         who = Safe(f'<a class="session" href="{href(ctx.root, "/login")}">log in</a>')
-    events = href(ctx.root, "/events", queue=queue, job=job)
+    events = href(ctx.root, "/events", queue=queue, job=job, since=ctx.since)
     text = layout(ctx.root, title, body, page=page, events=events, session_line=who, job=job)
     return HTMLResponse(text, status_code=status, headers={"cache-control": "no-store"})
 
@@ -185,7 +190,6 @@ def create_app(
 
     def overview(request: Request) -> Response:
         ctx = _ctx(dash, request)
-        dash.hub.start()
         pairs = [(q, dash.backend(q)) for q in dash.queues()]
         body = views.overview(ctx, pairs, dash.hub.throughput)
         return _page(dash, ctx, "Overview", body, "overview")
@@ -242,7 +246,9 @@ def create_app(
     async def events(request: Request) -> Response:
         name = request.query_params.get("queue") or None
         job_id = request.query_params.get("job") or None
-        client = dash.hub.subscribe(name, job_id)
+        since_text = request.headers.get("last-event-id") or request.query_params.get("since")
+        since = int(since_text) if since_text and since_text.isdigit() else None
+        client = dash.hub.subscribe(name, job_id, since)
 
         async def stream() -> AsyncIterator[str]:
             loop = asyncio.get_running_loop()
@@ -257,7 +263,9 @@ def create_app(
                         continue
                     if message is None:  # dropped for falling behind, or closing
                         break
-                    yield f"event: job\ndata: {json.dumps(message)}\n\n"
+                    # shared with other streams and the replay buffer: read, never change
+                    data = json.dumps({k: v for k, v in message.items() if k != "seq"})
+                    yield f"id: {message['seq']}\nevent: job\ndata: {data}\n\n"
             finally:
                 dash.hub.unsubscribe(client)
 

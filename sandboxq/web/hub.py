@@ -4,6 +4,12 @@
       (every queue,     (one, daemon)    └─► loop.call_soon_threadsafe ──► each client's
        one at a time)                          bounded asyncio.Queue ──► its SSE response
 
+Every message gets a number (``seq``). A page notes the hub's number before it reads the
+backend and its stream asks for everything after it (``since``; ``Last-Event-ID`` on a
+reconnect), replayed from the last ``REPLAY`` messages: an event that lands between the
+page's read and its stream's start still reaches it. When the gap is wider than the
+replay buffer, the stream says ``reload`` instead.
+
 The reader is the only thing that reads events, however many browsers watch: a page left
 open costs one parked HTTP response and a queue of at most ``CLIENT_BUFFER`` messages. A
 client that does not keep up (its queue is full) is dropped: its stream ends and its
@@ -12,8 +18,8 @@ browser reconnects with a fresh one, instead of the hub buffering for it without
 Reading: with one queue the reader blocks on its stream (``events(block_s=...)``); with
 several it reads each in turn without blocking and pauses ``POLL_S`` when none had news.
 At start it reads back the last ``WINDOW_MIN`` minutes (a Redis stream id is the entry's
-time in ms), so the throughput figures are whole at once; those old events are counted
-but never sent to browsers.
+time in ms), so the throughput figures are whole at once; those old events are counted,
+and only those since the hub started are sent to browsers.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +39,7 @@ from sandboxq.errors import SandboxqError
 log = logging.getLogger("sandboxq.web")
 
 CLIENT_BUFFER = 256  # messages queued for one browser before it is dropped
+REPLAY = 1000  # recent messages kept for streams that start after the page was read
 WINDOW_MIN = 15  # minutes of throughput kept
 POLL_S = 0.5  # pause between rounds over several queues when nothing happened
 BLOCK_S = 1.0  # longest blocking read on a single queue's stream
@@ -120,16 +127,36 @@ class Hub:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._after: dict[str, str | None] = {}
+        self._seq = 0
+        self._recent: deque[dict[str, Any]] = deque(maxlen=REPLAY)
         self.started_ms = time.time_ns() // 1_000_000
         self.dropped = 0  # clients dropped for falling behind, since start
 
     # -- subscribers (on the event loop) --------------------------------------------------
 
-    def subscribe(self, queue: str | None, job: str | None) -> Client:
+    def position(self) -> int:
+        """The number of the last message published: a page's ``since``."""
+        with self._lock:
+            return self._seq
+
+    def subscribe(self, queue: str | None, job: str | None, since: int | None = None) -> Client:
+        """A new stream for ``queue`` / ``job`` (None: all); with ``since``, the retained
+        messages after it are queued first (or one ``reload`` when some are gone)."""
         self.start()
         client = Client(queue, job, asyncio.get_running_loop())
         with self._lock:
             self._clients.add(client)
+            if since is None:
+                return client
+            oldest = self._recent[0]["seq"] if self._recent else self._seq + 1
+            if since > self._seq or since < oldest - 1:
+                missed = [{"seq": self._seq, "kind": "reload", "queue": queue, "job": job}]
+            else:
+                missed = [m for m in self._recent if m["seq"] > since and client.wants(m)]
+        if len(missed) >= CLIENT_BUFFER:
+            missed = [{"seq": missed[-1]["seq"], "kind": "reload", "queue": queue, "job": job}]
+        for message in missed:
+            client.inbox.put_nowait(message)
         return client
 
     def unsubscribe(self, client: Client) -> None:
@@ -158,9 +185,12 @@ class Hub:
                 log.info("dropped a dashboard stream that fell %d events behind", CLIENT_BUFFER)
 
     def _publish(self, queue: str, event: Event) -> None:
-        message = {"queue": queue, "kind": event.kind, "job": event.job_id, "data": event.data}
         by_loop: dict[asyncio.AbstractEventLoop, list[Client]] = {}
         with self._lock:
+            self._seq += 1
+            message = {"seq": self._seq, "queue": queue, "kind": event.kind, "job": event.job_id}
+            message["data"] = event.data
+            self._recent.append(message)
             for client in self._clients:
                 if client.wants(message):
                     by_loop.setdefault(client.loop, []).append(client)
@@ -177,6 +207,7 @@ class Hub:
         with self._lock:
             if self._thread is not None or self._stop.is_set():
                 return
+            self.started_ms = time.time_ns() // 1_000_000
             self._thread = threading.Thread(
                 target=self._run, name="sandboxq-dashboard-events", daemon=True
             )
@@ -231,7 +262,8 @@ class Hub:
         return news
 
     def _backfill(self, queue: str, backend: Backend) -> None:
-        """Count the retained events of the last WINDOW_MIN minutes; send none of them."""
+        """Count the retained events of the last WINDOW_MIN minutes; send on those that
+        came after the hub started (a page read before may be waiting for them)."""
         now = time.time_ns() // 1_000_000
         since_ms = now - WINDOW_MIN * 60_000
         after: str | None = None
@@ -244,4 +276,6 @@ class Hub:
             at_ms = event_ms(event)
             if at_ms is not None and at_ms >= since_ms and (outcome := outcome_of(event)):
                 self.throughput.add(queue, outcome, at_ms)
+            if at_ms is not None and at_ms >= self.started_ms:
+                self._publish(queue, event)
         self._after[queue] = last

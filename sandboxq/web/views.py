@@ -47,6 +47,7 @@ PAGE_SIZE = 50
 class Ctx:
     """What every page needs from the request: where it is mounted, the time, the user."""
 
+    since: int  # the hub's position before this page read anything
     root: str
     now: int
     actions: bool  # the dashboard has a token and is not read-only

@@ -13,6 +13,8 @@
   var inFlight = false;
   var lastRefresh = 0;
   var fallback = null;
+  var missed = false; // an event came while a refresh was in flight: its page may predate it
+  var lastProgress = null;
 
   function say(text) { if (live) { live.textContent = text; } }
 
@@ -20,6 +22,7 @@
     pending = null;
     if (inFlight) { schedule(); return; }
     inFlight = true;
+    missed = false;
     lastRefresh = Date.now();
     fetch(window.location.href, { credentials: "same-origin", cache: "no-store" })
       .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
@@ -29,9 +32,13 @@
         var main = document.getElementById("main");
         if (fresh && main) { main.replaceWith(fresh); }
         wire(document);
+        if (missed && lastProgress) { progress(lastProgress); }
       })
-      .catch(function () { /* the next event or the fallback tries again */ })
-      .then(function () { inFlight = false; });
+      .catch(function () { missed = true; /* tried again below */ })
+      .then(function () {
+        inFlight = false;
+        if (missed) { schedule(); }
+      });
   }
 
   function schedule() {
@@ -73,9 +80,14 @@
     source.addEventListener("job", function (e) {
       var message;
       try { message = JSON.parse(e.data); } catch (err) { return; }
+      if (inFlight) { missed = true; }
       if (body.getAttribute("data-page") === "job") {
         if (message.job !== body.getAttribute("data-job")) { return; }
-        if (message.kind === "progress") { progress(message.data || {}); return; }
+        if (message.kind === "progress") {
+          lastProgress = message.data || {};
+          progress(lastProgress);
+          return;
+        }
       }
       schedule();
     });
