@@ -220,12 +220,15 @@ def job_page(ctx: Ctx, name: str, detail: JobDetail, full: bool) -> Safe:
         tail = f"<p>{link(more, 'show all')} (first {PREVIEW_CHARS} characters shown)</p>"
         shown.append(Safe(f"<h2>{esc(label)}</h2>{pre(text, label)}{tail if cut else ''}"))
     fraction = detail.progress
-    progress = (
-        f'<section id="progress-box"><h2>progress</h2>'
-        f'<progress id="progress" max="1" value="{esc(fraction if fraction is not None else 0)}">'
-        f'</progress> <span id="progress-text">{esc(_percent(fraction))}</span> '
-        f'<span id="progress-message">{esc(detail.progress_message or "")}</span></section>'
-    )
+    progress = ""
+    if fraction is not None or not info.state.finished:  # a finished job that never said
+        value = esc(fraction if fraction is not None else 0)
+        progress = (
+            f'<section id="progress-box"><h2>progress</h2>'
+            f'<progress id="progress" max="1" value="{value}"></progress> '
+            f'<span id="progress-text">{esc(_percent(fraction))}</span> '
+            f'<span id="progress-message">{esc(detail.progress_message or "")}</span></section>'
+        )
     options = {k: v for k, v in info.options.model_dump().items() if v is not None}
     record = fields(
         [
