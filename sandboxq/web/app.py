@@ -55,6 +55,8 @@ DISCOVER_S = 60.0  # how often the list of queues is looked for again
 STREAM_S = 600.0  # an SSE response ends after this; the browser reconnects at once
 KEEPALIVE_S = 15.0
 MAX_FORM_BYTES = 16 * 1024
+MAX_BACKENDS = 64  # queues opened by name from a URL, beyond the listed ones
+REFUSED_PAUSE_S = 0.5  # a wrong token's answer waits this long: guessing stays slow
 
 
 class Dashboard:
@@ -75,12 +77,24 @@ class Dashboard:
         self.hub = Hub(self.queues, self.backend)
 
     def backend(self, queue: str) -> Backend:
+        """The backend of ``queue``, opened once. Any valid name can be typed into a URL,
+        so past MAX_BACKENDS the oldest one opened for a queue not listed is closed."""
         check_queue_name(queue)
         with self._lock:
             backend = self._backends.get(queue)
-            if backend is None:
-                backend = self._backends[queue] = open_backend(self.url, queue)
-            return backend
+            if backend is not None:
+                return backend
+            backend = self._backends[queue] = open_backend(self.url, queue)
+            listed = set(self._fixed or self._found)
+            spare = [q for q in self._backends if q not in listed and q != queue]
+            evicted = (
+                self._backends.pop(spare[0])
+                if len(self._backends) > MAX_BACKENDS and spare
+                else None
+            )
+        if evicted is not None:
+            evicted.close()
+        return backend
 
     def queues(self) -> list[str]:
         if self._fixed is not None:
@@ -92,8 +106,8 @@ class Dashboard:
                     target=self._discover, name="sandboxq-dashboard-queues", daemon=True
                 )
                 self._discovery.start()
-        if start:  # the first page waits a moment for the first look
-            self._discovered.wait(1.0)
+        # until the first look is done, a caller waits a moment for it
+        self._discovered.wait(1.0)
         with self._lock:
             return list(self._found)
 
@@ -297,6 +311,7 @@ def create_app(
         data = await form(request)
         if (reason := cross_site(request)) or not dash.auth.token_matches(data.get("token", "")):
             log.warning("dashboard login refused from %s", _client(request))
+            await asyncio.sleep(REFUSED_PAUSE_S)
             return _message(dash, ctx, "Refused", reason or "wrong token", 403)
         log.info("dashboard login from %s", _client(request))
         response = RedirectResponse(url_(ctx.root, "/"), 303)

@@ -247,3 +247,12 @@ def test_dashboard_verb_refuses_a_short_token_and_memory(
     assert "memory://" in capsys.readouterr().err
     assert main(["dashboard", "--url", redis_url, "--token-file", str(tmp_path / "no")]) == 2
     assert "cannot read the dashboard token file" in capsys.readouterr().err
+
+
+def test_queues_are_found_without_being_named(redis_url: str, q: Queue) -> None:
+    q.enqueue("x")
+    app = create_app(redis_url)
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        overview = http.get("/")
+        assert f'<a href="/queue?name={q.name}">{q.name}</a>' in overview.text
+        assert http.get("/queue", params={"name": "not a queue!"}).status_code == 400

@@ -127,7 +127,7 @@ def queue_names(conns: Connections, budget_s: float) -> list[str]:
     found: set[str] = set()
     client: Any = conns.main
     for key in client.scan_iter(match="sq:{*}:events", count=5000, _type="stream"):
-        name = records.text(key)[4:-8]
+        name = records.text(key)[len("sq:") : -len(":events")]
         if name.startswith("{") and name.endswith("}"):
             found.add(name[1:-1])
         if time.monotonic() > deadline:
