@@ -10,6 +10,8 @@ import logging
 import os
 import pickle
 import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -256,3 +258,42 @@ def test_queues_are_found_without_being_named(redis_url: str, q: Queue) -> None:
         overview = http.get("/")
         assert f'<a href="/queue?name={q.name}">{q.name}</a>' in overview.text
         assert http.get("/queue", params={"name": "not a queue!"}).status_code == 400
+
+
+def test_a_stream_started_late_gets_what_it_missed(queue_name: str) -> None:
+    backend = MemoryBackend(queue_name)
+    hub = Hub(lambda: [queue_name], lambda name: backend)
+
+    async def late() -> None:
+        first = hub.subscribe(queue_name, None)  # starts the reader
+        await asyncio.to_thread(wait_for, lambda: queue_name in hub._after, 5, "the reader")
+        page_read_at = hub.position()  # a page notes this, then reads the backend
+        ((job_id, _),) = backend.enqueue([NewJob(b"[[],{}]")])
+        await asyncio.wait_for(first.inbox.get(), 5)
+        # ... and its stream starts only now: the event is replayed to it
+        stream = hub.subscribe(queue_name, job_id, since=page_read_at)
+        replayed = stream.inbox.get_nowait()
+        assert replayed is not None and (replayed["kind"], replayed["job"]) == ("added", job_id)
+        assert stream.inbox.empty()
+        # a position from before the replay buffer (or another process) asks for a reload
+        stale = hub.subscribe(queue_name, None, since=hub.position() + 10)
+        reload = stale.inbox.get_nowait()
+        assert reload is not None and reload["kind"] == "reload"
+
+    try:
+        asyncio.run(asyncio.wait_for(late(), 10))
+    finally:
+        hub.close()
+
+
+def test_producers_and_other_verbs_never_load_the_web_stack() -> None:
+    code = (
+        "import sys, sandboxq, sandboxq.cli; from sandboxq import Queue; "
+        "Queue('q').enqueue(1); sandboxq.cli.build_parser(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('starlette', 'uvicorn', 'sandboxq') and (m.startswith('sandboxq.web') or "
+        "not m.startswith('sandboxq'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
