@@ -56,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
         shared_url(args.url), queues=args.queues, token=token, read_only=args.read_only
     )
     mode = "read-only" if token is None or args.read_only else "actions need the token"
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"sandboxq dashboard: listening on {args.host}: anyone who can reach it can read "
+            "every job's arguments, results and errors (put it behind your own access control)",
+            file=sys.stderr,
+        )
     print(f"sandboxq dashboard on http://{args.host}:{args.port}/ ({mode})", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return EXIT_OK

@@ -5,7 +5,8 @@
 
     app.py    routes, the app's state, actions      views.py  the pages' HTML
     hub.py    one events reader, SSE fan-out         html.py   escaping, links, layout
-    auth.py   token, session cookie, CSRF, Origin    static/   app.js and style.css
+    state.py  backends, the queues shown, the hub     auth.py   token, cookie, CSRF, Origin
+    static/   app.js and style.css (no CDN)
 
 Nothing here is imported by ``import sandboxq``: a producer never loads Starlette.
 """

@@ -16,10 +16,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 from collections.abc import AsyncIterator, Sequence
 from importlib import resources
-from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
@@ -29,15 +27,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandboxq.backends import open_backend, resolve_url
-from sandboxq.backends.base import Backend
-from sandboxq.errors import ConfigError, SandboxqError
-from sandboxq.models import JobState, check_job_id, check_queue_name
+from sandboxq.errors import ConfigError
+from sandboxq.models import JobState, check_job_id
 from sandboxq.web import views
-from sandboxq.web.auth import COOKIE, SESSION_S, Auth
+from sandboxq.web.auth import COOKIE, SESSION_S, cross_site
 from sandboxq.web.html import Safe, esc, href, layout, now_ms
 from sandboxq.web.html import url as url_
-from sandboxq.web.hub import Hub
+from sandboxq.web.state import Dashboard
 
 log = logging.getLogger("sandboxq.web")
 
@@ -51,92 +47,10 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
 ]
-DISCOVER_S = 60.0  # how often the list of queues is looked for again
 STREAM_S = 600.0  # an SSE response ends after this; the browser reconnects at once
 KEEPALIVE_S = 15.0
 MAX_FORM_BYTES = 16 * 1024
-MAX_BACKENDS = 64  # queues opened by name from a URL, beyond the listed ones
 REFUSED_PAUSE_S = 0.5  # a wrong token's answer waits this long: guessing stays slow
-
-
-class Dashboard:
-    """The app's state: backends by queue, the queue list, the auth rules, the hub."""
-
-    def __init__(
-        self, url: str | None, queues: Sequence[str] | None, token: str | None, read_only: bool
-    ) -> None:
-        self.url = resolve_url(url)
-        self.auth = Auth(token, read_only=read_only)
-        self._fixed = [check_queue_name(q) for q in queues] if queues else None
-        self._found: list[str] = []
-        self._backends: dict[str, Backend] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._discovered = threading.Event()
-        self._discovery: threading.Thread | None = None
-        self.hub = Hub(self.queues, self.backend)
-
-    def backend(self, queue: str) -> Backend:
-        """The backend of ``queue``, opened once. Any valid name can be typed into a URL,
-        so past MAX_BACKENDS the oldest one opened for a queue not listed is closed."""
-        check_queue_name(queue)
-        with self._lock:
-            backend = self._backends.get(queue)
-            if backend is not None:
-                return backend
-            backend = self._backends[queue] = open_backend(self.url, queue)
-            listed = set(self._fixed or self._found)
-            spare = [q for q in self._backends if q not in listed and q != queue]
-            evicted = (
-                self._backends.pop(spare[0])
-                if len(self._backends) > MAX_BACKENDS and spare
-                else None
-            )
-        if evicted is not None:
-            evicted.close()
-        return backend
-
-    def queues(self) -> list[str]:
-        if self._fixed is not None:
-            return list(self._fixed)
-        with self._lock:
-            start = self._discovery is None
-            if start:
-                self._discovery = threading.Thread(
-                    target=self._discover, name="sandboxq-dashboard-queues", daemon=True
-                )
-                self._discovery.start()
-        # until the first look is done, a caller waits a moment for it
-        self._discovered.wait(1.0)
-        with self._lock:
-            return list(self._found)
-
-    def _discover(self) -> None:
-        """The queues that exist, looked for every DISCOVER_S on this thread (a SCAN of
-        a big Redis must never hold up a page)."""
-        while not self._stop.is_set():
-            try:
-                if self.url.startswith("memory://"):
-                    from sandboxq.backends.memory import MemoryBackend
-
-                    names = sorted(MemoryBackend._registry)
-                else:
-                    probe: Any = self.backend("sandboxq-dashboard")
-                    names = [n for n in probe.queue_names() if n != "sandboxq-dashboard"]
-                with self._lock:
-                    self._found = names
-            except SandboxqError as exc:
-                log.warning("dashboard: cannot list the queues: %s", exc)
-            self._discovered.set()
-            self._stop.wait(DISCOVER_S)
-
-    def close(self) -> None:
-        self._stop.set()
-        self.hub.close()
-        with self._lock:
-            backends, self._backends = list(self._backends.values()), {}
-        for backend in backends:
-            backend.close()
 
 
 def _ctx(dash: Dashboard, request: Request) -> views.Ctx:
@@ -306,8 +220,6 @@ def create_app(
                 '<button type="submit" id="login">Log in</button></form>'
             )
             return _page(dash, ctx, "Log in", body, "login")
-        from sandboxq.web.auth import cross_site
-
         data = await form(request)
         if (reason := cross_site(request)) or not dash.auth.token_matches(data.get("token", "")):
             log.warning("dashboard login refused from %s", _client(request))
