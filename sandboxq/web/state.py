@@ -101,6 +101,8 @@ class Dashboard:
     def close(self) -> None:
         self._stop.set()
         self.hub.close()
+        if self._discovery is not None:
+            self._discovery.join(5.0)  # at most one time-boxed SCAN away
         with self._lock:
             backends, self._backends = list(self._backends.values()), {}
         for backend in backends:

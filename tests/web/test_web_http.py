@@ -107,10 +107,16 @@ def test_actions_need_the_token_and_a_same_origin_form_with_its_csrf_token(
         cancel = {"action": "cancel", "queue": q.name, "id": job_id}
         assert httpx.post(f"{base}/action", data=cancel, headers=bearer).status_code == 303
         assert q.job(job_id).state() == JobState.CANCELLED
+        purge = {"action": "purge", "queue": q.name, "state": "active"}
+        assert httpx.post(f"{base}/action", data=purge, headers=bearer).status_code == 400
+        purge["state"] = "cancelled"
+        assert httpx.post(f"{base}/action", data=purge, headers=bearer).status_code == 303
+        assert q.backend.get(job_id) is None
     logged = [r.getMessage() for r in caplog.records if r.name == "sandboxq.web"]
     assert any("retry" in m and "refused" in m for m in logged), logged
     assert any("retry" in m and "retried" in m for m in logged), logged
     assert any("cancel" in m and "cancelled" in m for m in logged), logged
+    assert any("purge" in m and "purged 1" in m for m in logged), logged
 
 
 def test_what_a_job_carries_is_rendered_as_text(redis_url: str, q: Queue, tmp_path: Path) -> None:
