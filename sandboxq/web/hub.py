@@ -62,7 +62,8 @@ def outcome_of(event: Event) -> str | None:
     if event.kind == "cancelled":
         return "cancelled"
     if event.kind == "stalled":
-        return "lease_lost"
+        # a stall that failed the job is counted by the "failed" event that follows it
+        return None if event.data.get("state") == "failed" else "lease_lost"
     if event.kind == "retried" and event.data.get("manual"):
         return None  # a user's retry, not an attempt's end
     return event.data.get("outcome") or event.kind

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from sandboxq import Queue
-from sandboxq.backends.base import NewJob
+from sandboxq.backends.base import Event, NewJob
 from sandboxq.backends.memory import MemoryBackend
 from sandboxq.cli import main
 from sandboxq.models import JobState, Outcome
@@ -28,7 +28,7 @@ from sandboxq.testing.contract import claim_one, record
 from sandboxq.testing.waiting import wait_for
 from sandboxq.web import create_app
 from sandboxq.web.app import CSP
-from sandboxq.web.hub import CLIENT_BUFFER, Hub
+from sandboxq.web.hub import CLIENT_BUFFER, Hub, Throughput, event_ms, outcome_of
 
 from .support import TOKEN, serve
 
@@ -303,3 +303,25 @@ def test_producers_and_other_verbs_never_load_the_web_stack() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_throughput_counts_each_ended_attempt_once_by_outcome() -> None:
+    now = 1_700_000_000_000
+    events = [
+        Event(f"{now - 1000}-0", "completed", "a", {"outcome": "ok"}),
+        Event(f"{now - 2000}-0", "retried", "b", {"outcome": "hard_timeout"}),
+        Event(f"{now - 3000}-0", "retried", "b", {"manual": "1"}),  # a user's retry
+        Event(f"{now - 4000}-0", "stalled", "c", {"state": "failed"}),
+        Event(f"{now - 4000}-1", "failed", "c", {"outcome": "lease_lost"}),
+        Event(f"{now - 5000}-0", "stalled", "d", {"state": "waiting"}),
+        Event(f"{now - 9 * 60_000}-0", "failed", "e", {"outcome": "crashed"}),
+        Event(f"{now - 30 * 60_000}-0", "failed", "f", {"outcome": "crashed"}),  # too old
+        Event(f"{now - 1000}-1", "progress", "a", {"fraction": "0.5"}),
+    ]
+    throughput = Throughput()
+    for event in events:
+        if (outcome := outcome_of(event)) is not None:
+            throughput.add("q", outcome, event_ms(event) or 0)
+    assert throughput.recent("q", now, 1) == {"ok": 1, "hard_timeout": 1, "lease_lost": 2}
+    assert throughput.recent("q", now, 15)["crashed"] == 1
+    assert throughput.recent("other", now, 15) == {}
