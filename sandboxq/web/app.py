@@ -33,6 +33,7 @@ from sandboxq.web import views
 from sandboxq.web.auth import COOKIE, SESSION_S, cross_site
 from sandboxq.web.html import Safe, esc, href, layout, now_ms
 from sandboxq.web.html import url as url_
+from sandboxq.web.hub import COALESCE_S
 from sandboxq.web.state import Dashboard
 
 log = logging.getLogger("sandboxq.web")
@@ -194,6 +195,8 @@ def create_app(
                     # shared with other streams and the replay buffer: read, never change
                     data = json.dumps({k: v for k, v in message.items() if k != "seq"})
                     yield f"id: {message['seq']}\nevent: job\ndata: {data}\n\n"
+                    if client.coalesce:  # what comes meanwhile is one message, sent next
+                        await asyncio.sleep(COALESCE_S)
             finally:
                 dash.hub.unsubscribe(client)
 

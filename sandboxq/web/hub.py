@@ -10,6 +10,11 @@ reconnect), replayed from the last ``REPLAY`` messages: an event that lands betw
 page's read and its stream's start still reaches it. When the gap is wider than the
 replay buffer, the stream says ``reload`` instead.
 
+A stream of one job gets each of its events (its progress bar moves with every one). A
+queue-wide stream only tells its page that something changed: it holds at most one
+unsent message and sends at most one every ``COALESCE_S``, so a page watching a queue
+that runs thousands of jobs a second costs a message a second, not thousands.
+
 The reader is the only thing that reads events, however many browsers watch: a page left
 open costs one parked HTTP response and a queue of at most ``CLIENT_BUFFER`` messages. A
 client that does not keep up (its queue is full) is dropped: its stream ends and its
@@ -40,6 +45,7 @@ log = logging.getLogger("sandboxq.web")
 
 CLIENT_BUFFER = 256  # messages queued for one browser before it is dropped
 REPLAY = 1000  # recent messages kept for streams that start after the page was read
+COALESCE_S = 1.0  # a queue-wide stream sends at most one message this often
 WINDOW_MIN = 15  # minutes of throughput kept
 POLL_S = 0.5  # pause between rounds over several queues when nothing happened
 BLOCK_S = 1.0  # longest blocking read on a single queue's stream
@@ -109,6 +115,11 @@ class Client:
     )
     dropped: bool = False
 
+    @property
+    def coalesce(self) -> bool:
+        """A queue-wide stream: its page only needs to know that something changed."""
+        return self.job is None
+
     def wants(self, message: dict[str, Any]) -> bool:
         return (self.queue is None or self.queue == message["queue"]) and (
             self.job is None or self.job == message["job"]
@@ -156,6 +167,8 @@ class Hub:
                 missed = [m for m in self._recent if m["seq"] > since and client.wants(m)]
         if len(missed) >= CLIENT_BUFFER:
             missed = [{"seq": missed[-1]["seq"], "kind": "reload", "queue": queue, "job": job}]
+        elif client.coalesce:
+            missed = missed[-1:]
         for message in missed:
             client.inbox.put_nowait(message)
         return client
@@ -172,8 +185,8 @@ class Hub:
     def _deliver(self, clients: list[Client], message: dict[str, Any]) -> None:
         """On the clients' loop: queue ``message``, or drop a client that fell behind."""
         for client in clients:
-            if client.dropped:
-                continue
+            if client.dropped or (client.coalesce and not client.inbox.empty()):
+                continue  # a queue-wide stream already has a change to tell its page
             try:
                 client.inbox.put_nowait(message)
             except asyncio.QueueFull:

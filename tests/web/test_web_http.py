@@ -24,7 +24,7 @@ from sandboxq.backends.base import Event, NewJob
 from sandboxq.backends.memory import MemoryBackend
 from sandboxq.cli import main
 from sandboxq.models import JobState, Outcome
-from sandboxq.testing.contract import claim_one, record
+from sandboxq.testing.contract import add, claim_one, record
 from sandboxq.testing.waiting import wait_for
 from sandboxq.web import create_app
 from sandboxq.web.app import CSP
@@ -227,16 +227,21 @@ def test_one_events_reader_fans_out_to_every_stream(redis_url: str, q: Queue) ->
 def test_a_stream_that_falls_behind_is_dropped_not_buffered(queue_name: str) -> None:
     backend = MemoryBackend(queue_name)
     hub = Hub(lambda: [queue_name], lambda name: backend)
+    job_id = add(backend)
+    claimed = claim_one(backend)
 
     async def never_read() -> None:
-        client = hub.subscribe(queue_name, None)
+        watcher = hub.subscribe(queue_name, None)  # the queue's page: coalesced
+        client = hub.subscribe(queue_name, job_id)  # the job's page: every event
         await asyncio.to_thread(wait_for, lambda: queue_name in hub._after, 5, "the reader")
-        for _ in range(CLIENT_BUFFER + 50):
-            backend.enqueue([NewJob(b"[[],{}]")])
+        for n in range(CLIENT_BUFFER + 50):
+            assert backend.record_progress("w1", job_id, claimed.token, n / 1000, None)
         while not client.dropped:
             await asyncio.sleep(0.01)
         assert client.inbox.qsize() == 1 and client.inbox.get_nowait() is None
-        assert hub.clients == 0 and hub.dropped == 1
+        assert hub.dropped == 1 and hub.clients == 1
+        # the queue-wide stream held one message, the first, and was never dropped
+        assert not watcher.dropped and watcher.inbox.qsize() == 1
 
     try:
         asyncio.run(asyncio.wait_for(never_read(), 10))
