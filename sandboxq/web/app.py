@@ -27,7 +27,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandboxq.errors import ConfigError
+from sandboxq.errors import ConfigError, SandboxqError
 from sandboxq.models import JobState, check_job_id
 from sandboxq.web import views
 from sandboxq.web.auth import COOKIE, SESSION_S, cross_site
@@ -177,9 +177,10 @@ def create_app(
         job_id = request.query_params.get("job") or None
         since_text = request.headers.get("last-event-id") or request.query_params.get("since")
         since = int(since_text) if since_text and since_text.isdigit() else None
-        client = dash.hub.subscribe(name, job_id, since)
 
         async def stream() -> AsyncIterator[str]:
+            # subscribed here, not before: a response that never starts leaves nothing behind
+            client = dash.hub.subscribe(name, job_id, since)
             loop = asyncio.get_running_loop()
             ends = loop.time() + STREAM_S
             try:
@@ -278,6 +279,11 @@ def create_app(
         yield
         await asyncio.to_thread(dash.close)
 
+    def unavailable(request: Request, exc: Exception) -> Response:
+        """A backend that cannot answer (Redis down): say so, as a page, not a traceback."""
+        log.warning("dashboard page %s: %s", request.url.path, exc)
+        return _message(dash, _ctx(dash, request), "Unavailable", str(exc), 503)
+
     static = resources.files("sandboxq.web") / "static"
     app = Starlette(
         routes=[
@@ -292,6 +298,7 @@ def create_app(
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
         lifespan=lifespan,
+        exception_handlers={SandboxqError: unavailable},
     )
     app.state.dashboard = dash
     app.add_middleware(_SecurityHeaders)

@@ -10,6 +10,7 @@ import logging
 import os
 import pickle
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -330,3 +331,15 @@ def test_throughput_counts_each_ended_attempt_once_by_outcome() -> None:
     assert throughput.recent("q", now, 1) == {"ok": 1, "hard_timeout": 1, "lease_lost": 2}
     assert throughput.recent("q", now, 15)["crashed"] == 1
     assert throughput.recent("other", now, 15) == {}
+
+
+def test_an_unreachable_redis_is_a_page_that_says_so() -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = create_app(f"redis://127.0.0.1:{port}/0", queues=["jobs"])
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        for path in ["/", "/queue?name=jobs", "/job?queue=jobs&id=a", "/workers"]:
+            page = http.get(path)
+            assert page.status_code == 503, path
+            assert f"127.0.0.1:{port}" in page.text and "Traceback" not in page.text
