@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,7 @@ log = logging.getLogger("sandboxq.web")
 
 DISCOVER_S = 60.0  # how often the list of queues is looked for again
 MAX_BACKENDS = 64  # queues opened by name from a URL, beyond the listed ones
+SCAN_BUDGET_S = 30.0  # longest one look for queues may take (1.4M keys: about 4 s)
 
 
 class Dashboard:
@@ -83,6 +85,7 @@ class Dashboard:
         """The queues that exist, looked for every DISCOVER_S on this thread (a SCAN of
         a big Redis must never hold up a page)."""
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 if self.url.startswith("memory://"):
                     from sandboxq.backends.memory import MemoryBackend
@@ -90,13 +93,15 @@ class Dashboard:
                     names = sorted(MemoryBackend._registry)
                 else:
                     probe: Any = self.backend("sandboxq-dashboard")
-                    names = [n for n in probe.queue_names() if n != "sandboxq-dashboard"]
+                    found = probe.queue_names(budget_s=SCAN_BUDGET_S)
+                    names = [n for n in found if n != "sandboxq-dashboard"]
                 with self._lock:
                     self._found = names
             except SandboxqError as exc:
                 log.warning("dashboard: cannot list the queues: %s", exc)
             self._discovered.set()
-            self._stop.wait(DISCOVER_S)
+            # a SCAN of a big keyspace costs Redis time too: look again less often then
+            self._stop.wait(max(DISCOVER_S, 30 * (time.monotonic() - started)))
 
     def close(self) -> None:
         self._stop.set()
