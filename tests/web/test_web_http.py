@@ -343,3 +343,13 @@ def test_an_unreachable_redis_is_a_page_that_says_so() -> None:
             page = http.get(path)
             assert page.status_code == 503, path
             assert f"127.0.0.1:{port}" in page.text and "Traceback" not in page.text
+
+
+def test_memory_queues_of_this_process_are_shown(queue_name: str) -> None:
+    q = Queue(queue_name, url="memory://")
+    job = q.options(job_id="in-process").enqueue({"size": 256})
+    app = create_app("memory://")
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        assert f'<a href="/queue?name={queue_name}">' in http.get("/").text
+        page = http.get("/job", params={"queue": queue_name, "id": job.id})
+        assert page.status_code == 200 and "{&quot;size&quot;: 256}" in page.text
