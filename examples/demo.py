@@ -1,20 +1,54 @@
 """`make demo`: a queue on the embedded in-memory backend (no Redis), a sandboxed worker, and
-jobs that hang in C code, crash, exit and raise while the good ones complete."""
+jobs that hang in C code, crash, exit and raise while the good ones complete.
+
+The dashboard watches the same in-process queue on 127.0.0.1 while it runs; with
+``--serve`` it stays open after the jobs are done, until Ctrl-C."""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 from sandboxq import JobFailed, Queue, SandboxWorker
 
 
+def start_dashboard() -> tuple[str, Callable[[], None]] | None:
+    """The dashboard for this process's memory:// queues on a free loopback port, on a
+    thread; its address and how to stop it (None without the web extra)."""
+    try:
+        import uvicorn
+
+        from sandboxq.web import create_app
+    except ImportError:
+        return None
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    app = create_app("memory://", queues=["demo"])
+    app.state.dashboard.hub.start()  # count the attempts that end from now on
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(5)
+        sock.close()
+
+    return f"http://127.0.0.1:{sock.getsockname()[1]}/", stop
+
+
 def main() -> None:
     queue = Queue("demo", url="memory://")
+    dashboard = start_dashboard()
+    if dashboard is not None:
+        print(f"dashboard of this queue (memory://, this process only): {dashboard[0]}")
+    print("against Redis: sandboxq dashboard --url redis://localhost:6379/0\n")
     good = [queue.enqueue(f"photo-{i}.png", size=256) for i in range(6)]
     bad = {
         kind: queue.options(retries=1, backoff_s=0.1).enqueue(kind)
@@ -45,6 +79,14 @@ def main() -> None:
     thread.join()
     print(f"\n{worker.stats}")
     print(f"all done in {time.monotonic() - started:.1f} s; the worker and every child stopped")
+    if dashboard is not None:
+        if "--serve" in sys.argv:
+            print(f"dashboard still at {dashboard[0]}: Ctrl-C to stop")
+            try:
+                threading.Event().wait()
+            except KeyboardInterrupt:
+                pass
+        dashboard[1]()
 
 
 if __name__ == "__main__":

@@ -259,3 +259,74 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    # -- reads for the dashboard (sandboxq.web): bounded work, whatever the queue's size --
+
+    def job_page(
+        self,
+        state: JobState,
+        cursor: str | None = None,
+        limit: int = 50,
+        outcome: str | None = None,
+    ) -> JobPage:
+        """Up to ``limit`` jobs in ``state`` with their summaries, in one round trip.
+
+        Order: waiting in claim order, delayed by due time, active by lease expiry,
+        finished states newest first. ``cursor`` is a previous page's ``next_cursor``:
+        the next page starts right after that page's last job, so jobs that come and go
+        meanwhile never shift a page (no job is skipped or shown twice because others
+        left). With ``outcome``, only jobs whose last outcome is that one, looking at no
+        more than ``PAGE_SCAN`` jobs per call: a page may then come back short with a
+        ``next_cursor`` that goes on looking. ``next_cursor`` is None at the end.
+        A job's error is clipped to ``ERROR_CLIP`` characters.
+        """
+        ...
+
+    def job_detail(self, job_id: str) -> JobDetail | None:
+        """``get`` plus the job's encoded arguments, result (completed jobs only) and
+        latest progress, in one round trip; None if the job is unknown (or trimmed)."""
+        ...
+
+    def oldest_waiting_ms(self) -> int | None:
+        """``created_ms`` of the job first in line at each priority, the oldest of those
+        (at most ``PRIORITY_BANDS`` priorities looked at); None when nothing waits."""
+        ...
+
+
+#: Jobs ``job_page`` looks at per call when it filters by outcome.
+PAGE_SCAN = 1000
+#: Characters of a job's error a page summary carries.
+ERROR_CLIP = 300
+#: Priorities ``oldest_waiting_ms`` walks, highest first.
+PRIORITY_BANDS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One row of a ``job_page``: what a list of jobs shows."""
+
+    id: str
+    state: str  # a JobState value, or what an edited record holds instead
+    attempts: int | None
+    outcome: str | None
+    error: str | None  # clipped to ERROR_CLIP characters
+    created_ms: int | None
+    finished_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: list[JobSummary]
+    next_cursor: str | None  # None: nothing after this page
+    scanned: int  # jobs looked at to fill it (more than len(jobs) with an outcome filter)
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """A job in full, for its page: the record, its payloads as stored, its progress."""
+
+    info: JobInfo
+    payload: bytes | None  # encoded [args, kwargs], in info.codec
+    result: bytes | None  # encoded result of a completed job
+    progress: float | None
+    progress_message: str | None

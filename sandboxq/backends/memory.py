@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import logging
 import threading
 import time
@@ -35,11 +36,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sandboxq.backends.base import (
+    ERROR_CLIP,
+    PAGE_SCAN,
+    PRIORITY_BANDS,
     Ack,
     Claimed,
     Event,
     FinishAction,
     FinishResult,
+    JobDetail,
+    JobPage,
+    JobSummary,
     NewJob,
     check_limits,
 )
@@ -572,6 +579,107 @@ class MemoryBackend:
 
     def close(self) -> None:
         """Nothing to release; the jobs stay, since a shared instance outlives any one user."""
+
+    # -- reads for the dashboard -------------------------------------------------------------
+    # The dashboard's memory:// queues live in its own process and are small: these walk
+    # the state's jobs in Python, with the Redis backend's order and cursor rules.
+
+    def _page_key(self, job: _Job) -> tuple[int, int | str]:
+        """A job's place in its state's order, unique within the state (see job_page)."""
+        if job.state is WAITING:
+            return (-job.new.priority, job.seq)
+        if job.state is DELAYED:
+            return (job.due_ms, job.seq)
+        if job.state is ACTIVE:
+            return (job.lease_ms, job.seq)
+        return (job.finished_ms or 0, job.id)  # newest first: walked in reverse
+
+    def job_page(
+        self,
+        state: JobState,
+        cursor: str | None = None,
+        limit: int = 50,
+        outcome: str | None = None,
+    ) -> JobPage:
+        state = JobState(state)
+        after: tuple[int, int | str] | None = None
+        if cursor is not None:
+            try:
+                first, second = json.loads(cursor)
+                after = (int(first), second if state.finished else int(second))
+            except (ValueError, TypeError):
+                raise ConfigError(f"invalid page cursor {cursor!r}") from None
+        desc = state.finished
+        budget = PAGE_SCAN if outcome else limit
+        jobs: list[JobSummary] = []
+        scanned, last, more = 0, after, False
+        with self._cond:
+            ordered = sorted(
+                ((self._page_key(self._jobs[i]), i) for i in self._by_state[state]),
+                reverse=desc,
+            )
+            for key, job_id in ordered:
+                if after is not None and (key <= after if not desc else key >= after):
+                    continue
+                if len(jobs) >= limit or scanned >= budget:
+                    more = True
+                    break
+                scanned += 1
+                last = key
+                job = self._jobs[job_id]
+                if outcome and (job.outcome is None or job.outcome.value != outcome):
+                    continue
+                jobs.append(
+                    JobSummary(
+                        id=job.id,
+                        state=job.state.value,
+                        attempts=job.attempts,
+                        outcome=job.outcome.value if job.outcome else None,
+                        error=job.error[:ERROR_CLIP] if job.error else None,
+                        created_ms=job.created_ms,
+                        finished_ms=job.finished_ms,
+                    )
+                )
+        next_cursor = json.dumps(list(last)) if more and last is not None else None
+        return JobPage(jobs, next_cursor, scanned)
+
+    def job_detail(self, job_id: str) -> JobDetail | None:
+        info = self.get(job_id)
+        if info is None:
+            return None
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            progress: Event | None = None
+            # Progress is an event only here: the newest one for this job since it was
+            # last put back by hand (as retry_failed clears the stored progress in Redis).
+            for event in reversed(self._events):
+                if event.job_id != job_id:
+                    continue
+                if event.kind == "progress":
+                    progress = event
+                    break
+                if event.kind == "retried" and event.data.get("manual"):
+                    break
+            return JobDetail(
+                info=info,
+                payload=job.new.payload,
+                result=job.result if job.state is COMPLETED else None,
+                progress=float(progress.data["fraction"]) if progress else None,
+                progress_message=progress.data.get("message") if progress else None,
+            )
+
+    def oldest_waiting_ms(self) -> int | None:
+        with self._cond:
+            heads: dict[int, _Job] = {}
+            for job_id in self._by_state[WAITING]:
+                job = self._jobs[job_id]
+                head = heads.get(job.new.priority)
+                if head is None or job.seq < head.seq:
+                    heads[job.new.priority] = job
+            first = sorted(heads.items(), reverse=True)[:PRIORITY_BANDS]
+            return min((job.created_ms for _, job in first), default=None)
 
 
 if TYPE_CHECKING:

@@ -16,6 +16,7 @@ arguments and replies into sandboxq types (``records.py``), and every Redis fail
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -33,10 +34,12 @@ from sandboxq.backends.base import (
     Event,
     FinishAction,
     FinishResult,
+    JobDetail,
+    JobPage,
     NewJob,
     check_limits,
 )
-from sandboxq.backends.redis import listen, records
+from sandboxq.backends.redis import listen, pages, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Scripts, run
@@ -418,3 +421,36 @@ class RedisBackend:
         for watch in watches:
             watch.stop()
         self._conns.close()
+
+    # -- reads for the dashboard (pages.py) ---------------------------------------------------
+
+    @functools.cached_property
+    def _pages(self) -> pages.Pages:
+        return pages.Pages(self.keys, self._conns.main_lane)
+
+    def job_page(
+        self,
+        state: JobState,
+        cursor: str | None = None,
+        limit: int = 50,
+        outcome: str | None = None,
+    ) -> JobPage:
+        with self._errors(f"read a page of {JobState(state).value} jobs"):
+            return self._pages.job_page(state, cursor, limit, outcome)
+
+    def job_detail(self, job_id: str) -> JobDetail | None:
+        with self._errors(f"read job {job_id!r}"):
+            pipe = self._conns.main.pipeline(transaction=False)
+            pipe.hgetall(self.keys.job(job_id))
+            pipe.lrange(self.keys.history(job_id), 0, -1)
+            fields, history = pipe.execute()
+        return pages.job_detail(self.queue, job_id, fields, history)
+
+    def oldest_waiting_ms(self) -> int | None:
+        with self._errors("read the oldest waiting job"):
+            return self._pages.oldest_waiting_ms()
+
+    def queue_names(self, budget_s: float = 2.0) -> list[str]:
+        """Every queue on this Redis (not only this one), for the dashboard: see pages.py."""
+        with self._errors("list the queues"):
+            return pages.queue_names(self._conns, budget_s)

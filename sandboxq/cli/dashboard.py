@@ -1,0 +1,67 @@
+"""The ``dashboard`` verb: the web dashboard (``sandboxq.web``) served by uvicorn.
+
+    sandboxq dashboard [--url U] [--host H] [--port P] [--token-file F] [--read-only]
+        ──► create_app(url, queues, token) ──► uvicorn on H:P until Ctrl-C / SIGTERM
+
+Starlette and uvicorn are imported only here and only when the verb runs (the ``web``
+extra): no other verb, and no producer, loads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from sandboxq.cli.options import EXIT_OK, add_url, shared_url
+from sandboxq.errors import ConfigError
+
+
+def add_parser(verbs: Any) -> None:
+    text = "serve the web dashboard: queues, jobs, attempts and workers"
+    parser: argparse.ArgumentParser = verbs.add_parser("dashboard", help=text, description=text)
+    add_url(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8686, help="port to listen on")
+    parser.add_argument(
+        "--token-file",
+        help="file holding the token that allows retry, cancel and purge (without it the "
+        "dashboard is read-only)",
+    )
+    parser.add_argument("--read-only", action="store_true", help="no actions, token or not")
+    parser.add_argument(
+        "--queue",
+        action="append",
+        dest="queues",
+        metavar="NAME",
+        help="show this queue (repeatable; default: every queue found on the server)",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from sandboxq.web import create_app
+        from sandboxq.web.auth import read_token_file
+    except ImportError as exc:
+        raise ConfigError(
+            f"the dashboard needs the web extra: pip install 'sandboxq[web]' ({exc})"
+        ) from None
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be 1-65535, got {args.port}")
+    token = read_token_file(args.token_file) if args.token_file else None
+    app = create_app(
+        shared_url(args.url), queues=args.queues, token=token, read_only=args.read_only
+    )
+    mode = "read-only" if token is None or args.read_only else "actions need the token"
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"sandboxq dashboard: listening on {args.host}: anyone who can reach it can read "
+            "every job's arguments, results and errors (put it behind your own access control)",
+            file=sys.stderr,
+        )
+    print(f"sandboxq dashboard on http://{args.host}:{args.port}/ ({mode})", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return EXIT_OK

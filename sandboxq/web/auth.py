@@ -1,0 +1,109 @@
+"""Who may act: the token, the session cookie, CSRF and the Origin check.
+
+    no token (or read_only)  ── every action refused: the dashboard only shows
+    Authorization: Bearer T  ── a script's request; T compared in constant time
+    POST /login (form: T)    ── cookie  <sid>.<mac>  HttpOnly, SameSite=Strict, Path=<mount>
+    POST /action             ── authenticated, same Origin (Sec-Fetch-Site), and with a
+                                cookie session also its CSRF field = HMAC(key, "csrf:" + sid)
+
+The cookie never holds the token: it holds a random session id and an HMAC of it keyed by
+the token, so a stolen cookie cannot be turned into the token, and changing the token
+ends every session. Nothing is stored server-side.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.requests import Request
+
+from sandboxq.errors import ConfigError
+
+COOKIE = "sandboxq_session"
+SESSION_S = 12 * 3600  # how long a login cookie lasts
+
+
+def read_token_file(path: str | Path) -> str:
+    """The token in ``path`` (surrounding whitespace dropped); refused if short or absent."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the dashboard token file {str(path)!r}: {exc}") from None
+    if len(token) < 16:
+        raise ConfigError(
+            f"the dashboard token in {str(path)!r} is {len(token)} characters long: "
+            "use at least 16 (e.g. python -c 'import secrets; print(secrets.token_urlsafe())')"
+        )
+    return token
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    via: str  # "header" or "cookie"
+    sid: str | None  # the cookie session's id (None for a bearer header)
+
+
+class Auth:
+    """Checks credentials; ``enabled`` is False when the dashboard is read-only."""
+
+    def __init__(self, token: str | None, *, read_only: bool = False) -> None:
+        self.enabled = token is not None and not read_only
+        self._token = (token or "").encode()
+        # a key of its own, so no HMAC this module makes is ever a hash of the bare token
+        self._key = hashlib.sha256(b"sandboxq-dashboard\0" + self._token).digest()
+
+    def _mac(self, purpose: str, sid: str) -> str:
+        return hmac.new(self._key, f"{purpose}:{sid}".encode(), hashlib.sha256).hexdigest()
+
+    def token_matches(self, candidate: str) -> bool:
+        return self.enabled and hmac.compare_digest(candidate.encode(), self._token)
+
+    def new_cookie(self) -> str:
+        sid = secrets.token_urlsafe(18)
+        return f"{sid}.{self._mac('session', sid)}"
+
+    def csrf(self, session: Session | None) -> str:
+        return self._mac("csrf", session.sid) if session and session.sid else ""
+
+    def session(self, request: Request) -> Session | None:
+        if not self.enabled:
+            return None
+        header = request.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "bearer" and self.token_matches(value.strip()):
+            return Session("header", None)
+        sid, _, mac = request.cookies.get(COOKIE, "").partition(".")
+        if sid and hmac.compare_digest(mac.encode(), self._mac("session", sid).encode()):
+            return Session("cookie", sid)
+        return None
+
+    def refuse_post(self, request: Request, session: Session | None, csrf: str) -> str | None:
+        """Why this POST is refused (None: allowed). Checks the origin for every POST, and
+        the CSRF field for a cookie session (a bearer header cannot be sent cross-site)."""
+        if reason := cross_site(request):
+            return reason
+        if session is None:
+            return "log in with the dashboard token first"
+        if session.via == "cookie" and not hmac.compare_digest(
+            csrf.encode(), self.csrf(session).encode()
+        ):
+            return "the form's CSRF token is missing or wrong: reload the page and try again"
+        return None
+
+
+def cross_site(request: Request) -> str | None:
+    """Why ``request`` looks cross-site (None: it does not). Browsers send ``Origin`` on
+    every POST and ``Sec-Fetch-Site`` on every request; a script sends neither."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"cross-site request refused (Sec-Fetch-Site: {site})"
+    origin = request.headers.get("origin")
+    if origin is not None:
+        host = request.headers.get("host", "")
+        if origin == "null" or origin.partition("://")[2].rstrip("/") != host:
+            return f"cross-origin request refused (Origin {origin!r} is not {host!r})"
+    return None

@@ -1,0 +1,295 @@
+"""One reader of the queues' events streams per dashboard process, fanned out to browsers.
+
+    backend.events() ──► reader thread ──┬─► Throughput: outcomes per minute, per queue
+      (every queue,     (one, daemon)    └─► loop.call_soon_threadsafe ──► each client's
+       one at a time)                          bounded asyncio.Queue ──► its SSE response
+
+Every message gets a number (``seq``). A page notes the hub's number before it reads the
+backend and its stream asks for everything after it (``since``; ``Last-Event-ID`` on a
+reconnect), replayed from the last ``REPLAY`` messages: an event that lands between the
+page's read and its stream's start still reaches it. When the gap is wider than the
+replay buffer, the stream says ``reload`` instead.
+
+A stream of one job gets each of its events (its progress bar moves with every one). A
+queue-wide stream only tells its page that something changed: it holds at most one
+unsent message and sends at most one every ``COALESCE_S``, so a page watching a queue
+that runs thousands of jobs a second costs a message a second, not thousands.
+
+The reader is the only thing that reads events, however many browsers watch: a page left
+open costs one parked HTTP response and a queue of at most ``CLIENT_BUFFER`` messages. A
+client that does not keep up (its queue is full) is dropped: its stream ends and its
+browser reconnects with a fresh one, instead of the hub buffering for it without end.
+
+Reading: with one queue the reader blocks on its stream (``events(block_s=...)``); with
+several it reads each in turn without blocking and pauses ``POLL_S`` when none had news.
+At start it reads back the last ``WINDOW_MIN`` minutes (a Redis stream id is the entry's
+time in ms), so the throughput figures are whole at once; those old events are counted,
+and only those since the hub started are sent to browsers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxq.backends.base import Backend, Event
+from sandboxq.errors import SandboxqError
+
+log = logging.getLogger("sandboxq.web")
+
+CLIENT_BUFFER = 256  # messages queued for one browser before it is dropped
+REPLAY = 1000  # recent messages kept for streams that start after the page was read
+COALESCE_S = 1.0  # a queue-wide stream sends at most one message this often
+WINDOW_MIN = 15  # minutes of throughput kept
+POLL_S = 0.5  # pause between rounds over several queues when nothing happened
+BLOCK_S = 1.0  # longest blocking read on a single queue's stream
+ROUND_S = 5.0  # re-read the list of queues at least this often
+ERROR_PAUSE_S = 2.0  # after a failed read (Redis down), before trying again
+
+#: Events that end an attempt, and the outcome they count under.
+_ENDINGS = {"completed", "failed", "retried", "requeued", "cancelled", "stalled"}
+
+
+def event_ms(event: Event) -> int | None:
+    """When a Redis stream entry was added (its id is ``<ms>-<n>``); None for memory://."""
+    head, dash, _ = event.id.partition("-")
+    return int(head) if dash and head.isdigit() else None
+
+
+def outcome_of(event: Event) -> str | None:
+    if event.kind not in _ENDINGS:
+        return None
+    if event.kind == "cancelled":
+        return "cancelled"
+    if event.kind == "stalled":
+        # a stall that failed the job is counted by the "failed" event that follows it
+        return None if event.data.get("state") == "failed" else "lease_lost"
+    if event.kind == "retried" and event.data.get("manual"):
+        return None  # a user's retry, not an attempt's end
+    return event.data.get("outcome") or event.kind
+
+
+class Throughput:
+    """Attempts ended per minute and outcome, for the last ``WINDOW_MIN`` minutes."""
+
+    def __init__(self) -> None:
+        self._minutes: dict[str, dict[int, Counter[str]]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, queue: str, outcome: str, at_ms: int) -> None:
+        minute = at_ms // 60_000
+        with self._lock:
+            minutes = self._minutes.setdefault(queue, {})
+            if minute not in minutes:
+                for old in [m for m in minutes if m <= minute - WINDOW_MIN]:
+                    del minutes[old]
+                minutes[minute] = Counter()
+            minutes[minute][outcome] += 1
+
+    def recent(self, queue: str, now_ms: int, minutes: int) -> Counter[str]:
+        """Outcomes of the attempts that ended in the last ``minutes`` (this one included)."""
+        first = now_ms // 60_000 - minutes + 1
+        total: Counter[str] = Counter()
+        with self._lock:
+            for minute, counter in self._minutes.get(queue, {}).items():
+                if minute >= first:
+                    total.update(counter)
+        return total
+
+
+@dataclass(eq=False)
+class Client:
+    """One browser's stream: what it watches and its bounded queue of messages."""
+
+    queue: str | None  # None: every queue
+    job: str | None  # None: every job
+    loop: asyncio.AbstractEventLoop
+    inbox: asyncio.Queue[dict[str, Any] | None] = field(
+        default_factory=lambda: asyncio.Queue(CLIENT_BUFFER)
+    )
+    dropped: bool = False
+
+    @property
+    def coalesce(self) -> bool:
+        """A queue-wide stream: its page only needs to know that something changed."""
+        return self.job is None
+
+    def wants(self, message: dict[str, Any]) -> bool:
+        return (self.queue is None or self.queue == message["queue"]) and (
+            self.job is None or self.job == message["job"]
+        )
+
+
+class Hub:
+    """The reader thread and its subscribers. Started by the first ``subscribe`` or
+    ``start``; ``close`` stops it (idempotent)."""
+
+    def __init__(self, queues: Callable[[], list[str]], backend: Callable[[str], Backend]) -> None:
+        self._queues = queues
+        self._backend = backend
+        self.throughput = Throughput()
+        self._clients: set[Client] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._after: dict[str, str | None] = {}
+        self._seq = 0
+        self._recent: deque[dict[str, Any]] = deque(maxlen=REPLAY)
+        self.started_ms = time.time_ns() // 1_000_000
+        self.dropped = 0  # clients dropped for falling behind, since start
+
+    # -- subscribers (on the event loop) --------------------------------------------------
+
+    def position(self) -> int:
+        """The number of the last message published: a page's ``since``."""
+        with self._lock:
+            return self._seq
+
+    def subscribe(self, queue: str | None, job: str | None, since: int | None = None) -> Client:
+        """A new stream for ``queue`` / ``job`` (None: all); with ``since``, the retained
+        messages after it are queued first (or one ``reload`` when some are gone)."""
+        self.start()
+        client = Client(queue, job, asyncio.get_running_loop())
+        with self._lock:
+            self._clients.add(client)
+            if since is None:
+                return client
+            oldest = self._recent[0]["seq"] if self._recent else self._seq + 1
+            if since > self._seq or since < oldest - 1:
+                missed = [{"seq": self._seq, "kind": "reload", "queue": queue, "job": job}]
+            else:
+                missed = [m for m in self._recent if m["seq"] > since and client.wants(m)]
+        if len(missed) >= CLIENT_BUFFER:
+            missed = [{"seq": missed[-1]["seq"], "kind": "reload", "queue": queue, "job": job}]
+        elif client.coalesce:
+            missed = missed[-1:]
+        for message in missed:
+            client.inbox.put_nowait(message)
+        return client
+
+    def unsubscribe(self, client: Client) -> None:
+        with self._lock:
+            self._clients.discard(client)
+
+    @property
+    def clients(self) -> int:
+        with self._lock:
+            return len(self._clients)
+
+    def _deliver(self, clients: list[Client], message: dict[str, Any]) -> None:
+        """On the clients' loop: queue ``message``, or drop a client that fell behind."""
+        for client in clients:
+            if client.dropped or (client.coalesce and not client.inbox.empty()):
+                continue  # a queue-wide stream already has a change to tell its page
+            try:
+                client.inbox.put_nowait(message)
+            except asyncio.QueueFull:
+                client.dropped = True
+                self.dropped += 1
+                while not client.inbox.empty():  # make room for the end-of-stream mark
+                    client.inbox.get_nowait()
+                client.inbox.put_nowait(None)
+                self.unsubscribe(client)
+                log.info("dropped a dashboard stream that fell %d events behind", CLIENT_BUFFER)
+
+    def _publish(self, queue: str, event: Event) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[Client]] = {}
+        with self._lock:
+            self._seq += 1
+            message = {"seq": self._seq, "queue": queue, "kind": event.kind, "job": event.job_id}
+            message["data"] = event.data
+            self._recent.append(message)
+            for client in self._clients:
+                if client.wants(message):
+                    by_loop.setdefault(client.loop, []).append(client)
+        for loop, clients in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._deliver, clients, message)
+            except RuntimeError:  # that loop has closed: its clients are gone
+                with self._lock:
+                    self._clients.difference_update(clients)
+
+    # -- the reader thread ----------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None or self._stop.is_set():
+                return
+            self.started_ms = time.time_ns() // 1_000_000
+            self._thread = threading.Thread(
+                target=self._run, name="sandboxq-dashboard-events", daemon=True
+            )
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            thread, clients = self._thread, list(self._clients)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=BLOCK_S + 5)
+        for client in clients:
+            try:
+                client.loop.call_soon_threadsafe(client.inbox.put_nowait, None)
+            except (RuntimeError, asyncio.QueueFull):
+                pass
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                queues = self._queues()
+                news = False
+                for queue in queues:
+                    news |= self._read(queue, BLOCK_S if len(queues) == 1 else None)
+                if not news and len(queues) != 1:
+                    self._stop.wait(POLL_S)
+            except SandboxqError as exc:
+                log.warning("dashboard events reader: %s", exc)
+                self._stop.wait(ERROR_PAUSE_S)
+            except Exception:
+                log.exception("dashboard events reader failed; trying again")
+                self._stop.wait(ERROR_PAUSE_S)
+
+    def _read(self, queue: str, block_s: float | None) -> bool:
+        """Read ``queue``'s new events (blocking up to ``block_s`` for the first); True if
+        there were any."""
+        backend = self._backend(queue)
+        if queue not in self._after:
+            self._backfill(queue, backend)
+            return True
+        news = False
+        round_end = time.monotonic() + ROUND_S
+        for event in backend.events(self._after[queue], block_s):
+            news = True
+            self._after[queue] = event.id
+            at_ms = event_ms(event) or time.time_ns() // 1_000_000
+            if (outcome := outcome_of(event)) is not None:
+                self.throughput.add(queue, outcome, at_ms)
+            self._publish(queue, event)
+            if self._stop.is_set() or time.monotonic() > round_end:
+                break
+        return news
+
+    def _backfill(self, queue: str, backend: Backend) -> None:
+        """Count the retained events of the last WINDOW_MIN minutes; send on those that
+        came after the hub started (a page read before may be waiting for them)."""
+        now = time.time_ns() // 1_000_000
+        since_ms = now - WINDOW_MIN * 60_000
+        after: str | None = None
+        probe = next(iter(backend.events(None, None)), None)
+        if probe is not None and event_ms(probe) is not None:
+            after = f"{since_ms}-0"  # Redis: start at the window, not at the oldest entry
+        last = after
+        for event in backend.events(after, None):
+            last = event.id
+            at_ms = event_ms(event)
+            if at_ms is not None and at_ms >= since_ms and (outcome := outcome_of(event)):
+                self.throughput.add(queue, outcome, at_ms)
+            if at_ms is not None and at_ms >= self.started_ms:
+                self._publish(queue, event)
+        self._after[queue] = last

@@ -1,0 +1,329 @@
+"""The four pages, as HTML bodies built from backend reads (no page reads more than a
+bounded number of records, whatever the queue's size):
+
+    overview  counts (ZCARD per state), oldest wait, workers, throughput (the hub's counts)
+    queue     one job_page (one round trip) per view; search = one job_detail
+    job       one job_detail: record, payloads, progress, attempt history
+    workers   the worker registry of each queue
+
+Arguments and results are decoded for display only when they are JSON; a pickle payload
+is never unpickled here (unpickling what a shared Redis holds runs its code).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from sandboxq.backends.base import Backend, JobDetail, JobPage
+from sandboxq.models import JobState, Outcome
+from sandboxq.web.auth import Session
+from sandboxq.web.html import (
+    PREVIEW_CHARS,
+    Safe,
+    ago,
+    button_form,
+    clip,
+    duration,
+    esc,
+    fields,
+    href,
+    link,
+    pre,
+    pretty,
+    table,
+    when,
+)
+from sandboxq.web.hub import Throughput
+
+STATES = [state.value for state in JobState]
+OUTCOMES = [outcome.value for outcome in Outcome]
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """What every page needs from the request: where it is mounted, the time, the user."""
+
+    since: int  # the hub's position before this page read anything
+    root: str
+    now: int
+    actions: bool  # the dashboard has a token and is not read-only
+    session: Session | None
+    csrf: str
+
+    def form(self, label: str, values: dict[str, Any], confirm: str = "") -> Safe:
+        """An action button; shown whenever actions exist, refused by the server without a
+        session (the button then leads to the login page's explanation)."""
+        if not self.actions:
+            return Safe("")
+        values = {**values, "csrf": self.csrf}
+        return button_form(href(self.root, "/action"), label, values, confirm)
+
+
+# -- overview -------------------------------------------------------------------------------
+
+
+def overview(ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput) -> Safe:
+    rows, details = [], []
+    for name, backend in queues:
+        counts = backend.counts()
+        oldest = backend.oldest_waiting_ms()
+        workers = backend.workers()
+        q = href(ctx.root, "/queue", name=name)
+        cells: list[object] = [link(q, name)]
+        cells += [
+            link(href(ctx.root, "/queue", name=name, state=s.value), counts[s]) for s in JobState
+        ]
+        cells.append(duration(max(0, ctx.now - oldest) / 1000) if oldest else "")
+        cells.append(link(href(ctx.root, "/workers", queue=name), len(workers)))
+        last = [throughput.recent(name, ctx.now, m) for m in (1, 5, 15)]
+        cells += [sum(c.values()) for c in last]
+        rows.append(cells)
+        outcomes = sorted(set().union(*last))
+        per_outcome = [[o, *(c[o] for c in last)] for o in outcomes]
+        details.append(
+            Safe(
+                f'<section class="throughput"><h3>{esc(name)}: attempts ended, by outcome</h3>'
+                f"{table(['outcome', 'last 1 min', '5 min', '15 min'], per_outcome)}</section>"
+            )
+        )
+    columns = ["queue", *STATES, "oldest waiting", "workers", "ended 1 min", "5 min", "15 min"]
+    empty = (
+        ""
+        if queues
+        else '<p class="empty">No queues found yet: enqueue a job, or name the queues '
+        "(sandboxq dashboard --queue NAME).</p>"
+    )
+    return Safe(
+        f"<h1>Queues</h1>{empty}{table(columns, rows, 'overview')}"
+        f'<div class="grid">{"".join(details)}</div>'
+    )
+
+
+# -- queue ----------------------------------------------------------------------------------
+
+
+def queue_page(
+    ctx: Ctx,
+    name: str,
+    backend: Backend,
+    state: JobState,
+    page: JobPage,
+    cursor: str | None,
+    outcome: str | None,
+    missing: str | None,
+) -> Safe:
+    counts = backend.counts()
+    tabs = "".join(
+        f'<li class="{"current" if s is state else ""}">'
+        f"{link(href(ctx.root, '/queue', name=name, state=s.value), f'{s.value} ({counts[s]})')}"
+        "</li>"
+        for s in JobState
+    )
+    options = "".join(
+        f'<option value="{esc(o)}"{" selected" if o == outcome else ""}>{esc(o)}</option>'
+        for o in ["", *OUTCOMES]
+    )
+    search = (
+        f'<form method="get" action="{href(ctx.root, "/queue")}" class="search">'
+        f'<input type="hidden" name="name" value="{esc(name)}">'
+        f'<input type="search" name="id" placeholder="exact job id" aria-label="job id">'
+        f'<button type="submit">Find job</button></form>'
+        f'<form method="get" action="{href(ctx.root, "/queue")}" class="filter">'
+        f'<input type="hidden" name="name" value="{esc(name)}">'
+        f'<input type="hidden" name="state" value="{esc(state.value)}">'
+        f'<label>outcome <select name="outcome">{options}</select></label>'
+        f'<button type="submit">Filter</button></form>'
+    )
+    note = f'<p class="notice">No job {esc(repr(missing))} in queue {esc(name)}.</p>'
+    rows = [
+        [
+            link(href(ctx.root, "/job", queue=name, id=job.id), job.id, "job-id"),
+            job.state,
+            job.attempts,
+            job.outcome or "",
+            ago(job.created_ms, ctx.now),
+            ago(job.finished_ms, ctx.now),
+            clip(job.error, 120),
+        ]
+        for job in page.jobs
+    ]
+    columns = ["job", "state", "attempts", "outcome", "created", "finished", "error"]
+    pager = [link(href(ctx.root, "/queue", name=name, state=state.value, outcome=outcome), "first")]
+    if page.next_cursor is not None:
+        more = href(
+            ctx.root, "/queue", name=name, state=state.value, outcome=outcome,
+            cursor=page.next_cursor,
+        )  # fmt: skip
+        pager.append(link(more, "next page →", "next"))
+    scanned = (
+        f"<p>Looked at {page.scanned} {esc(state.value)} jobs, {len(page.jobs)} ended "
+        f"{esc(outcome)}.</p>"
+        if outcome
+        else ""
+    )
+    purge = (
+        ctx.form(
+            f"Purge all {state.value} jobs",
+            {"action": "purge", "queue": name, "state": state.value},
+            f"Delete every {state.value} job of {name}?",
+        )
+        if state is not JobState.ACTIVE and counts[state]
+        else Safe("")
+    )
+    return Safe(
+        f"<h1>Queue {esc(name)}</h1>{note if missing else ''}"
+        f'<div class="tools">{search}</div><ul class="tabs">{tabs}</ul>{scanned}'
+        f"{table(columns, rows, 'jobs')}"
+        f'<p class="pager">{" ".join(pager)}</p>{purge}'
+    )
+
+
+# -- job ------------------------------------------------------------------------------------
+
+
+def _payload(codec: str, data: bytes | None, full: bool) -> tuple[str, bool]:
+    """What to show of an encoded payload, and whether it was cut short."""
+    if data is None:
+        return "", False
+    if codec != "json":
+        return f"{codec} payload, not decoded ({len(data)} bytes)", False
+    try:
+        text = pretty(json.loads(data))
+    except ValueError as exc:
+        return f"unreadable JSON ({len(data)} bytes): {exc}", False
+    if full or len(text) <= PREVIEW_CHARS:
+        return text, False
+    return text[:PREVIEW_CHARS], True
+
+
+def _ended_by(exitcode: int | None, signum: int | None) -> str:
+    if signum:
+        try:
+            return signal.Signals(signum).name
+        except ValueError:
+            return f"signal {signum}"
+    return "" if exitcode is None else f"exit code {exitcode}"
+
+
+def job_page(ctx: Ctx, name: str, detail: JobDetail, full: bool) -> Safe:
+    info = detail.info
+    shown: list[Safe] = []
+    for label, data in (("arguments", detail.payload), ("result", detail.result)):
+        if label == "result" and info.state is not JobState.COMPLETED:
+            continue
+        text, cut = _payload(info.codec, data, full)
+        more = href(ctx.root, "/job", queue=name, id=info.id, full=1)
+        tail = f"<p>{link(more, 'show all')} (first {PREVIEW_CHARS} characters shown)</p>"
+        shown.append(Safe(f"<h2>{esc(label)}</h2>{pre(text, label)}{tail if cut else ''}"))
+    fraction = detail.progress
+    progress = ""
+    if fraction is not None or not info.state.finished:  # a finished job that never said
+        value = esc(fraction if fraction is not None else 0)
+        progress = (
+            f'<section id="progress-box"><h2>progress</h2>'
+            f'<progress id="progress" max="1" value="{value}"></progress> '
+            f'<span id="progress-text">{esc(_percent(fraction))}</span> '
+            f'<span id="progress-message">{esc(detail.progress_message or "")}</span></section>'
+        )
+    options = {k: v for k, v in info.options.model_dump().items() if v is not None}
+    record = fields(
+        [
+            ("queue", name),
+            ("state", Safe(f'<span id="state" class="state {esc(info.state.value)}">'
+                           f"{esc(info.state.value)}</span>")),
+            ("attempts", f"{info.attempts} (stalls: {info.stalls})"),
+            ("outcome", info.outcome.value if info.outcome else ""),
+            ("created", when(info.created_ms)),
+            ("finished", when(info.finished_ms)),
+            ("codec", info.codec),
+        ]
+    )  # fmt: skip
+    history = [
+        [
+            a.attempt,
+            a.worker_id or "",
+            a.pid or "",
+            a.outcome.value,
+            a.action.value if a.action else "",
+            _ended_by(a.exitcode, a.signal),
+            when(a.started_ms),
+            duration((a.ended_ms - a.started_ms) / 1000) if a.started_ms and a.ended_ms else "",
+            clip(a.error, 200),
+        ]
+        for a in info.history
+    ]
+    columns = ["attempt", "worker", "pid", "outcome", "action", "exit code or signal",
+               "started", "duration", "error"]  # fmt: skip
+    actions = Safe("")
+    if info.state in (JobState.FAILED, JobState.CANCELLED):
+        actions = ctx.form("Retry", {"action": "retry", "queue": name, "id": info.id})
+    elif not info.state.finished:
+        actions = ctx.form(
+            "Cancel", {"action": "cancel", "queue": name, "id": info.id}, "Cancel this job?"
+        )
+    error = f"<h2>error</h2>{pre(info.error, 'error')}" if info.error else ""
+    unreadable = (
+        f"<h2>unreadable fields</h2>{pre(chr(10).join(info.unreadable))}" if info.unreadable else ""
+    )
+    return Safe(
+        f'<h1>Job <span class="job-id" id="job-id">{esc(info.id)}</span></h1>'
+        f'<div class="actions">{actions}</div>{record}{progress}{error}'
+        f"<h2>attempts</h2>{table(columns, history, 'history')}"
+        f"<h2>options</h2>{pre(pretty(options))}{''.join(shown)}{unreadable}"
+    )
+
+
+def _percent(fraction: float | None) -> str:
+    return "" if fraction is None else f"{fraction * 100:.0f}%"
+
+
+# -- workers --------------------------------------------------------------------------------
+
+
+def _rss(job: dict[str, Any]) -> str:
+    mb = job.get("rss_mb")
+    return f"{float(mb):.0f} MB" if isinstance(mb, int | float) else "not reported"
+
+
+def workers_page(ctx: Ctx, queues: list[tuple[str, Backend]]) -> Safe:
+    sections = []
+    for name, backend in queues:
+        for record in backend.workers():
+            lease_s = float(record.get("lease_s") or 0)
+            registered = record.get("registered_ms")
+            age_s = max(0, ctx.now - int(registered)) / 1000 if registered is not None else None
+            children = []
+            for job in record.get("jobs") or []:
+                renewed = float(job.get("lease_renewed_s_ago") or 0) + (age_s or 0)
+                left = lease_s - renewed
+                job_id = str(job.get("id"))
+                children.append(
+                    [
+                        job.get("pid") or "not started",
+                        link(href(ctx.root, "/job", queue=name, id=job_id), job_id, "job-id"),
+                        job.get("attempt"),
+                        _rss(job),
+                        duration(left) if left > 0 else "expired",
+                    ]
+                )
+            about = fields(
+                [
+                    ("queue", name),
+                    ("host, pid", f"{record.get('host')}, {record.get('pid')}"),
+                    ("children", record.get("concurrency")),
+                    ("started", when(record.get("started_ms"))),
+                    ("renewed", f"{duration(age_s)} ago" if age_s is not None else "unknown"),
+                    ("containment", record.get("containment") or "not reported"),
+                ]
+            )
+            columns = ["child pid", "job", "attempt", "resident memory", "lease left"]
+            sections.append(
+                f'<section class="worker"><h2>{esc(record.get("worker_id"))}</h2>{about}'
+                f"{table(columns, children, 'children')}</section>"
+            )
+    body = "".join(sections) or '<p class="empty">No live workers.</p>'
+    return Safe(f"<h1>Workers</h1>{body}")

@@ -1,0 +1,355 @@
+"""The dashboard over HTTP (uvicorn on loopback, a real redis-server): who may act, what
+is rendered as text, links under a mount point, paging, and the one events reader."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import logging
+import os
+import pickle
+import re
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from sandboxq import Queue
+from sandboxq.backends.base import Event, NewJob
+from sandboxq.backends.memory import MemoryBackend
+from sandboxq.cli import main
+from sandboxq.models import JobState, Outcome
+from sandboxq.testing.contract import add, claim_one, record
+from sandboxq.testing.waiting import wait_for
+from sandboxq.web import create_app
+from sandboxq.web.app import CSP
+from sandboxq.web.hub import CLIENT_BUFFER, Hub, Throughput, event_ms, outcome_of
+
+from .support import TOKEN, serve
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def q(redis_url: str, queue_name: str) -> Queue:
+    queue = Queue(queue_name, url=redis_url)
+    yield queue  # type: ignore[misc]
+    queue.close()
+
+
+def failed_job(q: Queue, job_id: str | None = None, error: str = "boom") -> str:
+    """A job that failed, made through the backend (no worker needed)."""
+    job = q.options(job_id=job_id).enqueue("x") if job_id else q.enqueue("x")
+    claimed = claim_one(q.backend)
+    attempt = record(claimed, Outcome.ERROR, error=error)
+    q.backend.finish("w1", claimed.id, claimed.token, "fail", attempt, error=error)
+    return job.id
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]*)"', page)
+    assert found is not None, "no CSRF field in the page"
+    return html.unescape(found.group(1))
+
+
+def test_read_only_dashboard_shows_and_refuses_every_action(redis_url: str, q: Queue) -> None:
+    job_id = failed_job(q)
+    app = create_app(redis_url, queues=[q.name])
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        page = http.get("/job", params={"queue": q.name, "id": job_id})
+        assert page.status_code == 200 and "read-only" in page.text
+        assert '<form method="post"' not in page.text  # no action buttons at all
+        form = {"action": "retry", "queue": q.name, "id": job_id}
+        refused = http.post("/action", data=form, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert refused.status_code == 403 and "read-only" in refused.text
+        assert http.post("/login", data={"token": TOKEN}).status_code == 403
+    assert q.job(job_id).state() == JobState.FAILED
+
+
+def test_actions_need_the_token_and_a_same_origin_form_with_its_csrf_token(
+    redis_url: str, q: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    job_id = failed_job(q)
+    form = {"action": "retry", "queue": q.name, "id": job_id}
+    app = create_app(redis_url, queues=[q.name], token=TOKEN)
+    caplog.set_level(logging.INFO, logger="sandboxq.web")
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        assert http.post("/action", data=form).status_code == 401
+        wrong = {"Authorization": "Bearer not-the-token-at-all-123"}
+        assert http.post("/action", data=form, headers=wrong).status_code == 401
+        assert http.post("/login", data={"token": "not-the-token-at-all-123"}).status_code == 403
+        assert "sandboxq_session" not in http.cookies
+        assert q.job(job_id).state() == JobState.FAILED
+
+        login = http.post("/login", data={"token": TOKEN})
+        assert login.status_code == 303
+        cookie = login.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie and "path=/" in cookie
+        assert TOKEN.lower() not in cookie  # the cookie is a session, not the token
+        # logged in, but a form without the session's CSRF token is refused
+        assert http.post("/action", data=form).status_code == 403
+        page = http.get("/job", params={"queue": q.name, "id": job_id})
+        csrf = csrf_of(page.text)
+        evil = {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}
+        assert http.post("/action", data={**form, "csrf": csrf}, headers=evil).status_code == 403
+        assert q.job(job_id).state() == JobState.FAILED
+
+        done = http.post("/action", data={**form, "csrf": csrf}, headers={"Origin": base})
+        assert done.status_code == 303
+        assert q.job(job_id).state() == JobState.WAITING
+        # a script's bearer header needs no cookie and no form token
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        cancel = {"action": "cancel", "queue": q.name, "id": job_id}
+        assert httpx.post(f"{base}/action", data=cancel, headers=bearer).status_code == 303
+        assert q.job(job_id).state() == JobState.CANCELLED
+        purge = {"action": "purge", "queue": q.name, "state": "active"}
+        assert httpx.post(f"{base}/action", data=purge, headers=bearer).status_code == 400
+        purge["state"] = "cancelled"
+        assert httpx.post(f"{base}/action", data=purge, headers=bearer).status_code == 303
+        assert q.backend.get(job_id) is None
+    logged = [r.getMessage() for r in caplog.records if r.name == "sandboxq.web"]
+    assert any("retry" in m and "refused" in m for m in logged), logged
+    assert any("retry" in m and "retried" in m for m in logged), logged
+    assert any("cancel" in m and "cancelled" in m for m in logged), logged
+    assert any("purge" in m and "purged 1" in m for m in logged), logged
+
+
+def test_what_a_job_carries_is_rendered_as_text(redis_url: str, q: Queue, tmp_path: Path) -> None:
+    job_id = failed_job(q, '<script>alert("id")</script>', error="<img src=x onerror=alert(1)>")
+    planted = tmp_path / "unpickled"
+
+    class Plant:  # unpickling it would create a directory: the dashboard must not
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.mkdir, (str(planted),))
+
+    payload = pickle.dumps([[Plant()], {}])
+    ((pickled_id, _),) = q.backend.enqueue([NewJob(payload, "pickle", "{}", "pickled")])
+    app = create_app(redis_url, queues=[q.name], token=TOKEN)
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        pages = [
+            http.get("/job", params={"queue": q.name, "id": job_id}),
+            http.get("/queue", params={"name": q.name, "state": "failed"}),
+            http.get("/job", params={"queue": q.name, "id": pickled_id}),
+        ]
+        for page in pages:
+            assert page.status_code == 200
+            assert page.headers["content-security-policy"] == CSP
+            assert "<script>alert" not in page.text and "<img src=x" not in page.text
+            scripts = re.findall(r"<script[^>]*>", page.text)
+            assert scripts == ['<script src="/static/app.js" defer>'], scripts
+        assert "&lt;script&gt;alert(&quot;id&quot;)&lt;/script&gt;" in pages[0].text
+        assert "&lt;img src=x onerror=alert(1)&gt;" in pages[0].text
+        assert "pickle payload, not decoded" in pages[2].text
+    assert not planted.exists()
+
+
+def test_mounted_under_a_prefix_every_link_stays_under_it(redis_url: str, q: Queue) -> None:
+    from fastapi import FastAPI
+
+    job_id = failed_job(q)
+    service = FastAPI()
+    dashboard = create_app(redis_url, queues=[q.name], token=TOKEN)
+    service.mount("/admin/queues", dashboard)
+    try:
+        with serve(service) as base, httpx.Client(base_url=base) as http:
+            urls = ["/admin/queues/", f"/admin/queues/queue?name={q.name}&state=failed"]
+            urls.append(f"/admin/queues/job?queue={q.name}&id={job_id}")
+            urls.append("/admin/queues/workers")
+            for url in urls:
+                page = http.get(url)
+                assert page.status_code == 200, url
+                links = re.findall(r'(?:href|src|action|data-events)="([^"]*)"', page.text)
+                outside = [u for u in links if u and not u.startswith("/admin/queues/")]
+                assert links and not outside, (url, outside)
+            assert http.get("/admin/queues/static/app.js").status_code == 200
+            assert (
+                http.post("/admin/queues/login", data={"token": TOKEN})
+                .headers["set-cookie"]
+                .lower()
+                .count("path=/admin/queues/")
+                == 1
+            )
+    finally:
+        dashboard.state.dashboard.close()
+
+
+def test_pages_walk_every_job_once_and_search_needs_the_exact_id(redis_url: str, q: Queue) -> None:
+    jobs = q.enqueue_many([((i,), {}) for i in range(120)])
+    app = create_app(redis_url, queues=[q.name])
+    seen: list[str] = []
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        url: str | None = f"/queue?name={q.name}&state=waiting"
+        while url is not None:
+            page = http.get(url)
+            assert page.status_code == 200
+            for link in re.findall(r'<a href="([^"]*)" class="job-id">', page.text):
+                seen += parse_qs(urlsplit(html.unescape(link)).query)["id"]
+            more = re.search(r'<a href="([^"]*)" class="next">', page.text)
+            url = html.unescape(more.group(1)) if more else None
+        assert seen == [job.id for job in jobs]
+        found = http.get("/queue", params={"name": q.name, "id": jobs[7].id}, follow_redirects=True)
+        assert found.url.path == "/job" and jobs[7].id in found.text
+        partial = http.get("/queue", params={"name": q.name, "id": jobs[7].id[:-1]})
+        assert "No job" in partial.text and partial.url.path == "/queue"
+
+
+def test_one_events_reader_fans_out_to_every_stream(redis_url: str, q: Queue) -> None:
+    app = create_app(redis_url, queues=[q.name])
+    got: dict[int, list[dict[str, object]]] = {0: [], 1: []}
+
+    def listen(n: int, base: str) -> None:
+        with httpx.stream("GET", f"{base}/events", params={"queue": q.name}, timeout=10) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    got[n].append(json.loads(line[6:]))
+                    return
+
+    with serve(app) as base:
+        hub = app.state.dashboard.hub
+        threads = [threading.Thread(target=listen, args=(n, base)) for n in got]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: hub.clients == 2, 10, "two event streams")
+        job = q.enqueue("hello")
+        for thread in threads:
+            thread.join(10)
+        readers = [t for t in threading.enumerate() if t.name == "sandboxq-dashboard-events"]
+        assert len(readers) == 1
+    for messages in got.values():
+        assert messages == [{"queue": q.name, "kind": "added", "job": job.id, "data": {}}]
+
+
+def test_a_stream_that_falls_behind_is_dropped_not_buffered(queue_name: str) -> None:
+    backend = MemoryBackend(queue_name)
+    hub = Hub(lambda: [queue_name], lambda name: backend)
+    job_id = add(backend)
+    claimed = claim_one(backend)
+
+    async def never_read() -> None:
+        watcher = hub.subscribe(queue_name, None)  # the queue's page: coalesced
+        client = hub.subscribe(queue_name, job_id)  # the job's page: every event
+        await asyncio.to_thread(wait_for, lambda: queue_name in hub._after, 5, "the reader")
+        for n in range(CLIENT_BUFFER + 50):
+            assert backend.record_progress("w1", job_id, claimed.token, n / 1000, None)
+        while not client.dropped:
+            await asyncio.sleep(0.01)
+        assert client.inbox.qsize() == 1 and client.inbox.get_nowait() is None
+        assert hub.dropped == 1 and hub.clients == 1
+        # the queue-wide stream held one message, the first, and was never dropped
+        assert not watcher.dropped and watcher.inbox.qsize() == 1
+
+    try:
+        asyncio.run(asyncio.wait_for(never_read(), 10))
+    finally:
+        hub.close()
+
+
+def test_dashboard_verb_refuses_a_short_token_and_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], redis_url: str
+) -> None:
+    short = tmp_path / "token"
+    short.write_text("hunter2\n")
+    assert main(["dashboard", "--url", redis_url, "--token-file", str(short)]) == 2
+    assert "at least 16" in capsys.readouterr().err
+    assert main(["dashboard", "--url", "memory://"]) == 2
+    assert "memory://" in capsys.readouterr().err
+    assert main(["dashboard", "--url", redis_url, "--token-file", str(tmp_path / "no")]) == 2
+    assert "cannot read the dashboard token file" in capsys.readouterr().err
+
+
+def test_queues_are_found_without_being_named(redis_url: str, q: Queue) -> None:
+    q.enqueue("x")
+    app = create_app(redis_url)
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        overview = http.get("/")
+        assert f'<a href="/queue?name={q.name}">{q.name}</a>' in overview.text
+        assert http.get("/queue", params={"name": "not a queue!"}).status_code == 400
+
+
+def test_a_stream_started_late_gets_what_it_missed(queue_name: str) -> None:
+    backend = MemoryBackend(queue_name)
+    hub = Hub(lambda: [queue_name], lambda name: backend)
+
+    async def late() -> None:
+        first = hub.subscribe(queue_name, None)  # starts the reader
+        await asyncio.to_thread(wait_for, lambda: queue_name in hub._after, 5, "the reader")
+        page_read_at = hub.position()  # a page notes this, then reads the backend
+        ((job_id, _),) = backend.enqueue([NewJob(b"[[],{}]")])
+        await asyncio.wait_for(first.inbox.get(), 5)
+        # ... and its stream starts only now: the event is replayed to it
+        stream = hub.subscribe(queue_name, job_id, since=page_read_at)
+        replayed = stream.inbox.get_nowait()
+        assert replayed is not None and (replayed["kind"], replayed["job"]) == ("added", job_id)
+        assert stream.inbox.empty()
+        # a position from before the replay buffer (or another process) asks for a reload
+        stale = hub.subscribe(queue_name, None, since=hub.position() + 10)
+        reload = stale.inbox.get_nowait()
+        assert reload is not None and reload["kind"] == "reload"
+
+    try:
+        asyncio.run(asyncio.wait_for(late(), 10))
+    finally:
+        hub.close()
+
+
+def test_producers_and_other_verbs_never_load_the_web_stack() -> None:
+    code = (
+        "import sys, sandboxq, sandboxq.cli; from sandboxq import Queue; "
+        "Queue('q').enqueue(1); sandboxq.cli.build_parser(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('starlette', 'uvicorn', 'sandboxq') and (m.startswith('sandboxq.web') or "
+        "not m.startswith('sandboxq'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_throughput_counts_each_ended_attempt_once_by_outcome() -> None:
+    now = 1_700_000_000_000
+    events = [
+        Event(f"{now - 1000}-0", "completed", "a", {"outcome": "ok"}),
+        Event(f"{now - 2000}-0", "retried", "b", {"outcome": "hard_timeout"}),
+        Event(f"{now - 3000}-0", "retried", "b", {"manual": "1"}),  # a user's retry
+        Event(f"{now - 4000}-0", "stalled", "c", {"state": "failed"}),
+        Event(f"{now - 4000}-1", "failed", "c", {"outcome": "lease_lost"}),
+        Event(f"{now - 5000}-0", "stalled", "d", {"state": "waiting"}),
+        Event(f"{now - 9 * 60_000}-0", "failed", "e", {"outcome": "crashed"}),
+        Event(f"{now - 30 * 60_000}-0", "failed", "f", {"outcome": "crashed"}),  # too old
+        Event(f"{now - 1000}-1", "progress", "a", {"fraction": "0.5"}),
+    ]
+    throughput = Throughput()
+    for event in events:
+        if (outcome := outcome_of(event)) is not None:
+            throughput.add("q", outcome, event_ms(event) or 0)
+    assert throughput.recent("q", now, 1) == {"ok": 1, "hard_timeout": 1, "lease_lost": 2}
+    assert throughput.recent("q", now, 15)["crashed"] == 1
+    assert throughput.recent("other", now, 15) == {}
+
+
+def test_an_unreachable_redis_is_a_page_that_says_so() -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = create_app(f"redis://127.0.0.1:{port}/0", queues=["jobs"])
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        for path in ["/", "/queue?name=jobs", "/job?queue=jobs&id=a", "/workers"]:
+            page = http.get(path)
+            assert page.status_code == 503, path
+            assert f"127.0.0.1:{port}" in page.text and "Traceback" not in page.text
+
+
+def test_memory_queues_of_this_process_are_shown(queue_name: str) -> None:
+    q = Queue(queue_name, url="memory://")
+    job = q.options(job_id="in-process").enqueue({"size": 256})
+    app = create_app("memory://")
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        assert f'<a href="/queue?name={queue_name}">' in http.get("/").text
+        page = http.get("/job", params={"queue": queue_name, "id": job.id})
+        assert page.status_code == 200 and "{&quot;size&quot;: 256}" in page.text
