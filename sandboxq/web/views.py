@@ -12,12 +12,13 @@ is never unpickled here (unpickling what a shared Redis holds runs its code).
 
 from __future__ import annotations
 
-import json
 import signal
 from dataclasses import dataclass
 from typing import Any
 
 from sandboxq.backends.base import Backend, JobDetail, JobPage
+from sandboxq.codec import CodecRefused, decode_stored, reader_codecs
+from sandboxq.errors import SerializationError
 from sandboxq.models import JobState, Outcome
 from sandboxq.web.auth import Session
 from sandboxq.web.html import (
@@ -185,16 +186,20 @@ def queue_page(
 # -- job ------------------------------------------------------------------------------------
 
 
-def _payload(codec: str, data: bytes | None, full: bool) -> tuple[str, bool]:
-    """What to show of an encoded payload, and whether it was cut short."""
+def _payload(
+    job_id: str, what: str, codec: str, data: bytes | None, full: bool
+) -> tuple[str, bool]:
+    """What to show of an encoded payload, and whether it was cut short. The dashboard is
+    a reader like any other: it decodes JSON only, through the readers' one gate."""
     if data is None:
         return "", False
-    if codec != "json":
-        return f"{codec} payload, not decoded ({len(data)} bytes)", False
     try:
-        text = pretty(json.loads(data))
-    except ValueError as exc:
-        return f"unreadable JSON ({len(data)} bytes): {exc}", False
+        value = decode_stored(data, codec, allowed=reader_codecs(), job_id=job_id, what=what)
+    except CodecRefused:
+        return f"{codec} payload, not decoded ({len(data)} bytes)", False
+    except SerializationError as exc:
+        return f"unreadable ({len(data)} bytes): {exc}", False
+    text = pretty(value)
     if full or len(text) <= PREVIEW_CHARS:
         return text, False
     return text[:PREVIEW_CHARS], True
@@ -215,7 +220,7 @@ def job_page(ctx: Ctx, name: str, detail: JobDetail, full: bool) -> Safe:
     for label, data in (("arguments", detail.payload), ("result", detail.result)):
         if label == "result" and info.state is not JobState.COMPLETED:
             continue
-        text, cut = _payload(info.codec, data, full)
+        text, cut = _payload(info.id, label, info.codec, data, full)
         more = href(ctx.root, "/job", queue=name, id=info.id, full=1)
         tail = f"<p>{link(more, 'show all')} (first {PREVIEW_CHARS} characters shown)</p>"
         shown.append(Safe(f"<h2>{esc(label)}</h2>{pre(text, label)}{tail if cut else ''}"))
