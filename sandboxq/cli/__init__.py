@@ -9,6 +9,7 @@
     enqueue.py  enqueue                       add a job; --wait for its result
     admin.py    info jobs job retry cancel purge   read and manage a queue (Redis)
     batch.py    run                           a JSONL file through the pool, locally
+    exporter.py exporter                      queue gauges from Redis for Prometheus
 
 A user's mistake (bad processor path, invalid settings, unreachable Redis, malformed
 input) ends with a one-line reason and no traceback; a traceback means a bug in sandboxq.
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sandboxq.cli import admin, batch, enqueue, worker
+from sandboxq.cli import admin, batch, enqueue, exporter, worker
 from sandboxq.cli.options import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, Exit
 from sandboxq.errors import SandboxqError
 
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_parser(verbs)
     enqueue.add_parser(verbs)
     admin.add_parsers(verbs)
+    exporter.add_parser(verbs)
     return parser
 
 

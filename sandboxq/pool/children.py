@@ -154,6 +154,13 @@ class Child:
         return None
 
 
+def kill_overshoot_s(run: Attempt, now: float) -> float | None:
+    """How late a deadline kill of ``run`` landed, reaped at ``now`` (None: no deadline kill)."""
+    deadlines = {Outcome.HARD_TIMEOUT: run.hard_deadline, Outcome.LEASE_LOST: run.fence_deadline}
+    deadline = deadlines.get(run.kill_outcome) if run.kill_outcome is not None else None
+    return None if deadline is None or now < deadline else now - deadline
+
+
 def death_outcome(
     run: Attempt, exitcode: int | None
 ) -> tuple[Outcome, str, int | None, int | None]:

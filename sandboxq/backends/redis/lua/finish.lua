@@ -51,11 +51,11 @@ local function finish_one(base)
     trim_finished(FAILED, RETAIN_FAILED, now)
   elseif action == 'retry' then
     if delay > 0 then
-      set('state', 'delayed')
+      set('state', 'delayed', 'ready_ms', int(now + delay))
       redis.call('ZADD', DELAYED, int(now + delay), id)
     else
       local seq = next_seq()
-      set('state', 'waiting', 'seq', int(seq))
+      set('state', 'waiting', 'seq', int(seq), 'ready_ms', int(now))
       redis.call('ZADD', WAITING, waiting_score(redis.call('HGET', key, 'priority'), seq), id)
     end
     emit('retried', id, 'outcome', outcome, 'error', err, 'delay_ms', int(delay))
