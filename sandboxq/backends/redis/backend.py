@@ -35,7 +35,7 @@ from sandboxq.backends.base import (
 from sandboxq.backends.redis import listen, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Arg, Scripts, run
+from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.models import Action, AttemptRecord, JobInfo, JobState, Outcome, check_queue_name
 
@@ -53,6 +53,23 @@ def _ms(seconds: float) -> int:
 
 def _lease_ms(seconds: float) -> int:
     return max(1, _ms(seconds))
+
+
+def enqueue_calls(
+    script: Script, jobs: Sequence[NewJob]
+) -> tuple[list[str], list[tuple[Script | None, bytes]]]:
+    """The ids of ``jobs`` and the packed enqueue calls that add them (one per chunk)."""
+    # 128 random bits, like uuid4().hex, without building a UUID object per job
+    ids = [job.job_id or os.urandom(16).hex() for job in jobs]
+    frames = [records.frame_job(job_id, job) for job_id, job in zip(ids, jobs, strict=True)]
+    chunks = [frames[i : i + ENQUEUE_CHUNK] for i in range(0, len(frames), ENQUEUE_CHUNK)]
+    return ids, [(script, script.pack([len(chunk), b"".join(chunk)])) for chunk in chunks]
+
+
+def enqueued(ids: list[str], replies: Sequence[Any]) -> list[tuple[str, bool]]:
+    """(id, created) per job from the enqueue calls' replies."""
+    created = [flag == 1 for reply in replies for flag in reply]
+    return list(zip(ids, created, strict=True))
 
 
 def _token() -> str:
@@ -87,9 +104,7 @@ class RedisBackend:
         self.keys = QueueKeys(queue)
         self._conns = Connections(url, float(socket_timeout_s), self.keys.waiting)
         self._errors = self._conns.errors
-        # ARGV 1-4 of every script (lua/common.lua)
-        settings: list[Arg] = [int(max_events), int(retain_completed), int(retain_failed)]
-        settings.append(_ms(retain_s))
+        settings = script_settings(max_events, retain_completed, retain_failed, retain_s)
         self._scripts = Scripts(self.keys.script_keys, settings, self._conns.main_lane)
         self._watches: list[listen.CancellationWatch] = []
         self._lock = threading.Lock()
@@ -100,18 +115,12 @@ class RedisBackend:
     # -- producing ------------------------------------------------------------------------
 
     def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
-        # 128 random bits, like uuid4().hex, without building a UUID object per job
-        ids = [job.job_id or os.urandom(16).hex() for job in jobs]
-        frames = [records.frame_job(job_id, job) for job_id, job in zip(ids, jobs, strict=True)]
-        if not frames:
+        ids, calls = enqueue_calls(self._scripts.enqueue, jobs)
+        if not calls:
             return []
-        script = self._scripts.enqueue
-        chunks = [frames[i : i + ENQUEUE_CHUNK] for i in range(0, len(frames), ENQUEUE_CHUNK)]
-        calls = [(script, script.pack([len(chunk), b"".join(chunk)])) for chunk in chunks]
         with self._errors("enqueue"):
             replies = run(self._conns.main_lane, calls)
-        created = [flag == 1 for reply in replies for flag in reply]
-        return list(zip(ids, created, strict=True))
+        return enqueued(ids, replies)
 
     # -- leases ---------------------------------------------------------------------------
 

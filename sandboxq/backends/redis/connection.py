@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Any, TypeAlias
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -101,6 +101,18 @@ def _credentials(netloc: str) -> dict[str, Any]:
     if colon:
         found["password"] = unquote(password)
     return found
+
+
+@contextmanager
+def redis_errors(where: str, doing: str) -> Iterator[None]:
+    """Any Redis failure inside the block as a ``BackendError`` naming ``where`` (the
+    redacted URL) and what was being done (``Connections.errors``, and the async backend)."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BackendError(f"Redis at {where} is unreachable ({doing}): {exc}") from exc
+    except (redis.RedisError, RedisClusterException) as exc:
+        raise BackendError(f"Redis at {where} failed to {doing}: {exc}") from exc
 
 
 class Lane:
@@ -294,16 +306,10 @@ class Connections:
         self._closers.append(manager.close)
         return partial(manager.master_for, unquote(service), **options)
 
-    @contextmanager
-    def errors(self, doing: str) -> Iterator[None]:
+    def errors(self, doing: str) -> AbstractContextManager[None]:
         """Turn any Redis failure inside the block into a ``BackendError`` naming the server
         and what was being done."""
-        try:
-            yield
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise BackendError(f"Redis at {self.where} is unreachable ({doing}): {exc}") from exc
-        except (redis.RedisError, RedisClusterException) as exc:
-            raise BackendError(f"Redis at {self.where} failed to {doing}: {exc}") from exc
+        return redis_errors(self.where, doing)
 
     def close(self) -> None:
         for close in reversed(self._closers):
