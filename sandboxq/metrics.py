@@ -189,7 +189,6 @@ class WorkerMetrics:
         self._server, self._server_thread = server, thread
         bound = server.server_address
         self.address = (str(bound[0]), int(bound[1]))
-        log.info("metrics for queue %r on http://%s:%d/metrics", self.queue, *self.address)
         return self.address
 
     def close(self) -> None:
