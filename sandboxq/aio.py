@@ -25,6 +25,7 @@ from sandboxq.backends.base import Event, NewJob
 from sandboxq.client import (
     Call,
     JobMaker,
+    call_pair,
     check_seconds,
     check_since,
     finished_value,
@@ -38,6 +39,8 @@ __all__ = ["AsyncJob", "Queue"]
 #: memory:// waits run in a thread, in slices this long, so a cancelled wait frees its
 #: thread soon after.
 MEMORY_WAIT_SLICE_S = 1.0
+#: ``enqueue_many`` yields to the event loop after encoding this many calls (about 1 ms).
+YIELD_EVERY = 200
 
 
 class AsyncBackend(Protocol):
@@ -182,8 +185,16 @@ class Queue:
         return AsyncJob(self, job_id)
 
     async def enqueue_many(self, calls: Iterable[Call]) -> list[AsyncJob]:
-        """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs."""
-        jobs = self._maker.new_jobs(calls)
+        """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs.
+
+        Encoding a big batch takes a while: it yields to the event loop every
+        ``YIELD_EVERY`` calls, so other tasks keep running meanwhile."""
+        jobs: list[NewJob] = []
+        for n, call in enumerate(calls):
+            jobs.append(self._maker.new_job(*call_pair(n, call)))
+            if n % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        jobs = self._maker.check_batch(jobs)
         return [AsyncJob(self, job_id) for job_id, _ in await self.backend.enqueue(jobs)]
 
     def job(self, job_id: str) -> AsyncJob:

@@ -144,7 +144,10 @@ class JobMaker:
 
     def new_jobs(self, calls: Iterable[Call]) -> list[NewJob]:
         """``enqueue_many``'s jobs: ``calls`` are ``(args, kwargs)`` pairs."""
-        jobs = [self.new_job(*call_pair(n, call)) for n, call in enumerate(calls)]
+        return self.check_batch([self.new_job(*call_pair(n, call)) for n, call in enumerate(calls)])
+
+    def check_batch(self, jobs: list[NewJob]) -> list[NewJob]:
+        """``jobs`` as one ``enqueue_many`` batch, unless a ``job_id`` option forbids it."""
         if self.options.job_id is not None and len(jobs) > 1:
             raise SandboxqError("a job_id option names one job; enqueue_many got several calls")
         return jobs

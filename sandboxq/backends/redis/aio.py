@@ -14,6 +14,7 @@ Cluster producers use the synchronous ``Queue``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from redis.exceptions import ResponseError
 
 from sandboxq.backends.base import Event, NewJob, check_limits
 from sandboxq.backends.redis import records
-from sandboxq.backends.redis.backend import enqueue_calls, enqueued
+from sandboxq.backends.redis.backend import ENQUEUE_CHUNK, enqueue_calls, enqueued
 from sandboxq.backends.redis.connection import (
     BLOCK_CAP_S,
     CLUSTER_SCHEMES,
@@ -132,7 +133,18 @@ class AsyncRedisBackend:
     # -- producing and managing --------------------------------------------------------
 
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
-        ids, calls = enqueue_calls(self._scripts.enqueue, jobs)
+        # Framed one chunk at a time, yielding between: framing 10,000 jobs at once would
+        # hold the event loop for tens of milliseconds.
+        ids: list[str] = []
+        calls: list[tuple[Script | None, bytes]] = []
+        for start in range(0, len(jobs), ENQUEUE_CHUNK):
+            chunk_ids, chunk_calls = enqueue_calls(
+                self._scripts.enqueue, jobs[start : start + ENQUEUE_CHUNK]
+            )
+            ids += chunk_ids
+            calls += chunk_calls
+            if len(jobs) > ENQUEUE_CHUNK:
+                await asyncio.sleep(0)
         if not calls:
             return []
         with redis_errors(self.where, "enqueue"):
