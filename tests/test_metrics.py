@@ -8,6 +8,7 @@ its own queue names, so series of one test never satisfy another's query.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,13 +18,14 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
 
 from sandboxq import Queue
-from sandboxq.exporter import QueueExporter
+from sandboxq.exporter import EXPORTER_SERIES, QueueExporter
 from sandboxq.metrics import WORKER_SERIES, WorkerMetrics
 from sandboxq.testing.prometheus_server import PrometheusServer
 from sandboxq.testing.waiting import wait_for
@@ -302,3 +304,67 @@ def test_a_worker_without_metrics_never_loads_prometheus_client() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
     assert proc.returncode == 0, proc.stderr
+
+
+# -- the dashboard, the alert rules and the README table ------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+SERIES_NAME = re.compile(r"\bsandboxq_[a-z_]+")
+
+
+def exported_names() -> set[str]:
+    """Every series name a worker or the exporter serves, as PromQL sees them."""
+    names: set[str] = set()
+    for name, kind, _, _ in (*WORKER_SERIES, *EXPORTER_SERIES):
+        suffixes = ("_bucket", "_count", "_sum") if kind == "histogram" else ("",)
+        names |= {name + suffix for suffix in suffixes}
+    return names
+
+
+def dashboard_exprs() -> list[str]:
+    board = json.loads((ROOT / "examples/grafana/sandboxq.json").read_text())
+    return [t["expr"] for panel in board["panels"] for t in panel.get("targets", [])]
+
+
+def test_the_dashboard_names_only_series_that_are_exported() -> None:
+    exprs = dashboard_exprs()
+    assert len(exprs) >= 15
+    used = {name for expr in exprs for name in SERIES_NAME.findall(expr)}
+    assert used <= exported_names(), f"not exported: {used - exported_names()}"
+    # and every series that matters to an operator is on it
+    for wanted in ("sandboxq_attempts_total", "sandboxq_wait_seconds_bucket",
+                   "sandboxq_queue_oldest_waiting_age_seconds",
+                   "sandboxq_kill_overshoot_seconds_bucket",
+                   "sandboxq_lease_renewal_age_seconds"):  # fmt: skip
+        assert wanted in used, wanted
+
+
+def test_every_dashboard_query_runs_on_prometheus(prometheus: PrometheusServer) -> None:
+    for expr in dashboard_exprs():
+        concrete = expr.replace("$__rate_interval", "1m").replace("$queue", ".*")
+        prometheus.query(concrete)  # raises if Prometheus refuses it
+
+
+def test_the_alert_rules_load_and_fire_as_their_unit_tests_say() -> None:
+    promtool = shutil.which("promtool")
+    assert promtool
+    rules = ROOT / "examples/prometheus"
+    for command in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]):
+        done = subprocess.run(
+            [promtool, *command], cwd=rules, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, f"promtool {command}:\n{done.stdout}\n{done.stderr}"
+    text = (rules / "alerts.yml").read_text()
+    used = set(SERIES_NAME.findall(text))
+    assert used <= exported_names(), f"not exported: {used - exported_names()}"
+
+
+def test_the_readme_metric_table_is_the_code_s() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Monitoring", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(
+        r"^\| `(sandboxq_\w+)` \| (\w+) \| ([\w, ]+) \| .+ \| (\w+) \|$", section, re.M
+    )
+    declared = [(n, k, labels, "worker") for n, k, labels, _ in WORKER_SERIES]
+    declared += [(n, k, labels, "exporter") for n, k, labels, _ in EXPORTER_SERIES]
+    assert sorted(rows) == sorted(declared)
