@@ -39,8 +39,8 @@ __all__ = ["AsyncJob", "Queue"]
 #: memory:// waits run in a thread, in slices this long, so a cancelled wait frees its
 #: thread soon after.
 MEMORY_WAIT_SLICE_S = 1.0
-#: ``enqueue_many`` yields to the event loop after encoding this many calls (about 1 ms).
-YIELD_EVERY = 200
+#: ``enqueue_many`` yields to the event loop after encoding this many calls (under 1 ms).
+YIELD_EVERY = 100
 
 
 class AsyncBackend(Protocol):
@@ -195,7 +195,15 @@ class Queue:
             if n % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         jobs = self._maker.check_batch(jobs)
-        return [AsyncJob(self, job_id) for job_id, _ in await self.backend.enqueue(jobs)]
+        added = await self.backend.enqueue(jobs)
+        handles: list[AsyncJob] = []
+        for start in range(0, len(added), YIELD_EVERY * 5):
+            if start:
+                await asyncio.sleep(0)
+            handles += [
+                AsyncJob(self, job_id) for job_id, _ in added[start : start + YIELD_EVERY * 5]
+            ]
+        return handles
 
     def job(self, job_id: str) -> AsyncJob:
         """A handle on the job ``job_id`` (whether or not it exists)."""

@@ -1,7 +1,7 @@
 """``AsyncRedisBackend``: the producer's half of ``RedisBackend`` on ``redis.asyncio``.
 
     sandboxq.aio.Queue ── enqueue / cancel / retry ──► the same Lua scripts (scripts.py),
-                          packed once, sent on a pooled asyncio connection
+                          packed once; concurrent calls sent together (aio_lane.py)
                        ── get / counts / results ──► redis.asyncio commands (pipelined)
                        ── wait_for_finish / events ──► XREAD BLOCK on a client of its own
 
@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
-from redis.exceptions import ResponseError
 
 from sandboxq.backends.base import Event, NewJob, check_limits
 from sandboxq.backends.redis import records
+from sandboxq.backends.redis.aio_lane import AsyncLane
 from sandboxq.backends.redis.backend import ENQUEUE_CHUNK, enqueue_calls, enqueued
 from sandboxq.backends.redis.connection import (
     BLOCK_CAP_S,
@@ -34,13 +34,7 @@ from sandboxq.backends.redis.connection import (
 )
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.listen import FINISH_POLL_S
-from sandboxq.backends.redis.scripts import (
-    Script,
-    Scripts,
-    raise_errors,
-    script_settings,
-    unknown_scripts,
-)
+from sandboxq.backends.redis.scripts import Script, Scripts, script_settings
 from sandboxq.errors import ConfigError
 from sandboxq.models import JobInfo, JobState, check_queue_name
 
@@ -89,43 +83,15 @@ class AsyncRedisBackend:
             raise ConfigError(f"invalid Redis URL {self.where!r}: {exc}") from None
         settings = script_settings(max_events, retain_completed, retain_failed, retain_s)
         self._scripts = Scripts(self.keys.script_keys, settings, None)
+        self._lane = AsyncLane(self._main, timeout)
 
     def __repr__(self) -> str:
         return f"AsyncRedisBackend({self.where!r}, {self.queue!r})"
 
     # -- scripts ------------------------------------------------------------------------
 
-    async def _round_trip(self, commands: Sequence[bytes]) -> list[Any]:
-        """Send packed ``commands`` in one write and read one reply each (an error reply is
-        returned as its exception), on a connection of the main client's pool."""
-        pool = self._main.connection_pool
-        conn: Any = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            await conn.send_packed_command(b"".join(commands), check_health=False)
-            replies: list[Any] = []
-            for _ in commands:
-                try:
-                    replies.append(await conn.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-        except BaseException:
-            # cancelled or failed mid-reply: the connection's state is unknown, drop it
-            await conn.disconnect()
-            raise
-        finally:
-            await pool.release(conn)
-        return replies
-
     async def _run(self, calls: Sequence[tuple[Script | None, bytes]]) -> list[Any]:
-        """``scripts.run`` on asyncio: unknown scripts are loaded and sent again."""
-        replies = await self._round_trip([packed for _, packed in calls])
-        missing, loads = unknown_scripts(calls, replies)
-        if missing:
-            await self._round_trip(loads)
-            again = await self._round_trip([calls[i][1] for i in missing])
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
-        return raise_errors(replies)
+        return await self._lane.run(calls)
 
     async def _script(self, script: Script, args: Sequence[Any]) -> Any:
         return (await self._run([(script, script.pack(args))]))[0]
@@ -253,5 +219,6 @@ class AsyncRedisBackend:
                 yield records.event(entry_id, fields)
 
     async def close(self) -> None:
+        await self._lane.close()
         await self._main.aclose()
         await self._blocking.aclose()

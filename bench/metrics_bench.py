@@ -1,0 +1,114 @@
+"""What worker metrics cost: no-op throughput with metrics on and off, back to back.
+
+    python bench/metrics_bench.py [--runs N] [--jobs N] [--json OUT] [--url URL]
+
+Each run drains the same number of no-op jobs twice, once with ``--metrics-port 0`` and
+once without, in alternating order (so a machine getting busier does not favour one),
+with real ``sandboxq worker`` processes; a scraper reads the metrics every second during
+the "on" drains, as Prometheus would. Also the recording cost alone: the CPU the
+dispatcher spends per job in ``WorkerMetrics`` (attempt_ended + one acked per batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import figures  # noqa: E402
+from queue_bench import drain_rate, stop, worker  # noqa: E402
+
+from sandboxq import Queue  # noqa: E402
+from sandboxq.backends.base import Ack, Claimed  # noqa: E402
+from sandboxq.metrics import WorkerMetrics  # noqa: E402
+from sandboxq.models import AttemptRecord, Outcome  # noqa: E402
+from sandboxq.pool.attempt import AttemptResult  # noqa: E402
+from sandboxq.testing.redis_server import RedisServer, free_port  # noqa: E402
+
+SLOWDOWN = figures.Target("<=", 3, "%")
+
+
+def scrape_while(port: int, done: threading.Event) -> None:
+    """Scrape the worker's metrics once a second, as Prometheus would."""
+    while not done.wait(1.0):
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                r.read()
+
+
+def drain(url: str, n: int, metrics: bool) -> float:
+    name = f"mb-{uuid.uuid4().hex[:8]}"
+    q = Queue(name, url=url)
+    q.enqueue_many([((i,), {}) for i in range(n)])
+    port = free_port()
+    args = ("--metrics-port", str(port)) if metrics else ()
+    w = worker(url, name, "bench_jobs:noop", *args)
+    done = threading.Event()
+    if metrics:
+        threading.Thread(target=scrape_while, args=(port, done), daemon=True).start()
+    try:
+        return drain_rate(q, n)
+    finally:
+        done.set()
+        stop(w)
+        q.close()
+
+
+def recording_us_per_job(jobs: int = 200_000, batch: int = 64) -> float:
+    """CPU per job spent recording (one attempt_ended per job, one acked per batch)."""
+    m = WorkerMetrics("bench")
+    job = Claimed("id", "tok", b"", "json", "{}", 1, 0.0, wait_s=0.004)
+    result = AttemptResult(1, Outcome.OK, runtime_s=0.0008)
+    record = AttemptRecord(attempt=1, outcome=Outcome.OK)
+    acks = [(job, Ack("id", "tok", "complete", record))] * batch
+    accepted = [True] * batch
+    t0 = time.process_time()
+    for _ in range(jobs // batch):
+        for _ in range(batch):
+            m.attempt_ended(job, result)
+        m.acked(acks, accepted)
+    return (time.process_time() - t0) / jobs * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--json", default=str(HERE / "results" / "metrics.json"))
+    parser.add_argument("--url", help="an existing redis-server (default: start one)")
+    args = parser.parse_args()
+    off: list[float] = []
+    on: list[float] = []
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(RedisServer()).url
+        drain(url, 2000, metrics=False)  # warm-up: imports, fork server, Redis scripts
+        for i in range(args.runs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            for metrics in order:
+                (on if metrics else off).append(drain(url, args.jobs, metrics))
+            print(f"  run {i + 1}/{args.runs}: off {off[-1]:,.0f}, on {on[-1]:,.0f} jobs/s")
+    slowdowns = [(a - b) / a * 100 for a, b in zip(off, on, strict=True)]
+    record = [recording_us_per_job() for _ in range(3)]
+    figs = [
+        figures.figure("no-op throughput, metrics off", off, "jobs/s", digits=0),
+        figures.figure("no-op throughput, metrics on (scraped every 1 s)", on, "jobs/s", digits=0),
+        figures.figure("metrics slowdown (per run pair)", slowdowns, "%", SLOWDOWN, digits=2),
+        figures.figure("recording cost per job", record, "us", digits=3),
+    ]
+    for fig in figs:
+        print(figures.line(fig))
+    print(f"  median of off/on: {statistics.median(off):,.0f} / {statistics.median(on):,.0f}")
+    figures.write_json(args.json, {"jobs": args.jobs, "figures": figs})
+
+
+if __name__ == "__main__":
+    main()
