@@ -5,8 +5,10 @@
 Each run drains the same number of no-op jobs twice, once with ``--metrics-port 0`` and
 once without, in alternating order (so a machine getting busier does not favour one),
 with real ``sandboxq worker`` processes; a scraper reads the metrics every second during
-the "on" drains, as Prometheus would. Also the recording cost alone: the CPU the
-dispatcher spends per job in ``WorkerMetrics`` (attempt_ended + one acked per batch).
+the "on" drains, as Prometheus would. The worker parent's CPU per job is measured too:
+a no-op worker is bound by it, and unlike throughput it hardly moves with the load of a
+shared machine. Also the recording cost alone: the CPU the dispatcher spends per job in
+``WorkerMetrics`` (attempt_ended + one acked per batch).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+
+import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -45,7 +49,8 @@ def scrape_while(port: int, done: threading.Event) -> None:
                 r.read()
 
 
-def drain(url: str, n: int, metrics: bool) -> float:
+def drain(url: str, n: int, metrics: bool) -> tuple[float, float]:
+    """Jobs/s draining ``n`` no-op jobs, and the worker parent's CPU per job in us."""
     name = f"mb-{uuid.uuid4().hex[:8]}"
     q = Queue(name, url=url)
     q.enqueue_many([((i,), {}) for i in range(n)])
@@ -56,7 +61,12 @@ def drain(url: str, n: int, metrics: bool) -> float:
     if metrics:
         threading.Thread(target=scrape_while, args=(port, done), daemon=True).start()
     try:
-        return drain_rate(q, n)
+        parent = psutil.Process(w.pid)
+        cpu0 = parent.cpu_times()
+        rate = drain_rate(q, n)
+        cpu1 = parent.cpu_times()
+        busy_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        return rate, busy_s / n * 1e6
     finally:
         done.set()
         stop(w)
@@ -88,20 +98,33 @@ def main() -> None:
     args = parser.parse_args()
     off: list[float] = []
     on: list[float] = []
+    cpu_off: list[float] = []
+    cpu_on: list[float] = []
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(RedisServer()).url
         drain(url, 2000, metrics=False)  # warm-up: imports, fork server, Redis scripts
         for i in range(args.runs):
             order = (False, True) if i % 2 == 0 else (True, False)
             for metrics in order:
-                (on if metrics else off).append(drain(url, args.jobs, metrics))
-            print(f"  run {i + 1}/{args.runs}: off {off[-1]:,.0f}, on {on[-1]:,.0f} jobs/s")
+                rate, cpu = drain(url, args.jobs, metrics)
+                (on if metrics else off).append(rate)
+                (cpu_on if metrics else cpu_off).append(cpu)
+            print(
+                f"  run {i + 1}/{args.runs}: off {off[-1]:,.0f}, on {on[-1]:,.0f} jobs/s; "
+                f"parent CPU per job off {cpu_off[-1]:.0f} us, on {cpu_on[-1]:.0f} us"
+            )
     slowdowns = [(a - b) / a * 100 for a, b in zip(off, on, strict=True)]
+    # A no-op worker is bound by its parent's CPU: the extra CPU per job is the slowdown
+    # a quiet machine would show, without the load swings of a shared one.
+    extra_cpu = [(b - a) / a * 100 for a, b in zip(cpu_off, cpu_on, strict=True)]
     record = [recording_us_per_job() for _ in range(3)]
     figs = [
         figures.figure("no-op throughput, metrics off", off, "jobs/s", digits=0),
         figures.figure("no-op throughput, metrics on (scraped every 1 s)", on, "jobs/s", digits=0),
         figures.figure("metrics slowdown (per run pair)", slowdowns, "%", SLOWDOWN, digits=2),
+        figures.figure("worker parent CPU per job, metrics off", cpu_off, "us", digits=1),
+        figures.figure("worker parent CPU per job, metrics on", cpu_on, "us", digits=1),
+        figures.figure("extra parent CPU per job with metrics", extra_cpu, "%", SLOWDOWN),
         figures.figure("recording cost per job", record, "us", digits=3),
     ]
     for fig in figs:

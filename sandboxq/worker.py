@@ -5,7 +5,9 @@
                          │                           main thread: acks → finish + claim
                          ├─ Heartbeat (heartbeat.py) renews leases; a lost one is killed
                          ├─ Reaper (reaper.py)       recovers other workers' expired leases
-                         └─ cancellation watch       a cancelled job's child is killed
+                         ├─ cancellation watch       a cancelled job's child is killed
+                         └─ WorkerMetrics (metrics.py, only with metrics_port) served on
+                                                     its own thread; reads the parts above
 
 This module only wires the parts together and owns their lifetime: start, the signals
 that stop it (drain.py runs the graceful stop), and what the worker publishes about

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -368,3 +369,69 @@ def test_the_readme_metric_table_is_the_code_s() -> None:
     declared = [(n, k, labels, "worker") for n, k, labels, _ in WORKER_SERIES]
     declared += [(n, k, labels, "exporter") for n, k, labels, _ in EXPORTER_SERIES]
     assert sorted(rows) == sorted(declared)
+
+
+# -- what the numbers rest on -----------------------------------------------------------------
+
+
+def test_a_claim_says_how_long_the_job_waited_since_it_was_ready(url: str, queue_name: str) -> None:
+    from sandboxq.backends import open_backend
+
+    with Queue(queue_name, url) as q:
+        backend = open_backend(url, queue_name)
+        try:
+            started = time.monotonic()
+            q.enqueue("now")
+            q.options(delay_s=0.3).enqueue("later")
+            time.sleep(0.15)  # time for the first job to wait: the clock cannot be faked
+            (first,) = backend.claim("w", 1, 10)
+            waited = time.monotonic() - started
+            assert first.wait_s is not None and 0.14 <= first.wait_s <= waited + 0.01
+            due = wait_for(lambda: backend.claim("w", 1, 10), 10, "the delayed job")
+            # counted from its due time, not from its enqueue
+            elapsed = time.monotonic() - started
+            assert due[0].wait_s is not None and 0 <= due[0].wait_s <= elapsed - 0.3 + 0.01
+        finally:
+            backend.close()
+
+
+def test_a_scrape_costs_the_same_few_commands_however_many_jobs_wait(
+    redis_url: str, raw: Any, queue_name: str
+) -> None:
+    exporter = QueueExporter(redis_url, [queue_name])
+    try:
+
+        def commands_per_scrape() -> int:
+            before = int(raw.info("stats")["total_commands_processed"])
+            generate_latest(exporter.registry)
+            # the INFO that reads the second figure counts too
+            return int(raw.info("stats")["total_commands_processed"]) - before - 1
+
+        with Queue(queue_name, redis_url) as q:
+            q.enqueue_many([((i,), {}) for i in range(10)])
+            commands_per_scrape()  # the first one also opens the connection
+            few = commands_per_scrape()
+            q.enqueue_many([((i,), {}) for i in range(2000)])
+            many = commands_per_scrape()
+        assert few == many <= 12
+    finally:
+        exporter.close()
+
+
+def test_discovery_finds_queues_and_is_not_fooled_by_job_ids(
+    redis_url: str, queue_name: str
+) -> None:
+    from sandboxq.backends.redis.connection import Connections
+    from sandboxq.backends.redis.stats import discover_queues
+
+    with Queue(queue_name, redis_url) as q:
+        # a job id that ends the way a queue's sequence key does
+        q.options(job_id="evil}:seq").enqueue()
+        q.options(job_id="x}:workers").enqueue()
+    conns = Connections(redis_url, 5.0, "sq:{probe}:x")
+    try:
+        found = discover_queues(conns)
+    finally:
+        conns.close()
+    assert queue_name in found
+    assert not [name for name in found if "}" in name or ":job:" in name]
