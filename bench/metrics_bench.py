@@ -22,6 +22,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -29,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import figures  # noqa: E402
-from queue_bench import drain_rate, stop, worker  # noqa: E402
+from queue_bench import _remaining, drain_rate, stop, worker  # noqa: E402
 
 from sandboxq import Queue  # noqa: E402
 from sandboxq.backends.base import Ack, Claimed  # noqa: E402
@@ -62,10 +63,21 @@ def drain(url: str, n: int, metrics: bool) -> tuple[float, float]:
         threading.Thread(target=scrape_while, args=(port, done), daemon=True).start()
     try:
         parent = psutil.Process(w.pid)
-        cpu0 = parent.cpu_times()
+        # CPU from the first finished job on: start-up (imports, children) is not a job's
+        started = threading.Event()
+        cpu: list[Any] = []
+
+        def sample_start() -> None:
+            while _remaining(q) >= n:
+                time.sleep(0.01)
+            cpu.append(parent.cpu_times())
+            started.set()
+
+        threading.Thread(target=sample_start, daemon=True).start()
         rate = drain_rate(q, n)
+        started.wait(10)
         cpu1 = parent.cpu_times()
-        busy_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        busy_s = (cpu1.user - cpu[0].user) + (cpu1.system - cpu[0].system)
         return rate, busy_s / n * 1e6
     finally:
         done.set()
