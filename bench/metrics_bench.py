@@ -1,14 +1,15 @@
-"""What worker metrics cost: no-op throughput with metrics on and off, back to back.
+"""What worker metrics cost: no-op throughput with metrics on and off, side by side.
 
     python bench/metrics_bench.py [--runs N] [--jobs N] [--json OUT] [--url URL]
+                                  [--back-to-back]
 
-Each run drains the same number of no-op jobs twice, once with ``--metrics-port 0`` and
-once without, in alternating order (so a machine getting busier does not favour one),
-with real ``sandboxq worker`` processes; a scraper reads the metrics every second during
-the "on" drains, as Prometheus would. The worker parent's CPU per job is measured too:
-a no-op worker is bound by it, and unlike throughput it hardly moves with the load of a
-shared machine. Also the recording cost alone: the CPU the dispatcher spends per job in
-``WorkerMetrics`` (attempt_ended + one acked per batch).
+Each run drains the same number of no-op jobs twice, once with metrics served and once
+without, at the same time on two queues (``--back-to-back``: one after the other, in
+alternating order), with real ``sandboxq worker`` processes; a scraper reads the
+metrics every second during the "on" drains, as Prometheus would. The worker parent's
+CPU per job is measured too: a no-op worker is bound by it. Also the recording cost
+alone: the CPU the dispatcher spends per job in ``WorkerMetrics`` (attempt_ended, and
+one acked per batch).
 """
 
 from __future__ import annotations
@@ -85,6 +86,24 @@ def drain(url: str, n: int, metrics: bool) -> tuple[float, float]:
         q.close()
 
 
+def together(url: str, n: int) -> dict[bool, tuple[float, float]]:
+    """Both drains at the same time, on two queues: on a shared machine whose load swings
+    by 2x within seconds, only workers running side by side see the same conditions."""
+    results: dict[bool, tuple[float, float]] = {}
+
+    def one(metrics: bool) -> None:
+        results[metrics] = drain(url, n, metrics)
+
+    threads = [threading.Thread(target=one, args=(m,)) for m in (False, True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if len(results) != 2:
+        raise RuntimeError("a drain failed (see above)")
+    return results
+
+
 def recording_us_per_job(jobs: int = 200_000, batch: int = 64) -> float:
     """CPU per job spent recording (one attempt_ended per job, one acked per batch)."""
     m = WorkerMetrics("bench")
@@ -107,6 +126,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--json", default=str(HERE / "results" / "metrics.json"))
     parser.add_argument("--url", help="an existing redis-server (default: start one)")
+    parser.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="drain one after the other (default: both at once, so both see the same load)",
+    )
     args = parser.parse_args()
     off: list[float] = []
     on: list[float] = []
@@ -117,10 +141,14 @@ def main() -> None:
         drain(url, 2000, metrics=False)  # warm-up: imports, fork server, Redis scripts
         for i in range(args.runs):
             order = (False, True) if i % 2 == 0 else (True, False)
-            for metrics in order:
-                rate, cpu = drain(url, args.jobs, metrics)
-                (on if metrics else off).append(rate)
-                (cpu_on if metrics else cpu_off).append(cpu)
+            if args.back_to_back:
+                results = {metrics: drain(url, args.jobs, metrics) for metrics in order}
+            else:
+                results = together(url, args.jobs)
+            off.append(results[False][0])
+            on.append(results[True][0])
+            cpu_off.append(results[False][1])
+            cpu_on.append(results[True][1])
             print(
                 f"  run {i + 1}/{args.runs}: off {off[-1]:,.0f}, on {on[-1]:,.0f} jobs/s; "
                 f"parent CPU per job off {cpu_off[-1]:.0f} us, on {cpu_on[-1]:.0f} us"
