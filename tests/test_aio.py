@@ -178,3 +178,28 @@ def test_enqueue_many_of_ten_thousand_yields_to_the_loop(redis_url: str, queue_n
 
     # the bound is bench/'s job (aio_bench.py); this checks only that the loop kept turning
     assert run(main()) < 5.0
+
+
+def test_concurrent_enqueues_share_script_calls_and_keep_their_answers(
+    redis_url: str, raw: Any, queue_name: str
+) -> None:
+    def evalsha_calls() -> int:
+        stats = raw.info("commandstats").get("cmdstat_evalsha", {"calls": 0})
+        return int(stats["calls"])
+
+    async def main() -> None:
+        async with aio.Queue(queue_name, redis_url) as q:
+            await q.enqueue("warm-up")
+            before = evalsha_calls()
+            jobs = await asyncio.gather(*(q.enqueue(i) for i in range(200)))
+            calls = evalsha_calls() - before
+            assert len({job.id for job in jobs}) == 200
+            assert calls < 50, f"{calls} script calls for 200 concurrent enqueues"
+            assert [(await j.info()).state for j in jobs[:3]] == [JobState.WAITING] * 3
+            same = q.options(job_id="once")
+            dupes = await asyncio.gather(*(same.enqueue(i) for i in range(10)))
+            assert {job.id for job in dupes} == {"once"}
+            counts = await q.counts()
+            assert counts[JobState.WAITING] == 1 + 200 + 1
+
+    run(main())

@@ -24,7 +24,13 @@ import redis.asyncio as aredis
 from sandboxq.backends.base import Event, NewJob, check_limits
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.aio_lane import AsyncLane
-from sandboxq.backends.redis.backend import ENQUEUE_CHUNK, enqueue_calls, enqueued
+from sandboxq.backends.redis.backend import (
+    ENQUEUE_CHUNK,
+    enqueue_calls,
+    enqueued,
+    frame_jobs,
+    pack_enqueue,
+)
 from sandboxq.backends.redis.connection import (
     BLOCK_CAP_S,
     CLUSTER_SCHEMES,
@@ -84,6 +90,7 @@ class AsyncRedisBackend:
         settings = script_settings(max_events, retain_completed, retain_failed, retain_s)
         self._scripts = Scripts(self.keys.script_keys, settings, None)
         self._lane = AsyncLane(self._main, timeout)
+        self._singles = _Singles(self._lane, self._scripts.enqueue)
 
     def __repr__(self) -> str:
         return f"AsyncRedisBackend({self.where!r}, {self.queue!r})"
@@ -99,6 +106,10 @@ class AsyncRedisBackend:
     # -- producing and managing --------------------------------------------------------
 
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
+        if len(jobs) == 1:
+            ((job_id,), (frame,)) = frame_jobs(jobs)  # a bad job fails its own caller only
+            with redis_errors(self.where, "enqueue"):
+                return [(job_id, await self._singles.add(frame))]
         # Framed one chunk at a time, yielding between: framing 10,000 jobs at once would
         # hold the event loop for tens of milliseconds.
         ids: list[str] = []
@@ -219,6 +230,73 @@ class AsyncRedisBackend:
                 yield records.event(entry_id, fields)
 
     async def close(self) -> None:
+        await self._singles.close()
         await self._lane.close()
         await self._main.aclose()
         await self._blocking.aclose()
+
+
+class _Singles:
+    """Jobs enqueued one per call by many coroutines at once, added by shared script calls.
+
+    A lone caller sends its job at once. Jobs enqueued while that call is in flight are
+    added together by the next one: enqueue.lua takes a batch, and on Redis a script call
+    costs far more than a job inside one, so a hundred coroutines enqueueing cost a few
+    script calls instead of a hundred. Each job is framed (and refused, if it must be) by
+    its own caller before it joins; a failure of the shared call fails each of its jobs.
+    """
+
+    def __init__(self, lane: AsyncLane, script: Script) -> None:
+        self._lane = lane
+        self._script = script
+        self._waiting: list[tuple[bytes, asyncio.Future[bool]]] = []
+        self._busy = False
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def add(self, frame: bytes) -> bool:
+        """Add one framed job; True if it was created (False: its id already existed)."""
+        if not self._busy:
+            self._busy = True
+            try:
+                (created,) = await self._send([frame])
+            finally:
+                self._busy = False
+                self._kick()
+            return created
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.append((frame, future))
+        return await future
+
+    def _kick(self) -> None:
+        if self._waiting and not self._busy:
+            self._busy = True
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                try:
+                    created = await self._send([frame for frame, _ in batch])
+                except Exception as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                except BaseException:  # cancelled: the callers must not wait forever
+                    for _, future in batch:
+                        future.cancel()
+                    raise
+                for (_, future), flag in zip(batch, created, strict=True):
+                    if not future.done():
+                        future.set_result(flag)
+        finally:
+            self._busy = False
+
+    async def _send(self, frames: list[bytes]) -> list[bool]:
+        replies = await self._lane.run(pack_enqueue(self._script, frames))
+        return [flag == 1 for reply in replies for flag in reply]
+
+    async def close(self) -> None:
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.gather(self._flusher, return_exceptions=True)

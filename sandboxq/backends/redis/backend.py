@@ -59,13 +59,24 @@ def enqueue_calls(
     script: Script, jobs: Sequence[NewJob]
 ) -> tuple[list[str], list[tuple[Script | None, bytes]]]:
     """The ids of ``jobs`` and the packed enqueue calls that add them (one per chunk)."""
+    ids, frames = frame_jobs(jobs)
+    return ids, pack_enqueue(script, frames)
+
+
+def frame_jobs(jobs: Sequence[NewJob]) -> tuple[list[str], list[bytes]]:
+    """The ids of ``jobs`` (a new one where none was chosen) and each job framed for
+    enqueue.lua; raises for a job whose options cannot be stored."""
     # 128 random bits each, like uuid4().hex, from one urandom call for the whole batch
     # (a call per job was most of the cost of framing a big batch on a loaded machine)
     rand = os.urandom(16 * len(jobs)).hex()
     ids = [job.job_id or rand[32 * i : 32 * i + 32] for i, job in enumerate(jobs)]
-    frames = [records.frame_job(job_id, job) for job_id, job in zip(ids, jobs, strict=True)]
+    return ids, [records.frame_job(job_id, job) for job_id, job in zip(ids, jobs, strict=True)]
+
+
+def pack_enqueue(script: Script, frames: Sequence[bytes]) -> list[tuple[Script | None, bytes]]:
+    """Enqueue calls for framed jobs, ``ENQUEUE_CHUNK`` jobs per call."""
     chunks = [frames[i : i + ENQUEUE_CHUNK] for i in range(0, len(frames), ENQUEUE_CHUNK)]
-    return ids, [(script, script.pack([len(chunk), b"".join(chunk)])) for chunk in chunks]
+    return [(script, script.pack([len(chunk), b"".join(chunk)])) for chunk in chunks]
 
 
 def enqueued(ids: list[str], replies: Sequence[Any]) -> list[tuple[str, bool]]:
