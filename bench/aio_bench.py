@@ -132,7 +132,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--json", default=str(HERE / "results" / "aio.json"))
     parser.add_argument("--url", help="an existing redis-server (default: start one)")
+    parser.add_argument("--quick", action="store_true", help="fewer jobs: a smoke check")
     args = parser.parse_args()
+    if args.quick:
+        args.jobs = min(args.jobs, 1000)
     sync, one, many, late, held, idle, frozen = [], [], [], [], [], [], []
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(RedisServer()).url

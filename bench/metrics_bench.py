@@ -126,12 +126,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--json", default=str(HERE / "results" / "metrics.json"))
     parser.add_argument("--url", help="an existing redis-server (default: start one)")
+    parser.add_argument("--quick", action="store_true", help="fewer jobs: a smoke check")
     parser.add_argument(
         "--back-to-back",
         action="store_true",
         help="drain one after the other (default: both at once, so both see the same load)",
     )
     args = parser.parse_args()
+    if args.quick:
+        args.jobs = min(args.jobs, 2000)
     off: list[float] = []
     on: list[float] = []
     cpu_off: list[float] = []
