@@ -50,6 +50,10 @@ class SandboxWorker:
     SIGTERM / SIGINT (or ``stop()``) drain: stop claiming, keep renewing, let running jobs
     finish for up to ``stop_timeout_s``, then soft-signal, then kill; interrupted jobs go
     back to the queue without being charged an attempt. A second signal stops at once.
+
+    ``metrics_port`` serves Prometheus metrics (sandboxq/metrics.py) on ``metrics_host``
+    (127.0.0.1 by default) while ``run()`` runs; 0 picks a free port, logged and kept in
+    ``metrics_address``. Without it nothing is recorded or imported.
     """
 
     def __init__(

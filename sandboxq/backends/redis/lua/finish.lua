@@ -5,7 +5,7 @@
 -- ARGV: 1-4 standard; 5 worker id, 6 claim count, 7 lease ms, 8 token base, 9 N acks,
 --       then 9 fields per ack: job id, token, action, attempt record JSON, outcome,
 --       error ('' = none), has result ('1'/'0'), result bytes, retry delay ms.
--- Returns: {N, accepted_1 .. accepted_N (1/0), then 6 entries per claimed job as in
+-- Returns: {N, accepted_1 .. accepted_N (1/0), then 7 entries per claimed job as in
 --          claim.lua}. A single rejected ack claims nothing ("nothing changed").
 -- Upholds: invariant 1 (only the current owner + token may end an attempt: a late ack
 -- after recovery or cancellation is rejected and changes nothing), invariant 3 (every job
