@@ -435,3 +435,34 @@ def test_discovery_finds_queues_and_is_not_fooled_by_job_ids(
         conns.close()
     assert queue_name in found
     assert not [name for name in found if "}" in name or ":job:" in name]
+
+
+@pytest.mark.timeout(60)
+def test_the_pool_reports_how_late_each_deadline_kill_landed() -> None:
+    """Hard timeout and lease fence: the two kills that have a deadline. A kill without
+    one (a cancellation) and an attempt that ended by itself report no lateness."""
+    import queue as queues
+
+    from sandboxq.models import Outcome
+    from sandboxq.pool.attempt import AttemptResult
+    from sandboxq.pool.pool import Pool
+
+    ended: queues.SimpleQueue[AttemptResult] = queues.SimpleQueue()
+    with Pool("sandboxq.testing.handlers:sleep_forever", 2) as pool:
+        # both children ready: a fence that passed before its task started is no kill
+        wait_for(lambda: len(pool.child_states()["idle"]) == 2, 30, "two ready children")
+        hard = pool.make_task()
+        hard.hard_timeout_s = 0.3
+        fenced = pool.make_task()
+        fenced.fence_deadline = time.monotonic() + 0.5
+        pool.execute(hard, ended.put)
+        pool.execute(fenced, ended.put)
+        results = {r.outcome: r for r in (ended.get(timeout=30), ended.get(timeout=30))}
+        cancelled = pool.execute(pool.make_task(), ended.put)
+        pool.kill(cancelled, Outcome.CANCELLED, "cancelled by a test")
+        results[Outcome.CANCELLED] = ended.get(timeout=30)
+    for outcome in (Outcome.HARD_TIMEOUT, Outcome.LEASE_LOST):
+        late = results[outcome].kill_overshoot_s
+        # the supervisor kills within milliseconds; seconds would mean a missed deadline
+        assert late is not None and 0 <= late < 2.0, (outcome, late)
+    assert results[Outcome.CANCELLED].kill_overshoot_s is None

@@ -435,7 +435,7 @@ class Supervisor:
     def _settle_death(self, child: Child, run: Attempt, exitcode: int | None) -> None:
         child.running = None
         outcome, detail, code, signum = death_outcome(run, exitcode)
-        overshoot = kill_overshoot_s(run, time.monotonic())  # metrics
+        overshoot = kill_overshoot_s(run, outcome, time.monotonic())  # metrics
         self._settle(
             run,
             outcome,
