@@ -9,7 +9,7 @@ alternating order), with real ``sandboxq worker`` processes; a scraper reads the
 metrics every second during the "on" drains, as Prometheus would. The worker parent's
 CPU per job is measured too: a no-op worker is bound by it. Also the recording cost
 alone: the CPU the dispatcher spends per job in ``WorkerMetrics`` (attempt_ended, and
-one acked per batch).
+one acked per batch), and the CPU of one scrape of a worker with two children.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from prometheus_client import generate_latest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -38,6 +39,8 @@ from sandboxq.backends.base import Ack, Claimed  # noqa: E402
 from sandboxq.metrics import WorkerMetrics  # noqa: E402
 from sandboxq.models import AttemptRecord, Outcome  # noqa: E402
 from sandboxq.pool.attempt import AttemptResult  # noqa: E402
+from sandboxq.pool.kill import tree_rss  # noqa: E402
+from sandboxq.pool.pool import Pool  # noqa: E402
 from sandboxq.testing.redis_server import RedisServer, free_port  # noqa: E402
 
 SLOWDOWN = figures.Target("<=", 3, "%")
@@ -123,6 +126,25 @@ def recording_us_per_job(jobs: int = 200_000, batch: int = 64) -> float:
     return (time.process_time() - t0) / jobs * 1e6
 
 
+def scrape_ms(scrapes: int = 200) -> float:
+    """CPU of one scrape of a worker's metrics with two live children (RSS included)."""
+    with Pool("sandboxq.testing.handlers:echo", 2) as pool:
+        m = WorkerMetrics("bench")
+        m.bind(
+            child_states=pool.child_states,
+            held=lambda: 0,
+            renewed_at=time.monotonic,
+            rejected_acks=lambda: 0,
+            recovered=lambda: 0,
+            restarts=lambda: pool.restarts,
+            rss=lambda pids: sum(tree_rss(pid)[0] for pid in pids),
+        )
+        t0 = time.process_time()
+        for _ in range(scrapes):
+            generate_latest(m.registry)
+        return (time.process_time() - t0) / scrapes * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=4, help="even: each order as often")
@@ -164,6 +186,7 @@ def main() -> None:
     # a quiet machine would show, without the load swings of a shared one.
     extra_cpu = [(b - a) / a * 100 for a, b in zip(cpu_off, cpu_on, strict=True)]
     record = [recording_us_per_job() for _ in range(3)]
+    scrape = [scrape_ms() for _ in range(3)]
     figs = [
         figures.figure("no-op throughput, metrics off", off, "jobs/s", digits=0),
         figures.figure("no-op throughput, metrics on (scraped every 1 s)", on, "jobs/s", digits=0),
@@ -172,6 +195,7 @@ def main() -> None:
         figures.figure("worker parent CPU per job, metrics on", cpu_on, "us", digits=1),
         figures.figure("extra parent CPU per job with metrics", extra_cpu, "%", SLOWDOWN),
         figures.figure("recording cost per job", record, "us", digits=3),
+        figures.figure("one scrape, two children (CPU)", scrape, "ms", digits=3),
     ]
     for fig in figs:
         print(figures.line(fig))
