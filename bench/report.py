@@ -20,6 +20,8 @@ SECTION_TITLES = {
     "pool": "Pool (no backend)",
     "queue": "Queue (Redis, worker process, 2 children unless said)",
     "heartbeat": "Heartbeat under GIL-holding load",
+    "metrics": "Worker metrics: no-op throughput with and without (side by side)",
+    "aio": "Async producer (sandboxq.aio) against the sync one",
 }
 
 

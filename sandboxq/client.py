@@ -1,6 +1,9 @@
 """The producer API: ``Queue`` (enqueue, counts, events) and ``Job`` (state, result, cancel).
 
-Importing this module loads no process machinery: producers only need a backend.
+Importing this module loads no process machinery: producers only need a backend. The
+checks and conversions that do no I/O (arguments, options, building a ``NewJob``, a
+finished record into a value or ``JobFailed``) are module functions that ``sandboxq.aio``
+calls too, so both APIs refuse and answer alike.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class Job:
     def info(self) -> JobInfo:
         info = self.queue.backend.get(self.id)
         if info is None:
-            raise SandboxqError(f"job {self.id!r} of queue {self.queue.name!r} does not exist")
+            raise no_such_job(self.queue.name, self.id)
         return info
 
     def state(self) -> JobState:
@@ -46,7 +49,7 @@ class Job:
         Raises ``JobFailed`` (with ``.outcome``, ``.attempts``, ``.error``) if it failed or
         was cancelled, and ``TimeoutError`` if it is not finished within ``timeout_s``.
         """
-        _check_seconds("timeout_s", timeout_s)
+        check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
@@ -56,15 +59,8 @@ class Job:
             if state is not None:
                 break
         info = self.info()
-        if info.state is JobState.COMPLETED:
-            return read_result(self.queue.backend, info, self.queue.allowed_codecs)
-        raise JobFailed(
-            f"job {self.id!r} {info.state}: {info.error or info.outcome or 'no cause recorded'}",
-            job_id=self.id,
-            outcome=str(info.outcome) if info.outcome else None,
-            attempts=info.attempts,
-            error=info.error,
-        )
+        data = self.queue.backend.get_result(self.id) if info.state is JobState.COMPLETED else None
+        return finished_value(self.id, info, data, self.queue.allowed_codecs)
 
     def cancel(self) -> bool:
         """Cancel the job; a running job's child is killed. False if it had already finished."""
@@ -72,16 +68,38 @@ class Job:
 
 
 def read_result(backend: Backend, info: JobInfo, allowed: Collection[str]) -> Any:
-    """The decoded result of the completed job ``info`` describes (None if it stored none),
-    decoded only with a codec in ``allowed`` (see ``codec.decode_stored``): the read path
-    of ``Job.result`` and of ``sandboxq job``."""
-    data = backend.get_result(info.id)
+    """The decoded result of the completed job ``info`` describes (the read path of
+    ``sandboxq job``)."""
+    return decode_result(info, backend.get_result(info.id), allowed)
+
+
+def decode_result(info: JobInfo, data: bytes | None, allowed: Collection[str]) -> Any:
+    """A completed job's stored result ``data`` decoded (None if it stored none), only with
+    a codec in ``allowed`` (see ``codec.decode_stored``): every reader's one way to it."""
     if data is None:
         return None
     return codecs.decode_stored(data, info.codec, allowed=allowed, job_id=info.id)
 
 
-def _check_seconds(name: str, value: float | None) -> None:
+def no_such_job(queue: str, job_id: str) -> SandboxqError:
+    return SandboxqError(f"job {job_id!r} of queue {queue!r} does not exist")
+
+
+def finished_value(job_id: str, info: JobInfo, data: bytes | None, allowed: Collection[str]) -> Any:
+    """A finished job's return value (``data``: its stored result, decoded only with a codec
+    in ``allowed``), or ``JobFailed``."""
+    if info.state is JobState.COMPLETED:
+        return decode_result(info, data, allowed)
+    raise JobFailed(
+        f"job {job_id!r} {info.state}: {info.error or info.outcome or 'no cause recorded'}",
+        job_id=job_id,
+        outcome=str(info.outcome) if info.outcome else None,
+        attempts=info.attempts,
+        error=info.error,
+    )
+
+
+def check_seconds(name: str, value: float | None) -> None:
     """A wait in seconds, or None. NaN compares false with everything: it would never end."""
     if value is not None and (
         isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
@@ -93,7 +111,14 @@ def _check_seconds(name: str, value: float | None) -> None:
 _EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 
 
-def _call_pair(n: int, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def check_since(since: str | None) -> None:
+    if since is not None and not (isinstance(since, str) and _EVENT_ID.fullmatch(since)):
+        raise ConfigError(
+            f"since must be an event id such as '12' or '1700000000000-0', got {since!r}"
+        )
+
+
+def call_pair(n: int, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``call`` as an ``(args, kwargs)`` pair, or a SerializationError naming it: a string
     is a sequence too, and ``("ab", {})`` must not quietly become ``f("a", "b")``."""
     if (
@@ -107,6 +132,38 @@ def _call_pair(n: int, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         f"enqueue_many: call #{n} is {call!r:.200}, not an (args, kwargs) pair "
         "with args a list or tuple and kwargs a dict"
     )
+
+
+class JobMaker:
+    """What a queue (or a view of it with options) turns calls into: ``NewJob`` records."""
+
+    def __init__(self, codec: str, options: JobOptions) -> None:
+        self.codec = codecs.check_codec(codec)
+        self.options = options
+        # Serialized once per view, not once per enqueue.
+        self.options_json = options.model_dump_json(exclude_defaults=True)
+
+    def with_options(self, **options: Any) -> JobMaker:
+        """A maker whose jobs get ``options`` over this one's (see ``JobOptions``)."""
+        merged = {**self.options.model_dump(exclude_unset=True), **options}
+        return JobMaker(self.codec, build(JobOptions, **merged))
+
+    def new_job(self, args: Sequence[Any], kwargs: dict[str, Any]) -> NewJob:
+        opts = self.options
+        payload = codecs.encode_call(self.codec, tuple(args), kwargs)
+        return NewJob(
+            payload, self.codec, self.options_json, opts.job_id, opts.priority, opts.delay_s
+        )
+
+    def new_jobs(self, calls: Iterable[Call]) -> list[NewJob]:
+        """``enqueue_many``'s jobs: ``calls`` are ``(args, kwargs)`` pairs."""
+        return self.check_batch([self.new_job(*call_pair(n, call)) for n, call in enumerate(calls)])
+
+    def check_batch(self, jobs: list[NewJob]) -> list[NewJob]:
+        """``jobs`` as one ``enqueue_many`` batch, unless a ``job_id`` option forbids it."""
+        if self.options.job_id is not None and len(jobs) > 1:
+            raise SandboxqError("a job_id option names one job; enqueue_many got several calls")
+        return jobs
 
 
 class Queue:
@@ -129,45 +186,29 @@ class Queue:
         **backend_options: Any,
     ) -> None:
         self.name = name
-        self.codec = codecs.check_codec(codec)
+        self._maker = JobMaker(codec, JobOptions())
+        self.codec = self._maker.codec
         self.allowed_codecs = codecs.reader_codecs(self.codec, allow_pickle=allow_pickle)
         self.backend: Backend = open_backend(url, name, **backend_options)
-        self._set_options(JobOptions())
-
-    def _set_options(self, options: JobOptions) -> None:
-        self._options = options
-        # Serialized once per view, not once per enqueue.
-        self._options_json = options.model_dump_json(exclude_defaults=True)
 
     def options(self, **options: Any) -> Queue:
         """A view of this queue whose jobs get ``options`` (see ``JobOptions``)."""
         view = object.__new__(Queue)
         view.__dict__.update(self.__dict__)
-        view._set_options(
-            build(JobOptions, **{**self._options.model_dump(exclude_unset=True), **options})
-        )
+        view._maker = self._maker.with_options(**options)
         return view
 
     def enqueue(self, /, *args: Any, **kwargs: Any) -> Job:
         """Enqueue ``processor(*args, **kwargs)``; returns its Job (an existing one when a
         ``job_id`` option names a job that already exists). Keyword arguments may have any
         name: options are set with ``options(...)``, never here."""
-        ((job_id, _created),) = self.backend.enqueue([self._new_job(args, kwargs)])
+        ((job_id, _created),) = self.backend.enqueue([self._maker.new_job(args, kwargs)])
         return Job(self, job_id)
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[Job]:
         """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs."""
-        jobs = [self._new_job(*_call_pair(n, call)) for n, call in enumerate(calls)]
-        if self._options.job_id is not None and len(jobs) > 1:
-            raise SandboxqError("a job_id option names one job; enqueue_many got several calls")
+        jobs = self._maker.new_jobs(calls)
         return [Job(self, job_id) for job_id, _created in self.backend.enqueue(jobs)]
-
-    def _new_job(self, args: Sequence[Any], kwargs: dict[str, Any]) -> NewJob:
-        opts = self._options
-        payload = codecs.encode_call(self.codec, tuple(args), kwargs)
-        return NewJob(
-            payload, self.codec, self._options_json, opts.job_id, opts.priority, opts.delay_s
-        )
 
     def job(self, job_id: str) -> Job:
         """A handle on the job ``job_id`` (whether or not it exists)."""
@@ -179,11 +220,8 @@ class Queue:
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
         """The retained events after event id ``since`` (all when None); then, with
         ``block_s``, new ones as they come until ``block_s`` passes without any."""
-        _check_seconds("block_s", block_s)
-        if since is not None and not (isinstance(since, str) and _EVENT_ID.fullmatch(since)):
-            raise ConfigError(
-                f"since must be an event id such as '12' or '1700000000000-0', got {since!r}"
-            )
+        check_seconds("block_s", block_s)
+        check_since(since)
         return self.backend.events(since, block_s)
 
     def close(self) -> None:

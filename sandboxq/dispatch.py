@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -33,6 +33,9 @@ from sandboxq.outcomes import ExitPolicy
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.pool import Pool
 from sandboxq.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from sandboxq.metrics import WorkerMetrics
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -54,6 +57,7 @@ class Dispatcher:
         stopping: threading.Event,
         stop_now: threading.Event,
         stop: Callable[[], None],
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._id = worker_id
         self._settings = settings
@@ -64,6 +68,7 @@ class Dispatcher:
         self._stopping = stopping
         self._stop_now = stop_now
         self._stop = stop
+        self._metrics = metrics
         self._policy = ExitPolicy(exit_codes=settings.exit_codes)
         self.events: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
         self.fetcher: threading.Thread | None = None
@@ -221,7 +226,11 @@ class Dispatcher:
         """What to tell the backend about an attempt that ended (None: nothing)."""
         held = self._inflight.get(job_id)
         if held is None:
+            if self._metrics is not None:  # metrics
+                self._metrics.stale_dropped()
             return None
+        if self._metrics is not None:  # metrics
+            self._metrics.attempt_ended(held.job, attempt)
         if attempt.outcome in (Outcome.LEASE_LOST, Outcome.CANCELLED):
             # Not ours to ack any more: the job was cancelled, or another worker may own it.
             stat = "lease_lost" if attempt.outcome is Outcome.LEASE_LOST else "cancelled"
@@ -261,6 +270,8 @@ class Dispatcher:
                     delay = min(delay * 2, 1.0)
             self._inflight.discard([job.id for job, _ in acks])
             self._count(acks, accepted)
+            if self._metrics is not None:  # metrics, once per ack batch
+                self._metrics.acked(acks, accepted)
             for job in claimed:
                 self._start(job)
         finally:

@@ -225,6 +225,10 @@ class WorkerSettings(_Settings):
     import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(  # as in PoolSettings
         default=None, gt=0, le=MAX_INTERVAL_S
     )
+    # Prometheus metrics (sandboxq/metrics.py): served only when a port is set; 0 picks a
+    # free one. Loopback unless a host says otherwise: no port opened on every interface.
+    metrics_port: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=0, le=65535)
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
 
     @field_validator(
         "soft_timeout_s", "hard_timeout_s", "max_memory_mb", "renew_interval_s", "stall_check_s"

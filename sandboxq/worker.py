@@ -5,7 +5,9 @@
                          │                           main thread: acks → finish + claim
                          ├─ Heartbeat (heartbeat.py) renews leases; a lost one is killed
                          ├─ Reaper (reaper.py)       recovers other workers' expired leases
-                         └─ cancellation watch       a cancelled job's child is killed
+                         ├─ cancellation watch       a cancelled job's child is killed
+                         └─ WorkerMetrics (metrics.py, only with metrics_port) served on
+                                                     its own thread; reads the parts above
 
 This module only wires the parts together and owns their lifetime: start, the signals
 that stop it (drain.py runs the graceful stop), and what the worker publishes about
@@ -22,18 +24,22 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandboxq.backends import open_backend
 from sandboxq.dispatch import Dispatcher
-from sandboxq.errors import BackendError
+from sandboxq.errors import BackendError, ConfigError
 from sandboxq.heartbeat import Heartbeat, Lease
 from sandboxq.inflight import InFlight
 from sandboxq.models import Outcome
+from sandboxq.pool.kill import tree_rss
 from sandboxq.pool.pool import Pool, Seconds
 from sandboxq.processor import resolve_within
 from sandboxq.reaper import Reaper
 from sandboxq.settings import StartMethod, WorkerSettings, build
+
+if TYPE_CHECKING:
+    from sandboxq.metrics import WorkerMetrics
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -44,6 +50,10 @@ class SandboxWorker:
     SIGTERM / SIGINT (or ``stop()``) drain: stop claiming, keep renewing, let running jobs
     finish for up to ``stop_timeout_s``, then soft-signal, then kill; interrupted jobs go
     back to the queue without being charged an attempt. A second signal stops at once.
+
+    ``metrics_port`` serves Prometheus metrics (sandboxq/metrics.py) on ``metrics_host``
+    (127.0.0.1 by default) while ``run()`` runs; 0 picks a free port, logged and kept in
+    ``metrics_address``. Without it nothing is recorded or imported.
     """
 
     def __init__(
@@ -68,6 +78,8 @@ class SandboxWorker:
         allow_pickle: bool = False,
         backend_options: dict[str, Any] | None = None,
         import_timeout_s: float | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         self.settings = s = build(
             WorkerSettings,
@@ -90,6 +102,8 @@ class SandboxWorker:
             start_method=start_method,
             allow_pickle=allow_pickle,
             import_timeout_s=import_timeout_s,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
         )
         # an unimportable processor fails here, with its import error (or after
         # import_timeout_s if its import hangs)
@@ -115,6 +129,15 @@ class SandboxWorker:
         self._pool: Pool | None = None
         self._dispatcher: Dispatcher | None = None
         self._started_ms = int(time.time() * 1000)
+        # metrics: only when a port is asked for; otherwise nothing is imported or recorded
+        self._metrics: WorkerMetrics | None = None
+        if s.metrics_port is not None:
+            from sandboxq.metrics import WorkerMetrics
+
+            self._metrics = WorkerMetrics(s.queue)
+        #: ``(host, port)`` the metrics are served on while ``run()`` runs (port 0: the
+        #: port that was picked); None without metrics.
+        self.metrics_address: tuple[str, int] | None = None
 
     def run(self, burst: bool = False) -> None:
         """Work until stopped; with ``burst``, return once no job is waiting or delayed and
@@ -124,9 +147,11 @@ class SandboxWorker:
         # An unreachable backend fails the start before any child exists, and nothing
         # that failed to start is left running.
         try:
+            self._serve_metrics()
             self._register(raise_errors=True)
             unwatch = self.backend.watch_cancellations(self._on_cancel)
         except BaseException:
+            self._close_metrics()
             self._unregister()
             self.backend.close()
             raise
@@ -141,6 +166,7 @@ class SandboxWorker:
             )
         except BaseException:
             unwatch()
+            self._close_metrics()
             self._unregister()
             self.backend.close()
             raise
@@ -154,6 +180,7 @@ class SandboxWorker:
             self._stopping,
             self._stop_now,
             self.stop,
+            self._metrics,
         )
         heartbeat = self.heartbeat = Heartbeat(
             self.backend,
@@ -166,6 +193,8 @@ class SandboxWorker:
             self._register,
         )
         reaper = Reaper(self.backend, s.stall_every_s)
+        if self._metrics is not None:
+            self._bind_metrics(self._metrics, pool, heartbeat, reaper)
         restore = self._install_signal_handlers()
         try:
             heartbeat.start()
@@ -180,6 +209,7 @@ class SandboxWorker:
             reaper.stop()
             heartbeat.stop()
             pool.shutdown(cancel=True)
+            self._close_metrics()
             self._unregister()
             self.backend.close()
             restore()
@@ -214,6 +244,39 @@ class SandboxWorker:
                 signal.signal(sig, previous)
 
         return restore
+
+    # -- metrics (sandboxq/metrics.py) -------------------------------------------------------
+
+    def _serve_metrics(self) -> None:
+        if self._metrics is None:
+            return
+        port, host = self.settings.metrics_port or 0, self.settings.metrics_host
+        try:
+            self.metrics_address = self._metrics.serve(port, host)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
+        log.info("worker %s: metrics on http://%s:%d/metrics", self.id, *self.metrics_address)
+
+    def _bind_metrics(
+        self, metrics: WorkerMetrics, pool: Pool, heartbeat: Heartbeat, reaper: Reaper
+    ) -> None:
+        """What the scrape-time gauges read: snapshots, so a job pays nothing for them."""
+        since = time.monotonic()
+        metrics.bind(
+            child_states=pool.child_states,
+            held=self._inflight.__len__,
+            renewed_at=lambda: heartbeat.renewed_at[-1] if heartbeat.renewed_at else since,
+            rejected_acks=lambda: self.stats["rejected_acks"],
+            recovered=lambda: reaper.recovered,
+            restarts=lambda: pool.restarts,
+            rss=lambda pids: sum(tree_rss(pid)[0] for pid in pids),
+        )
+
+    def _close_metrics(self) -> None:
+        if self._metrics is not None:
+            self._metrics.unbind()
+            self._metrics.close()
+            self.metrics_address = None
 
     # -- heartbeat and cancellation hooks (their own threads) ----------------------------------
 

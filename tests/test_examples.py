@@ -177,3 +177,73 @@ def test_service_drains_on_sigterm(redis_url: str, queue_name: str) -> None:
     output = "".join(log)
     assert "received SIGTERM: draining" in output, output
     assert not left_behind(mark), f"the service left processes behind: {left_behind(mark)}"
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM; a second one (stop now) if it is still draining after 10 s; then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            continue
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(120)
+def test_fastapi_app_enqueues_and_awaits_results(redis_url: str, queue_name: str) -> None:
+    import httpx
+
+    from sandboxq.testing.redis_server import free_port
+
+    environ, mark = marked_env(SANDBOXQ_URL=redis_url, REPORTS_QUEUE=queue_name)
+    port = free_port()
+    app = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "fastapi_app.py"), "--port", str(port)],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "sandboxq", "worker", queue_name, "jobs_service:render_report",
+         "--concurrency", "1", "--stop-timeout-s", "1"],
+        env=environ,
+        cwd=EXAMPLES,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )  # fmt: skip
+    log: list[str] = []
+    try:
+        _wait_for(_lines(app.stdout), "Uvicorn running on", log, 60)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            created = http.post("/reports", json={"customer": "acme", "pages": 2})
+            assert created.status_code == 202, created.text
+            job_id = created.json()["job_id"]
+            done = http.get(f"/reports/{job_id}", params={"wait_s": 30})
+            assert done.status_code == 200, done.text
+            assert done.json()["state"] == "completed"
+            assert done.json()["result"]["customer"] == "acme"
+            assert done.json()["result"]["pages"] == 2
+            # a long report: waiting for it times out with 504 while it runs...
+            long = http.post("/reports", json={"customer": "big", "pages": 400}).json()["job_id"]
+            assert http.get(f"/reports/{long}", params={"wait_s": 0.2}).status_code == 504
+            # ...and the app keeps answering other requests while one waits
+            waiting = threading.Thread(
+                target=lambda: http.get(f"/reports/{long}", params={"wait_s": 3}), daemon=True
+            )
+            waiting.start()
+            started = time.monotonic()
+            assert http.post("/reports", json={"customer": "x", "pages": 1}).status_code == 202
+            assert time.monotonic() - started < 2.0
+            waiting.join(10)
+            assert http.post("/reports", json={"customer": "x", "pages": 0}).status_code == 422
+            assert http.get("/reports/no-such-job").status_code == 404
+    finally:
+        _stop(worker)
+        _stop(app)
+    assert not left_behind(mark), f"left processes behind: {left_behind(mark)}"

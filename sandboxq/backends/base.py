@@ -77,6 +77,8 @@ class Claimed:
     options_json: str
     attempt: int
     claimed_at: float
+    #: How long it waited to be claimed since it was ready (enqueued, due, retried).
+    wait_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

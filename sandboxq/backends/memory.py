@@ -102,6 +102,7 @@ class _Job:
     state: JobState = WAITING
     seq: int = 0  # the seq of the job's live heap entry; a new one on every (re-)entry
     due_ms: int = 0
+    ready_ms: int = 0  # when it last became claimable (enqueued, due, retried)
     attempts: int = 0
     stalls: int = 0
     owner: str | None = None
@@ -178,6 +179,10 @@ class MemoryBackend:
 
     def _move(self, job: _Job, state: JobState, now: int, keep_place: bool = False) -> None:
         self._by_state[job.state].pop(job.id, None)
+        if state is DELAYED:
+            job.ready_ms = job.due_ms
+        elif state is WAITING and not keep_place and job.state is not DELAYED:
+            job.ready_ms = now
         job.state = state
         self._by_state[state][job.id] = None
         if state is not ACTIVE:
@@ -238,6 +243,7 @@ class MemoryBackend:
                     new.options_json,
                     job.attempts,
                     claimed_at,
+                    max(0, now - (job.ready_ms or job.created_ms)) / 1000,
                 )
             )
         return claimed

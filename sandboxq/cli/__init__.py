@@ -10,6 +10,7 @@
     admin.py    info jobs job retry cancel purge   read and manage a queue (Redis)
     batch.py    run                           a JSONL file through the pool, locally
     dashboard.py dashboard                    the web dashboard (sandboxq[web])
+    exporter.py exporter                      queue gauges from Redis for Prometheus
 
 A user's mistake (bad processor path, invalid settings, unreachable Redis, malformed
 input) ends with a one-line reason and no traceback; a traceback means a bug in sandboxq.
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sandboxq.cli import admin, batch, dashboard, enqueue, worker
+from sandboxq.cli import admin, batch, dashboard, enqueue, exporter, worker
 from sandboxq.cli.options import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, Exit
 from sandboxq.errors import SandboxqError
 
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_parser(verbs)
     admin.add_parsers(verbs)
     dashboard.add_parser(verbs)
+    exporter.add_parser(verbs)
     return parser
 
 

@@ -57,6 +57,12 @@ def add_parser(verbs: Any) -> None:
     w.add_argument(
         "--allow-pickle", action="store_true", default=None, help="accept pickle payloads"
     )
+    w.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (0: a free one, logged); off by default",
+    )
+    w.add_argument("--metrics-host", help="the address metrics are served on (default 127.0.0.1)")
     w.add_argument("--burst", action="store_true", help="stop once the queue is empty")
     w.set_defaults(run=run, log_level=logging.INFO)
 
@@ -116,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         stop_timeout_s=args.stop_timeout_s,
         exit_codes=parse_exit_codes(args.exit_code),
         allow_pickle=args.allow_pickle,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     import_from_cwd()
     worker = SandboxWorker(**chosen.model_dump())

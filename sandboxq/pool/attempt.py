@@ -49,6 +49,9 @@ class AttemptResult:
     runtime_s: float | None = None  # start to outcome, on the monotonic clock
     error: RemoteError | None = None
     detail: str | None = None  # why, in words, when there is no remote error
+    #: A deadline kill (hard timeout, lease fence): how long after the deadline the child
+    #: was reaped (the worker's ``sandboxq_kill_overshoot_seconds``; reason: ``outcome``).
+    kill_overshoot_s: float | None = None
 
     @property
     def cause(self) -> str:

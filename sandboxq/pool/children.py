@@ -154,6 +154,19 @@ class Child:
         return None
 
 
+def kill_overshoot_s(run: Attempt, outcome: Outcome, now: float) -> float | None:
+    """How late the deadline kill that ended ``run`` with ``outcome`` landed, reaped at
+    ``now`` (None: not a deadline kill). The fence's kill is often the child's own guard,
+    which fires up to FENCE_CHECK_S early on purpose: that counts as on time (0). A lease
+    lost earlier than that (a rejected renewal) had no deadline to be late for."""
+    if outcome is Outcome.HARD_TIMEOUT and run.hard_deadline is not None:
+        return max(0.0, now - run.hard_deadline)
+    fence = run.fence_deadline
+    if outcome is Outcome.LEASE_LOST and fence is not None and now + FENCE_CHECK_S >= fence:
+        return max(0.0, now - fence)
+    return None
+
+
 def death_outcome(
     run: Attempt, exitcode: int | None
 ) -> tuple[Outcome, str, int | None, int | None]:

@@ -109,6 +109,15 @@ class Pool:
         """Process ids of the current children."""
         return self._supervisor.pids
 
+    def child_states(self) -> dict[str, list[int]]:
+        """Child pids by state (starting, busy, idle): a snapshot, for metrics."""
+        return self._supervisor.child_states()
+
+    @property
+    def restarts(self) -> int:
+        """Children started to replace others (crashed, killed, recycled)."""
+        return max(0, self._supervisor.spawned - self.size)
+
     def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Run ``processor(*args, **kwargs)`` in a child; returns a Future of its result."""
         future: Future[Any] = Future()

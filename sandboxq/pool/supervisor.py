@@ -35,7 +35,15 @@ from sandboxq.pool import launch
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import child_main
-from sandboxq.pool.children import Attempt, Child, OnDone, death_outcome, now_ms, readable
+from sandboxq.pool.children import (
+    Attempt,
+    Child,
+    OnDone,
+    death_outcome,
+    kill_overshoot_s,
+    now_ms,
+    readable,
+)
 from sandboxq.pool.kill import descendants, kill_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
 
@@ -87,6 +95,8 @@ class Supervisor:
         self._closing = False
         self._closed = False
         self._start_failures = 0
+        #: Children started, replacements included (the worker's pool restarts metric).
+        self.spawned = 0
         self.broken: PoolBroken | None = None
         self._spawned = threading.Event()
         self._thread = threading.Thread(target=self._main, name="sandboxq-supervisor", daemon=True)
@@ -110,6 +120,14 @@ class Supervisor:
     def running_pids(self) -> dict[int, int]:
         """Attempt token → child pid for what runs now (a snapshot, for status displays)."""
         return {c.running.token: c.pid for c in list(self._children) if c.running is not None}
+
+    def child_states(self) -> dict[str, list[int]]:
+        """Child pids by state: starting (not ready yet), busy, idle (a snapshot, for metrics)."""
+        states: dict[str, list[int]] = {"starting": [], "busy": [], "idle": []}
+        for c in list(self._children):
+            state = "starting" if not c.ready else "busy" if c.running is not None else "idle"
+            states[state].append(c.pid)
+        return states
 
     def close(self, *, cancel: bool) -> None:
         """Stop accepting work; ``cancel`` ends queued and running attempts as interrupted."""
@@ -208,6 +226,7 @@ class Supervisor:
             name="sandboxq-child",
         )
         launch.start(process)
+        self.spawned += 1
         child_end.close()
         child = Child(process, channel, soft_token, fence)
         self._children.append(child)
@@ -416,7 +435,16 @@ class Supervisor:
     def _settle_death(self, child: Child, run: Attempt, exitcode: int | None) -> None:
         child.running = None
         outcome, detail, code, signum = death_outcome(run, exitcode)
-        self._settle(run, outcome, child.pid, exitcode=code, signal=signum, detail=detail)
+        overshoot = kill_overshoot_s(run, outcome, time.monotonic())  # metrics
+        self._settle(
+            run,
+            outcome,
+            child.pid,
+            exitcode=code,
+            signal=signum,
+            detail=detail,
+            kill_overshoot_s=overshoot,
+        )
 
     def _break(self, why: str) -> None:
         self.broken = PoolBroken(why)

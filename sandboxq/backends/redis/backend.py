@@ -42,7 +42,7 @@ from sandboxq.backends.base import (
 from sandboxq.backends.redis import listen, pages, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Arg, Scripts, run
+from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
 from sandboxq.codec import DEFAULT_MAX_BYTES as MAX_RESULT_BYTES
 from sandboxq.errors import BackendError, ConfigError, SerializationError
 from sandboxq.models import Action, AttemptRecord, JobInfo, JobState, Outcome, check_queue_name
@@ -61,6 +61,36 @@ def _ms(seconds: float) -> int:
 
 def _lease_ms(seconds: float) -> int:
     return max(1, _ms(seconds))
+
+
+def enqueue_calls(
+    script: Script, jobs: Sequence[NewJob]
+) -> tuple[list[str], list[tuple[Script | None, bytes]]]:
+    """The ids of ``jobs`` and the packed enqueue calls that add them (one per chunk)."""
+    ids, frames = frame_jobs(jobs)
+    return ids, pack_enqueue(script, frames)
+
+
+def frame_jobs(jobs: Sequence[NewJob]) -> tuple[list[str], list[bytes]]:
+    """The ids of ``jobs`` (a new one where none was chosen) and each job framed for
+    enqueue.lua; raises for a job whose options cannot be stored."""
+    # 128 random bits each, like uuid4().hex, from one urandom call for the whole batch
+    # (a call per job was most of the cost of framing a big batch on a loaded machine)
+    rand = os.urandom(16 * len(jobs)).hex()
+    ids = [job.job_id or rand[32 * i : 32 * i + 32] for i, job in enumerate(jobs)]
+    return ids, [records.frame_job(job_id, job) for job_id, job in zip(ids, jobs, strict=True)]
+
+
+def pack_enqueue(script: Script, frames: Sequence[bytes]) -> list[tuple[Script | None, bytes]]:
+    """Enqueue calls for framed jobs, ``ENQUEUE_CHUNK`` jobs per call."""
+    chunks = [frames[i : i + ENQUEUE_CHUNK] for i in range(0, len(frames), ENQUEUE_CHUNK)]
+    return [(script, script.pack([len(chunk), b"".join(chunk)])) for chunk in chunks]
+
+
+def enqueued(ids: list[str], replies: Sequence[Any]) -> list[tuple[str, bool]]:
+    """(id, created) per job from the enqueue calls' replies."""
+    created = [flag == 1 for reply in replies for flag in reply]
+    return list(zip(ids, created, strict=True))
 
 
 def _token() -> str:
@@ -97,9 +127,7 @@ class RedisBackend:
             url, float(socket_timeout_s), self.keys.waiting, records.queue_key_types(self.keys)
         )
         self._errors = self._conns.errors
-        # ARGV 1-4 of every script (lua/common.lua)
-        settings: list[Arg] = [int(max_events), int(retain_completed), int(retain_failed)]
-        settings.append(_ms(retain_s))
+        settings = script_settings(max_events, retain_completed, retain_failed, retain_s)
         self._scripts = Scripts(self.keys.script_keys, settings, self._conns.main_lane)
         self._watches: list[listen.CancellationWatch] = []
         self._lock = threading.Lock()
@@ -110,18 +138,12 @@ class RedisBackend:
     # -- producing ------------------------------------------------------------------------
 
     def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
-        # 128 random bits, like uuid4().hex, without building a UUID object per job
-        ids = [job.job_id or os.urandom(16).hex() for job in jobs]
-        frames = [records.frame_job(job_id, job) for job_id, job in zip(ids, jobs, strict=True)]
-        if not frames:
+        ids, calls = enqueue_calls(self._scripts.enqueue, jobs)
+        if not calls:
             return []
-        script = self._scripts.enqueue
-        chunks = [frames[i : i + ENQUEUE_CHUNK] for i in range(0, len(frames), ENQUEUE_CHUNK)]
-        calls = [(script, script.pack([len(chunk), b"".join(chunk)])) for chunk in chunks]
         with self._errors("enqueue"):
             replies = run(self._conns.main_lane, calls)
-        created = [flag == 1 for reply in replies for flag in reply]
-        return list(zip(ids, created, strict=True))
+        return enqueued(ids, replies)
 
     # -- leases ---------------------------------------------------------------------------
 

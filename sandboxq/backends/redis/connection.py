@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -152,6 +152,31 @@ def tls_hint(error: str) -> str:
             "ssl_keyfile if it requires client certificates)"
         )
     return ""
+
+
+@contextmanager
+def redis_errors(
+    where: str, doing: str, wrong_types: Callable[[], str | None] | None = None
+) -> Iterator[None]:
+    """Any Redis failure inside the block as a ``BackendError`` naming ``where`` (the
+    redacted URL), what was being done and, where it can tell, what to do about it: a TLS
+    failure, an ACL refusal, or a queue key of the wrong type (``wrong_types`` names it)
+    (``Connections.errors``, and the async backend)."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise BackendError(
+            f"Redis at {where} is unreachable ({doing}): {exc}{tls_hint(str(exc))}"
+        ) from exc
+    except NoPermissionError as exc:
+        raise BackendError(
+            f"Redis at {where} refused to {doing}: permission denied by the "
+            f"server's ACL for this user ({exc}); the rules each role needs are "
+            "sandboxq.backends.redis.acl.rules(queue, role), tabled in the README"
+        ) from exc
+    except (redis.RedisError, RedisClusterException) as exc:
+        detail = wrong_types() if wrong_types is not None and "WRONGTYPE" in str(exc) else None
+        raise BackendError(f"Redis at {where} failed to {doing}: {detail or exc}") from exc
 
 
 class Lane:
@@ -356,25 +381,10 @@ class Connections:
         self._closers.append(manager.close)
         return partial(manager.master_for, unquote(service), **options)
 
-    @contextmanager
-    def errors(self, doing: str) -> Iterator[None]:
+    def errors(self, doing: str) -> AbstractContextManager[None]:
         """Turn any Redis failure inside the block into a ``BackendError`` naming the server
         and what was being done."""
-        try:
-            yield
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise BackendError(
-                f"Redis at {self.where} is unreachable ({doing}): {exc}{tls_hint(str(exc))}"
-            ) from exc
-        except NoPermissionError as exc:
-            raise BackendError(
-                f"Redis at {self.where} refused to {doing}: permission denied by the "
-                f"server's ACL for this user ({exc}); the rules each role needs are "
-                "sandboxq.backends.redis.acl.rules(queue, role), tabled in the README"
-            ) from exc
-        except (redis.RedisError, RedisClusterException) as exc:
-            detail = self._wrong_types() if "WRONGTYPE" in str(exc) else None
-            raise BackendError(f"Redis at {self.where} failed to {doing}: {detail or exc}") from exc
+        return redis_errors(self.where, doing, self._wrong_types)
 
     def _wrong_types(self) -> str | None:
         """Which of the queue's keys holds the wrong kind of value (changed by hand), for a

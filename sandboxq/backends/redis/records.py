@@ -87,7 +87,7 @@ def over_cap(size: int, cap: int = MAX_FIELD_BYTES) -> str:
 
 
 #: Entries per claimed job in a claim/finish reply (see lua/claim.lua).
-CLAIM_ROW = 6
+CLAIM_ROW = 7
 
 #: One job inside enqueue.lua's framed argument: id, payload, codec and opts lengths,
 #: priority, delay ms, max_stalls; then those four byte strings (see lua/enqueue.lua).
@@ -129,7 +129,7 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
     (None when they validate)."""
     rows: list[tuple[Claimed, str | None]] = []
     for i in range(0, len(flat), CLAIM_ROW):
-        job_id, token, payload, codec, opts, attempt = flat[i : i + CLAIM_ROW]
+        job_id, token, payload, codec, opts, attempt, wait_ms = flat[i : i + CLAIM_ROW]
         problem: str | None = None
         try:
             options_json = opts.decode("utf-8")
@@ -151,6 +151,7 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
             options_json=options_json,
             attempt=int(attempt),
             claimed_at=claimed_at,
+            wait_s=int(wait_ms) / 1000,
         )
         rows.append((claimed, problem))
     return rows

@@ -14,6 +14,7 @@ server does not know (a restarted Redis, an empty script cache) is loaded on the
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -51,7 +52,7 @@ class Script:
     """One script with this backend's keys and settings bound: ``script.pack(args)`` is a
     ready-to-send command, ``script(args)`` a round trip."""
 
-    def __init__(self, name: str, keys: Sequence[str], settings: Sequence[Arg], lane: Lane):
+    def __init__(self, name: str, keys: Sequence[str], settings: Sequence[Arg], lane: Lane | None):
         self.name = name
         self.source = source(name)
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
@@ -75,7 +76,9 @@ class Script:
         return b"".join(parts)
 
     def __call__(self, args: Sequence[Arg], lane: Lane | None = None) -> Any:
-        return run(lane or self._lane, [(self, self.pack(args))])[0]
+        lane = lane or self._lane
+        assert lane is not None, "scripts bound without a lane are sent by their caller"
+        return run(lane, [(self, self.pack(args))])[0]
 
 
 def pack_command(*args: Arg) -> bytes:
@@ -87,23 +90,47 @@ def run(lane: Lane, calls: Sequence[tuple[Script | None, bytes]]) -> list[Any]:
     """Send packed commands in one round trip; their replies, in order. Script calls
     answered ``NOSCRIPT`` are loaded and sent again; any other error reply is raised."""
     replies = lane.round_trip([packed for _, packed in calls])
-    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    missing, loads = unknown_scripts(calls, replies)
     if missing:
-        load = {s.name: s for i in missing if (s := calls[i][0]) is not None}
-        lane.round_trip([pack_command("SCRIPT", "LOAD", script.source) for script in load.values()])
+        lane.round_trip(loads)
         again = lane.round_trip([calls[i][1] for i in missing])
         for i, reply in zip(missing, again, strict=True):
             replies[i] = reply
+    return raise_errors(replies)
+
+
+def unknown_scripts(
+    calls: Sequence[tuple[Script | None, bytes]], replies: Sequence[Any]
+) -> tuple[list[int], list[bytes]]:
+    """The calls answered ``NOSCRIPT``, and the ``SCRIPT LOAD`` commands to send first."""
+    missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    load = {s.name: s for i in missing if (s := calls[i][0]) is not None}
+    return missing, [pack_command("SCRIPT", "LOAD", script.source) for script in load.values()]
+
+
+def raise_errors(replies: list[Any]) -> list[Any]:
+    """``replies``, unless one is an error reply: then that is raised."""
     for reply in replies:
         if isinstance(reply, ResponseError):
             raise reply
     return replies
 
 
+def script_settings(
+    max_events: int, retain_completed: int, retain_failed: int, retain_s: float
+) -> list[Arg]:
+    """ARGV 1-4 of every script (lua/common.lua)."""
+    return [int(max_events), int(retain_completed), int(retain_failed), ms_ceil(retain_s)]
+
+
+def ms_ceil(seconds: float) -> int:
+    return max(0, math.ceil(seconds * 1000))
+
+
 class Scripts:
     """Every script of one queue, bound to its keys and settings."""
 
-    def __init__(self, keys: Sequence[str], settings: Sequence[Arg], lane: Lane) -> None:
+    def __init__(self, keys: Sequence[str], settings: Sequence[Arg], lane: Lane | None) -> None:
         def bind(name: str) -> Script:
             return Script(name, keys, settings, lane)
 

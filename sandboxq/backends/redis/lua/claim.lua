@@ -2,9 +2,11 @@
 -- KEYS: the standard list (common.lua).
 -- ARGV: 1-4 standard; 5 worker id, 6 count, 7 lease ms, 8 token base (random per call,
 --       made unique per job by a suffix).
--- Returns: {wait_ms, then 6 entries per claimed job: id, token, payload, codec, opts,
---          attempt}. wait_ms, when nothing was claimed, is how long until the next delayed
---          job falls due (-1: none), so an idle worker blocks exactly that long at most.
+-- Returns: {wait_ms, then 7 entries per claimed job: id, token, payload, codec, opts,
+--          attempt, waited ms}. wait_ms, when nothing was claimed, is how long until the
+--          next delayed job falls due (-1: none), so an idle worker blocks exactly that
+--          long at most. "waited ms" is how long the job waited since it was ready
+--          (ready_ms: enqueued, due or retried; created_ms for older records).
 -- Upholds: invariant 1 (fresh token and owner per lease; highest priority first, FIFO
 -- within a priority), invariant 2 (expiry = server TIME + lease), invariant 7 (a broken
 -- record fails that one job with a stated cause and the claim goes on).

@@ -171,7 +171,7 @@ end
 
 -- Why a job popped from waiting cannot be claimed (nil when it can), plus its fields.
 local function claim_problem(key)
-  local f = hmget(key, 'payload', 'codec', 'opts', 'attempts', 'state')
+  local f = hmget(key, 'payload', 'codec', 'opts', 'attempts', 'state', 'ready_ms', 'created_ms')
   if not f then return 'the job key is not a hash' end
   if not f[1] and not f[2] and not f[5] then return 'the job hash is missing' end
   if not f[1] then return 'the payload field is missing' end
@@ -210,7 +210,7 @@ end
 
 -- Lease up to `count` waiting jobs (invariant 1: a fresh token per claim, owner = worker;
 -- invariant 2: expiry from the server clock). Returns a flat list of
--- id, token, payload, codec, opts, attempt for each claimed job.
+-- id, token, payload, codec, opts, attempt, wait ms for each claimed job.
 local function claim_jobs(worker, count, lease_ms, token_base, now)
   promote_due(now)
   local out = {}
@@ -235,6 +235,8 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
       local i = #out
       out[i + 1], out[i + 2], out[i + 3] = id, token, f[1]
       out[i + 4], out[i + 5], out[i + 6] = f[2], f[3], attempt
+      -- how long it waited since it was ready (enqueued, due, retried): sandboxq_wait_seconds
+      out[i + 7] = int(math.max(0, now - (tonumber(f[6]) or tonumber(f[7]) or now)))
     end
   end
   -- Nothing left to claim: drop stale wake tokens so idle workers block instead of

@@ -38,7 +38,7 @@ for j = 1, count do
     if delay > 0 then state = 'delayed' end
     redis.call('HSET', key, 'payload', payload, 'codec', codec, 'opts', opts, 'state', state,
       'priority', int(priority), 'max_stalls', int(max_stalls), 'seq', int(seq),
-      'created_ms', int(now))
+      'created_ms', int(now), 'ready_ms', int(now + delay))
     if delay > 0 then
       redis.call('ZADD', DELAYED, int(now + delay), id)
     else

@@ -5,7 +5,7 @@
 -- ARGV: 1-4 standard; 5 worker id, 6 claim count, 7 lease ms, 8 token base, 9 N acks,
 --       then 9 fields per ack: job id, token, action, attempt record JSON, outcome,
 --       error ('' = none), has result ('1'/'0'), result bytes, retry delay ms.
--- Returns: {N, accepted_1 .. accepted_N (1/0), then 6 entries per claimed job as in
+-- Returns: {N, accepted_1 .. accepted_N (1/0), then 7 entries per claimed job as in
 --          claim.lua}. A single rejected ack claims nothing ("nothing changed").
 -- Upholds: invariant 1 (only the current owner + token may end an attempt: a late ack
 -- after recovery or cancellation is rejected and changes nothing), invariant 3 (every job
@@ -51,11 +51,11 @@ local function finish_one(base)
     trim_finished(FAILED, RETAIN_FAILED, now)
   elseif action == 'retry' then
     if delay > 0 then
-      set('state', 'delayed')
+      set('state', 'delayed', 'ready_ms', int(now + delay))
       redis.call('ZADD', DELAYED, int(now + delay), id)
     else
       local seq = next_seq()
-      set('state', 'waiting', 'seq', int(seq))
+      set('state', 'waiting', 'seq', int(seq), 'ready_ms', int(now))
       redis.call('ZADD', WAITING, waiting_score(redis.call('HGET', key, 'priority'), seq), id)
     end
     emit('retried', id, 'outcome', outcome, 'error', err, 'delay_ms', int(delay))

@@ -47,7 +47,7 @@ for _, id in ipairs(expired) do
       state = 'waiting'
       err = 'lease expired (stall ' .. stalls .. ' of at most ' .. max_stalls
         .. '): the worker holding it stopped renewing it'
-      redis.call('HSET', key, 'state', 'waiting')
+      redis.call('HSET', key, 'state', 'waiting', 'ready_ms', int(now))
       -- back to its old place in line: it was claimed first, so it runs next
       redis.call('ZADD', WAITING, waiting_score(f[6], count_or(f[7], nil) or next_seq()), id)
       record.action = 'retry'

@@ -14,7 +14,8 @@ redis.call('ZREM', CANCELLED, id)
 redis.call('HDEL', key, 'finished_ms', 'outcome', 'error', 'result', 'owner', 'token',
   'progress', 'progress_message')
 local seq = next_seq()
-redis.call('HSET', key, 'state', 'waiting', 'attempts', '0', 'stalls', '0', 'seq', int(seq))
+redis.call('HSET', key, 'state', 'waiting', 'attempts', '0', 'stalls', '0', 'seq', int(seq),
+  'ready_ms', int(now_ms()))
 redis.call('ZADD', WAITING, waiting_score(f[2], seq), id)
 emit('retried', id, 'manual', '1')
 wake(1)

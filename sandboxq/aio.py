@@ -1,0 +1,238 @@
+"""The asyncio producer API: ``Queue`` and ``AsyncJob``, with the names of ``sandboxq.Queue``.
+
+    async with sandboxq.aio.Queue("thumbs", url) as q:
+        job = await q.options(hard_timeout_s=30).enqueue("a.png")
+        value = await job.result(timeout_s=60)
+
+    Queue ── JobMaker (client.py: the same checks, options and NewJob as the sync API)
+          ── AsyncRedisBackend (backends/redis/aio.py: redis.asyncio, the same Lua scripts)
+          ── or memory://: the process's MemoryBackend; its blocking waits run in threads
+
+Validation, errors and the meaning of every argument are the synchronous API's, by
+calling its functions (``client.py``), so the two cannot drift apart. Nothing here blocks
+the event loop on Redis: a wait for a result is an awaited ``XREAD BLOCK``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+from sandboxq import codec as codecs
+from sandboxq.backends import REDIS_SCHEMES, resolve_url
+from sandboxq.backends.base import Event, NewJob
+from sandboxq.client import (
+    Call,
+    JobMaker,
+    call_pair,
+    check_seconds,
+    check_since,
+    finished_value,
+    no_such_job,
+)
+from sandboxq.errors import ConfigError
+from sandboxq.models import JobInfo, JobOptions, JobState, check_job_id, check_queue_name
+
+__all__ = ["AsyncJob", "Queue"]
+
+#: memory:// waits run in a thread, in slices this long, so a cancelled wait frees its
+#: thread soon after.
+MEMORY_WAIT_SLICE_S = 1.0
+#: ``enqueue_many`` yields to the event loop after encoding this many calls (under 1 ms).
+YIELD_EVERY = 100
+
+
+class AsyncBackend(Protocol):
+    """The producer's calls of ``Backend`` (base.py, which states each contract), awaited."""
+
+    async def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]: ...
+    async def get(self, job_id: str) -> JobInfo | None: ...
+    async def get_result(self, job_id: str) -> bytes | None: ...
+    async def counts(self) -> dict[JobState, int]: ...
+    async def cancel(self, job_id: str) -> bool: ...
+    async def retry_failed(self, job_id: str) -> bool: ...
+    async def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None: ...
+    def events(self, since: str | None, block_s: float | None) -> AsyncIterator[Event]: ...
+    async def close(self) -> None: ...
+
+
+class _AsyncMemory:
+    """memory:// for asyncio: quick calls run inline (they only take a lock held for
+    microseconds); the blocking waits run in a thread."""
+
+    def __init__(self, queue: str, **options: Any) -> None:
+        from sandboxq.backends.memory import MemoryBackend
+
+        self._b = MemoryBackend.shared(queue, **options)
+
+    async def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
+        return self._b.enqueue(jobs)
+
+    async def get(self, job_id: str) -> JobInfo | None:
+        return self._b.get(job_id)
+
+    async def get_result(self, job_id: str) -> bytes | None:
+        return self._b.get_result(job_id)
+
+    async def counts(self) -> dict[JobState, int]:
+        return self._b.counts()
+
+    async def cancel(self, job_id: str) -> bool:
+        return self._b.cancel(job_id)
+
+    async def retry_failed(self, job_id: str) -> bool:
+        return self._b.retry_failed(job_id)
+
+    async def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            wait = min(left, MEMORY_WAIT_SLICE_S)
+            state = await asyncio.to_thread(self._b.wait_for_finish, job_id, wait)
+            if state is not None:
+                return state
+        return None
+
+    async def events(self, since: str | None, block_s: float | None) -> AsyncIterator[Event]:
+        events: Iterator[Event] = self._b.events(since, block_s)
+        done = object()
+        while (event := await asyncio.to_thread(next, events, done)) is not done:
+            assert isinstance(event, Event)
+            yield event
+
+    async def close(self) -> None:
+        self._b.close()
+
+
+def open_async_backend(url: str | None, queue: str, **options: Any) -> AsyncBackend:
+    """As ``sandboxq.backends.open_backend``, for asyncio."""
+    url = resolve_url(url)
+    check_queue_name(queue)
+    if url.startswith("memory://"):
+        return _AsyncMemory(queue, **options)
+    if url.startswith(REDIS_SCHEMES):
+        from sandboxq.backends.redis.aio import AsyncRedisBackend
+
+        return AsyncRedisBackend(url, queue, **options)
+    raise ConfigError(f"unsupported backend URL {url!r}: use memory:// or redis://host:port/db")
+
+
+class AsyncJob:
+    """A handle on one job; every call asks the backend afresh."""
+
+    def __init__(self, queue: Queue, job_id: str) -> None:
+        self.queue = queue
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"AsyncJob({self.queue.name!r}, {self.id!r})"
+
+    async def info(self) -> JobInfo:
+        info = await self.queue.backend.get(self.id)
+        if info is None:
+            raise no_such_job(self.queue.name, self.id)
+        return info
+
+    async def state(self) -> JobState:
+        return (await self.info()).state
+
+    async def result(self, timeout_s: float | None = None) -> Any:
+        """The job's return value once it completes; ``JobFailed`` if it failed or was
+        cancelled, ``TimeoutError`` if it is not finished within ``timeout_s``."""
+        check_seconds("timeout_s", timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        backend = self.queue.backend
+        while True:
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"job {self.id!r} did not finish within {timeout_s} s")
+            if await backend.wait_for_finish(self.id, min(left, 3600.0)) is not None:
+                break
+        info = await self.info()
+        data = await backend.get_result(self.id) if info.state is JobState.COMPLETED else None
+        return finished_value(self.id, info, data, self.queue.allowed_codecs)
+
+    async def cancel(self) -> bool:
+        """Cancel the job; a running job's child is killed. False if it had already finished."""
+        return await self.queue.backend.cancel(self.id)
+
+    async def retry(self) -> bool:
+        """Put a failed or cancelled job back in the queue; False if it was neither."""
+        return await self.queue.backend.retry_failed(self.id)
+
+
+class Queue:
+    """``sandboxq.Queue`` for asyncio: the same arguments, names and errors; awaitable calls."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str | None = None,
+        *,
+        codec: str = "json",
+        allow_pickle: bool = False,
+        **backend_options: Any,
+    ) -> None:
+        self.name = name
+        self._maker = JobMaker(codec, JobOptions())
+        self.codec = self._maker.codec
+        self.allowed_codecs = codecs.reader_codecs(self.codec, allow_pickle=allow_pickle)
+        self.backend: AsyncBackend = open_async_backend(url, name, **backend_options)
+
+    def options(self, **options: Any) -> Queue:
+        """A view of this queue whose jobs get ``options`` (see ``JobOptions``)."""
+        view = object.__new__(Queue)
+        view.__dict__.update(self.__dict__)
+        view._maker = self._maker.with_options(**options)
+        return view
+
+    async def enqueue(self, /, *args: Any, **kwargs: Any) -> AsyncJob:
+        """Enqueue ``processor(*args, **kwargs)``; returns its AsyncJob."""
+        ((job_id, _created),) = await self.backend.enqueue([self._maker.new_job(args, kwargs)])
+        return AsyncJob(self, job_id)
+
+    async def enqueue_many(self, calls: Iterable[Call]) -> list[AsyncJob]:
+        """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs.
+
+        Encoding a big batch takes a while: it yields to the event loop every
+        ``YIELD_EVERY`` calls, so other tasks keep running meanwhile."""
+        jobs: list[NewJob] = []
+        for n, call in enumerate(calls):
+            jobs.append(self._maker.new_job(*call_pair(n, call)))
+            if n % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        jobs = self._maker.check_batch(jobs)
+        added = await self.backend.enqueue(jobs)
+        handles: list[AsyncJob] = []
+        for start in range(0, len(added), YIELD_EVERY * 5):
+            if start:
+                await asyncio.sleep(0)
+            handles += [
+                AsyncJob(self, job_id) for job_id, _ in added[start : start + YIELD_EVERY * 5]
+            ]
+        return handles
+
+    def job(self, job_id: str) -> AsyncJob:
+        """A handle on the job ``job_id`` (whether or not it exists)."""
+        return AsyncJob(self, check_job_id(job_id))
+
+    async def counts(self) -> dict[JobState, int]:
+        return await self.backend.counts()
+
+    def events(
+        self, since: str | None = None, block_s: float | None = None
+    ) -> AsyncIterator[Event]:
+        """``async for event in q.events(...)``: as ``sandboxq.Queue.events``."""
+        check_seconds("block_s", block_s)
+        check_since(since)
+        return self.backend.events(since, block_s)
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def __aenter__(self) -> Queue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,205 @@
+"""``sandboxq.aio``: the asyncio producer, on memory:// and a real Redis, against real
+workers. Its refusals must be the synchronous API's, word for word."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from sandboxq import Queue, aio
+from sandboxq.errors import ConfigError, JobFailed
+from sandboxq.models import JobState
+from sandboxq.testing.workers import BackgroundWorkers
+
+H = "sandboxq.testing.handlers:"
+
+
+@pytest.fixture
+def workers() -> Iterator[BackgroundWorkers]:
+    running = BackgroundWorkers()
+    yield running
+    running.stop_all()
+
+
+def run(coro: Awaitable[Any]) -> Any:
+    async def main() -> Any:
+        return await coro
+
+    return asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_enqueue_and_await_results_from_a_real_worker(
+    url: str, queue_name: str, workers: BackgroundWorkers
+) -> None:
+    async def main() -> None:
+        async with aio.Queue(queue_name, url) as q:
+            one = await q.enqueue(1, 2, k="v")
+            assert await one.state() is JobState.WAITING
+            many = await q.options(priority=5).enqueue_many([((i,), {}) for i in range(4)])
+            assert (await many[0].info()).options.priority == 5
+            workers.start(queue_name, H + "echo", url=url)
+            assert await one.result(timeout_s=30) == [[1, 2], {"k": "v"}]
+            assert [await j.result(timeout_s=30) for j in many] == [0, 1, 2, 3]
+            counts = await q.counts()
+            assert counts[JobState.COMPLETED] == 5
+            kinds = [event.kind async for event in q.events()]
+            assert kinds.count("added") == 5 and kinds.count("completed") == 5
+
+    run(main())
+
+
+@pytest.mark.timeout(60)
+def test_failures_cancel_retry_and_timeouts(
+    url: str, queue_name: str, workers: BackgroundWorkers
+) -> None:
+    async def main() -> None:
+        async with aio.Queue(queue_name, url) as q:
+            waiting = await q.enqueue()
+            with pytest.raises(TimeoutError):
+                await waiting.result(timeout_s=0.2)
+            assert await waiting.cancel() is True
+            with pytest.raises(JobFailed) as failed:
+                await waiting.result(timeout_s=5)
+            assert failed.value.job_id == waiting.id
+            assert await waiting.retry() is True  # cancelled jobs can be retried
+            assert await waiting.state() is JobState.WAITING
+            assert await waiting.cancel() is True
+            dup = await q.options(job_id="only-one").enqueue()
+            assert (await q.options(job_id="only-one").enqueue()).id == dup.id == "only-one"
+            exits = await q.options(retries=0).enqueue(code=3)
+            workers.start(queue_name, H + "sys_exit", url=url, concurrency=1)
+            with pytest.raises(JobFailed, match="exit"):
+                await exits.result(timeout_s=30)
+            assert await exits.retry() is True
+
+    run(main())
+
+
+def test_a_wait_never_blocks_the_event_loop(url: str, queue_name: str) -> None:
+    async def main() -> int:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        async with aio.Queue(queue_name, url) as q:
+            job = await q.enqueue()
+            task = asyncio.create_task(ticker())
+            with pytest.raises(TimeoutError):
+                await job.result(timeout_s=0.5)
+            task.cancel()
+        return ticks
+
+    # 50 ticks would fit in 0.5 s; a blocked loop would manage none until the wait ended
+    assert run(main()) >= 10
+
+
+# -- the same refusals as the synchronous API ----------------------------------------------
+
+BAD: list[tuple[str, Callable[[Any], Any]]] = [
+    ("timeout_s NaN", lambda q: q.job("x").result(timeout_s=float("nan"))),
+    ("since", lambda q: q.events(since="yesterday")),
+    ("block_s", lambda q: q.events(block_s="long")),
+    ("a call that is no pair", lambda q: q.enqueue_many(["ab"])),
+    ("job_id with several calls", lambda q: q.options(job_id="j").enqueue_many([((), {})] * 2)),
+    ("an unserializable argument", lambda q: q.enqueue({1, 2})),
+    ("a bad option", lambda q: q.options(priority="high")),
+    ("an unknown option", lambda q: q.options(colour="red")),
+    ("a bad job id", lambda q: q.job("")),
+    ("a job that does not exist", lambda q: q.job("nope").info()),
+]
+
+
+def refusal(call: Callable[[], Any]) -> tuple[type[BaseException], str]:
+    try:
+        call()
+    except Exception as exc:
+        return type(exc), str(exc)
+    raise AssertionError("no error")
+
+
+async def async_refusal(call: Callable[[], Any]) -> tuple[type[BaseException], str]:
+    try:
+        result = call()
+        if asyncio.iscoroutine(result):
+            await result
+    except Exception as exc:
+        return type(exc), str(exc)
+    raise AssertionError("no error")
+
+
+@pytest.mark.parametrize("what, call", BAD, ids=[what for what, _ in BAD])
+def test_refusals_match_the_sync_api(
+    url: str, queue_name: str, what: str, call: Callable[[Any], Any]
+) -> None:
+    async def main() -> tuple[type[BaseException], str]:
+        async with aio.Queue(queue_name, url) as async_q:
+            return await async_refusal(lambda: call(async_q))
+
+    with Queue(queue_name, url) as sync_q:
+        assert run(main()) == refusal(lambda: call(sync_q))
+
+
+def test_sentinel_and_cluster_urls_are_refused_with_the_way_out(queue_name: str) -> None:
+    for url in ("redis+sentinel://h:26379/m", "redis+cluster://h:7000"):
+        with pytest.raises(ConfigError, match=r"use sandboxq\.Queue"):
+            aio.Queue(queue_name, url)
+    with pytest.raises(ConfigError, match="unsupported backend URL"):
+        aio.Queue(queue_name, "ftp://x")
+
+
+def test_enqueue_many_of_ten_thousand_yields_to_the_loop(redis_url: str, queue_name: str) -> None:
+    async def main() -> float:
+        late = 0.0
+
+        async def ticker() -> None:
+            nonlocal late
+            while True:
+                before = time.monotonic()
+                await asyncio.sleep(0.001)
+                late = max(late, time.monotonic() - before - 0.001)
+
+        async with aio.Queue(queue_name, redis_url) as q:
+            task = asyncio.create_task(ticker())
+            await asyncio.sleep(0.01)
+            jobs = await q.enqueue_many([((i,), {}) for i in range(10_000)])
+            task.cancel()
+            assert len(jobs) == 10_000
+            assert (await q.counts())[JobState.WAITING] == 10_000
+        return late
+
+    # the bound is bench/'s job (aio_bench.py); this checks only that the loop kept turning
+    assert run(main()) < 5.0
+
+
+def test_concurrent_enqueues_share_script_calls_and_keep_their_answers(
+    redis_url: str, raw: Any, queue_name: str
+) -> None:
+    def evalsha_calls() -> int:
+        stats = raw.info("commandstats").get("cmdstat_evalsha", {"calls": 0})
+        return int(stats["calls"])
+
+    async def main() -> None:
+        async with aio.Queue(queue_name, redis_url) as q:
+            await q.enqueue("warm-up")
+            before = evalsha_calls()
+            jobs = await asyncio.gather(*(q.enqueue(i) for i in range(200)))
+            calls = evalsha_calls() - before
+            assert len({job.id for job in jobs}) == 200
+            assert calls < 50, f"{calls} script calls for 200 concurrent enqueues"
+            assert [(await j.info()).state for j in jobs[:3]] == [JobState.WAITING] * 3
+            same = q.options(job_id="once")
+            dupes = await asyncio.gather(*(same.enqueue(i) for i in range(10)))
+            assert {job.id for job in dupes} == {"once"}
+            counts = await q.counts()
+            assert counts[JobState.WAITING] == 1 + 200 + 1
+
+    run(main())
