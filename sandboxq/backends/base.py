@@ -196,17 +196,28 @@ class Backend(Protocol):
         ...
 
     def recover_stalled(self) -> list[tuple[str, str]]:
-        """Jobs whose lease expired (backend clock): clear owner and token (late acks and
-        renewals are then rejected), stalls + 1; over the job's ``max_stalls`` → ``failed``
-        with a stated cause, else back to ``waiting``. Returns ``(job_id, new_state)``.
-        Emits ``stalled``."""
+        """Jobs whose lease expired (backend clock, ``rules.lease_expired``): clear owner
+        and token (late acks and renewals are then rejected), stalls + 1; over the job's
+        ``max_stalls`` → ``failed`` with a stated cause, else back to ``waiting``.
+        Returns ``(job_id, new_state)``. Emits ``stalled``."""
         ...
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a job that has not finished: it becomes ``cancelled`` at once, its lease (if
         any) is revoked so the owner's renewals and acks are rejected, and the owner's
         ``watch_cancellations`` callback gets the id within milliseconds. False if the job
-        is unknown or already finished."""
+        is unknown or already finished.
+
+        A job cancelled while active keeps a *fence*: its old owner and token, and the old
+        lease's expiry. The cancelled attempt is appended to the history (outcome
+        ``cancelled``)."""
+        ...
+
+    def confirm_dead(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        """The old owner says the attempts of these ``(job_id, token)`` leases have ended
+        (their children are dead): lifts each job's fence if it is that lease's. A job
+        retried while fenced becomes ``waiting`` now. Returns the ids whose fence it lifted
+        (others: no fence, or another lease's; nothing changed)."""
         ...
 
     def get(self, job_id: str) -> JobInfo | None:
@@ -223,7 +234,12 @@ class Backend(Protocol):
         ...
 
     def retry_failed(self, job_id: str) -> bool:
-        """Put a failed or cancelled job back to waiting with its attempts reset."""
+        """Put a failed or cancelled job back to waiting with its attempts reset (False:
+        unknown, or neither failed nor cancelled).
+
+        Fenced hand-over (invariant 1): a job cancelled while active whose fence is still up
+        (see ``cancel``) goes to ``delayed`` instead, due the first millisecond after the old
+        lease's expiry, unless its old owner's ``confirm_dead`` lifts the fence sooner."""
         ...
 
     def purge(self, state: JobState) -> int:
@@ -243,9 +259,13 @@ class Backend(Protocol):
         to that long for new ones before the iterator ends."""
         ...
 
-    def watch_cancellations(self, callback: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``callback(job_id)`` (on a backend thread) whenever a job is cancelled;
-        returns a function that stops watching."""
+    def watch_cancellations(
+        self, callback: Callable[[str, str | None], None]
+    ) -> Callable[[], None]:
+        """Call ``callback(job_id, lease_token)`` (on a backend thread) whenever a job is
+        cancelled; ``lease_token`` names the lease the cancel revoked (None: the job held
+        none), so an owner kills that attempt and never a later one of the same job.
+        Returns a function that stops watching."""
         ...
 
     def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:

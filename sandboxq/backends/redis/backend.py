@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from sandboxq.backends import rules
 from sandboxq.backends.base import (
     Ack,
     Claimed,
@@ -47,12 +47,8 @@ PURGE_CHUNK = 1000  # jobs deleted per purge script call
 ACTIONS = ("complete", "retry", "fail", "requeue")
 
 
-def _ms(seconds: float) -> int:
-    return max(0, math.ceil(seconds * 1000))
-
-
-def _lease_ms(seconds: float) -> int:
-    return max(1, _ms(seconds))
+_ms = rules.ms
+_lease_ms = rules.lease_ms
 
 
 def _token() -> str:
@@ -170,6 +166,16 @@ class RedisBackend:
         with self._errors("renew leases"):
             lost = self._scripts.renew(args, self._conns.renew_lane)
         return [records.text(job_id) for job_id in lost]
+
+    def confirm_dead(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        if not leases:
+            return []
+        args: list[Arg] = [worker_id]
+        for job_id, token in leases:
+            args += (job_id, token)
+        with self._errors("confirm attempts ended"):
+            lifted = self._scripts.confirm_dead(args)
+        return [records.text(job_id) for job_id in lifted]
 
     def release(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
         if not leases:
@@ -320,7 +326,9 @@ class RedisBackend:
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
         return listen.events(self._conns, self.keys, since, block_s)
 
-    def watch_cancellations(self, callback: Callable[[str], None]) -> Callable[[], None]:
+    def watch_cancellations(
+        self, callback: Callable[[str, str | None], None]
+    ) -> Callable[[], None]:
         watch = listen.CancellationWatch(self._conns, self.keys, callback)
         with self._lock:
             self._watches.append(watch)

@@ -125,7 +125,7 @@ class CancellationWatch:
     after ``watch_cancellations`` returned is never missed."""
 
     def __init__(
-        self, conns: Connections, keys: QueueKeys, callback: Callable[[str], None]
+        self, conns: Connections, keys: QueueKeys, callback: Callable[[str, str | None], None]
     ) -> None:
         self._where = conns.where
         self._callback = callback
@@ -168,7 +168,10 @@ class CancellationWatch:
             if message is None or message["type"] != "message":
                 continue
             try:
-                self._callback(records.text(message["data"]))
+                # "<lease token> <job id>" (cancel.lua); the token is empty when the job
+                # held no lease. Ids may hold spaces, tokens never do.
+                token, _, job_id = records.text(message["data"]).partition(" ")
+                self._callback(job_id, token or None)
             except Exception:
                 log.exception("cancellation callback failed")
 

@@ -21,6 +21,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from sandboxq.backends.redis.connection import Lane
+from sandboxq.backends.rules import lua_constants
 
 _LUA = resources.files("sandboxq.backends.redis") / "lua"
 
@@ -28,10 +29,11 @@ Arg = bytes | str | int | float  # one script argument
 
 
 def source(name: str) -> str:
-    """The full text sent to Redis for script ``name``: common helpers + the script."""
+    """The full text sent to Redis for script ``name``: the constants shared with the
+    memory backend (rules.py), the common helpers, then the script."""
     common = (_LUA / "common.lua").read_text(encoding="utf-8")
     own = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return f"{common}\n-- ---- {name}.lua ----\n{own}"
+    return f"{lua_constants()}{common}\n-- ---- {name}.lua ----\n{own}"
 
 
 def _bulk(value: Arg) -> bytes:
@@ -118,3 +120,4 @@ class Scripts:
         self.retry_failed = bind("retry_failed")
         self.purge = bind("purge")
         self.release = bind("release")
+        self.confirm_dead = bind("confirm_dead")
