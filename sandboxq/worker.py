@@ -10,11 +10,18 @@
 This module only wires the parts together and owns their lifetime: start, the signals
 that stop it (drain.py runs the graceful stop), and what the worker publishes about
 itself for ``sandboxq info``.
+
+Lifetime promises: ``run()`` returns within ``stop_timeout_s`` + 1 s of ``stop()`` and
+within 1 s of ``stop(now=True)`` (a second signal), whatever the backend is doing: every
+backend call and thread join after that point is given only until that deadline. If a part
+of the worker dies (a thread, the pool), the dispatcher's watch stops it, the jobs it held
+go back uncharged, and ``run()`` raises ``WorkerFailed`` naming the cause.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -26,7 +33,7 @@ from typing import Any
 
 from sandboxq.backends import open_backend
 from sandboxq.dispatch import Dispatcher
-from sandboxq.errors import BackendError
+from sandboxq.errors import BackendError, WorkerFailed
 from sandboxq.heartbeat import Heartbeat, Lease
 from sandboxq.inflight import InFlight
 from sandboxq.models import Outcome
@@ -36,6 +43,27 @@ from sandboxq.reaper import Reaper
 from sandboxq.settings import StartMethod, WorkerSettings, build
 
 log = logging.getLogger("sandboxq.worker")
+
+#: How long after its stop deadline ``run()`` leaves for the last steps (pool shutdown).
+STOP_SLACK_S = 0.8
+
+
+def _bounded(fn: Callable[[], None], timeout_s: float | None) -> None:
+    """``fn()`` on a daemon thread, waited for at most ``timeout_s``: a step of shutting
+    down that talks to a backend which may hang must not hold the exit past its deadline."""
+    if timeout_s is None:
+        fn()
+        return
+
+    def call() -> None:
+        try:
+            fn()
+        except Exception as exc:
+            log.warning("while stopping: %s", exc)
+
+    thread = threading.Thread(target=call, name="sandboxq-stopping", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
 
 
 class SandboxWorker:
@@ -111,6 +139,9 @@ class SandboxWorker:
         )
         self._stopping = threading.Event()
         self._stop_now = threading.Event()
+        # When stop() and stop(now=True) were first called (monotonic): the exit deadline
+        self._stop_at: float | None = None
+        self._stop_now_at: float | None = None
         self._inflight = InFlight(s.concurrency, s.prefetch, self._stopping)
         self._pool: Pool | None = None
         self._dispatcher: Dispatcher | None = None
@@ -144,17 +175,6 @@ class SandboxWorker:
             self._unregister()
             self.backend.close()
             raise
-        dispatcher = self._dispatcher = Dispatcher(
-            self.id,
-            s,
-            self.backend,
-            pool,
-            self._inflight,
-            self.stats,
-            self._stopping,
-            self._stop_now,
-            self.stop,
-        )
         heartbeat = self.heartbeat = Heartbeat(
             self.backend,
             self.id,
@@ -166,6 +186,19 @@ class SandboxWorker:
             self._register,
         )
         reaper = Reaper(self.backend, s.stall_every_s)
+        dispatcher = self._dispatcher = Dispatcher(
+            self.id,
+            s,
+            self.backend,
+            pool,
+            self._inflight,
+            self.stats,
+            self._stopping,
+            self._stop_now,
+            self.stop,
+            health=lambda: heartbeat.dead_thread() or reaper.dead_thread(),
+            deadline=self._deadline,
+        )
         restore = self._install_signal_handlers()
         try:
             heartbeat.start()
@@ -174,24 +207,49 @@ class SandboxWorker:
             dispatcher.run()
         finally:
             self.stop()
+            left = self._time_left
             if dispatcher.fetcher is not None:
-                dispatcher.fetcher.join()
-            unwatch()
-            reaper.stop()
-            heartbeat.stop()
+                dispatcher.fetcher.join(left())
+            reaper.stop(left())
+            heartbeat.stop(left())
             pool.shutdown(cancel=True)
-            self._unregister()
-            self.backend.close()
+
+            def disconnect() -> None:
+                # in this order, on one thread: nothing reads a connection once it closes
+                unwatch()
+                self._unregister()
+                self.backend.close()
+
+            _bounded(disconnect, left())
             restore()
+        if dispatcher.failure is not None:
+            raise WorkerFailed(f"worker {self.id} stopped: {dispatcher.failure}")
 
     def stop(self, now: bool = False) -> None:
         """Drain (or with ``now``, interrupt at once); safe from any thread or signal handler."""
+        at = time.monotonic()
         if now:
+            self._stop_now_at = self._stop_now_at or at
             self._stop_now.set()
+        self._stop_at = self._stop_at or at
         self._stopping.set()
         if self._dispatcher is not None:
             self._dispatcher.events.put(("stop",))
         self._inflight.wake()
+
+    def _deadline(self) -> float:
+        """When ``run()`` must have returned (monotonic; inf until a stop is asked)."""
+        ends = [math.inf]
+        if self._stop_at is not None:
+            ends.append(self._stop_at + self.settings.stop_timeout_s + STOP_SLACK_S)
+        if self._stop_now_at is not None:
+            ends.append(self._stop_now_at + STOP_SLACK_S)
+        return min(ends)
+
+    def _time_left(self) -> float | None:
+        """Seconds left before the exit deadline, for a join (None: no deadline yet)."""
+        deadline = self._deadline()
+        return None if deadline == math.inf else max(0.05, deadline - time.monotonic())
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         """SIGTERM / SIGINT drain; a second one stops at once. Returns a function that puts
@@ -221,8 +279,10 @@ class SandboxWorker:
         assert self._pool is not None
         self._pool.kill(lease.attempt_token, Outcome.LEASE_LOST, why)
 
-    def _on_cancel(self, job_id: str) -> None:
-        held = self._inflight.get(job_id)
+    def _on_cancel(self, job_id: str, lease_token: str | None) -> None:
+        # Only the attempt of the revoked lease: a later lease of the same job, claimed
+        # after that attempt ended, is not what the user cancelled.
+        held = self._inflight.get(lease_token) if lease_token is not None else None
         if held is not None and self._pool is not None:
             self._pool.kill(held.lease.attempt_token, Outcome.CANCELLED, "cancelled by a user")
 

@@ -251,7 +251,9 @@ class Backend(Protocol):
         ...
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
-        """Block until the job is finished (returns its state) or the timeout passes (None)."""
+        """Block until the job is finished (returns its state) or the timeout passes (None).
+        Raises ``JobNotFound`` when the job does not exist, or stops existing while waited
+        for (trimmed by retention, purged)."""
         ...
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:

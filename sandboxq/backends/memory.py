@@ -44,7 +44,7 @@ from sandboxq.backends.base import (
     NewJob,
     check_limits,
 )
-from sandboxq.errors import ConfigError
+from sandboxq.errors import ConfigError, JobNotFound
 from sandboxq.models import (
     MAX_PRIORITY,
     Action,
@@ -556,15 +556,22 @@ class MemoryBackend:
     # -- waiting -----------------------------------------------------------------------------
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
-        # An unknown id is waited for too: a producer may be about to enqueue it.
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while (job := self._jobs.get(job_id)) is None or not job.state.finished:
+            while not (job := self._known(job_id)).state.finished:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 self._cond.wait(left)
             return job.state
+
+    def _known(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:  # never enqueued, trimmed or purged: waiting would be for nothing
+            raise JobNotFound(
+                f"job {job_id!r} of queue {self.queue!r} does not exist", job_id=job_id
+            )
+        return job
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
         try:

@@ -446,9 +446,7 @@ class BackendContract:
         assert attempt.error == "cancelled while active" and attempt.ended_ms is not None
         assert claimed.attempt == 1
 
-    def test_a_retry_of_a_cancelled_active_job_waits_for_the_owner(
-        self, backend: Backend
-    ) -> None:
+    def test_a_retry_of_a_cancelled_active_job_waits_for_the_owner(self, backend: Backend) -> None:
         # Fenced hand-over: the cancelled attempt may still run until its owner kills it.
         job_id = add(backend)
         claimed = claim_one(backend, lease_s=30.0)

@@ -23,7 +23,7 @@ from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import BLOCK_CAP_S, Connections
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import pack_command, run
-from sandboxq.errors import BackendError
+from sandboxq.errors import BackendError, JobNotFound
 from sandboxq.models import JobState
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,11 @@ def wait_for_finish(
         while True:
             if check or time.monotonic() - checked_at >= FINISH_POLL_S:
                 raw: Any = conns.main.hget(key, "state")
+                if raw is None and not conns.main.exists(key):
+                    # never enqueued, trimmed or purged: waiting would be for nothing
+                    raise JobNotFound(
+                        f"job {job_id!r} of queue {keys.queue!r} does not exist", job_id=job_id
+                    )
                 state = _FINISHED.get(raw or b"")
                 checked_at = time.monotonic()
                 if state is not None:
