@@ -25,11 +25,12 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
+    initialize,
     invariant,
     rule,
     run_state_machine_as_test,
@@ -47,8 +48,9 @@ WORKERS = ["w1", "w2"]
 LONG_S = 120.0
 SHORT_S = 0.001
 RETAIN = 2  # finished jobs kept per finished state: retention runs often
-EXAMPLES = int(os.environ.get("SANDBOXQ_MODEL_EXAMPLES", "20"))
-STEPS = int(os.environ.get("SANDBOXQ_MODEL_STEPS", "30"))
+RARE = 3  # cancel and purge act once in this many draws
+EXAMPLES = int(os.environ.get("SANDBOXQ_MODEL_EXAMPLES", "60"))  # about 10 s
+STEPS = int(os.environ.get("SANDBOXQ_MODEL_STEPS", "40"))
 
 FINISHED = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
 
@@ -141,7 +143,16 @@ class BackendsAgree(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------
 
-    @rule(job_id=st.sampled_from(IDS), priority=st.integers(-1, 1), delayed=st.booleans())
+    @initialize()
+    def some_jobs(self) -> None:
+        for job_id in IDS[:3]:
+            self.enqueue(job_id, 0, False)
+
+    @rule(
+        job_id=st.sampled_from(IDS),
+        priority=st.integers(-1, 1),
+        delayed=st.sampled_from([False, False, False, True]),
+    )
     def enqueue(self, job_id: str, priority: int, delayed: bool) -> None:
         new = NewJob(b"[[], {}]", job_id=job_id, priority=priority, delay_s=600 if delayed else 0)
         [(_, created)] = self.both("enqueue", [new])  # type: ignore[misc]
@@ -210,6 +221,7 @@ class BackendsAgree(RuleBasedStateMachine):
         assert answers[0] == answers[1]
         current = self.current(lease)
         assert answers[0] == [current]
+        event(f"finish {action}: {'accepted' if current else 'rejected'}")
         if not current:
             return
         job = self.jobs[lease.job_id]
@@ -235,8 +247,12 @@ class BackendsAgree(RuleBasedStateMachine):
             job = self.jobs[lease.job_id]
             job.state, job.lease, job.attempts = JobState.WAITING, None, job.attempts - 1
 
-    @rule(job_id=st.sampled_from(IDS))
-    def cancel(self, job_id: str) -> None:
+    # Drawn as often as any rule, but acting one time in RARE: otherwise jobs are cancelled
+    # and purged faster than they get far enough to stall twice or be retried.
+    @rule(job_id=st.sampled_from(IDS), draw=st.integers(1, RARE))
+    def cancel(self, job_id: str, draw: int) -> None:
+        if draw != 1:
+            return
         done = self.both("cancel", job_id)
         job = self.jobs.get(job_id)
         expected = job is not None and not job.state.finished
@@ -262,6 +278,7 @@ class BackendsAgree(RuleBasedStateMachine):
         if not fenced:
             job.fence = None
         job.state = JobState.DELAYED if fenced else JobState.WAITING
+        event(f"retry: {'fenced' if fenced else 'waiting'}")
 
     @rule(lease=leases)
     def confirm_dead(self, lease: Lease) -> None:
@@ -271,6 +288,7 @@ class BackendsAgree(RuleBasedStateMachine):
         job = self.jobs.get(lease.job_id)
         lifted = job is not None and job.fence is lease
         assert mem == ([lease.job_id] if lifted else [])
+        event(f"confirm_dead: {'lifted' if lifted else 'no fence'}")
         if lifted and job is not None:
             job.fence = None
             if job.state is JobState.DELAYED:
@@ -290,16 +308,23 @@ class BackendsAgree(RuleBasedStateMachine):
                 job.history.append(Outcome.LEASE_LOST)
         assert mem == expected
         for job_id, state in expected:
+            event(f"recover_stalled: {state}")
             if state == "failed":
                 self.finished(job_id, JobState.FAILED)
             else:
                 self.jobs[job_id].state, self.jobs[job_id].lease = JobState.WAITING, None
 
-    @rule(state=st.sampled_from([s for s in JobState if s is not JobState.ACTIVE]))
-    def purge(self, state: JobState) -> None:
+    @rule(
+        state=st.sampled_from([s for s in JobState if s is not JobState.ACTIVE]),
+        draw=st.integers(1, RARE),
+    )
+    def purge(self, state: JobState, draw: int) -> None:
+        if draw != 1:
+            return
         purged = self.both("purge", state)
         gone = [i for i, job in self.jobs.items() if job.state is state]
         assert purged == len(gone)
+        event(f"purge: {'some' if gone else 'none'}")
         for job_id in gone:
             del self.jobs[job_id]
             self.unfinish(job_id)
@@ -326,7 +351,7 @@ class BackendsAgree(RuleBasedStateMachine):
         assert self.both("list_jobs", JobState.WAITING) is not None
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60 + EXAMPLES * STEPS // 100)
 def test_memory_and_redis_backends_agree(redis_url: str) -> None:
     BackendsAgree.redis_url = redis_url
     run_state_machine_as_test(
