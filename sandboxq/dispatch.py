@@ -25,8 +25,10 @@ uncharged, and ``run()`` ends with ``failure`` naming the cause.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +47,7 @@ from sandboxq.models import Action, AttemptRecord, JobState, Outcome, parse_job_
 from sandboxq.outcomes import ExitPolicy
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.pool import Pool
+from sandboxq.progress import ProgressWriter
 from sandboxq.settings import WorkerSettings
 
 log = logging.getLogger("sandboxq.worker")
@@ -100,6 +103,8 @@ class Dispatcher:
         self._next_watch = 0.0
         # (job id, lease token) of attempts that ended unacked: for confirm_dead
         self._ended: list[tuple[str, str]] = []
+        #: Writes progress on its own thread (closed by the worker when it stops).
+        self.progress = ProgressWriter(backend, worker_id)
         for name in ("stale_outcomes", "confirmed_dead"):
             stats.setdefault(name, 0)
 
@@ -382,22 +387,36 @@ class Dispatcher:
 
         If the backend is unreachable, keep trying while the leases live (the heartbeat
         keeps renewing them); after that the jobs are recovered elsewhere, at least once.
+        A failed call may have run with only its reply lost: each retry asks the backend
+        for the jobs it claimed then (``replay_of``), so they do not wait out a lease.
         """
         refill = self._inflight.reserve(finishing=len(acks) if held else 0)
         lease_s = self._settings.lease_s
         lease_ends = time.monotonic() + lease_s
         delay = 0.05
         tokens = [job.token for job, _ in acks]
+        base = os.urandom(8).hex()
+        tries = 0
         try:
             while True:
+                # every try's tokens start with "<base>.", so a retry replays them all
+                token_base = base if not tries else f"{base}.r{tries}"
+                replay_of = base if tries else None
                 try:
                     accepted, claimed = self._call(
-                        lambda: self._backend.finish_many(
-                            self._id, [ack for _, ack in acks], claim=refill, lease_s=lease_s
+                        functools.partial(
+                            self._backend.finish_many,
+                            self._id,
+                            [ack for _, ack in acks],
+                            claim=refill,
+                            lease_s=lease_s,
+                            token_base=token_base,
+                            replay_of=replay_of,
                         )
                     )
                     break
                 except BackendError as exc:
+                    tries += 1
                     ends = min(lease_ends, self._deadline())
                     if time.monotonic() + delay > ends or self._stop_now.is_set():
                         log.error("giving up acking %d job(s): %s", len(acks), exc)
@@ -406,14 +425,17 @@ class Dispatcher:
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
             self._inflight.discard(tokens)
-            self._count(acks, accepted)
+            self._count(acks, accepted, maybe_applied=tries > 0)
             for job in claimed:
                 self._start(job)
         finally:
             self._inflight.unreserve(refill)
 
-    def _count(self, acks: list[tuple[Claimed, Ack]], accepted: list[bool]) -> None:
-        """Stats, and one log line per job outcome.
+    def _count(
+        self, acks: list[tuple[Claimed, Ack]], accepted: list[bool], maybe_applied: bool = False
+    ) -> None:
+        """Stats, and one log line per job outcome (``maybe_applied``: the acks were sent
+        again after a call without an answer, so a rejection may be of an applied ack).
 
         The lines of one batch go out as one record: under load a batch holds many jobs,
         and a record per job (format, write, flush) was a third of this thread's time.
@@ -421,6 +443,12 @@ class Dispatcher:
         """
         lines: list[str] | None = [] if log.isEnabledFor(logging.INFO) else None
         for (job, ack), ok in zip(acks, accepted, strict=True):
+            if not ok and maybe_applied:
+                log.warning(
+                    "job %s: ack rejected when sent again: it may have been applied", job.id
+                )
+                self._ended.append((job.id, job.token))
+                continue
             if not ok:
                 self._stats["rejected_acks"] += 1
                 log.warning("job %s: ack rejected, the lease was lost; result discarded", job.id)
@@ -439,8 +467,4 @@ class Dispatcher:
     def _on_progress(self, token: str, fraction: float, message: str | None) -> None:
         held = self._inflight.get(token)
         if held is not None:
-            job_id = held.job.id
-            try:
-                self._backend.record_progress(self._id, job_id, token, fraction, message)
-            except BackendError as exc:
-                log.warning("could not record progress of job %s: %s", job_id, exc)
+            self.progress.report(held.job.id, token, fraction, message)

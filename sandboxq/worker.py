@@ -207,6 +207,7 @@ class SandboxWorker:
             dispatcher.run()
         finally:
             self.stop()
+            dispatcher.progress.close()
             left = self._time_left
             if dispatcher.fetcher is not None:
                 dispatcher.fetcher.join(left())

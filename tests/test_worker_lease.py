@@ -8,6 +8,8 @@ in front of a real redis-server. Nothing sleeps to make a race happen.
 
 from __future__ import annotations
 
+import faulthandler
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ import psutil
 import pytest
 
 from sandboxq import Queue
+from sandboxq.backends.base import NewJob
 from sandboxq.backends.memory import MemoryBackend
 from sandboxq.errors import BackendError, SandboxqError
 from sandboxq.models import JobState, Outcome
@@ -249,10 +252,81 @@ def test_stop_returns_in_time_while_redis_hangs(
             run.worker.stop(now=True)
         # stop_timeout_s + 1 s is the promise; the rest is slack for a loaded machine
         limit = 1.0 if second_signal else stop_timeout_s + 1.0
-        assert run.join(limit + 1.5), "run() still running with Redis hung"
+        if not run.join(limit + 1.5):  # say where it hangs
+            faulthandler.dump_traceback(sys.stderr)
+        assert run.join(0), "run() still running with Redis hung"
         took = time.monotonic() - began
     finally:
         proxy.resume()
     assert took < limit + 1.5
     [(pid, _)] = starts(log)
     assert not alive(pid)
+    # A claim left behind in the hung connection ends once Redis answers again.
+    dispatcher = run.worker._dispatcher
+    assert dispatcher is not None and dispatcher.fetcher is not None
+    wait_for(lambda: not dispatcher.fetcher.is_alive(), 15, "the fetcher to end")  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
+def test_jobs_claimed_by_a_finish_whose_reply_was_lost_run_at_once(
+    queue_name: str, runs: list[Run]
+) -> None:
+    """The finish-and-claim call runs, but its reply never arrives: the job it claimed
+    must not sit leased to nobody for a whole lease."""
+    backend = MemoryBackend.shared(queue_name)
+    real_finish = backend.finish_many
+    lost: list[str] = []
+
+    def reply_lost(*args: Any, **kwargs: Any) -> Any:
+        accepted, claimed = real_finish(*args, **kwargs)
+        if claimed and not lost:
+            lost.extend(job.id for job in claimed)
+            raise BackendError("connection reset before the reply arrived")
+        return accepted, claimed
+
+    backend.finish_many = reply_lost  # type: ignore[method-assign]
+    queue = Queue(queue_name)
+    first, second = queue.enqueue(1), queue.enqueue(2)
+    run = start(runs, queue_name, H + "echo", prefetch=0, lease_s=30.0)
+    assert first.result(timeout_s=20) == 1
+    assert second.result(timeout_s=10) == 2  # long before its 30 s lease could run out
+    assert lost == [second.id]
+    assert second.info().stalls == 0 and len(second.info().history) == 1
+    assert len(first.info().history) == 1
+    assert run.worker.stats["completed"] == 1  # the second; the first ack's answer was lost
+
+
+def test_two_leases_of_one_job_are_held_apart(queue_name: str) -> None:
+    """A worker may hold a job again while its earlier attempt is still being killed (its
+    own stall recovery after a freeze): each lease keeps its own entry, the heartbeat
+    renews each on its own, and the rejected old one condemns only itself."""
+    from sandboxq.heartbeat import Heartbeat
+    from sandboxq.heartbeat import Lease as HeldLease
+    from sandboxq.inflight import Held, InFlight
+    from sandboxq.models import JobOptions
+
+    backend = MemoryBackend(queue_name)
+    backend.enqueue([NewJob(b"[[], {}]", job_id="j")])
+    [old] = backend.claim("w1", 1, 0.001)
+    wait_for(lambda: backend.recover_stalled(), 5, "the old lease to be recovered")
+    [new] = backend.claim("w1", 1, 30.0)
+    inflight = InFlight(2, 0, threading.Event())
+    for claimed in (old, new):
+        lease = HeldLease(claimed.id, claimed.token, 0, time.monotonic())
+        inflight.add(Held(claimed, JobOptions(), lease))
+    held_old, held_new = inflight.get(old.token), inflight.get(new.token)
+    assert held_old is not None and held_new is not None and held_old is not held_new
+    lost: list[str] = []
+    heartbeat = Heartbeat(
+        backend,
+        "w1",
+        30.0,
+        10.0,
+        inflight.leases,
+        lambda *_: None,
+        lambda x, _: lost.append(x.lease_token),
+    )
+    assert heartbeat.renew_now()
+    assert lost == [old.token]  # the new lease was renewed, not condemned with the old
+    inflight.discard([old.token])
+    assert inflight.get(new.token) is held_new and len(inflight) == 1

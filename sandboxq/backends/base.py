@@ -179,12 +179,26 @@ class Backend(Protocol):
         ...
 
     def finish_many(
-        self, worker_id: str, acks: Sequence[Ack], *, claim: int = 0, lease_s: float = 30.0
+        self,
+        worker_id: str,
+        acks: Sequence[Ack],
+        *,
+        claim: int = 0,
+        lease_s: float = 30.0,
+        token_base: str | None = None,
+        replay_of: str | None = None,
     ) -> tuple[list[bool], list[Claimed]]:
         """``finish`` for several jobs, then claim up to ``claim``, all in one round trip.
 
         Each ack is checked and applied on its own, exactly as ``finish`` would; returns
         whether each was accepted, in order, and the jobs claimed.
+
+        A lost reply: the tokens of the jobs claimed start with ``token_base`` (random when
+        None) and a dot. A caller whose call failed without an answer calls again with the
+        failed call's base as ``replay_of``: the jobs that call claimed, if it ran and the
+        caller still owns them, come back first among the claimed (counted in ``claim``),
+        instead of waiting a whole lease for recovery. Acks that call applied are then
+        rejected: they can no longer be told apart from lost leases.
         """
         ...
 

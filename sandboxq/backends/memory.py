@@ -210,8 +210,16 @@ class MemoryBackend:
             job.fence_owner = job.fence_token = None  # a fenced retry falls due: fence over
             self._move(job, WAITING, now)
 
-    def _claim(self, worker_id: str, count: int, lease_s: float, now: int) -> list[Claimed]:
+    def _claim(
+        self,
+        worker_id: str,
+        count: int,
+        lease_s: float,
+        now: int,
+        token_base: str | None = None,
+    ) -> list[Claimed]:
         claimed_at = time.monotonic()
+        base = token_base or uuid.uuid4().hex
         self._promote(now)
         claimed: list[Claimed] = []
         while len(claimed) < count and self._waiting:
@@ -220,23 +228,29 @@ class MemoryBackend:
             if job is None:
                 continue
             job.attempts += 1
-            job.owner, job.token = worker_id, uuid.uuid4().hex
+            job.owner, job.token = worker_id, f"{base}.{len(claimed) + 1}"
             job.lease_ms = now + rules.lease_ms(lease_s)
             self._move(job, ACTIVE, now)
             self._emit("active", job.id, worker=worker_id, attempt=str(job.attempts))
-            new = job.new
-            claimed.append(
-                Claimed(
-                    job.id,
-                    job.token,
-                    new.payload,
-                    new.codec,
-                    new.options_json,
-                    job.attempts,
-                    claimed_at,
-                )
-            )
+            claimed.append(self._claimed(job, claimed_at))
         return claimed
+
+    @staticmethod
+    def _claimed(job: _Job, claimed_at: float) -> Claimed:
+        new = job.new
+        assert job.token is not None
+        return Claimed(
+            job.id, job.token, new.payload, new.codec, new.options_json, job.attempts, claimed_at
+        )
+
+    def _replay(self, worker_id: str, token_base: str) -> list[Claimed]:
+        """The jobs an earlier call with ``token_base`` claimed that the caller still owns."""
+        prefix, claimed_at = token_base + ".", time.monotonic()
+        return [
+            self._claimed(job, claimed_at)
+            for job in (self._jobs[i] for i in self._by_state[ACTIVE])
+            if job.owner == worker_id and (job.token or "").startswith(prefix)
+        ]
 
     def _record(self, job: _Job, attempt: AttemptRecord, error: str | None) -> None:
         job.history.append(attempt)
@@ -338,18 +352,27 @@ class MemoryBackend:
         return FinishResult(accepted=accepted[0], claimed=claimed)
 
     def finish_many(
-        self, worker_id: str, acks: Sequence[Ack], *, claim: int = 0, lease_s: float = 30.0
+        self,
+        worker_id: str,
+        acks: Sequence[Ack],
+        *,
+        claim: int = 0,
+        lease_s: float = 30.0,
+        token_base: str | None = None,
+        replay_of: str | None = None,
     ) -> tuple[list[bool], list[Claimed]]:
         for ack in acks:
             if ack.action not in _ACTIONS:
                 raise ConfigError(f"unknown finish action {ack.action!r}: use one of {_ACTIONS}")
         with self._cond:
             now = _now_ms()
+            replayed = self._replay(worker_id, replay_of) if replay_of else []
             accepted = [self._finish_one(worker_id, ack, now) for ack in acks]
             if len(acks) == 1 and not accepted[0]:
-                return accepted, []
+                return accepted, replayed
             self._trim(now)
-            return accepted, self._claim(worker_id, claim, lease_s, now)
+            count = claim - len(replayed)
+            return accepted, replayed + self._claim(worker_id, count, lease_s, now, token_base)
 
     def _finish_one(self, worker_id: str, ack: Ack, now: int) -> bool:
         job_id, action, attempt = ack.job_id, ack.action, ack.attempt

@@ -482,6 +482,29 @@ class BackendContract:
         )
         assert [job.id for job in again] == [job_id]
 
+    def test_a_finish_sent_again_after_a_lost_reply_gets_its_claimed_jobs_back(
+        self, backend: Backend
+    ) -> None:
+        first, second, third = add(backend), add(backend), add(backend)
+        [done] = backend.claim("w1", 1, 30.0)
+        assert done.id == first
+        ack = Ack(done.id, done.token, "complete", record(done), b"1")
+        # The call runs, but its reply is lost: the caller never learns of the claim.
+        accepted, lost = backend.finish_many("w1", [ack], claim=1, token_base="base1")
+        assert accepted == [True] and [j.id for j in lost] == [second]
+        assert lost[0].token.startswith("base1.")
+        # Sent again: the ack is rejected now (it was applied), the claimed job comes back.
+        accepted, again = backend.finish_many(
+            "w1", [ack], claim=2, token_base="base1.r1", replay_of="base1"
+        )
+        assert accepted == [False]
+        assert [(j.id, j.token, j.attempt) for j in again][:1] == [(second, lost[0].token, 1)]
+        # A single rejected ack claims nothing new, but the replayed job still comes back.
+        assert [j.id for j in again] == [second]
+        assert info(backend, third).state == "waiting"
+        # Another worker never gets another's jobs replayed.
+        assert backend.finish_many("w2", [], claim=0, replay_of="base1") == ([], [])
+
     def test_cancel_of_a_finished_job_returns_false(self, backend: Backend) -> None:
         completed, failed = add(backend), add(backend)
         finish(backend, claim_one(backend), result=b"1")

@@ -206,13 +206,20 @@ class RedisBackend:
         return FinishResult(accepted=accepted[0], claimed=claimed)
 
     def finish_many(
-        self, worker_id: str, acks: Sequence[Ack], *, claim: int = 0, lease_s: float = 30.0
+        self,
+        worker_id: str,
+        acks: Sequence[Ack],
+        *,
+        claim: int = 0,
+        lease_s: float = 30.0,
+        token_base: str | None = None,
+        replay_of: str | None = None,
     ) -> tuple[list[bool], list[Claimed]]:
         args: list[Arg] = [
             worker_id,
             max(0, claim),
             _lease_ms(lease_s),
-            _token(),
+            token_base or _token(),
             len(acks),
         ]
         for ack in acks:
@@ -231,6 +238,7 @@ class RedisBackend:
                 ack.result or b"",
                 _ms(ack.retry_delay_s),
             )
+        args.append(replay_of or "")
         what = f"finish job {acks[0].job_id!r}" if len(acks) == 1 else f"finish {len(acks)} jobs"
         with self._errors(what):
             sent = time.monotonic()
