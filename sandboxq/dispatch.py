@@ -395,6 +395,10 @@ class Dispatcher:
         lease_ends = time.monotonic() + lease_s
         delay = 0.05
         tokens = [job.token for job, _ in acks]
+        if self._deadline() == math.inf:
+            self.progress.flush(tokens)  # a report after its lease's ack would be rejected
+        else:
+            self.progress.drop(tokens)  # stopping: a hung backend must not hold the exit
         base = os.urandom(8).hex()
         tries = 0
         try:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandboxq.backends.base import Ack, Backend, Claimed, FinishAction, FinishResult, NewJob
+from sandboxq.errors import JobNotFound
 from sandboxq.models import AttemptRecord, JobInfo, JobOptions, JobState, Outcome
 from sandboxq.testing.waiting import wait_for
 
@@ -149,7 +150,12 @@ class BackendContract:
     def test_unknown_ids(self, backend: Backend) -> None:
         assert backend.get("no-such-job") is None
         assert backend.get_result("no-such-job") is None
-        assert backend.wait_for_finish("no-such-job", 0.1) is None
+        try:
+            backend.wait_for_finish("no-such-job", 10.0)
+        except JobNotFound as exc:  # at once: nothing to wait for
+            assert exc.job_id == "no-such-job"
+        else:
+            raise AssertionError("wait_for_finish of an unknown job did not raise JobNotFound")
 
     def test_auto_ids_are_unique(self, backend: Backend) -> None:
         added = backend.enqueue([new_job(), new_job(), new_job()])
