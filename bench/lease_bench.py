@@ -15,6 +15,7 @@ Figures (median of --runs):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -98,24 +99,26 @@ def cancel_retry_frozen(url: str, samples: int) -> list[float]:
                 job.cancel()
             finally:
                 for proc in tree:
-                    proc.send_signal(signal.SIGCONT)
+                    with contextlib.suppress(psutil.Error):  # a child may have been replaced
+                        proc.send_signal(signal.SIGCONT)
     finally:
         queue_bench.stop(w)
         q.close()
     return out
 
 
-def queue_figures(url: str, tree: str | None) -> tuple[float, float]:
-    """No-op jobs/s and idle latency p50 ms of the worker code in ``tree`` (None: here)."""
+def queue_figures(url: str, tree: str | None) -> tuple[float, float, float]:
+    """No-op jobs/s, the worker parent's CPU µs per job (less swayed by a loaded machine
+    than a rate) and idle latency p50 ms of the worker code in ``tree`` (None: here)."""
     old = os.environ.get("PYTHONPATH", "")
     if tree is not None:
         os.environ["PYTHONPATH"] = f"{tree}{os.pathsep}{old}"
     try:
-        rate = queue_bench.noop_throughput(url, 5000)["jobs_s"]
+        noop = queue_bench.noop_throughput(url, 5000)
         lat = statistics.median(queue_bench.latency(url, 100))
     finally:
         os.environ["PYTHONPATH"] = old
-    return rate, lat
+    return noop["jobs_s"], noop["parent_cpu_us_per_job"], lat
 
 
 def main() -> None:
@@ -123,6 +126,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--before", help="a source tree of the code to compare with")
     parser.add_argument("--json", default=str(HERE / "results" / "lease.json"))
+    parser.add_argument(
+        "--queue-only", action="store_true", help="only the before/after queue figures"
+    )
     args = parser.parse_args()
     values: dict[str, list[float]] = {}
 
@@ -131,18 +137,24 @@ def main() -> None:
 
     with RedisServer() as server:
         url = server.url
-        for _ in range(args.runs):
-            add("confirmed_ms", statistics.median(cancel_retry_confirmed(url, 10)))
-            add("frozen_ms", statistics.median(cancel_retry_frozen(url, 2)))
+        for run in range(args.runs):
+            if not args.queue_only:
+                add("confirmed_ms", statistics.median(cancel_retry_confirmed(url, 10)))
+                add("frozen_ms", statistics.median(cancel_retry_frozen(url, 2)))
+            # alternate which goes first, so a drift in the machine's load favours neither
+            trees: list[str | None] = [None]
             if args.before:
-                rate, lat = queue_figures(url, args.before)
-                add("before_jobs_s", rate)
-                add("before_latency_ms", lat)
-            rate, lat = queue_figures(url, None)
-            add("jobs_s", rate)
-            add("latency_ms", lat)
-    report = {
-        "figures": [
+                trees = [None, args.before] if run % 2 else [args.before, None]
+            for tree in trees:
+                rate, cpu, lat = queue_figures(url, tree)
+                prefix = "before_" if tree is not None else ""
+                add(prefix + "jobs_s", rate)
+                add(prefix + "cpu_us", cpu)
+                add(prefix + "latency_ms", lat)
+    fence_figures = (
+        []
+        if args.queue_only
+        else [
             figures.figure(
                 "cancel -> retry -> start, owner confirms",
                 values["confirmed_ms"],
@@ -155,13 +167,22 @@ def main() -> None:
                 "ms",
                 figures.Target("<=", FROZEN_LEASE_S * 1000, "ms"),
             ),
+        ]
+    )
+    report = {
+        "figures": [
+            *fence_figures,
             figures.figure("no-op throughput", values["jobs_s"], "jobs/s"),
+            figures.figure("worker parent CPU per no-op job", values["cpu_us"], "us"),
             figures.figure("idle enqueue -> start p50", values["latency_ms"], "ms"),
         ]
     }
     if args.before:
         report["figures"] += [
             figures.figure("no-op throughput, before", values["before_jobs_s"], "jobs/s"),
+            figures.figure(
+                "worker parent CPU per no-op job, before", values["before_cpu_us"], "us"
+            ),
             figures.figure("idle enqueue -> start p50, before", values["before_latency_ms"], "ms"),
         ]
     for fig in report["figures"]:
