@@ -70,8 +70,10 @@ class SandboxWorker:
     """Runs ``processor`` for jobs of ``queue``; ``run()`` blocks until stopped.
 
     SIGTERM / SIGINT (or ``stop()``) drain: stop claiming, keep renewing, let running jobs
-    finish for up to ``stop_timeout_s``, then soft-signal, then kill; interrupted jobs go
-    back to the queue without being charged an attempt. A second signal stops at once.
+    finish; a grace before ``stop_timeout_s`` they get the soft signal, at it they are
+    killed; interrupted jobs go back to the queue without being charged an attempt, and
+    ``run()`` returns within a second more. A second signal stops at once (within a
+    second). If a part of the worker dies, ``run()`` raises ``WorkerFailed``.
     """
 
     def __init__(
