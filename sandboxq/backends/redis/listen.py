@@ -164,9 +164,12 @@ class CancellationWatch:
                 message = self._pubsub.get_message(
                     ignore_subscribe_messages=True, timeout=WATCH_TICK_S
                 )
-            except redis.RedisError as exc:
+            except (redis.RedisError, TypeError, OSError) as exc:
                 # redis-py reconnects and resubscribes on the next read. A cancel sent
                 # meanwhile still revoked the lease, so the owner's next renew fences it.
+                # (A connection closed under the read surfaces as TypeError or OSError.)
+                if self._stopping.is_set():
+                    return
                 log.warning("cancellation watch on %s: %s", self._where, exc)
                 self._stopping.wait(0.5)
                 continue
