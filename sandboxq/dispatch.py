@@ -33,12 +33,13 @@ import threading
 import time
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from sandboxq.acks import ack_for
 from sandboxq.backends.base import Ack, Backend, Claimed
+from sandboxq.bounded import call_until
 from sandboxq.drain import Drain
 from sandboxq.errors import BackendError
 from sandboxq.heartbeat import Lease, fence_margin_s
@@ -64,6 +65,8 @@ def one_line(text: str, limit: int = 300) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
+
+T = TypeVar("T")
 
 _STAT = {"complete": "completed", "fail": "failed", "retry": "retried", "requeue": "requeued"}
 
@@ -329,28 +332,10 @@ class Dispatcher:
         except BackendError as exc:  # their fences lift when the old leases run out
             log.warning("could not confirm %d ended attempt(s): %s", len(ended), exc)
 
-    def _call(self, fn: Callable[[], Any]) -> Any:
+    def _call(self, fn: Callable[[], T]) -> T:
         """``fn()``; once a stop deadline is set, given only until then (a hung Redis
         must not hold the worker past it), raising ``BackendError`` when it runs out."""
-        deadline = self._deadline()
-        if deadline == math.inf:
-            return fn()
-        box: dict[str, Any] = {}
-
-        def call() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as exc:
-                box["error"] = exc
-
-        thread = threading.Thread(target=call, name="sandboxq-stop-call", daemon=True)
-        thread.start()
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            raise BackendError("no answer from the backend before the stop deadline")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+        return call_until(fn, self._deadline())
 
     def _ack_for(self, token: str, attempt: AttemptResult) -> tuple[Claimed, Ack] | None:
         """What to tell the backend about the attempt of lease ``token`` that ended (None:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandboxq.backends import open_backend
+from sandboxq.bounded import run_until
 from sandboxq.dispatch import Dispatcher
 from sandboxq.errors import BackendError, WorkerFailed
 from sandboxq.heartbeat import Heartbeat, Lease
@@ -46,24 +47,6 @@ log = logging.getLogger("sandboxq.worker")
 
 #: How long after its stop deadline ``run()`` leaves for the last steps (pool shutdown).
 STOP_SLACK_S = 0.8
-
-
-def _bounded(fn: Callable[[], None], timeout_s: float | None) -> None:
-    """``fn()`` on a daemon thread, waited for at most ``timeout_s``: a step of shutting
-    down that talks to a backend which may hang must not hold the exit past its deadline."""
-    if timeout_s is None:
-        fn()
-        return
-
-    def call() -> None:
-        try:
-            fn()
-        except Exception as exc:
-            log.warning("while stopping: %s", exc)
-
-    thread = threading.Thread(target=call, name="sandboxq-stopping", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
 
 
 class SandboxWorker:
@@ -223,7 +206,7 @@ class SandboxWorker:
                 self._unregister()
                 self.backend.close()
 
-            _bounded(disconnect, left())
+            run_until(disconnect, left())
             restore()
         if dispatcher.failure is not None:
             raise WorkerFailed(f"worker {self.id} stopped: {dispatcher.failure}")
