@@ -56,7 +56,10 @@ bench: $(BENCH_STAMP) servers
 
 # The chaos suite's faults mixed, against thousands of jobs, for SOAK_MINUTES (not in CI).
 SOAK_MINUTES ?= 10
+# The backend model (tests/test_backend_model.py) with MODEL_EXAMPLES examples first.
+MODEL_EXAMPLES ?= 2000
 soak: $(STAMP) servers
+	SANDBOXQ_MODEL_EXAMPLES=$(MODEL_EXAMPLES) $(PY) -m pytest -q tests/test_backend_model.py
 	$(PY) tests/chaos/soak.py --minutes $(SOAK_MINUTES)
 
 clean:

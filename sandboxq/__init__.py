@@ -13,11 +13,13 @@ from sandboxq.errors import (
     BackendError,
     ConfigError,
     JobFailed,
+    JobNotFound,
     PoolBroken,
     ProcessorError,
     SandboxqError,
     SerializationError,
     SoftTimeout,
+    WorkerFailed,
 )
 from sandboxq.models import Action, JobState, Outcome
 
@@ -39,6 +41,7 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "JobFailed",
+    "JobNotFound",
     "JobState",
     "Outcome",
     "Pool",
@@ -47,6 +50,7 @@ __all__ = [
     "SandboxqError",
     "SerializationError",
     "SoftTimeout",
+    "WorkerFailed",
     "current_job",
 ]
 

@@ -17,7 +17,7 @@ from typing import Any
 from sandboxq import codec as codecs
 from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
-from sandboxq.errors import ConfigError, JobFailed, SandboxqError, SerializationError
+from sandboxq.errors import ConfigError, JobFailed, JobNotFound, SandboxqError, SerializationError
 from sandboxq.models import JobInfo, JobOptions, JobState, check_job_id
 from sandboxq.settings import build
 
@@ -47,7 +47,9 @@ class Job:
         """The job's return value once it completes.
 
         Raises ``JobFailed`` (with ``.outcome``, ``.attempts``, ``.error``) if it failed or
-        was cancelled, and ``TimeoutError`` if it is not finished within ``timeout_s``.
+        was cancelled, ``JobNotFound`` at once if the job does not exist (or is removed by
+        retention or a purge while waited for), and ``TimeoutError`` if it is not finished
+        within ``timeout_s``.
         """
         check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -55,7 +57,10 @@ class Job:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"job {self.id!r} did not finish within {timeout_s} s")
-            state = self.queue.backend.wait_for_finish(self.id, min(left, 3600.0))
+            try:
+                state = self.queue.backend.wait_for_finish(self.id, min(left, 3600.0))
+            except JobNotFound:
+                raise no_such_job(self.queue.name, self.id) from None
             if state is not None:
                 break
         info = self.info()
@@ -65,6 +70,20 @@ class Job:
     def cancel(self) -> bool:
         """Cancel the job; a running job's child is killed. False if it had already finished."""
         return self.queue.backend.cancel(self.id)
+
+    def retry(self) -> bool:
+        """Run a failed or cancelled job again, its attempts reset and its history kept.
+
+        False if it is neither failed nor cancelled; ``JobNotFound`` if it does not exist.
+        A job cancelled while running becomes ``delayed`` until its old worker confirms
+        the cancelled child dead (milliseconds) or the old lease runs out: it never runs
+        twice at once (the CLI's ``sandboxq retry`` does the same).
+        """
+        if self.queue.backend.retry_failed(self.id):
+            return True
+        if self.queue.backend.get(self.id) is None:
+            raise no_such_job(self.queue.name, self.id)
+        return False
 
 
 def read_result(backend: Backend, info: JobInfo, allowed: Collection[str]) -> Any:
@@ -81,8 +100,12 @@ def decode_result(info: JobInfo, data: bytes | None, allowed: Collection[str]) -
     return codecs.decode_stored(data, info.codec, allowed=allowed, job_id=info.id)
 
 
-def no_such_job(queue: str, job_id: str) -> SandboxqError:
-    return SandboxqError(f"job {job_id!r} of queue {queue!r} does not exist")
+def no_such_job(queue: str, job_id: str) -> JobNotFound:
+    return JobNotFound(
+        f"job {job_id!r} of queue {queue!r} does not exist "
+        "(never enqueued, removed by retention, or purged)",
+        job_id=job_id,
+    )
 
 
 def finished_value(job_id: str, info: JobInfo, data: bytes | None, allowed: Collection[str]) -> Any:

@@ -9,21 +9,37 @@ The main thread owns every ``finish``: one round trip acks the attempts that end
 claims into the slots they free. The fetcher only fills slots the finishes left empty, so
 an idle worker blocks in the backend and a busy one costs about one round trip per batch
 of jobs. ``InFlight`` keeps the two from holding more than the capacity between them.
+
+Attempt identity: every event names the *lease token* it belongs to, and ``InFlight`` is
+keyed by it, so an attempt's outcome is applied to its own lease or, if that lease is no
+longer held, dropped and counted (``stats["stale_outcomes"]``), never to a later lease of
+the same job. An attempt that ended without an ack (cancelled, lease lost, ack rejected)
+is reported with ``confirm_dead``: it lifts the fence that keeps a retried job from
+running elsewhere while the old child may live.
+
+The watch: the main thread also checks, every ``WATCH_S``, that the fetcher, the pool and
+the worker's other threads (``health``) still live. When one does not, ``fail`` stops the
+worker at once: nothing more is claimed, every running attempt is killed and requeued
+uncharged, and ``run()`` ends with ``failure`` naming the cause.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
+import os
 import threading
 import time
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 
 from sandboxq.acks import ack_for
 from sandboxq.backends.base import Ack, Backend, Claimed
+from sandboxq.bounded import call_until
 from sandboxq.drain import Drain
 from sandboxq.errors import BackendError
 from sandboxq.heartbeat import Lease, fence_margin_s
@@ -32,6 +48,7 @@ from sandboxq.models import Action, AttemptRecord, JobState, Outcome, parse_job_
 from sandboxq.outcomes import ExitPolicy
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.pool import Pool
+from sandboxq.progress import ProgressWriter
 from sandboxq.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -39,8 +56,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sandboxq.worker")
 
-#: How long an idle fetcher blocks in one claim (it also rechecks "stop" this often).
-IDLE_WAIT_S = 1.0
+#: How long an idle fetcher blocks in one claim (it also rechecks "stop" this often, so
+#: it stays below the second a stop(now=True) is given).
+IDLE_WAIT_S = 0.5
+#: How often the main thread checks that every part of the worker still lives.
+WATCH_S = 0.25
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line, short enough for a log line and an exit message."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+T = TypeVar("T")
 
 _STAT = {"complete": "completed", "fail": "failed", "retry": "retried", "requeue": "requeued"}
 
@@ -56,7 +85,9 @@ class Dispatcher:
         stats: dict[str, int],
         stopping: threading.Event,
         stop_now: threading.Event,
-        stop: Callable[[], None],
+        stop: Callable[..., None],
+        health: Callable[[], str | None] = lambda: None,
+        deadline: Callable[[], float] = lambda: math.inf,
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self._id = worker_id
@@ -68,16 +99,42 @@ class Dispatcher:
         self._stopping = stopping
         self._stop_now = stop_now
         self._stop = stop
+        self._health = health
+        self._deadline = deadline
         self._metrics = metrics
         self._policy = ExitPolicy(exit_codes=settings.exit_codes)
         self.events: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
         self.fetcher: threading.Thread | None = None
+        #: Why the worker failed (one line), or None: set once, by ``fail``.
+        self.failure: str | None = None
+        self._drained = False  # the burst fetcher ended on purpose
+        self._next_watch = 0.0
+        # (job id, lease token) of attempts that ended unacked: for confirm_dead
+        self._ended: list[tuple[str, str]] = []
+        #: Writes progress on its own thread (closed by the worker when it stops).
+        self.progress = ProgressWriter(backend, worker_id)
+        for name in ("stale_outcomes", "confirmed_dead"):
+            stats.setdefault(name, 0)
+
+    def fail(self, cause: str) -> None:
+        """Stop the worker at once because part of it broke; safe from any thread."""
+        if self.failure is None:
+            self.failure = one_line(cause)
+            log.error("worker failed: %s; handing its jobs back", self.failure)
+        self._stop(True)
 
     def start_fetcher(self, burst: bool) -> None:
         self.fetcher = threading.Thread(
-            target=self._fetch, args=(burst,), name="sandboxq-fetcher", daemon=True
+            target=self._fetch_guarded, args=(burst,), name="sandboxq-fetcher", daemon=True
         )
         self.fetcher.start()
+
+    def _fetch_guarded(self, burst: bool) -> None:
+        try:
+            self._fetch(burst)
+        except BaseException as exc:
+            log.exception("the fetcher thread crashed")
+            self.fail(f"the fetcher thread died: {exc!r}")
 
     # -- claiming (fetcher thread) ------------------------------------------------------------
 
@@ -113,19 +170,27 @@ class Dispatcher:
             self._inflight.unreserve(count)
             idle = not claimed
             if idle and burst and self._queue_is_drained():
+                self._drained = True
                 self.events.put(("drained",))
                 return
 
     def _queue_is_drained(self) -> bool:
         if len(self._inflight):
             return False
-        counts = self._backend.counts()
+        try:
+            counts = self._backend.counts()
+        except BackendError as exc:  # not drained as far as we know: the next claim waits
+            log.warning("could not count jobs (%s); still working", exc)
+            return False
         # Another worker's active job may still come back here (a retry, a recovery).
         waiting = (JobState.WAITING, JobState.DELAYED, JobState.ACTIVE)
         return not any(counts[state] for state in waiting)
 
     def _start(self, job: Claimed) -> None:
         """Hand a claimed job to the pool, or fail it at once if it cannot run."""
+        if self.failure is not None:  # the worker is going down: nothing new starts
+            self._give_back([job])
+            return
         s = self._settings
         try:
             options = parse_job_options(job.options_json)
@@ -138,26 +203,32 @@ class Dispatcher:
         if job.codec not in ("json", "pickle"):
             self._reject(job, f"unknown payload codec {job.codec!r}")
             return
-        lease = Lease(job.id, job.token, 0, job.claimed_at)
+        token = job.token
+        lease = Lease(job.id, token, 0, job.claimed_at)
         self._inflight.add(Held(job, options, lease))
         soft = options.soft_timeout_s or s.soft_timeout_s
         hard = options.hard_timeout_s or s.hard_timeout_s
         if soft is not None and hard is not None and soft >= hard:
             soft = None  # a job's own hard timeout below the worker's soft one wins
-        job_id, events = job.id, self.events
+        events = self.events
         task = Task(
             job.payload,
             job.codec,  # type: ignore[arg-type]
             soft_timeout_s=soft,
             hard_timeout_s=hard,
             max_memory_mb=options.max_memory_mb or s.max_memory_mb,
-            job_id=job_id,
+            job_id=job.id,
             attempt=job.attempt,
-            on_progress=lambda f, m: events.put(("progress", job_id, f, m)),
+            on_progress=lambda f, m: events.put(("progress", token, f, m)),
             # The lease began no earlier than claimed_at: this falls before it can expire.
             fence_deadline=job.claimed_at + s.lease_s - fence_margin_s(s.lease_s),
         )
-        lease.attempt_token = self._pool.execute(task, lambda r: events.put(("done", job_id, r)))
+        try:
+            lease.attempt_token = self._pool.execute(task, lambda r: events.put(("done", token, r)))
+        except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
+            self._inflight.discard([token])
+            self._give_back([job])
+            self.fail(f"the pool cannot run jobs: {exc}")
 
     def _give_back(self, claimed: list[Claimed]) -> None:
         """Release jobs claimed but never started (no attempt charged, nothing recorded)."""
@@ -188,7 +259,7 @@ class Dispatcher:
         drain: Drain | None = None
         while True:
             try:
-                events = [self.events.get(timeout=0.1 if self._stopping.is_set() else None)]
+                events = [self.events.get(timeout=0.1 if self._stopping.is_set() else WATCH_S)]
             except Empty:
                 events = []
             while True:  # take everything already there: their acks share one round trip
@@ -207,6 +278,9 @@ class Dispatcher:
                     self._stop()
             if acks:
                 self._finish(acks)
+            if self._ended:
+                self._confirm_dead()
+            self._watch()
             if self._stopping.is_set():
                 if drain is None:
                     drain = Drain(
@@ -220,28 +294,86 @@ class Dispatcher:
                 fetching = self.fetcher is not None and self.fetcher.is_alive()
                 if not len(self._inflight) and not fetching:
                     return
+                if time.monotonic() > self._deadline():
+                    # Redis hangs, or an attempt never ended: stop anyway. What is still
+                    # held is recovered elsewhere once its lease runs out; a claim still
+                    # under way gives its jobs back (the fetcher sees the stop).
+                    if len(self._inflight):
+                        log.error(
+                            "stopping with %d job(s) not acknowledged: the stop deadline passed",
+                            len(self._inflight),
+                        )
+                    return
                 drain.advance()
 
-    def _ack_for(self, job_id: str, attempt: AttemptResult) -> tuple[Claimed, Ack] | None:
-        """What to tell the backend about an attempt that ended (None: nothing)."""
-        held = self._inflight.get(job_id)
+    def _watch(self) -> None:
+        """Fail the worker if one of its parts died (checked every ``WATCH_S``)."""
+        now = time.monotonic()
+        if now < self._next_watch or self.failure is not None:
+            return
+        self._next_watch = now + WATCH_S
+        fetcher = self.fetcher
+        supervisor = self._pool._supervisor
+        if supervisor.broken is not None:
+            self.fail(f"the pool broke: {supervisor.broken}")
+        elif not supervisor._thread.is_alive():
+            self.fail("the pool's supervisor thread stopped")
+        elif (
+            fetcher is not None
+            and not fetcher.is_alive()
+            and not self._drained
+            and not self._stopping.is_set()
+        ):
+            self.fail("the fetcher thread stopped")
+        elif (cause := self._health()) is not None:
+            self.fail(cause)
+
+    def _confirm_dead(self) -> None:
+        """Tell the backend which unacked attempts have ended: lifts their jobs' fences."""
+        ended, self._ended = self._ended, []
+        try:
+            self._call(lambda: self._backend.confirm_dead(self._id, ended))
+            self._stats["confirmed_dead"] += len(ended)
+        except BackendError as exc:  # their fences lift when the old leases run out
+            log.warning("could not confirm %d ended attempt(s): %s", len(ended), exc)
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        """``fn()``; once a stop deadline is set, given only until then (a hung Redis
+        must not hold the worker past it), raising ``BackendError`` when it runs out."""
+        return call_until(fn, self._deadline())
+
+    def _ack_for(self, token: str, attempt: AttemptResult) -> tuple[Claimed, Ack] | None:
+        """What to tell the backend about the attempt of lease ``token`` that ended (None:
+        nothing)."""
+        held = self._inflight.get(token)
         if held is None:
+            # That lease is not held any more: its outcome belongs to no current lease.
+            self._stats["stale_outcomes"] += 1
+            log.warning("an outcome of a lease no longer held was dropped: %s", attempt.cause)
             if self._metrics is not None:  # metrics
                 self._metrics.stale_dropped()
             return None
+        job = held.job
         if self._metrics is not None:  # metrics
-            self._metrics.attempt_ended(held.job, attempt)
+            self._metrics.attempt_ended(job, attempt)
         if attempt.outcome in (Outcome.LEASE_LOST, Outcome.CANCELLED):
             # Not ours to ack any more: the job was cancelled, or another worker may own it.
             stat = "lease_lost" if attempt.outcome is Outcome.LEASE_LOST else "cancelled"
             self._stats[stat] += 1
-            log.warning("job %s: %s; not acknowledged", job_id, attempt.cause)
-            self._inflight.discard([job_id])
+            log.warning(
+                "job %s attempt %d: %s; not acknowledged", job.id, job.attempt, attempt.cause
+            )
+            self._inflight.discard([token])
+            self._ended.append((job.id, token))
             return None
         if attempt.runtime_s is not None:
             self._inflight.record_runtime(attempt.runtime_s)
         s = self._settings
-        return held.job, ack_for(held.job, held.options, attempt, self._policy, s.retries, self._id)
+        ack = ack_for(job, held.options, attempt, self._policy, s.retries, self._id)
+        if self.failure is not None and attempt.outcome is not Outcome.OK:
+            # The worker broke, not the job: hand it back uncharged, with what happened.
+            ack = Ack(job.id, job.token, "requeue", ack.attempt.model_copy(update={"action": None}))
+        return job, ack
 
     def _finish(self, acks: list[tuple[Claimed, Ack]], held: bool = True) -> None:
         """Ack jobs and claim into the slots they free, in one round trip (``held``: the
@@ -249,27 +381,49 @@ class Dispatcher:
 
         If the backend is unreachable, keep trying while the leases live (the heartbeat
         keeps renewing them); after that the jobs are recovered elsewhere, at least once.
+        A failed call may have run with only its reply lost: each retry asks the backend
+        for the jobs it claimed then (``replay_of``), so they do not wait out a lease.
         """
         refill = self._inflight.reserve(finishing=len(acks) if held else 0)
         lease_s = self._settings.lease_s
         lease_ends = time.monotonic() + lease_s
         delay = 0.05
+        tokens = [job.token for job, _ in acks]
+        if self._deadline() == math.inf:
+            self.progress.flush(tokens)  # a report after its lease's ack would be rejected
+        else:
+            self.progress.drop(tokens)  # stopping: a hung backend must not hold the exit
+        base = os.urandom(8).hex()
+        tries = 0
         try:
             while True:
+                # every try's tokens start with "<base>.", so a retry replays them all
+                token_base = base if not tries else f"{base}.r{tries}"
+                replay_of = base if tries else None
                 try:
-                    accepted, claimed = self._backend.finish_many(
-                        self._id, [ack for _, ack in acks], claim=refill, lease_s=lease_s
+                    accepted, claimed = self._call(
+                        functools.partial(
+                            self._backend.finish_many,
+                            self._id,
+                            [ack for _, ack in acks],
+                            claim=refill,
+                            lease_s=lease_s,
+                            token_base=token_base,
+                            replay_of=replay_of,
+                        )
                     )
                     break
                 except BackendError as exc:
-                    if time.monotonic() + delay > lease_ends or self._stop_now.is_set():
+                    tries += 1
+                    ends = min(lease_ends, self._deadline())
+                    if time.monotonic() + delay > ends or self._stop_now.is_set():
                         log.error("giving up acking %d job(s): %s", len(acks), exc)
-                        self._inflight.discard([job.id for job, _ in acks])
+                        self._inflight.discard(tokens)
                         return
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
-            self._inflight.discard([job.id for job, _ in acks])
-            self._count(acks, accepted)
+            self._inflight.discard(tokens)
+            self._count(acks, accepted, maybe_applied=tries > 0)
             if self._metrics is not None:  # metrics, once per ack batch
                 self._metrics.acked(acks, accepted)
             for job in claimed:
@@ -277,8 +431,11 @@ class Dispatcher:
         finally:
             self._inflight.unreserve(refill)
 
-    def _count(self, acks: list[tuple[Claimed, Ack]], accepted: list[bool]) -> None:
-        """Stats, and one log line per job outcome.
+    def _count(
+        self, acks: list[tuple[Claimed, Ack]], accepted: list[bool], maybe_applied: bool = False
+    ) -> None:
+        """Stats, and one log line per job outcome (``maybe_applied``: the acks were sent
+        again after a call without an answer, so a rejection may be of an applied ack).
 
         The lines of one batch go out as one record: under load a batch holds many jobs,
         and a record per job (format, write, flush) was a third of this thread's time.
@@ -286,9 +443,16 @@ class Dispatcher:
         """
         lines: list[str] | None = [] if log.isEnabledFor(logging.INFO) else None
         for (job, ack), ok in zip(acks, accepted, strict=True):
+            if not ok and maybe_applied:
+                log.warning(
+                    "job %s: ack rejected when sent again: it may have been applied", job.id
+                )
+                self._ended.append((job.id, job.token))
+                continue
             if not ok:
                 self._stats["rejected_acks"] += 1
                 log.warning("job %s: ack rejected, the lease was lost; result discarded", job.id)
+                self._ended.append((job.id, job.token))  # its child has ended all the same
                 continue
             self._stats[_STAT[ack.action]] += 1
             if lines is not None:
@@ -300,10 +464,7 @@ class Dispatcher:
         if lines:
             log.info("%s", "\n".join(lines))
 
-    def _on_progress(self, job_id: str, fraction: float, message: str | None) -> None:
-        held = self._inflight.get(job_id)
+    def _on_progress(self, token: str, fraction: float, message: str | None) -> None:
+        held = self._inflight.get(token)
         if held is not None:
-            try:
-                self._backend.record_progress(self._id, job_id, held.job.token, fraction, message)
-            except BackendError as exc:
-                log.warning("could not record progress of job %s: %s", job_id, exc)
+            self.progress.report(held.job.id, token, fraction, message)

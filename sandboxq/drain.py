@@ -1,9 +1,9 @@
 """A graceful stop (invariant 9), step by step, over the jobs still running.
 
     stop() ─► begin: no more claims; attempts not yet in a child end `interrupted`
-          ─► until stop_timeout_s: running jobs may finish normally
+          ─► until a grace before stop_timeout_s: running jobs may finish normally
           ─► then: each gets its soft signal (SoftTimeout raised in the handler)
-          ─► a grace later: killed
+          ─► at stop_timeout_s: killed (the grace: half of it, at most MAX_SOFT_GRACE_S)
     stop(now=True), or a second SIGTERM/SIGINT, at any point: killed at once.
 
 Every attempt that ends `interrupted` is requeued without charging an attempt (acks.py).
@@ -34,8 +34,10 @@ class Drain:
         self._pool = pool
         self._held = held
         self._stop_now = stop_now
-        self._soft_at = time.monotonic() + stop_timeout_s
-        self._kill_at = self._soft_at + min(MAX_SOFT_GRACE_S, stop_timeout_s / 2 + 0.5)
+        # Everything is over by stop_timeout_s: the soft signal comes a grace before it.
+        now = time.monotonic()
+        self._kill_at = now + stop_timeout_s
+        self._soft_at = self._kill_at - min(MAX_SOFT_GRACE_S, stop_timeout_s / 2)
         pool.release_unstarted(Outcome.INTERRUPTED, "the worker is stopping")
         self.advance()
 

@@ -7,7 +7,9 @@
     ├── AttemptFailed          one attempt ended other than ``ok`` (outcome, pid, exitcode,
     │                          signal, remote traceback)
     ├── JobFailed              a job ended ``failed`` or ``cancelled`` (its last attempt's cause)
+    ├── JobNotFound            the job does not exist (never enqueued, trimmed, purged)
     ├── PoolBroken             the pool cannot start children at all
+    ├── WorkerFailed           a part of a worker died; it handed its jobs back and stopped
     └── BackendError           the backend is unreachable or answered something unexpected
 
     SoftTimeout                raised *inside a handler* at the soft deadline; derives from
@@ -92,6 +94,18 @@ class JobFailed(SandboxqError):
     outcome: str | None
     attempts: int
     error: str | None
+
+
+class JobNotFound(SandboxqError):
+    """The job does not exist: never enqueued, trimmed by retention, or purged."""
+
+    _fields = ("job_id",)
+    job_id: str
+
+
+class WorkerFailed(SandboxqError):
+    """A part of a worker (a thread, the pool) died: it stopped claiming, handed back the
+    jobs it held uncharged and stopped. The message names the cause, on one line."""
 
 
 class PoolBroken(SandboxqError):

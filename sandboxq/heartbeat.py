@@ -85,19 +85,39 @@ class Heartbeat:
         #: benchmark can plot the gaps over time; bounded, so a long-lived worker stays small.
         self.renewed_at: deque[float] = deque(maxlen=RENEWAL_HISTORY)
         self.renewals = 0
+        #: Why a thread of this heartbeat died (the worker's watch stops the worker).
+        self.died: str | None = None
 
     def start(self) -> None:
         self._thread.start()
         if self._on_tick is not None:
             self._ticker.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop both threads; waits at most ``timeout_s`` for each (a renewal may be stuck
+        in a hung backend: the thread is a daemon and ends with the process)."""
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout_s)
         if self._ticker.is_alive():
-            self._ticker.join()
+            self._ticker.join(timeout_s)
+
+    def dead_thread(self) -> str | None:
+        """The cause, if a thread that was started is no longer running before ``stop``."""
+        if self._stop.is_set():
+            return None
+        for name, thread in (("heartbeat", self._thread), ("registry", self._ticker)):
+            if thread.ident is not None and not thread.is_alive():
+                return f"the {name} thread died: {self.died or 'it returned'}"
+        return None
 
     def _run(self) -> None:
+        try:
+            self._renew_forever()
+        except BaseException as exc:
+            log.exception("the heartbeat thread crashed")
+            self.died = repr(exc)
+
+    def _renew_forever(self) -> None:
         last_ok = next_at = time.monotonic()
         while True:
             next_at += self._interval_s
@@ -126,22 +146,39 @@ class Heartbeat:
         if not leases:
             return True
         started = time.monotonic()
+        # The backend answers with job ids: one call per lease of the same job, so a
+        # rejected old lease of a job never condemns its current one (rare: a job held
+        # again while its earlier attempt is still being killed).
+        batches: list[dict[str, Lease]] = []
+        for lease in leases:
+            for batch in batches:
+                if lease.job_id not in batch:
+                    batch[lease.job_id] = lease
+                    break
+            else:
+                batches.append({lease.job_id: lease})
         try:
-            lost = set(
-                self._backend.renew(
-                    self._worker_id, [(x.job_id, x.lease_token) for x in leases], self._lease_s
+            losts = [
+                set(
+                    self._backend.renew(
+                        self._worker_id,
+                        [(x.job_id, x.lease_token) for x in batch.values()],
+                        self._lease_s,
+                    )
                 )
-            )
+                for batch in batches
+            ]
         except BackendError as exc:
             # No kill here: each attempt's fence deadline falls on its own if this lasts.
             log.warning("could not renew %d lease(s): %s", len(leases), exc)
             return False
         self.renewals += 1
         fence = started + self._lease_s - fence_margin_s(self._lease_s)
-        for lease in leases:
-            if lease.job_id in lost:
-                self._on_lost(lease, "the lease renewal was rejected")
-            else:
-                lease.renewed_at = started
-                self._extend_fence(lease.attempt_token, fence)
+        for batch, lost in zip(batches, losts, strict=True):
+            for lease in batch.values():
+                if lease.job_id in lost:
+                    self._on_lost(lease, "the lease renewal was rejected")
+                else:
+                    lease.renewed_at = started
+                    self._extend_fence(lease.attempt_token, fence)
         return True

@@ -4,6 +4,11 @@
     main thread ── reserve(finishing) ─► finish + claim ─► discard acked, add claimed
     heartbeat / cancel watch / registry ─────────────► snapshot (leases, job ids)
 
+Held jobs are keyed by *lease token*, never by job id alone: one worker may hold a job
+again while an outcome of its earlier attempt is still on its way (a cancel followed at
+once by a retry, or its own stall recovery after a freeze), and that outcome must find
+its own lease or none, never the new one.
+
 Slots are reserved under the lock *before* a claim goes out, so the fetcher and the main
 thread never hold more than ``capacity()`` jobs between them, whichever claims first.
 """
@@ -41,7 +46,7 @@ class InFlight:
         self._children = children
         self._prefetch = prefetch
         self._stopping = stopping
-        self._held: dict[str, Held] = {}
+        self._held: dict[str, Held] = {}  # lease token → held job
         self._reserved = 0
         self._cond = threading.Condition()
         self._recent_job_s = 1.0  # moving average of attempt run times
@@ -91,17 +96,18 @@ class InFlight:
 
     def add(self, held: Held) -> None:
         with self._cond:
-            self._held[held.job.id] = held
+            self._held[held.job.token] = held
 
-    def get(self, job_id: str) -> Held | None:
+    def get(self, token: str) -> Held | None:
+        """The job held under lease ``token`` (None: that lease is not held any more)."""
         with self._cond:
-            return self._held.get(job_id)
+            return self._held.get(token)
 
-    def discard(self, job_ids: Iterable[str]) -> None:
-        """Forget jobs that are no longer ours (acked, lost, cancelled); frees their slots."""
+    def discard(self, tokens: Iterable[str]) -> None:
+        """Forget leases that are no longer ours (acked, lost, cancelled); frees their slots."""
         with self._cond:
-            for job_id in job_ids:
-                self._held.pop(job_id, None)
+            for token in tokens:
+                self._held.pop(token, None)
             self._cond.notify_all()
 
     def snapshot(self) -> list[Held]:

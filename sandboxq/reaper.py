@@ -24,15 +24,29 @@ class Reaper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sandboxq-reaper", daemon=True)
         self.recovered = 0
+        self.died: str | None = None  # why the thread died, for the worker's watch
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(timeout_s)
+
+    def dead_thread(self) -> str | None:
+        """The cause, if the thread was started and is no longer running before ``stop``."""
+        if self._stop.is_set() or self._thread.ident is None or self._thread.is_alive():
+            return None
+        return f"the reaper thread died: {self.died or 'it returned'}"
 
     def _run(self) -> None:
+        try:
+            self._recover_forever()
+        except BaseException as exc:
+            log.exception("the reaper thread crashed")
+            self.died = repr(exc)
+
+    def _recover_forever(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
                 recovered = self._backend.recover_stalled()

@@ -12,11 +12,18 @@
 This module only wires the parts together and owns their lifetime: start, the signals
 that stop it (drain.py runs the graceful stop), and what the worker publishes about
 itself for ``sandboxq info``.
+
+Lifetime promises: ``run()`` returns within ``stop_timeout_s`` + 1 s of ``stop()`` and
+within 1 s of ``stop(now=True)`` (a second signal), whatever the backend is doing: every
+backend call and thread join after that point is given only until that deadline. If a part
+of the worker dies (a thread, the pool), the dispatcher's watch stops it, the jobs it held
+go back uncharged, and ``run()`` raises ``WorkerFailed`` naming the cause.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -27,8 +34,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sandboxq.backends import open_backend
+from sandboxq.bounded import run_until
 from sandboxq.dispatch import Dispatcher
-from sandboxq.errors import BackendError, ConfigError
+from sandboxq.errors import BackendError, ConfigError, WorkerFailed
 from sandboxq.heartbeat import Heartbeat, Lease
 from sandboxq.inflight import InFlight
 from sandboxq.models import Outcome
@@ -43,13 +51,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sandboxq.worker")
 
+#: How long after its stop deadline ``run()`` leaves for the last steps (pool shutdown).
+STOP_SLACK_S = 0.8
+
 
 class SandboxWorker:
     """Runs ``processor`` for jobs of ``queue``; ``run()`` blocks until stopped.
 
     SIGTERM / SIGINT (or ``stop()``) drain: stop claiming, keep renewing, let running jobs
-    finish for up to ``stop_timeout_s``, then soft-signal, then kill; interrupted jobs go
-    back to the queue without being charged an attempt. A second signal stops at once.
+    finish; a grace before ``stop_timeout_s`` they get the soft signal, at it they are
+    killed; interrupted jobs go back to the queue without being charged an attempt, and
+    ``run()`` returns within a second more. A second signal stops at once (within a
+    second). If a part of the worker dies, ``run()`` raises ``WorkerFailed``.
 
     ``metrics_port`` serves Prometheus metrics (sandboxq/metrics.py) on ``metrics_host``
     (127.0.0.1 by default) while ``run()`` runs; 0 picks a free port, logged and kept in
@@ -125,6 +138,9 @@ class SandboxWorker:
         )
         self._stopping = threading.Event()
         self._stop_now = threading.Event()
+        # When stop() and stop(now=True) were first called (monotonic): the exit deadline
+        self._stop_at: float | None = None
+        self._stop_now_at: float | None = None
         self._inflight = InFlight(s.concurrency, s.prefetch, self._stopping)
         self._pool: Pool | None = None
         self._dispatcher: Dispatcher | None = None
@@ -170,18 +186,6 @@ class SandboxWorker:
             self._unregister()
             self.backend.close()
             raise
-        dispatcher = self._dispatcher = Dispatcher(
-            self.id,
-            s,
-            self.backend,
-            pool,
-            self._inflight,
-            self.stats,
-            self._stopping,
-            self._stop_now,
-            self.stop,
-            self._metrics,
-        )
         heartbeat = self.heartbeat = Heartbeat(
             self.backend,
             self.id,
@@ -193,6 +197,20 @@ class SandboxWorker:
             self._register,
         )
         reaper = Reaper(self.backend, s.stall_every_s)
+        dispatcher = self._dispatcher = Dispatcher(
+            self.id,
+            s,
+            self.backend,
+            pool,
+            self._inflight,
+            self.stats,
+            self._stopping,
+            self._stop_now,
+            self.stop,
+            health=lambda: heartbeat.dead_thread() or reaper.dead_thread(),
+            deadline=self._deadline,
+            metrics=self._metrics,
+        )
         if self._metrics is not None:
             self._bind_metrics(self._metrics, pool, heartbeat, reaper)
         restore = self._install_signal_handlers()
@@ -203,25 +221,51 @@ class SandboxWorker:
             dispatcher.run()
         finally:
             self.stop()
+            dispatcher.progress.close()
+            left = self._time_left
             if dispatcher.fetcher is not None:
-                dispatcher.fetcher.join()
-            unwatch()
-            reaper.stop()
-            heartbeat.stop()
+                dispatcher.fetcher.join(left())
+            reaper.stop(left())
+            heartbeat.stop(left())
             pool.shutdown(cancel=True)
-            self._close_metrics()
-            self._unregister()
-            self.backend.close()
+
+            def disconnect() -> None:
+                # in this order, on one thread: nothing reads a connection once it closes
+                unwatch()
+                self._close_metrics()
+                self._unregister()
+                self.backend.close()
+
+            run_until(disconnect, left())
             restore()
+        if dispatcher.failure is not None:
+            raise WorkerFailed(f"worker {self.id} stopped: {dispatcher.failure}")
 
     def stop(self, now: bool = False) -> None:
         """Drain (or with ``now``, interrupt at once); safe from any thread or signal handler."""
+        at = time.monotonic()
         if now:
+            self._stop_now_at = self._stop_now_at or at
             self._stop_now.set()
+        self._stop_at = self._stop_at or at
         self._stopping.set()
         if self._dispatcher is not None:
             self._dispatcher.events.put(("stop",))
         self._inflight.wake()
+
+    def _deadline(self) -> float:
+        """When ``run()`` must have returned (monotonic; inf until a stop is asked)."""
+        ends = [math.inf]
+        if self._stop_at is not None:
+            ends.append(self._stop_at + self.settings.stop_timeout_s + STOP_SLACK_S)
+        if self._stop_now_at is not None:
+            ends.append(self._stop_now_at + STOP_SLACK_S)
+        return min(ends)
+
+    def _time_left(self) -> float | None:
+        """Seconds left before the exit deadline, for a join (None: no deadline yet)."""
+        deadline = self._deadline()
+        return None if deadline == math.inf else max(0.05, deadline - time.monotonic())
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         """SIGTERM / SIGINT drain; a second one stops at once. Returns a function that puts
@@ -284,8 +328,10 @@ class SandboxWorker:
         assert self._pool is not None
         self._pool.kill(lease.attempt_token, Outcome.LEASE_LOST, why)
 
-    def _on_cancel(self, job_id: str) -> None:
-        held = self._inflight.get(job_id)
+    def _on_cancel(self, job_id: str, lease_token: str | None) -> None:
+        # Only the attempt of the revoked lease: a later lease of the same job, claimed
+        # after that attempt ended, is not what the user cancelled.
+        held = self._inflight.get(lease_token) if lease_token is not None else None
         if held is not None and self._pool is not None:
             self._pool.kill(held.lease.attempt_token, Outcome.CANCELLED, "cancelled by a user")
 

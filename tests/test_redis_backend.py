@@ -164,7 +164,7 @@ def test_cancel_revokes_the_lease_and_notifies_the_owner_fast(backend: RedisBack
     seen: list[tuple[str, float]] = []
     arrived = threading.Event()
 
-    def on_cancel(job_id: str) -> None:
+    def on_cancel(job_id: str, token: str | None) -> None:
         seen.append((job_id, time.monotonic()))
         arrived.set()
 

@@ -181,12 +181,26 @@ class Backend(Protocol):
         ...
 
     def finish_many(
-        self, worker_id: str, acks: Sequence[Ack], *, claim: int = 0, lease_s: float = 30.0
+        self,
+        worker_id: str,
+        acks: Sequence[Ack],
+        *,
+        claim: int = 0,
+        lease_s: float = 30.0,
+        token_base: str | None = None,
+        replay_of: str | None = None,
     ) -> tuple[list[bool], list[Claimed]]:
         """``finish`` for several jobs, then claim up to ``claim``, all in one round trip.
 
         Each ack is checked and applied on its own, exactly as ``finish`` would; returns
         whether each was accepted, in order, and the jobs claimed.
+
+        A lost reply: the tokens of the jobs claimed start with ``token_base`` (random when
+        None) and a dot. A caller whose call failed without an answer calls again with the
+        failed call's base as ``replay_of``: the jobs that call claimed, if it ran and the
+        caller still owns them, come back first among the claimed (counted in ``claim``),
+        instead of waiting a whole lease for recovery. Acks that call applied are then
+        rejected: they can no longer be told apart from lost leases.
         """
         ...
 
@@ -198,17 +212,28 @@ class Backend(Protocol):
         ...
 
     def recover_stalled(self) -> list[tuple[str, str]]:
-        """Jobs whose lease expired (backend clock): clear owner and token (late acks and
-        renewals are then rejected), stalls + 1; over the job's ``max_stalls`` → ``failed``
-        with a stated cause, else back to ``waiting``. Returns ``(job_id, new_state)``.
-        Emits ``stalled``."""
+        """Jobs whose lease expired (backend clock, ``rules.lease_expired``): clear owner
+        and token (late acks and renewals are then rejected), stalls + 1; over the job's
+        ``max_stalls`` → ``failed`` with a stated cause, else back to ``waiting``.
+        Returns ``(job_id, new_state)``. Emits ``stalled``."""
         ...
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a job that has not finished: it becomes ``cancelled`` at once, its lease (if
         any) is revoked so the owner's renewals and acks are rejected, and the owner's
         ``watch_cancellations`` callback gets the id within milliseconds. False if the job
-        is unknown or already finished."""
+        is unknown or already finished.
+
+        A job cancelled while active keeps a *fence*: its old owner and token, and the old
+        lease's expiry. The cancelled attempt is appended to the history (outcome
+        ``cancelled``)."""
+        ...
+
+    def confirm_dead(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        """The old owner says the attempts of these ``(job_id, token)`` leases have ended
+        (their children are dead): lifts each job's fence if it is that lease's. A job
+        retried while fenced becomes ``waiting`` now. Returns the ids whose fence it lifted
+        (others: no fence, or another lease's; nothing changed)."""
         ...
 
     def get(self, job_id: str) -> JobInfo | None:
@@ -225,7 +250,12 @@ class Backend(Protocol):
         ...
 
     def retry_failed(self, job_id: str) -> bool:
-        """Put a failed or cancelled job back to waiting with its attempts reset."""
+        """Put a failed or cancelled job back to waiting with its attempts reset (False:
+        unknown, or neither failed nor cancelled).
+
+        Fenced hand-over (invariant 1): a job cancelled while active whose fence is still up
+        (see ``cancel``) goes to ``delayed`` instead, due the first millisecond after the old
+        lease's expiry, unless its old owner's ``confirm_dead`` lifts the fence sooner."""
         ...
 
     def purge(self, state: JobState) -> int:
@@ -237,7 +267,9 @@ class Backend(Protocol):
         ...
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
-        """Block until the job is finished (returns its state) or the timeout passes (None)."""
+        """Block until the job is finished (returns its state) or the timeout passes (None).
+        Raises ``JobNotFound`` when the job does not exist, or stops existing while waited
+        for (trimmed by retention, purged)."""
         ...
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
@@ -245,9 +277,13 @@ class Backend(Protocol):
         to that long for new ones before the iterator ends."""
         ...
 
-    def watch_cancellations(self, callback: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``callback(job_id)`` (on a backend thread) whenever a job is cancelled;
-        returns a function that stops watching."""
+    def watch_cancellations(
+        self, callback: Callable[[str, str | None], None]
+    ) -> Callable[[], None]:
+        """Call ``callback(job_id, lease_token)`` (on a backend thread) whenever a job is
+        cancelled; ``lease_token`` names the lease the cancel revoked (None: the job held
+        none), so an owner kills that attempt and never a later one of the same job.
+        Returns a function that stops watching."""
         ...
 
     def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from sandboxq.backends import rules
 from sandboxq.backends.base import (
     ERROR_CLIP,
     PAGE_SCAN,
@@ -50,7 +51,7 @@ from sandboxq.backends.base import (
     NewJob,
     check_limits,
 )
-from sandboxq.errors import ConfigError
+from sandboxq.errors import ConfigError, JobNotFound
 from sandboxq.models import (
     MAX_PRIORITY,
     Action,
@@ -71,15 +72,12 @@ WAITING, DELAYED, ACTIVE = JobState.WAITING, JobState.DELAYED, JobState.ACTIVE
 COMPLETED, FAILED, CANCELLED = JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED
 _FINISHED = (COMPLETED, FAILED, CANCELLED)
 _ACTIONS = ("complete", "retry", "fail", "requeue")
-HISTORY_CAP = 1000  # attempt records kept per job, as in Redis
+HISTORY_CAP = rules.HISTORY_CAP
+_ms = rules.ms
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _ms(seconds: float) -> int:
-    return max(0, round(seconds * 1000))
 
 
 def _options(new: NewJob) -> JobOptions:
@@ -108,6 +106,10 @@ class _Job:
     owner: str | None = None
     token: str | None = None
     lease_ms: int = 0
+    # the fence a cancel leaves (base.Backend.cancel): the revoked lease and its expiry
+    fence_owner: str | None = None
+    fence_token: str | None = None
+    fenced_until_ms: int = 0
     finished_ms: int | None = None
     outcome: Outcome | None = None
     error: str | None = None
@@ -155,7 +157,7 @@ class MemoryBackend:
         self._seq = itertools.count(1)
         self._events: deque[Event] = deque(maxlen=max_events)
         self._last_event = 0
-        self._watchers: list[Callable[[str], None]] = []
+        self._watchers: list[Callable[[str, str | None], None]] = []
         self._workers: dict[str, tuple[dict[str, Any], int]] = {}
 
     @classmethod
@@ -216,11 +218,20 @@ class MemoryBackend:
 
     def _promote(self, now: int) -> None:
         while (due_ms := self._next_due_ms()) is not None and due_ms <= now:
-            job_id = heapq.heappop(self._delayed)[2]
-            self._move(self._jobs[job_id], WAITING, now)
+            job = self._jobs[heapq.heappop(self._delayed)[2]]
+            job.fence_owner = job.fence_token = None  # a fenced retry falls due: fence over
+            self._move(job, WAITING, now)
 
-    def _claim(self, worker_id: str, count: int, lease_s: float, now: int) -> list[Claimed]:
+    def _claim(
+        self,
+        worker_id: str,
+        count: int,
+        lease_s: float,
+        now: int,
+        token_base: str | None = None,
+    ) -> list[Claimed]:
         claimed_at = time.monotonic()
+        base = token_base or uuid.uuid4().hex
         self._promote(now)
         claimed: list[Claimed] = []
         while len(claimed) < count and self._waiting:
@@ -229,24 +240,39 @@ class MemoryBackend:
             if job is None:
                 continue
             job.attempts += 1
-            job.owner, job.token = worker_id, uuid.uuid4().hex
-            job.lease_ms = now + _ms(lease_s)
+            job.owner, job.token = worker_id, f"{base}.{len(claimed) + 1}"
+            job.lease_ms = now + rules.lease_ms(lease_s)
             self._move(job, ACTIVE, now)
             self._emit("active", job.id, worker=worker_id, attempt=str(job.attempts))
-            new = job.new
-            claimed.append(
-                Claimed(
-                    job.id,
-                    job.token,
-                    new.payload,
-                    new.codec,
-                    new.options_json,
-                    job.attempts,
-                    claimed_at,
-                    max(0, now - (job.ready_ms or job.created_ms)) / 1000,
-                )
-            )
+            claimed.append(self._claimed(job, claimed_at, now))
         return claimed
+
+    @staticmethod
+    def _claimed(job: _Job, claimed_at: float, now: int | None = None) -> Claimed:
+        """``job`` as its claimer sees it (``now``: the claim's time, for how long it
+        waited since it was ready; None on a replay, which is no new claim)."""
+        new = job.new
+        assert job.token is not None
+        waited_s = None if now is None else max(0, now - (job.ready_ms or job.created_ms)) / 1000
+        return Claimed(
+            job.id,
+            job.token,
+            new.payload,
+            new.codec,
+            new.options_json,
+            job.attempts,
+            claimed_at,
+            waited_s,
+        )
+
+    def _replay(self, worker_id: str, token_base: str) -> list[Claimed]:
+        """The jobs an earlier call with ``token_base`` claimed that the caller still owns."""
+        prefix, claimed_at = token_base + ".", time.monotonic()
+        return [
+            self._claimed(job, claimed_at)
+            for job in (self._jobs[i] for i in self._by_state[ACTIVE])
+            if job.owner == worker_id and (job.token or "").startswith(prefix)
+        ]
 
     def _record(self, job: _Job, attempt: AttemptRecord, error: str | None) -> None:
         job.history.append(attempt)
@@ -311,7 +337,7 @@ class MemoryBackend:
                 if job is None:
                     lost.append(job_id)
                 else:
-                    job.lease_ms = now + _ms(lease_s)
+                    job.lease_ms = now + rules.lease_ms(lease_s)
         return lost
 
     def release(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
@@ -348,18 +374,27 @@ class MemoryBackend:
         return FinishResult(accepted=accepted[0], claimed=claimed)
 
     def finish_many(
-        self, worker_id: str, acks: Sequence[Ack], *, claim: int = 0, lease_s: float = 30.0
+        self,
+        worker_id: str,
+        acks: Sequence[Ack],
+        *,
+        claim: int = 0,
+        lease_s: float = 30.0,
+        token_base: str | None = None,
+        replay_of: str | None = None,
     ) -> tuple[list[bool], list[Claimed]]:
         for ack in acks:
             if ack.action not in _ACTIONS:
                 raise ConfigError(f"unknown finish action {ack.action!r}: use one of {_ACTIONS}")
         with self._cond:
             now = _now_ms()
+            replayed = self._replay(worker_id, replay_of) if replay_of else []
             accepted = [self._finish_one(worker_id, ack, now) for ack in acks]
             if len(acks) == 1 and not accepted[0]:
-                return accepted, []
+                return accepted, replayed
             self._trim(now)
-            return accepted, self._claim(worker_id, claim, lease_s, now)
+            count = claim - len(replayed)
+            return accepted, replayed + self._claim(worker_id, count, lease_s, now, token_base)
 
     def _finish_one(self, worker_id: str, ack: Ack, now: int) -> bool:
         job_id, action, attempt = ack.job_id, ack.action, ack.attempt
@@ -404,16 +439,20 @@ class MemoryBackend:
         recovered: list[tuple[str, str]] = []
         with self._cond:
             now = _now_ms()
-            expired = [i for i in self._by_state[ACTIVE] if self._jobs[i].lease_ms <= now]
+            expired = [
+                i
+                for i in self._by_state[ACTIVE]
+                if rules.lease_expired(self._jobs[i].lease_ms, now)
+            ]
             for job_id in expired:
                 job = self._jobs[job_id]
                 job.stalls += 1
                 limit = job.options.max_stalls
                 state = FAILED if job.stalls > limit else WAITING
-                cause = (
-                    f"lease expired (stall {job.stalls} of at most {limit}): "
-                    "the worker holding it stopped renewing it"
-                )
+                if state is FAILED:
+                    cause = rules.STALL_FAIL_TEXT % job.stalls
+                else:
+                    cause = rules.STALL_RETRY_TEXT % (job.stalls, limit)
                 # The owner is gone and its late finish will be rejected: this is the only
                 # record of the attempt, so "why did my job die" still has an answer.
                 attempt = AttemptRecord(
@@ -439,7 +478,22 @@ class MemoryBackend:
             if job is None or job.state.finished:
                 return False
             now, was = _now_ms(), job.state.value
-            job.outcome, job.error = Outcome.CANCELLED, f"cancelled while {was}"
+            cause = rules.CANCELLED_TEXT % was
+            token = job.token
+            if job.state is ACTIVE:
+                # The fence: the revoked lease may still be running until its owner
+                # confirms it dead or the lease runs out (retry_failed honours it).
+                job.fence_owner, job.fence_token = job.owner, job.token
+                job.fenced_until_ms = job.lease_ms
+                record = AttemptRecord(
+                    attempt=job.attempts,
+                    outcome=Outcome.CANCELLED,
+                    worker_id=job.owner,
+                    ended_ms=now,
+                    error=cause,
+                )
+                self._record(job, record, cause)
+            job.outcome, job.error = Outcome.CANCELLED, cause
             self._move(job, CANCELLED, now)  # clears owner and token: the lease is revoked
             self._emit("cancelled", job_id, **{"from": was})
             self._trim(now)
@@ -447,7 +501,7 @@ class MemoryBackend:
         # Outside the lock: a callback that calls back into the backend must not deadlock.
         for callback in watchers:
             try:
-                callback(job_id)
+                callback(job_id, token)
             except Exception:
                 log.exception("cancellation callback %r failed for job %s", callback, job_id)
         return True
@@ -492,9 +546,31 @@ class MemoryBackend:
             # its very next stall. The history stays; the last attempt's verdict goes.
             job.attempts = job.stalls = 0
             job.result = job.outcome = job.error = None
-            self._move(job, WAITING, _now_ms())
+            now = _now_ms()
+            if job.fence_token is not None and not rules.fence_lifted(job.fenced_until_ms, now):
+                job.due_ms = job.fenced_until_ms + 1  # the first millisecond it is lifted
+                self._move(job, DELAYED, now)
+                self._emit("retried", job_id, manual="1", fenced_until_ms=str(job.fenced_until_ms))
+                return True
+            job.fence_owner = job.fence_token = None
+            self._move(job, WAITING, now)
             self._emit("retried", job_id, manual="1")
             return True
+
+    def confirm_dead(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        lifted: list[str] = []
+        with self._cond:
+            now = _now_ms()
+            for job_id, token in leases:
+                job = self._jobs.get(job_id)
+                if job is None or (job.fence_owner, job.fence_token) != (worker_id, token):
+                    continue
+                job.fence_owner = job.fence_token = None
+                if job.state is DELAYED:
+                    self._move(job, WAITING, now)
+                self._emit("unfenced", job_id)
+                lifted.append(job_id)
+        return lifted
 
     def purge(self, state: JobState) -> int:
         if state is ACTIVE:
@@ -525,15 +601,22 @@ class MemoryBackend:
     # -- waiting -----------------------------------------------------------------------------
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
-        # An unknown id is waited for too: a producer may be about to enqueue it.
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while (job := self._jobs.get(job_id)) is None or not job.state.finished:
+            while not (job := self._known(job_id)).state.finished:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
                 self._cond.wait(left)
             return job.state
+
+    def _known(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:  # never enqueued, trimmed or purged: waiting would be for nothing
+            raise JobNotFound(
+                f"job {job_id!r} of queue {self.queue!r} does not exist", job_id=job_id
+            )
+        return job
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
         try:
@@ -555,7 +638,9 @@ class MemoryBackend:
             if block_s is None:
                 return
 
-    def watch_cancellations(self, callback: Callable[[str], None]) -> Callable[[], None]:
+    def watch_cancellations(
+        self, callback: Callable[[str, str | None], None]
+    ) -> Callable[[], None]:
         with self._cond:
             self._watchers.append(callback)
 

@@ -38,7 +38,9 @@ from sandboxq.backends.base import (
     FinishResult,
     NewJob,
 )
+from sandboxq.errors import JobNotFound
 from sandboxq.models import AttemptRecord, JobInfo, JobOptions, JobState, Outcome
+from sandboxq.testing.waiting import wait_for
 
 MakeBackend = Callable[..., Backend]
 
@@ -156,7 +158,12 @@ class BackendContract:
     def test_unknown_ids(self, backend: Backend) -> None:
         assert backend.get("no-such-job") is None
         assert backend.get_result("no-such-job") is None
-        assert backend.wait_for_finish("no-such-job", 0.1) is None
+        try:
+            backend.wait_for_finish("no-such-job", 10.0)
+        except JobNotFound as exc:  # at once: nothing to wait for
+            assert exc.job_id == "no-such-job"
+        else:
+            raise AssertionError("wait_for_finish of an unknown job did not raise JobNotFound")
 
     def test_auto_ids_are_unique(self, backend: Backend) -> None:
         added = backend.enqueue([new_job(), new_job(), new_job()])
@@ -398,12 +405,13 @@ class BackendContract:
     # -- cancellation ------------------------------------------------------------------------
 
     def test_cancel_waiting_and_delayed_jobs(self, backend: Backend) -> None:
-        seen: queue.Queue[str] = queue.Queue()
-        stop = backend.watch_cancellations(seen.put)
+        seen: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        stop = backend.watch_cancellations(lambda job_id, token: seen.put((job_id, token)))
         try:
             waiting, delayed = add(backend), add(backend, delay_s=30.0)
             assert backend.cancel(waiting) and backend.cancel(delayed)
-            assert {seen.get(timeout=1.0), seen.get(timeout=1.0)} == {waiting, delayed}
+            got = {seen.get(timeout=1.0), seen.get(timeout=1.0)}
+            assert got == {(waiting, None), (delayed, None)}  # no lease was revoked
         finally:
             stop()
         assert {info(backend, waiting).state, info(backend, delayed).state} == {"cancelled"}
@@ -420,13 +428,14 @@ class BackendContract:
     def test_cancel_active_job_revokes_the_lease_and_tells_the_owner(
         self, backend: Backend
     ) -> None:
-        seen: queue.Queue[str] = queue.Queue()
-        stop = backend.watch_cancellations(seen.put)
+        seen: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        stop = backend.watch_cancellations(lambda job_id, token: seen.put((job_id, token)))
         try:
             job_id = add(backend)
             claimed = claim_one(backend)
             assert backend.cancel(job_id)
-            assert seen.get(timeout=1.0) == job_id
+            # the revoked lease is named, so the owner kills that attempt and no later one
+            assert seen.get(timeout=1.0) == (job_id, claimed.token)
         finally:
             stop()
         cancelled = info(backend, job_id)
@@ -441,6 +450,74 @@ class BackendContract:
         assert backend.cancel(other)
         time.sleep(0.3)
         assert seen.empty()
+
+    def test_a_cancelled_attempt_is_in_the_history(self, backend: Backend) -> None:
+        job_id = add(backend)
+        claimed = claim_one(backend, lease_s=30.0)
+        assert backend.cancel(job_id)
+        [attempt] = info(backend, job_id).history
+        assert (attempt.attempt, attempt.outcome, attempt.worker_id) == (1, "cancelled", "w1")
+        assert attempt.error == "cancelled while active" and attempt.ended_ms is not None
+        assert claimed.attempt == 1
+
+    def test_a_retry_of_a_cancelled_active_job_waits_for_the_owner(self, backend: Backend) -> None:
+        # Fenced hand-over: the cancelled attempt may still run until its owner kills it.
+        job_id = add(backend)
+        claimed = claim_one(backend, lease_s=30.0)
+        assert backend.cancel(job_id) and backend.retry_failed(job_id)
+        assert info(backend, job_id).state == "delayed"
+        assert backend.claim("w2", 5, LEASE_S) == []
+        # Only the revoked lease's owner, with its token, lifts the fence.
+        assert backend.confirm_dead("w2", [(job_id, claimed.token)]) == []
+        assert backend.confirm_dead("w1", [(job_id, "not-the-token")]) == []
+        assert backend.claim("w2", 5, LEASE_S) == []
+        assert backend.confirm_dead("w1", [(job_id, claimed.token)]) == [job_id]
+        assert info(backend, job_id).state == "waiting"
+        again = claim_one(backend, "w2")
+        assert (again.id, again.attempt) == (job_id, 1)
+        assert backend.confirm_dead("w1", [(job_id, claimed.token)]) == []  # once
+
+    def test_a_confirmed_cancel_retries_at_once(self, backend: Backend) -> None:
+        job_id = add(backend)
+        claimed = claim_one(backend, lease_s=30.0)
+        assert backend.cancel(job_id)
+        assert backend.confirm_dead("w1", [(job_id, claimed.token)]) == [job_id]
+        assert backend.retry_failed(job_id)
+        assert info(backend, job_id).state == "waiting"
+
+    def test_a_fence_lifts_when_the_old_lease_runs_out(self, backend: Backend) -> None:
+        job_id = add(backend)
+        claim_one(backend)  # LEASE_S, and the owner never confirms
+        assert backend.cancel(job_id) and backend.retry_failed(job_id)
+        assert backend.claim("w2", 5, LEASE_S) == []
+        # a waiting claim may wake early (spurious): ask until the fence is over
+        again = wait_for(
+            lambda: backend.claim("w2", 5, LEASE_S, wait_s=0.2), LEASE_S + 2.0, "the fence"
+        )
+        assert [job.id for job in again] == [job_id]
+
+    def test_a_finish_sent_again_after_a_lost_reply_gets_its_claimed_jobs_back(
+        self, backend: Backend
+    ) -> None:
+        first, second, third = add(backend), add(backend), add(backend)
+        [done] = backend.claim("w1", 1, 30.0)
+        assert done.id == first
+        ack = Ack(done.id, done.token, "complete", record(done), b"1")
+        # The call runs, but its reply is lost: the caller never learns of the claim.
+        accepted, lost = backend.finish_many("w1", [ack], claim=1, token_base="base1")
+        assert accepted == [True] and [j.id for j in lost] == [second]
+        assert lost[0].token.startswith("base1.")
+        # Sent again: the ack is rejected now (it was applied), the claimed job comes back.
+        accepted, again = backend.finish_many(
+            "w1", [ack], claim=2, token_base="base1.r1", replay_of="base1"
+        )
+        assert accepted == [False]
+        assert [(j.id, j.token, j.attempt) for j in again][:1] == [(second, lost[0].token, 1)]
+        # A single rejected ack claims nothing new, but the replayed job still comes back.
+        assert [j.id for j in again] == [second]
+        assert info(backend, third).state == "waiting"
+        # Another worker never gets another's jobs replayed.
+        assert backend.finish_many("w2", [], claim=0, replay_of="base1") == ([], [])
 
     def test_cancel_of_a_finished_job_returns_false(self, backend: Backend) -> None:
         completed, failed = add(backend), add(backend)

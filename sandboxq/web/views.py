@@ -18,7 +18,7 @@ from typing import Any
 
 from sandboxq.backends.base import Backend, JobDetail, JobPage
 from sandboxq.codec import CodecRefused, decode_stored, reader_codecs
-from sandboxq.errors import SerializationError
+from sandboxq.errors import BackendError, SerializationError
 from sandboxq.models import JobState, Outcome
 from sandboxq.web.auth import Session
 from sandboxq.web.html import (
@@ -68,12 +68,22 @@ class Ctx:
 
 
 def overview(ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput) -> Safe:
-    rows, details = [], []
+    rows: list[list[object]] = []
+    details: list[Safe] = []
+    failed: list[BackendError] = []
+    columns = ["queue", *STATES, "oldest waiting", "workers", "ended 1 min", "5 min", "15 min"]
     for name, backend in queues:
-        counts = backend.counts()
-        oldest = backend.oldest_waiting_ms()
-        workers = backend.workers()
         q = href(ctx.root, "/queue", name=name)
+        try:
+            counts = backend.counts()
+            oldest = backend.oldest_waiting_ms()
+            workers = backend.workers()
+        except BackendError as exc:
+            # one damaged queue (a key changed by hand) stops only its own row; when no
+            # queue can be read (the server is down) the page says so as a whole
+            failed.append(exc)
+            rows.append([link(q, name), f"unavailable: {exc}", *[""] * (len(columns) - 2)])
+            continue
         cells: list[object] = [link(q, name)]
         cells += [
             link(href(ctx.root, "/queue", name=name, state=s.value), counts[s]) for s in JobState
@@ -91,7 +101,8 @@ def overview(ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput
                 f"{table(['outcome', 'last 1 min', '5 min', '15 min'], per_outcome)}</section>"
             )
         )
-    columns = ["queue", *STATES, "oldest waiting", "workers", "ended 1 min", "5 min", "15 min"]
+    if failed and len(failed) == len(queues):
+        raise failed[0]
     empty = (
         ""
         if queues

@@ -3,7 +3,9 @@
 Tally ── follows the events stream, across Redis restarts ──► events per kind per job
 audit(): every job completed exactly once (one accepted ack: one `completed` event and
          one `complete` in its history) or failed with a stated cause; none missing;
-         no two executions of one job overlapping in the ledger
+         no two executions of one job overlapping in the ledger; at most one accepted
+         ack per lease (acks in the history <= `active` events); every execution in the
+         ledger present in the history (executions <= attempt records)
 """
 
 from __future__ import annotations
@@ -120,6 +122,16 @@ def audit(
 
 def _check_record(info: JobInfo, tally: Tally, runs: list[Execution], result: Audit) -> str:
     job_id = info.id
+    # A worker's ack records the child's pid; stall recovery and cancel record none.
+    acked = sum(1 for h in info.history if h.pid is not None)
+    leases = tally.count("active", job_id)
+    if acked > leases:
+        return f"job {job_id}: {acked} acks accepted for {leases} leases"
+    if len(runs) > len(info.history):
+        return (
+            f"job {job_id}: {len(runs)} executions in the ledger but "
+            f"{len(info.history)} attempts in its history"
+        )
     result.stalls += info.stalls
     result.outcomes.update(h.outcome.value for h in info.history)
     completes = [h for h in info.history if h.action is Action.COMPLETE]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 import redis
 
+from sandboxq.backends import rules
 from sandboxq.backends.base import (
     Ack,
     Claimed,
@@ -55,12 +55,8 @@ PURGE_CHUNK = 1000  # jobs deleted per purge script call
 ACTIONS = ("complete", "retry", "fail", "requeue")
 
 
-def _ms(seconds: float) -> int:
-    return max(0, math.ceil(seconds * 1000))
-
-
-def _lease_ms(seconds: float) -> int:
-    return max(1, _ms(seconds))
+_ms = rules.ms
+_lease_ms = rules.lease_ms
 
 
 def enqueue_calls(
@@ -203,6 +199,16 @@ class RedisBackend:
             lost = self._scripts.renew(args, self._conns.renew_lane)
         return [records.text(job_id) for job_id in lost]
 
+    def confirm_dead(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        if not leases:
+            return []
+        args: list[Arg] = [worker_id]
+        for job_id, token in leases:
+            args += (job_id, token)
+        with self._errors("confirm attempts ended"):
+            lifted = self._scripts.confirm_dead(args)
+        return [records.text(job_id) for job_id in lifted]
+
     def release(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
         if not leases:
             return []
@@ -232,13 +238,20 @@ class RedisBackend:
         return FinishResult(accepted=accepted[0], claimed=claimed)
 
     def finish_many(
-        self, worker_id: str, acks: Sequence[Ack], *, claim: int = 0, lease_s: float = 30.0
+        self,
+        worker_id: str,
+        acks: Sequence[Ack],
+        *,
+        claim: int = 0,
+        lease_s: float = 30.0,
+        token_base: str | None = None,
+        replay_of: str | None = None,
     ) -> tuple[list[bool], list[Claimed]]:
         args: list[Arg] = [
             worker_id,
             max(0, claim),
             _lease_ms(lease_s),
-            _token(),
+            token_base or _token(),
             len(acks),
         ]
         for ack in acks:
@@ -257,6 +270,7 @@ class RedisBackend:
                 ack.result or b"",
                 _ms(ack.retry_delay_s),
             )
+        args.append(replay_of or "")
         what = f"finish job {acks[0].job_id!r}" if len(acks) == 1 else f"finish {len(acks)} jobs"
         with self._errors(what):
             sent = time.monotonic()
@@ -390,7 +404,9 @@ class RedisBackend:
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
         return listen.events(self._conns, self.keys, since, block_s)
 
-    def watch_cancellations(self, callback: Callable[[str], None]) -> Callable[[], None]:
+    def watch_cancellations(
+        self, callback: Callable[[str, str | None], None]
+    ) -> Callable[[], None]:
         watch = listen.CancellationWatch(self._conns, self.keys, callback)
         with self._lock:
             self._watches.append(watch)

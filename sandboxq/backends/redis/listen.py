@@ -23,7 +23,7 @@ from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import BLOCK_CAP_S, Connections
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import pack_command, run
-from sandboxq.errors import BackendError
+from sandboxq.errors import BackendError, JobNotFound
 from sandboxq.models import JobState
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,11 @@ def wait_for_finish(
         while True:
             if check or time.monotonic() - checked_at >= FINISH_POLL_S:
                 raw: Any = read_state()
+                if raw is None:
+                    # never enqueued, trimmed or purged: waiting would be for nothing
+                    raise JobNotFound(
+                        f"job {job_id!r} of queue {keys.queue!r} does not exist", job_id=job_id
+                    )
                 state = _FINISHED.get(raw or b"")
                 checked_at = time.monotonic()
                 if state is not None:
@@ -130,7 +135,7 @@ class CancellationWatch:
     after ``watch_cancellations`` returned is never missed."""
 
     def __init__(
-        self, conns: Connections, keys: QueueKeys, callback: Callable[[str], None]
+        self, conns: Connections, keys: QueueKeys, callback: Callable[[str, str | None], None]
     ) -> None:
         self._where = conns.where
         self._callback = callback
@@ -164,16 +169,22 @@ class CancellationWatch:
                 message = self._pubsub.get_message(
                     ignore_subscribe_messages=True, timeout=WATCH_TICK_S
                 )
-            except redis.RedisError as exc:
+            except (redis.RedisError, TypeError, OSError) as exc:
                 # redis-py reconnects and resubscribes on the next read. A cancel sent
                 # meanwhile still revoked the lease, so the owner's next renew fences it.
+                # (A connection closed under the read surfaces as TypeError or OSError.)
+                if self._stopping.is_set():
+                    return
                 log.warning("cancellation watch on %s: %s", self._where, exc)
                 self._stopping.wait(0.5)
                 continue
             if message is None or message["type"] != "message":
                 continue
             try:
-                self._callback(records.text(message["data"]))
+                # "<lease token> <job id>" (cancel.lua); the token is empty when the job
+                # held no lease. Ids may hold spaces, tokens never do.
+                token, _, job_id = records.text(message["data"]).partition(" ")
+                self._callback(job_id, token or None)
             except Exception:
                 log.exception("cancellation callback failed")
 

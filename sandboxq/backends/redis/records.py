@@ -151,7 +151,8 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
             options_json=options_json,
             attempt=int(attempt),
             claimed_at=claimed_at,
-            wait_s=int(wait_ms) / 1000,
+            # a replayed claim (lua/finish.lua) says -1: it was measured when first made
+            wait_s=int(wait_ms) / 1000 if int(wait_ms) >= 0 else None,
         )
         rows.append((claimed, problem))
     return rows

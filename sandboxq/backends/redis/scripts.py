@@ -22,6 +22,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from sandboxq.backends.redis.connection import Lane
+from sandboxq.backends.rules import lua_constants
 
 _LUA = resources.files("sandboxq.backends.redis") / "lua"
 
@@ -29,10 +30,11 @@ Arg = bytes | str | int | float  # one script argument
 
 
 def source(name: str) -> str:
-    """The full text sent to Redis for script ``name``: common helpers + the script."""
+    """The full text sent to Redis for script ``name``: the constants shared with the
+    memory backend (rules.py), the common helpers, then the script."""
     common = (_LUA / "common.lua").read_text(encoding="utf-8")
     own = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return f"{common}\n-- ---- {name}.lua ----\n{own}"
+    return f"{lua_constants()}{common}\n-- ---- {name}.lua ----\n{own}"
 
 
 def _bulk(value: Arg) -> bytes:
@@ -145,6 +147,7 @@ class Scripts:
         self.retry_failed = bind("retry_failed")
         self.purge = bind("purge")
         self.release = bind("release")
+        self.confirm_dead = bind("confirm_dead")
         # Readers (read-only): bounded reads of one job for Job.info and Job.result.
         self.read_job = bind("read_job")
         self.read_result = bind("read_result")

@@ -1,5 +1,7 @@
 -- common.lua: helpers shared by every sandboxq script. scripts.py puts this file in
 -- front of each script, so a script is still one atomic call with one round trip.
+-- In front of this file scripts.py puts the constants generated from rules.py
+-- (HISTORY_CAP, MAX_PRIORITY, DEFAULT_MAX_STALLS and the stall and cancel texts).
 --
 -- KEYS, the same list in the same order for every script (keys.py: QueueKeys.script_keys).
 -- All of them carry the queue's hash tag, so every script runs on one Cluster slot.
@@ -27,11 +29,9 @@ local RETAIN_COMPLETED, RETAIN_FAILED = tonumber(ARGV[2]), tonumber(ARGV[3])
 local RETAIN_MS = tonumber(ARGV[4])
 
 local PRIORITY_SPAN = 1099511627776 -- 2^40: priorities within +-1000 keep scores exact
-local MAX_PRIORITY = 1000
 local WAKE_CAP = 1000 -- more tokens than this would only wake workers with nothing to do
 local PROMOTE_LIMIT = 200 -- due delayed jobs moved per call, so one call stays short
 local TRIM_BUDGET = 100 -- finished jobs deleted per call by retention
-local HISTORY_CAP = 1000 -- attempt records kept per job
 
 -- Integers go to Redis as '%d' strings: Lua's own number formatting would turn a
 -- millisecond timestamp or a packed score into an exponent form and lose digits.
@@ -203,6 +203,8 @@ local function promote_due(now)
     -- a broken record still goes to waiting, where claim fails it with a stated cause
     if f and redis.call('EXISTS', key) == 1 then
       redis.call('HSET', key, 'state', 'waiting', 'seq', int(seq))
+      -- a fenced retry falls due when the old lease would have run out: the fence is over
+      redis.call('HDEL', key, 'fence_owner', 'fence_token', 'fenced_until_ms')
     end
     redis.call('ZADD', WAITING, waiting_score(f and f[1], seq), id)
   end

@@ -4,9 +4,12 @@
 -- KEYS: the standard list (common.lua).
 -- ARGV: 1-4 standard; 5 worker id, 6 claim count, 7 lease ms, 8 token base, 9 N acks,
 --       then 9 fields per ack: job id, token, action, attempt record JSON, outcome,
---       error ('' = none), has result ('1'/'0'), result bytes, retry delay ms.
+--       error ('' = none), has result ('1'/'0'), result bytes, retry delay ms; then
+--       replay_of: the token base of an earlier call whose reply was lost ('' = none).
 -- Returns: {N, accepted_1 .. accepted_N (1/0), then 7 entries per claimed job as in
---          claim.lua}. A single rejected ack claims nothing ("nothing changed").
+--          claim.lua}. A single rejected ack claims nothing ("nothing changed"). With
+--          replay_of, the jobs still leased to the worker under tokens "<replay_of>.<n>"
+--          come first among the claimed (a scan of the active set: only on that rare path).
 -- Upholds: invariant 1 (only the current owner + token may end an attempt: a late ack
 -- after recovery or cancellation is rejected and changes nothing), invariant 3 (every job
 -- leaves active for a stated state; history keeps the attempt), bounded memory (retention).
@@ -74,20 +77,35 @@ local function finish_one(base)
 end
 
 local n = tonumber(ARGV[9])
+local replay_of = ARGV[10 + n * 9] or ''
+local out = {n}
+local replayed = {}
+if replay_of ~= '' then
+  local prefix = replay_of .. '.'
+  for _, id in ipairs(redis.call('ZRANGE', ACTIVE, 0, -1)) do
+    local f = hmget(PREFIX .. id, 'owner', 'token', 'payload', 'codec', 'opts', 'attempts')
+    if f and f[1] == worker and f[2] and string.sub(f[2], 1, #prefix) == prefix then
+      local i = #replayed
+      replayed[i + 1], replayed[i + 2], replayed[i + 3] = id, f[2], f[3]
+      replayed[i + 4], replayed[i + 5], replayed[i + 6] = f[4], f[5], count_or(f[6], 0)
+      replayed[i + 7] = -1 -- no wait to report: it was measured when first claimed
+    end
+  end
+end
 for i = 1, n do
   local action = ARGV[9 + (i - 1) * 9 + 3]
   if action ~= 'complete' and action ~= 'fail' and action ~= 'retry' and action ~= 'requeue' then
     return redis.error_reply('unknown finish action ' .. action)
   end
 end
-local out = {n}
 local accepted = 0
 for i = 1, n do
   local ok = finish_one(10 + (i - 1) * 9)
   out[#out + 1] = ok
   accepted = accepted + ok
 end
-local count = tonumber(ARGV[6])
+for i = 1, #replayed do out[#out + 1] = replayed[i] end
+local count = tonumber(ARGV[6]) - #replayed / 7
 if count > 0 and not (n == 1 and accepted == 0) then
   local claimed = claim_jobs(worker, count, tonumber(ARGV[7]), ARGV[8], now)
   for i = 1, #claimed do out[#out + 1] = claimed[i] end

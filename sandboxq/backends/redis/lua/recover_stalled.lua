@@ -32,21 +32,20 @@ for _, id in ipairs(expired) do
     out[#out + 1], out[#out + 2] = id, 'failed'
   else
     local stalls = count_or(f[4], 0) + 1
-    local max_stalls = count_or(f[5], 1)
+    local max_stalls = count_or(f[5], DEFAULT_MAX_STALLS)
     local record = {attempt = count_or(f[3], 0), outcome = 'lease_lost', ended_ms = now}
     if f[2] then record.worker_id = f[2] end
     local state, err
     redis.call('HDEL', key, 'owner', 'token')
     if stalls > max_stalls then
       state = 'failed'
-      err = 'stalled ' .. stalls .. ' times: the worker holding its lease stopped renewing it'
+      err = string.format(STALL_FAIL_TEXT, stalls)
       redis.call('HSET', key, 'state', 'failed', 'finished_ms', int(now))
       redis.call('ZADD', FAILED, int(now), id)
       record.action = 'fail'
     else
       state = 'waiting'
-      err = 'lease expired (stall ' .. stalls .. ' of at most ' .. max_stalls
-        .. '): the worker holding it stopped renewing it'
+      err = string.format(STALL_RETRY_TEXT, stalls, max_stalls)
       redis.call('HSET', key, 'state', 'waiting', 'ready_ms', int(now))
       -- back to its old place in line: it was claimed first, so it runs next
       redis.call('ZADD', WAITING, waiting_score(f[6], count_or(f[7], nil) or next_seq()), id)

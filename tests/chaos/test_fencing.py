@@ -1,0 +1,73 @@
+"""Cancel-then-retry storms: running jobs are cancelled and retried at once, again and
+again, while jobs flow through three workers. A retried job must never start anywhere
+while its cancelled execution still runs (the fence), and every job still ends with one
+completion and every execution in its history (the audit)."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+from audit import audit
+from harness import Scene
+
+from sandboxq.errors import BackendError
+from sandboxq.models import JobState
+from sandboxq.testing.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+LEASE_S = 2.0
+
+
+class CancelRetryStorm(threading.Thread):
+    """Every ``pause_s``, cancels one running job and retries it at once."""
+
+    def __init__(self, scene: Scene, pause_s: float = 0.05, seed: int = 0) -> None:
+        super().__init__(name="chaos-cancel-retry", daemon=True)
+        self.backend = scene.queue.backend
+        self.pause_s = pause_s
+        self.rng = random.Random(seed)
+        self.hits: list[str] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.pause_s):
+            try:
+                active = self.backend.list_jobs(JobState.ACTIVE, limit=20)
+                if not active:
+                    continue
+                victim = self.rng.choice(active)
+                if self.backend.cancel(victim) and self.backend.retry_failed(victim):
+                    self.hits.append(victim)
+            except BackendError:
+                continue
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+def test_cancel_then_retry_storm_never_runs_a_job_twice_at_once(scene: Scene) -> None:
+    fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
+    fleet.start(3, children=2)
+    producer = scene.producer(150, batch=15, seconds=lambda rng: rng.uniform(0.1, 0.3))
+    storm = CancelRetryStorm(scene)
+    storm.start()
+    producer.join(60)
+    queue = scene.queue
+
+    def done(at_least: int) -> bool:
+        counts = queue.counts()
+        return counts[JobState.COMPLETED] + counts[JobState.FAILED] >= at_least
+
+    wait_for(lambda: done(100), 90, "most jobs to complete under the storm")
+    storm.stop()
+    wait_for(lambda: done(len(producer.accepted)), 90, "every job to end")
+    result = audit(queue, producer.accepted, scene.tally, scene.ledger)
+    print(f"\n{len(storm.hits)} cancel-then-retries; {result.line()}")
+    assert len(storm.hits) >= 10, "the storm hit too few running jobs to prove anything"
+    assert result.overlaps == 0 and not result.failed
+    assert result.outcomes["cancelled"] >= len(storm.hits) // 2  # some were still waiting
+    assert not fleet.errors()

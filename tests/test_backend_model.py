@@ -1,0 +1,375 @@
+"""The memory and Redis backends, driven with the same calls, against a small model.
+
+A Hypothesis state machine enqueues, claims (with long leases, or leases that have run
+out before the next step), renews, finishes with current and stale tokens, cancels,
+retries, confirms ended attempts, recovers stalled jobs, releases and purges, on both
+backends at once (a real redis-server). Every answer of one backend must equal the
+other's, and the model's where the model predicts it; after every step every job's
+record and the counts must agree too.
+
+Time is never mocked: a lease is either long (never runs out in a test) or one
+millisecond, and after claiming with one the machine waits until the clock has moved
+past its expiry, so "stall recovery with time moved on" is the same on both backends.
+Finished jobs finish in distinct milliseconds (retention trims the oldest first, and ties
+would be broken differently).
+
+``make test`` runs a bounded number of examples; ``make soak`` sets
+``SANDBOXQ_MODEL_EXAMPLES`` for many more.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from sandboxq.backends import rules as backend_rules
+from sandboxq.backends.base import Ack, Backend, Claimed, NewJob
+from sandboxq.backends.memory import MemoryBackend
+from sandboxq.backends.redis import RedisBackend
+from sandboxq.backends.redis.scripts import source
+from sandboxq.models import AttemptRecord, JobInfo, JobState, Outcome
+
+IDS = ["a", "b", "c", "d", "e"]
+WORKERS = ["w1", "w2"]
+LONG_S = 120.0
+SHORT_S = 0.001
+RETAIN = 2  # finished jobs kept per finished state: retention runs often
+RARE = 3  # cancel and purge act once in this many draws
+EXAMPLES = int(os.environ.get("SANDBOXQ_MODEL_EXAMPLES", "60"))  # about 10 s
+STEPS = int(os.environ.get("SANDBOXQ_MODEL_STEPS", "40"))
+
+FINISHED = (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def next_ms() -> None:
+    """Wait for the clock to move to a new millisecond (about a millisecond at most)."""
+    start = now_ms()
+    while now_ms() <= start:
+        pass
+
+
+@dataclass
+class Lease:
+    job_id: str
+    worker: str
+    tokens: tuple[str, str]  # (memory, redis)
+    short: bool
+    attempt: int
+
+
+@dataclass
+class MJob:
+    """What the model knows of one job."""
+
+    state: JobState
+    attempts: int = 0
+    stalls: int = 0
+    lease: Lease | None = None  # the current lease, while active
+    fence: Lease | None = None  # a cancelled active lease not yet confirmed
+    history: list[Outcome] = field(default_factory=list)
+
+
+def comparable(info: JobInfo | None) -> object:
+    """A job record without what legitimately differs (times, pids)."""
+    if info is None:
+        return None
+    return (
+        info.state,
+        info.attempts,
+        info.stalls,
+        info.outcome,
+        info.error,
+        [(h.attempt, h.outcome, h.action, h.worker_id, h.error) for h in info.history],
+    )
+
+
+class BackendsAgree(RuleBasedStateMachine):
+    redis_url = ""
+
+    leases = Bundle("leases")
+
+    def __init__(self) -> None:
+        super().__init__()
+        queue = f"m-{uuid.uuid4().hex[:10]}"
+        limits = {"retain_completed": RETAIN, "retain_failed": RETAIN}
+        self.memory: Backend = MemoryBackend(queue, **limits)
+        self.redis: Backend = RedisBackend(self.redis_url, queue, **limits)
+        self.jobs: dict[str, MJob] = {}
+        self.finished_order: dict[JobState, list[str]] = {state: [] for state in FINISHED}
+
+    def teardown(self) -> None:
+        self.redis.close()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def both(self, call: str, *args: object, **kwargs: object) -> object:
+        mem = getattr(self.memory, call)(*args, **kwargs)
+        red = getattr(self.redis, call)(*args, **kwargs)
+        assert mem == red, f"{call}{args}: memory {mem!r} but redis {red!r}"
+        return mem
+
+    def finished(self, job_id: str, state: JobState) -> None:
+        """The model's side of a job finishing: it may push the oldest one out."""
+        job = self.jobs[job_id]
+        job.state, job.lease = state, None
+        order = self.finished_order[state]
+        order.append(job_id)
+        while len(order) > RETAIN:
+            del self.jobs[order.pop(0)]
+        next_ms()  # the next finish lands in a later millisecond
+
+    def unfinish(self, job_id: str) -> None:
+        for order in self.finished_order.values():
+            if job_id in order:
+                order.remove(job_id)
+
+    # -- rules ---------------------------------------------------------------------------
+
+    @initialize()
+    def some_jobs(self) -> None:
+        for job_id in IDS[:3]:
+            self.enqueue(job_id, 0, False)
+
+    @rule(
+        job_id=st.sampled_from(IDS),
+        priority=st.integers(-1, 1),
+        delayed=st.sampled_from([False, False, False, True]),
+    )
+    def enqueue(self, job_id: str, priority: int, delayed: bool) -> None:
+        new = NewJob(b"[[], {}]", job_id=job_id, priority=priority, delay_s=600 if delayed else 0)
+        [(_, created)] = self.both("enqueue", [new])  # type: ignore[misc]
+        assert created == (job_id not in self.jobs)
+        if created:
+            self.jobs[job_id] = MJob(JobState.DELAYED if delayed else JobState.WAITING)
+
+    @rule(
+        target=leases,
+        worker=st.sampled_from(WORKERS),
+        count=st.integers(1, 3),
+        short=st.booleans(),
+    )
+    def claim(self, worker: str, count: int, short: bool) -> object:
+        lease_s = SHORT_S if short else LONG_S
+        mem = self.memory.claim(worker, count, lease_s)
+        red = self.redis.claim(worker, count, lease_s)
+        pairs: list[tuple[Claimed, Claimed]] = list(zip(mem, red, strict=True))
+        assert [(m.id, m.attempt) for m, _ in pairs] == [(r.id, r.attempt) for _, r in pairs]
+        waiting = [i for i, job in self.jobs.items() if job.state is JobState.WAITING]
+        assert len(pairs) == min(count, len(waiting))
+        claimed = []
+        for m, r in pairs:
+            job = self.jobs[m.id]
+            assert job.state is JobState.WAITING
+            job.state, job.attempts = JobState.ACTIVE, job.attempts + 1
+            assert m.attempt == job.attempts
+            job.lease = Lease(m.id, worker, (m.token, r.token), short, m.attempt)
+            claimed.append(job.lease)
+        if short:  # both clocks past the expiry: the lease has run out on either backend
+            end = now_ms() + 2
+            while now_ms() <= end:
+                pass
+        from hypothesis.stateful import multiple
+
+        return multiple(*claimed)
+
+    def current(self, lease: Lease) -> bool:
+        job = self.jobs.get(lease.job_id)
+        return job is not None and job.state is JobState.ACTIVE and job.lease is lease
+
+    @rule(lease=leases)
+    def renew(self, lease: Lease) -> None:
+        mem = self.memory.renew(lease.worker, [(lease.job_id, lease.tokens[0])], LONG_S)
+        red = self.redis.renew(lease.worker, [(lease.job_id, lease.tokens[1])], LONG_S)
+        assert mem == red
+        assert mem == ([] if self.current(lease) else [lease.job_id])
+        if self.current(lease):
+            lease.short = False  # renewed for a long lease
+
+    @rule(
+        lease=leases,
+        action=st.sampled_from(["complete", "fail", "retry", "requeue"]),
+        delay=st.sampled_from([0.0, 600.0]),
+    )
+    def finish(self, lease: Lease, action: str, delay: float) -> None:
+        outcome = Outcome.OK if action == "complete" else Outcome.ERROR
+        if action == "requeue":
+            outcome = Outcome.INTERRUPTED
+        record = AttemptRecord(attempt=lease.attempt, outcome=outcome, worker_id=lease.worker)
+        error = None if action == "complete" else "boom"
+        answers = []
+        for backend, token in ((self.memory, lease.tokens[0]), (self.redis, lease.tokens[1])):
+            ack = Ack(lease.job_id, token, action, record, b"1", error, delay)  # type: ignore[arg-type]
+            answers.append(backend.finish_many(lease.worker, [ack])[0])
+        assert answers[0] == answers[1]
+        current = self.current(lease)
+        assert answers[0] == [current]
+        event(f"finish {action}: {'accepted' if current else 'rejected'}")
+        if not current:
+            return
+        job = self.jobs[lease.job_id]
+        job.history.append(outcome)
+        if action == "complete":
+            self.finished(lease.job_id, JobState.COMPLETED)
+        elif action == "fail":
+            self.finished(lease.job_id, JobState.FAILED)
+        else:
+            if action == "requeue":
+                job.attempts -= 1
+            delayed = action == "retry" and delay > 0
+            job.state, job.lease = (JobState.DELAYED if delayed else JobState.WAITING), None
+
+    @rule(lease=leases)
+    def release(self, lease: Lease) -> None:
+        mem = self.memory.release(lease.worker, [(lease.job_id, lease.tokens[0])])
+        red = self.redis.release(lease.worker, [(lease.job_id, lease.tokens[1])])
+        assert mem == red
+        current = self.current(lease)
+        assert mem == ([] if current else [lease.job_id])
+        if current:
+            job = self.jobs[lease.job_id]
+            job.state, job.lease, job.attempts = JobState.WAITING, None, job.attempts - 1
+
+    # Drawn as often as any rule, but acting one time in RARE: otherwise jobs are cancelled
+    # and purged faster than they get far enough to stall twice or be retried.
+    @rule(job_id=st.sampled_from(IDS), draw=st.integers(1, RARE))
+    def cancel(self, job_id: str, draw: int) -> None:
+        if draw != 1:
+            return
+        done = self.both("cancel", job_id)
+        job = self.jobs.get(job_id)
+        expected = job is not None and not job.state.finished
+        assert done == expected
+        if not expected or job is None:
+            return
+        if job.state is JobState.ACTIVE:
+            job.fence = job.lease
+            job.history.append(Outcome.CANCELLED)
+        self.finished(job_id, JobState.CANCELLED)
+
+    @rule(job_id=st.sampled_from(IDS))
+    def retry(self, job_id: str) -> None:
+        done = self.both("retry_failed", job_id)
+        job = self.jobs.get(job_id)
+        expected = job is not None and job.state in (JobState.FAILED, JobState.CANCELLED)
+        assert done == expected
+        if not expected or job is None:
+            return
+        self.unfinish(job_id)
+        job.attempts = job.stalls = 0
+        fenced = job.fence is not None and not job.fence.short
+        if not fenced:
+            job.fence = None
+        job.state = JobState.DELAYED if fenced else JobState.WAITING
+        event(f"retry: {'fenced' if fenced else 'waiting'}")
+
+    @rule(lease=leases)
+    def confirm_dead(self, lease: Lease) -> None:
+        mem = self.memory.confirm_dead(lease.worker, [(lease.job_id, lease.tokens[0])])
+        red = self.redis.confirm_dead(lease.worker, [(lease.job_id, lease.tokens[1])])
+        assert mem == red
+        job = self.jobs.get(lease.job_id)
+        lifted = job is not None and job.fence is lease
+        assert mem == ([lease.job_id] if lifted else [])
+        event(f"confirm_dead: {'lifted' if lifted else 'no fence'}")
+        if lifted and job is not None:
+            job.fence = None
+            if job.state is JobState.DELAYED:
+                job.state = JobState.WAITING
+
+    @rule()
+    def recover_stalled(self) -> None:
+        mem = sorted(self.memory.recover_stalled())
+        red = sorted(self.redis.recover_stalled())
+        assert mem == red
+        expected = []
+        for job_id, job in sorted(self.jobs.items()):
+            if job.state is JobState.ACTIVE and job.lease is not None and job.lease.short:
+                job.stalls += 1
+                failed = job.stalls > backend_rules.DEFAULT_MAX_STALLS
+                expected.append((job_id, "failed" if failed else "waiting"))
+                job.history.append(Outcome.LEASE_LOST)
+        assert mem == expected
+        for job_id, state in expected:
+            event(f"recover_stalled: {state}")
+            if state == "failed":
+                self.finished(job_id, JobState.FAILED)
+            else:
+                self.jobs[job_id].state, self.jobs[job_id].lease = JobState.WAITING, None
+
+    @rule(
+        state=st.sampled_from([s for s in JobState if s is not JobState.ACTIVE]),
+        draw=st.integers(1, RARE),
+    )
+    def purge(self, state: JobState, draw: int) -> None:
+        if draw != 1:
+            return
+        purged = self.both("purge", state)
+        gone = [i for i, job in self.jobs.items() if job.state is state]
+        assert purged == len(gone)
+        event(f"purge: {'some' if gone else 'none'}")
+        for job_id in gone:
+            del self.jobs[job_id]
+            self.unfinish(job_id)
+
+    # -- what must agree after every step ------------------------------------------------
+
+    @invariant()
+    def records_agree(self) -> None:
+        counts = self.both("counts")
+        expected = {state: 0 for state in JobState}
+        for job in self.jobs.values():
+            expected[job.state] += 1
+        assert counts == expected
+        for job_id in IDS:
+            mem, red = self.memory.get(job_id), self.redis.get(job_id)
+            assert comparable(mem) == comparable(red), job_id
+            job = self.jobs.get(job_id)
+            if job is None:
+                assert mem is None
+                continue
+            assert mem is not None
+            assert (mem.state, mem.attempts, mem.stalls) == (job.state, job.attempts, job.stalls)
+            assert [h.outcome for h in mem.history] == job.history
+        assert self.both("list_jobs", JobState.WAITING) is not None
+
+
+@pytest.mark.timeout(60 + EXAMPLES * STEPS // 100)
+def test_memory_and_redis_backends_agree(redis_url: str) -> None:
+    BackendsAgree.redis_url = redis_url
+    run_state_machine_as_test(
+        BackendsAgree,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+
+
+def test_the_lua_scripts_get_their_rules_from_python() -> None:
+    """One place for the constants and texts: the scripts are generated with them."""
+    text = source("recover_stalled")
+    assert f"local HISTORY_CAP = {backend_rules.HISTORY_CAP}" in text
+    assert f"local DEFAULT_MAX_STALLS = {backend_rules.DEFAULT_MAX_STALLS}" in text
+    assert backend_rules.STALL_FAIL_TEXT in text and backend_rules.STALL_RETRY_TEXT in text
+    assert backend_rules.ms(0.0011) == 2 and backend_rules.lease_ms(0) == 1
+    assert backend_rules.lease_expired(10, 11) and not backend_rules.lease_expired(10, 10)

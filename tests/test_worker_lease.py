@@ -1,0 +1,332 @@
+"""One lease, one attempt: the races of a worker's hand-overs, each forced by the test.
+
+Every race here is forced with something the test controls: a handler waiting on a file
+(``sandboxq.testing.gates``), a backend call held at a barrier (a wrapper on the real
+backend instance that waits on an ``Event`` and then calls through), a stalled TCP proxy
+in front of a real redis-server. Nothing sleeps to make a race happen.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from sandboxq import Queue
+from sandboxq.backends.base import NewJob
+from sandboxq.backends.memory import MemoryBackend
+from sandboxq.errors import BackendError, SandboxqError
+from sandboxq.models import JobState, Outcome
+from sandboxq.testing.proxy import TcpProxy
+from sandboxq.testing.redis_server import RedisServer
+from sandboxq.testing.waiting import wait_for
+from sandboxq.worker import SandboxWorker
+
+G = "sandboxq.testing.gates:"
+H = "sandboxq.testing.handlers:"
+
+
+class Run:
+    """A worker on a thread of its own; ``error`` is what ``run()`` raised."""
+
+    def __init__(self, worker: SandboxWorker, burst: bool = False) -> None:
+        self.worker = worker
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(burst,), daemon=True)
+        self.thread.start()
+
+    def _run(self, burst: bool) -> None:
+        try:
+            self.worker.run(burst=burst)
+        except BaseException as exc:
+            self.error = exc
+
+    def join(self, timeout_s: float) -> bool:
+        """True if ``run()`` returned within ``timeout_s``."""
+        self.thread.join(timeout_s)
+        return not self.thread.is_alive()
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Run]]:
+    started: list[Run] = []
+    yield started
+    for run in started:
+        run.worker.stop(now=True)
+    for run in started:
+        run.thread.join(20)
+
+
+def start(runs: list[Run], queue: str, processor: str, burst: bool = False, **kw: Any) -> Run:
+    kw.setdefault("concurrency", 1)
+    kw.setdefault("lease_s", 30.0)
+    kw.setdefault("stop_timeout_s", 5.0)
+    url = kw.pop("url", "memory://")
+    run = Run(SandboxWorker(queue, processor, url=url, **kw), burst)
+    runs.append(run)
+    return run
+
+
+def starts(log: Path) -> list[tuple[int, int]]:
+    """(pid, attempt) of every execution that began, from run_then_wait's log."""
+    if not log.exists():
+        return []
+    return [
+        (int(pid), int(attempt))
+        for kind, pid, attempt, _ in (line.split() for line in log.read_text().splitlines())
+        if kind == "start"
+    ]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# -- attempt identity ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_an_old_attempts_outcome_never_lands_on_the_new_lease(
+    tmp_path: Path, queue_name: str, runs: list[Run]
+) -> None:
+    """Cancel, then retry at once, while the worker has not yet handled the cancelled
+    attempt's end: that end must not be applied to the lease of the job's next attempt."""
+    backend = MemoryBackend.shared(queue_name)
+    # The barrier: the worker's main thread blocks in its first progress call, so the
+    # cancelled attempt's outcome waits in its queue while the cancel and retry go on.
+    held, entered = threading.Event(), threading.Event()
+    real_progress = backend.record_progress
+
+    def progress_at_the_barrier(*args: Any) -> bool:
+        entered.set()
+        held.wait(30)
+        return real_progress(*args)
+
+    backend.record_progress = progress_at_the_barrier  # type: ignore[method-assign]
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    run = start(runs, queue_name, G + "run_then_wait")
+    queue = Queue(queue_name)
+    job = queue.enqueue(str(log), str(gate))
+    assert entered.wait(20), "the first attempt never reported progress"
+    assert job.cancel()
+    assert queue.backend.retry_failed(job.id)
+    # Either the job is claimed again and its second execution started (where the old
+    # outcome could land on the new lease), or it waits behind the cancelled attempt's fence.
+    wait_for(
+        lambda: job.state() is JobState.DELAYED or len(starts(log)) == 2,
+        20,
+        "the retried job to be claimed again or fenced",
+    )
+    gate.touch()
+    held.set()
+    assert job.result(timeout_s=20) == 1
+    assert [a.outcome for a in job.info().history] == [Outcome.CANCELLED, Outcome.OK]
+    assert run.worker.stats["cancelled"] == 1 and run.worker.stats["completed"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_cancel_then_retry_never_runs_beside_the_cancelled_attempt(
+    tmp_path: Path, queue_name: str, runs: list[Run]
+) -> None:
+    """The cancel message is lost (the owner only learns from its next renewal): the retry
+    must not start the job again anywhere while the cancelled child still runs."""
+    backend = MemoryBackend.shared(queue_name)
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    run = start(runs, queue_name, G + "run_then_wait", lease_s=1.5)
+    queue = Queue(queue_name)
+    job = queue.enqueue(str(log), str(gate))
+    [(old_pid, _)] = wait_for(lambda: starts(log), 20, "the first execution")
+    with backend._cond:
+        backend._watchers.clear()  # the cancel message is lost
+    assert job.cancel() and queue.backend.retry_failed(job.id)
+    # Whenever the job is claimed again, the cancelled child must already be dead.
+    wait_for(lambda: job.state() is JobState.ACTIVE, 20, "the job to be claimed again")
+    assert not alive(old_pid), "the retried job was claimed while the cancelled child ran"
+    gate.touch()
+    assert job.result(timeout_s=20) == 1
+    assert run.worker.stats["cancelled"] + run.worker.stats["lease_lost"] == 1
+
+
+# -- a worker that never hangs and never sits on jobs ------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_pool_that_breaks_while_idle_stops_the_worker_and_hands_jobs_back(
+    queue_name: str, runs: list[Run]
+) -> None:
+    backend = MemoryBackend.shared(queue_name)
+    run = start(runs, queue_name, H + "echo", lease_s=3.0)
+    wait_for(lambda: run.worker._pool is not None, 20, "the pool")
+    assert run.worker._pool is not None
+    wait_for(backend.workers, 20, "the worker to register")
+    run.worker._pool._supervisor._break("children exit before they are ready (forced)")
+    job = Queue(queue_name).enqueue(1)
+    assert run.join(10), "run() did not return after the pool broke"
+    assert isinstance(run.error, SandboxqError) and "pool" in str(run.error)
+    assert "\n" not in str(run.error)
+    info = job.info()
+    assert (info.state, info.attempts) == (JobState.WAITING, 0)  # handed back, not charged
+    assert backend.workers() == []  # deregistered
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_heartbeat_stops_the_worker_and_requeues_its_job(
+    tmp_path: Path, queue_name: str, runs: list[Run]
+) -> None:
+    backend = MemoryBackend.shared(queue_name)
+
+    def renew_breaks(*args: Any) -> list[str]:
+        raise RuntimeError("a bug in the renewal")
+
+    backend.renew = renew_breaks  # type: ignore[method-assign]
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    run = start(runs, queue_name, G + "run_then_wait", lease_s=6.0)
+    job = Queue(queue_name).enqueue(str(log), str(gate))
+    assert run.join(15), "run() did not return after its heartbeat thread died"
+    assert isinstance(run.error, SandboxqError) and "heartbeat" in str(run.error)
+    info = job.info()
+    assert (info.state, info.attempts) == (JobState.WAITING, 0)
+    [(pid, _)] = starts(log)
+    assert not alive(pid)
+
+
+@pytest.mark.timeout(60)
+def test_burst_mode_survives_a_backend_error_in_the_drained_check(
+    queue_name: str, runs: list[Run]
+) -> None:
+    backend = MemoryBackend.shared(queue_name)
+    real_counts = backend.counts
+    failures = [BackendError("the connection dropped")]
+
+    def counts_once_broken() -> dict[JobState, int]:
+        if failures:
+            raise failures.pop()
+        return real_counts()
+
+    backend.counts = counts_once_broken  # type: ignore[method-assign]
+    job = Queue(queue_name).enqueue(5)
+    run = start(runs, queue_name, H + "echo", burst=True)
+    assert run.join(20), "run(burst=True) never returned"
+    assert run.error is None and not failures
+    assert job.result(timeout_s=1) == 5
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[TcpProxy]:
+    with TcpProxy("127.0.0.1", redis_server.port) as p:
+        yield p
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("second_signal", [False, True])
+def test_stop_returns_in_time_while_redis_hangs(
+    tmp_path: Path, proxy: TcpProxy, queue_name: str, runs: list[Run], second_signal: bool
+) -> None:
+    stop_timeout_s = 1.0
+    run = start(
+        runs,
+        queue_name,
+        G + "run_then_wait",
+        url=proxy.url,
+        lease_s=10.0,
+        stop_timeout_s=stop_timeout_s,
+    )
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    Queue(queue_name, url=proxy.url).enqueue(str(log), str(gate))
+    wait_for(lambda: starts(log), 20, "the job to start")
+    proxy.stall()
+    try:
+        began = time.monotonic()
+        run.worker.stop()
+        if second_signal:
+            run.worker.stop(now=True)
+        # stop_timeout_s + 1 s is the promise; the rest is slack for a loaded machine
+        limit = 1.0 if second_signal else stop_timeout_s + 1.0
+        if not run.join(limit + 1.5):  # say where it hangs
+            faulthandler.dump_traceback(sys.stderr)
+        assert run.join(0), "run() still running with Redis hung"
+        took = time.monotonic() - began
+    finally:
+        proxy.resume()
+    assert took < limit + 1.5
+    [(pid, _)] = starts(log)
+    assert not alive(pid)
+    # A claim left behind in the hung connection ends once Redis answers again.
+    dispatcher = run.worker._dispatcher
+    assert dispatcher is not None and dispatcher.fetcher is not None
+    wait_for(lambda: not dispatcher.fetcher.is_alive(), 15, "the fetcher to end")  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
+def test_jobs_claimed_by_a_finish_whose_reply_was_lost_run_at_once(
+    queue_name: str, runs: list[Run]
+) -> None:
+    """The finish-and-claim call runs, but its reply never arrives: the job it claimed
+    must not sit leased to nobody for a whole lease."""
+    backend = MemoryBackend.shared(queue_name)
+    real_finish = backend.finish_many
+    lost: list[str] = []
+
+    def reply_lost(*args: Any, **kwargs: Any) -> Any:
+        accepted, claimed = real_finish(*args, **kwargs)
+        if claimed and not lost:
+            lost.extend(job.id for job in claimed)
+            raise BackendError("connection reset before the reply arrived")
+        return accepted, claimed
+
+    backend.finish_many = reply_lost  # type: ignore[method-assign]
+    queue = Queue(queue_name)
+    first, second = queue.enqueue(1), queue.enqueue(2)
+    run = start(runs, queue_name, H + "echo", prefetch=0, lease_s=30.0)
+    assert first.result(timeout_s=20) == 1
+    assert second.result(timeout_s=10) == 2  # long before its 30 s lease could run out
+    assert lost == [second.id]
+    assert second.info().stalls == 0 and len(second.info().history) == 1
+    assert len(first.info().history) == 1
+    assert run.worker.stats["completed"] == 1  # the second; the first ack's answer was lost
+
+
+def test_two_leases_of_one_job_are_held_apart(queue_name: str) -> None:
+    """A worker may hold a job again while its earlier attempt is still being killed (its
+    own stall recovery after a freeze): each lease keeps its own entry, the heartbeat
+    renews each on its own, and the rejected old one condemns only itself."""
+    from sandboxq.heartbeat import Heartbeat
+    from sandboxq.heartbeat import Lease as HeldLease
+    from sandboxq.inflight import Held, InFlight
+    from sandboxq.models import JobOptions
+
+    backend = MemoryBackend(queue_name)
+    backend.enqueue([NewJob(b"[[], {}]", job_id="j")])
+    [old] = backend.claim("w1", 1, 0.001)
+    wait_for(lambda: backend.recover_stalled(), 5, "the old lease to be recovered")
+    [new] = backend.claim("w1", 1, 30.0)
+    inflight = InFlight(2, 0, threading.Event())
+    for claimed in (old, new):
+        lease = HeldLease(claimed.id, claimed.token, 0, time.monotonic())
+        inflight.add(Held(claimed, JobOptions(), lease))
+    held_old, held_new = inflight.get(old.token), inflight.get(new.token)
+    assert held_old is not None and held_new is not None and held_old is not held_new
+    lost: list[str] = []
+    heartbeat = Heartbeat(
+        backend,
+        "w1",
+        30.0,
+        10.0,
+        inflight.leases,
+        lambda *_: None,
+        lambda x, _: lost.append(x.lease_token),
+    )
+    assert heartbeat.renew_now()
+    assert lost == [old.token]  # the new lease was renewed, not condemned with the old
+    inflight.discard([old.token])
+    assert inflight.get(new.token) is held_new and len(inflight) == 1
