@@ -181,6 +181,8 @@ class PoolSettings(_Settings):
     import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(
         default=None, gt=0, le=MAX_INTERVAL_S
     )
+    # True: processes an attempt started may outlive it (killed when their child ends)
+    keep_strays: Annotated[bool, Strict()] = False
 
     @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
     @classmethod

@@ -56,6 +56,10 @@ class Pool:
     (the child's whole process tree is killed) and an optional memory limit. A failed
     attempt's future raises ``AttemptFailed`` whose ``.outcome`` names how it ended.
     Leaving the ``with`` block waits for submitted work, then stops every child.
+
+    Whatever an attempt starts is killed before its outcome is reported; ``keep_strays=True``
+    lets processes a handler started outlive its attempt (a helper kept across jobs on
+    purpose); they still end when their child does.
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class Pool:
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         memory_check_interval_s: float = 0.05,
         import_timeout_s: float | None = None,
+        keep_strays: bool = False,
     ) -> None:
         self.settings = build(
             PoolSettings,
@@ -84,6 +89,7 @@ class Pool:
             max_result_bytes=max_result_bytes,
             memory_check_interval_s=memory_check_interval_s,
             import_timeout_s=import_timeout_s,
+            keep_strays=keep_strays,
         )
         # An unimportable processor fails here, with the import error; one that hangs at
         # import fails after import_timeout_s, and never reaches the fork server's preload.
@@ -96,6 +102,7 @@ class Pool:
             max_jobs_per_child=s.max_jobs_per_child,
             max_result_bytes=s.max_result_bytes,
             memory_check_interval_s=s.memory_check_interval_s,
+            keep_strays=s.keep_strays,
         )
         self._supervisor.start()
         _live_pools.add(self)

@@ -31,7 +31,7 @@ from typing import Any
 
 from sandboxq.errors import PoolBroken
 from sandboxq.models import Outcome
-from sandboxq.pool import launch
+from sandboxq.pool import launch, server
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import child_main
@@ -67,6 +67,7 @@ class Supervisor:
         max_jobs_per_child: int | None,
         max_result_bytes: int,
         memory_check_interval_s: float,
+        keep_strays: bool = False,
     ) -> None:
         self._ctx = ctx
         self._processor = processor
@@ -74,6 +75,7 @@ class Supervisor:
         self._max_jobs_per_child = max_jobs_per_child
         self._max_result_bytes = max_result_bytes
         self._memory_every = memory_check_interval_s
+        self._keep_strays = keep_strays
         self._tokens = itertools.count(1)
         self._commands: deque[tuple[Any, ...]] = deque()
         self._pending: deque[Attempt] = deque()
@@ -204,10 +206,12 @@ class Supervisor:
         fence = self._ctx.RawValue("d", 0.0)
         process = self._ctx.Process(
             target=child_main,
-            args=(child_end, self._processor, soft_token, fence),
+            args=(child_end, self._processor, soft_token, fence, self._keep_strays),
             name="sandboxq-child",
         )
-        launch.start(process)
+        with server.spawning():
+            launch.start(process)
+            server.register(process.pid)
         child_end.close()
         child = Child(process, channel, soft_token, fence)
         self._children.append(child)
@@ -392,7 +396,10 @@ class Supervisor:
         if child in self._idle:
             self._idle.remove(child)
         run = child.running
-        kill_tree(child.pid, run.tree if run else ())  # grandchildren it left behind
+        # What it left behind: re-parented to the fork server when it died on its own.
+        kill_tree(child.pid, run.tree if run else ())
+        server.sweep_orphans()
+        server.forget(child.pid)
         if run is not None:
             self._settle_death(child, run, exitcode)
         # Queued attempts never started: back to the front of the line, in order.
@@ -528,6 +535,8 @@ class Supervisor:
             for attempt in child.queued:
                 self._settle(attempt, Outcome.INTERRUPTED, None, detail="the pool stopped")
             child.process.close()
+            server.forget(child.pid)
+        server.sweep_orphans()  # kept strays and daemons of children that died on their own
         self._children.clear()
         self._selector.close()
         self._closed = True

@@ -225,3 +225,202 @@ def cleanup_on_soft_timeout(marker_file: str) -> None:
     finally:
         with open(marker_file, "w") as f:
             f.write("cleaned up")
+
+
+# -- the attempt boundary: processes that try to outlive their attempt ----------------
+
+# setsid, fork again, and let the middle exit: the classic daemon, re-parented at once.
+_DAEMON = (
+    "import os, sys, time\n"
+    "os.setsid()\n"
+    "if os.fork():\n"
+    "    os._exit(0)\n"
+    "with open(sys.argv[1], 'a') as f:\n"
+    "    f.write(f'{os.getpid()}\\n')\n"
+    "while True:\n"
+    "    time.sleep(1)\n"
+)
+
+
+def _end(how: str) -> Any:
+    """End an attempt the way a case asks: return, raise, hang, or exit the child."""
+    if how == "raise":
+        raise RuntimeError("raised after starting processes")
+    if how == "hang":
+        sleep_forever()
+    if how == "exit":
+        os._exit(5)
+    return how
+
+
+def _wait_lines(path: str, count: int) -> None:
+    """Wait until ``path`` holds ``count`` lines: the processes have recorded themselves."""
+    while True:
+        try:
+            with open(path) as f:
+                if len(f.read().split()) >= count:
+                    return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.005)
+
+
+def daemonize_grandchild(pid_file: str, then: str = "return") -> Any:
+    """Starts a daemon (setsid, fork, the middle exits), then returns (ok), raises (error),
+    hangs (soft_timeout / hard_timeout) or exits the child (exit 5). Whatever the outcome,
+    the daemon is dead before it is reported."""
+    with open(pid_file, "a+") as f:
+        f.seek(0)
+        before = len(f.read().split())
+    subprocess.run([sys.executable, "-c", _DAEMON, pid_file], check=True)
+    _wait_lines(pid_file, before + 1)
+    return _end(then)
+
+
+def session_helper(pid_file: str, then: str = "return") -> Any:
+    """Starts a helper in a session of its own and returns without stopping it: ok, and
+    the helper is dead before the outcome is reported (unless the pool keeps strays)."""
+    proc = subprocess.Popen(_SLEEPER, start_new_session=True)
+    _record(pid_file, proc.pid)
+    return _end(then)
+
+
+def _forked(body: Any) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            body()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def fork_burst(pid_file: str, count: int = 200, then: str = "return") -> Any:
+    """Forks ``count`` sleeping processes at once (each records its pid), then ends as
+    ``then`` says: all of them are dead before the outcome is reported."""
+
+    def sleeper() -> None:
+        _record(pid_file, os.getpid())
+        while True:
+            time.sleep(1)
+
+    for _ in range(count):
+        _forked(sleeper)
+    _wait_lines(pid_file, count)
+    return _end(then)
+
+
+def fork_bomb(pid_file: str, depth: int = 7, then: str = "return") -> Any:
+    """A bounded fork bomb: every process forks two more down to ``depth`` (2**(depth+1)-2
+    processes), and the attempt ends while the tree is still growing: the kill must not be
+    outrun."""
+
+    def node(level: int) -> None:
+        _record(pid_file, os.getpid())
+        if level < depth:
+            _forked(lambda: node(level + 1))
+            _forked(lambda: node(level + 1))
+        while True:
+            time.sleep(1)
+
+    _forked(lambda: node(1))
+    _forked(lambda: node(1))
+    return _end(then)
+
+
+_leaked: list[bytearray] = []
+
+
+def leak_memory(mb: int = 120) -> int:
+    """Keeps ``mb`` MB alive in the child after it returns (ok): a later small job must
+    not be charged for it."""
+    _leaked.append(bytearray(mb * 1024 * 1024))
+    return mb
+
+
+def progress_undecodable() -> None:
+    """Writes a progress message the parent cannot decode (it names a class that exists
+    only in this child), then hangs: error, and the child is replaced."""
+    from sandboxq.pool.child import current_job
+    from sandboxq.pool.messages import Progress
+
+    job = current_job()
+    only_here = type("OnlyInTheChild", (), {"__module__": __name__})
+    globals()["OnlyInTheChild"] = only_here
+    job._conn.send(Progress(job.token, 0.5, only_here()))
+    sleep_forever()
+
+
+def channel_garbage(kind: str = "bytes") -> None:
+    """Writes straight to the child's channel, then hangs: ``bytes`` a frame that is not a
+    pickle, ``huge`` a header announcing a 4 GB frame, ``crafted`` a pickle that would
+    run ``os.system`` in the parent. Each: error, and the child is replaced."""
+    import pickle
+    import struct
+
+    from sandboxq.pool.child import current_job
+
+    sock = current_job()._conn.sock
+    if kind == "huge":
+        frame = struct.pack("!I", 0xFFFFFFFF) + b"x" * 64
+    elif kind == "crafted":
+        body = pickle.dumps(_Crafted())
+        frame = struct.pack("!I", len(body)) + body
+    else:
+        body = b"\x80\x05this is not a pickle at all"
+        frame = struct.pack("!I", len(body)) + body
+    sock.sendall(frame)
+    sleep_forever()
+
+
+class _Crafted:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("true",))
+
+
+def progress_bad_arguments() -> list[str]:
+    """Calls ``progress()`` with bad arguments; returns what each call raised (ok)."""
+    from sandboxq.pool.child import current_job
+
+    seen = []
+    for args in ((1.5,), ("half",), (float("nan"),), (True,), (0.5, 42)):
+        try:
+            current_job().progress(*args)
+            seen.append("accepted")
+        except (TypeError, ValueError) as exc:
+            seen.append(type(exc).__name__)
+    current_job().progress(0.5, "x" * 100_000)  # accepted, capped
+    return seen
+
+
+def exit_at_next_start() -> str:
+    """Returns ok, but the child dies before it can start its next task (a hook on the
+    child's loop): that next task must not be charged for the death."""
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "run_one":
+            os._exit(7)
+
+    sys.setprofile(hook)
+    return "ok"
+
+
+def wait_on_fifo(fifo: str) -> str:
+    """Blocks until someone opens ``fifo`` for writing: a barrier a test controls."""
+    with open(fifo) as f:
+        f.read()
+    return "released"
+
+
+def mark_started(marker: str) -> str:
+    """Writes ``marker`` as soon as it starts: proof that the attempt ran."""
+    with open(marker, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return "ran"
+
+
+def touch_and_return(marker: str) -> str:
+    """Writes ``marker`` just before it returns (ok)."""
+    with open(marker, "w") as f:
+        f.write("done")
+    return "done"
