@@ -33,7 +33,7 @@ from sandboxq.errors import PoolBroken
 from sandboxq.models import Outcome
 from sandboxq.pool import launch, server
 from sandboxq.pool.attempt import AttemptResult, Task
-from sandboxq.pool.channel import Channel
+from sandboxq.pool.channel import BadMessage, Channel
 from sandboxq.pool.child import child_main
 from sandboxq.pool.children import Attempt, Child, OnDone, death_outcome, now_ms, readable
 from sandboxq.pool.kill import descendants, kill_tree
@@ -55,6 +55,9 @@ PIPELINE_BELOW_S = 0.005
 #: ones queued before it), and never more than PIPELINE_DEPTH tasks.
 PIPELINE_WORK_S = 0.002
 PIPELINE_DEPTH = 32
+#: A child's frame may exceed the result cap by this much (the message around the result,
+#: an error's traceback); anything larger is a bad message, refused before it is read.
+FRAME_SLACK = 4 * 1024 * 1024
 
 
 class Supervisor:
@@ -201,7 +204,7 @@ class Supervisor:
                 self._cancel_all()
 
     def _spawn(self) -> None:
-        channel, child_end = Channel.pair()
+        channel, child_end = Channel.pair(max_frame=self._max_result_bytes + FRAME_SLACK)
         soft_token = self._ctx.RawValue("q", 0)
         fence = self._ctx.RawValue("d", 0.0)
         process = self._ctx.Process(
@@ -300,8 +303,25 @@ class Supervisor:
             self._selector.unregister(child.conn)
             child.conn.close()
             return
+        except BadMessage as exc:
+            self._bad_message(child, exc)
+            return
         for msg in messages:
             self._on_message(child, msg)
+
+    def _bad_message(self, child: Child, exc: BadMessage) -> None:
+        """The child sent what cannot be decoded: its fault alone. The stream cannot be
+        trusted past that frame, so the child is killed (and replaced, as any dead child)
+        and its running attempt ends as an error that says why."""
+        log.warning("child %d sent a message that could not be decoded: %s", child.pid, exc)
+        self._selector.unregister(child.conn)
+        child.conn.close()
+        run = child.running
+        detail = f"a message from the child could not be decoded ({exc})"
+        if run is not None and run.kill_outcome is None:
+            child.kill(Outcome.ERROR, detail)
+        else:
+            kill_tree(child.pid)
 
     def _on_message(self, child: Child, msg: Any) -> None:
         run = child.running

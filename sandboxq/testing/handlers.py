@@ -351,10 +351,11 @@ def progress_undecodable() -> None:
     sleep_forever()
 
 
-def channel_garbage(kind: str = "bytes") -> None:
+def channel_garbage(kind: str = "bytes", path: str = "/nonexistent/sandboxq-crafted") -> None:
     """Writes straight to the child's channel, then hangs: ``bytes`` a frame that is not a
     pickle, ``huge`` a header announcing a 4 GB frame, ``crafted`` a pickle that would
-    run ``os.system`` in the parent. Each: error, and the child is replaced."""
+    call ``os.mkdir(path)`` in the parent if it were unpickled there. Each: error, and
+    the child is replaced."""
     import pickle
     import struct
 
@@ -364,7 +365,7 @@ def channel_garbage(kind: str = "bytes") -> None:
     if kind == "huge":
         frame = struct.pack("!I", 0xFFFFFFFF) + b"x" * 64
     elif kind == "crafted":
-        body = pickle.dumps(_Crafted())
+        body = pickle.dumps(_Crafted(path))
         frame = struct.pack("!I", len(body)) + body
     else:
         body = b"\x80\x05this is not a pickle at all"
@@ -374,8 +375,11 @@ def channel_garbage(kind: str = "bytes") -> None:
 
 
 class _Crafted:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, ("true",))
+        return (os.mkdir, (self.path,))
 
 
 def progress_bad_arguments() -> list[str]:
