@@ -103,6 +103,7 @@ class Child:
         "ready",
         "retiring",
         "running",
+        "server_died",
         "soft_token",
     )
 
@@ -117,6 +118,7 @@ class Child:
         self.running: Attempt | None = None
         self.queued: deque[Attempt] = deque()
         self.jobs_done = 0
+        self.server_died = False  # the fork server died under it
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)

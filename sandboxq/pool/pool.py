@@ -22,7 +22,7 @@ from typing import Any
 import multiprocess
 
 from sandboxq import codec
-from sandboxq.errors import SerializationError
+from sandboxq.errors import PoolBroken, SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.supervisor import Supervisor
@@ -110,6 +110,13 @@ class Pool:
     @property
     def size(self) -> int:
         return self.settings.size
+
+    @property
+    def broken(self) -> PoolBroken | None:
+        """Why the pool gave up (its children cannot be started, or its fork server keeps
+        dying), or None. Once set, ``submit``/``execute`` raise it, attempts that had not
+        started ended as ``interrupted``, and the pool runs nothing more."""
+        return self._supervisor.broken
 
     @property
     def pids(self) -> list[int]:

@@ -77,3 +77,46 @@ def watch(server: int) -> int | None:
         return os.pidfd_open(server)
     except (AttributeError, OSError):
         return None
+
+
+#: The fork server may die this many times within DEATH_WINDOW_S before a pool gives up
+#: (``PoolBroken``): an OOM killer that picks it on every restart must not loop forever.
+MAX_DEATHS = 3
+DEATH_WINDOW_S = 60.0
+
+
+class Watch:
+    """One supervisor's view of the fork server its children come from: a pidfd on it
+    (``fd``, for the supervisor's select) and the recent deaths."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.fd: int | None = None
+        self._deaths: list[float] = []
+
+    def follow(self) -> int | None:
+        """Watch the current fork server; returns a new fd to select on, when it changed."""
+        current = pid()
+        if current is None or current == self.pid:
+            return None
+        self.close()
+        self.pid, self.fd = current, watch(current)
+        return self.fd
+
+    def is_dead(self) -> bool:
+        if self.fd is None:
+            return False
+        import select
+
+        return bool(select.select([self.fd], [], [], 0)[0])
+
+    def died(self, now: float) -> int:
+        """Record a death at ``now``; returns how many fell within the window."""
+        self._deaths = [t for t in self._deaths if now - t < DEATH_WINDOW_S] + [now]
+        self.close()
+        return len(self._deaths)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+        self.fd = None

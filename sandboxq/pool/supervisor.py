@@ -25,6 +25,7 @@ import os
 import selectors
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +56,8 @@ PIPELINE_BELOW_S = 0.005
 #: ones queued before it), and never more than PIPELINE_DEPTH tasks.
 PIPELINE_WORK_S = 0.002
 PIPELINE_DEPTH = 32
+#: Tries to start one child before the pool is broken.
+LAUNCH_TRIES = 4
 #: A child's frame may exceed the result cap by this much (the message around the result,
 #: an error's traceback); anything larger is a bad message, refused before it is read.
 FRAME_SLACK = 4 * 1024 * 1024
@@ -92,6 +95,7 @@ class Supervisor:
         self._closing = False
         self._closed = False
         self._start_failures = 0
+        self._server = server.Watch() if ctx.get_start_method() == "forkserver" else None
         self.broken: PoolBroken | None = None
         self._spawned = threading.Event()
         self._thread = threading.Thread(target=self._main, name="sandboxq-supervisor", daemon=True)
@@ -212,16 +216,77 @@ class Supervisor:
             args=(child_end, self._processor, soft_token, fence, self._keep_strays),
             name="sandboxq-child",
         )
-        with server.spawning():
-            launch.start(process)
-            server.register(process.pid)
+        try:
+            with server.spawning():
+                self._launch(process)
+                server.register(process.pid)
+        except OSError as exc:
+            child_end.close()
+            channel.close()
+            self._break(f"no child could be started: {exc!r}")
+            return
         child_end.close()
+        self._follow_server()
         child = Child(process, channel, soft_token, fence)
         self._children.append(child)
         self._selector.register(channel, selectors.EVENT_READ, lambda _: self._on_messages(child))
         self._selector.register(
             process.sentinel, selectors.EVENT_READ, lambda _: self._on_exit(child)
         )
+
+    @staticmethod
+    def _launch(process: Any) -> None:
+        """Start ``process``; a fork server that just died makes the first tries fail
+        (connection refused) until multiprocess sees it gone and starts a fresh one."""
+        for attempt in range(LAUNCH_TRIES):
+            try:
+                # multiprocess *warns* when it relaunches a dead resource tracker; that is
+                # the recovery working, logged here, never an error of this thread.
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    launch.start(process)
+                for warning in said:
+                    log.warning("starting a child: %s", warning.message)
+                return
+            except OSError:
+                if attempt == LAUNCH_TRIES - 1:
+                    raise
+                time.sleep(0.02 * (attempt + 1))
+
+    # -- the fork server ------------------------------------------------------------------
+
+    def _follow_server(self) -> None:
+        watch = self._server
+        if watch is None:
+            return
+        if watch.fd is not None and server.pid() != watch.pid:
+            self._on_server_death()  # replaced before its death was seen: it died
+        if (fd := watch.follow()) is not None:
+            self._selector.register(fd, selectors.EVENT_READ, lambda _: self._on_server_death())
+
+    def _on_server_death(self) -> None:
+        """The fork server died, and every child with it (their parent-death signal): end
+        their attempts as interrupted, not charged, with the cause; the replacements that
+        ``_on_exit`` starts bring up a fresh fork server."""
+        watch = self._server
+        if watch is None or watch.fd is None:
+            return
+        self._selector.unregister(watch.fd)
+        dead = watch.pid
+        deaths = watch.died(time.monotonic())
+        why = f"the pool's fork server (pid {dead}) died; the attempt was not charged"
+        log.error("the pool's fork server (pid %s) died; starting a fresh one", dead)
+        for child in self._children:
+            run = child.running
+            if run is not None and run.kill_outcome is None:
+                run.kill_outcome, run.kill_detail = Outcome.INTERRUPTED, why
+            child.server_died = True  # its exit code (255) is multiprocess's, not the handler's
+            kill_tree(child.pid, run.tree if run else ())
+        if deaths >= server.MAX_DEATHS:
+            self._break(
+                f"the pool's fork server died {deaths} times within "
+                f"{server.DEATH_WINDOW_S:g} s (last pid {dead})"
+            )
 
     # -- dispatch: idle children first; while jobs are short, queue a few more in each ----
 
@@ -404,6 +469,8 @@ class Supervisor:
     # -- a child died ----------------------------------------------------------------------
 
     def _on_exit(self, child: Child) -> None:
+        if self._server is not None and self._server.is_dead():
+            self._on_server_death()  # first: it explains this death (not exit code 255)
         if not child.conn.closed:
             self._drain(child)
         self._selector.unregister(child.process.sentinel)
@@ -442,14 +509,18 @@ class Supervisor:
 
     def _settle_death(self, child: Child, run: Attempt, exitcode: int | None) -> None:
         child.running = None
+        if child.server_died:
+            exitcode = None
         outcome, detail, code, signum = death_outcome(run, exitcode)
         self._settle(run, outcome, child.pid, exitcode=code, signal=signum, detail=detail)
 
     def _break(self, why: str) -> None:
+        """Give up: no more children. Attempts that never started end as interrupted."""
+        log.error("the pool is broken: %s", why)
         self.broken = PoolBroken(why)
         self._closing = True
         while self._pending:
-            self._settle(self._pending.popleft(), Outcome.CRASHED, None, detail=why)
+            self._settle(self._pending.popleft(), Outcome.INTERRUPTED, None, detail=why)
 
     # -- deadlines and kills ---------------------------------------------------------------
 
@@ -558,6 +629,8 @@ class Supervisor:
             server.forget(child.pid)
         server.sweep_orphans()  # kept strays and daemons of children that died on their own
         self._children.clear()
+        if self._server is not None:
+            self._server.close()
         self._selector.close()
         self._closed = True
 

@@ -428,3 +428,11 @@ def touch_and_return(marker: str) -> str:
     with open(marker, "w") as f:
         f.write("done")
     return "done"
+
+
+def mark_then_hang(marker: str) -> None:
+    """Writes ``marker`` as it starts, then sleeps forever: for killing the pool's helpers
+    under a running attempt."""
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
+    sleep_forever()
