@@ -60,6 +60,13 @@ FENCE_CHECK_S = 0.05
 #: How long the fence guard sleeps while no deadline is set, or between looks at a far one
 #: (the parent may move it, or start an attempt with an earlier one).
 GUARD_IDLE_S = 0.25
+#: The ``shared`` array between parent and child: [0] the token of the task the child
+#: started last (written before it runs anything of it), [1] how many tasks the parent
+#: has withdrawn, [2:] a ring of their tokens. A withdrawn task is skipped, never run.
+STARTED, WITHDRAWN = 0, 1
+WITHDRAWN_RING = 64
+SHARED_SIZE = 2 + WITHDRAWN_RING
+
 #: Longest progress message that crosses the pipe; a longer one is cut to this many chars.
 MAX_PROGRESS_MESSAGE = 4096
 
@@ -151,9 +158,20 @@ def _exit_now(exc: SystemExit) -> None:
 
 
 def run_one(
-    conn: Channel, lock: threading.Lock, processor: Any, run: Run, keep_strays: bool = False
+    conn: Channel,
+    lock: threading.Lock,
+    processor: Any,
+    run: Run,
+    keep_strays: bool = False,
+    shared: Any = None,
 ) -> None:
     global _current
+    if shared is not None:
+        # First "started", then the check: the parent withdraws a task only while this
+        # process is stopped (SIGSTOP), so it either sees it started or we see the mark.
+        shared[STARTED] = run.token
+        if shared[WITHDRAWN] and run.token in shared[2:]:
+            return  # withdrawn while it waited in our channel: never started, no reply
     job = _current = JobContext(conn, lock, run)
     reply: Finished | Failed
     try:
@@ -197,6 +215,7 @@ def child_main(
     soft_token: Any,
     fence: Any,
     keep_strays: bool = False,
+    shared: Any = None,
 ) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
     global _soft_token
@@ -215,7 +234,7 @@ def child_main(
     try:
         conn.send(Ready(os.getpid()))
         while True:
-            run_one(conn, lock, processor, conn.receive(), keep_strays)
+            run_one(conn, lock, processor, conn.receive(), keep_strays, shared)
     except (EOFError, OSError):
         return  # the parent closed our channel: stop quietly
     finally:

@@ -21,10 +21,11 @@ import psutil
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task, signal_name
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import FENCE_CHECK_S, SIGSOFT
-from sandboxq.pool.kill import kill_tree, tree_rss
+from sandboxq.pool.child import FENCE_CHECK_S, SIGSOFT, STARTED, WITHDRAWN, WITHDRAWN_RING
+from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
 
 OnDone = Callable[[AttemptResult], None]
+MB = 1024 * 1024
 
 
 def readable(channel: Channel) -> bool:
@@ -46,6 +47,7 @@ class Attempt:
         "kill_outcome",
         "memory_check_at",
         "on_done",
+        "rss_base",
         "soft_deadline",
         "soft_outcome",
         "soft_sent",
@@ -71,6 +73,7 @@ class Attempt:
         self.kill_outcome: Outcome | None = None
         self.kill_detail: str | None = None
         self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
+        self.rss_base = 0  # the child's resident memory when this attempt started
 
     def start(self, now: float, memory_every: float, at_ms: int | None = None) -> None:
         task = self.task
@@ -79,6 +82,11 @@ class Attempt:
         self.soft_deadline = now + task.soft_timeout_s if task.soft_timeout_s else None
         self.hard_deadline = now + task.hard_timeout_s if task.hard_timeout_s else None
         self.memory_check_at = now + memory_every if task.max_memory_mb else None
+
+    def due(self, now: float) -> bool:
+        """Whether a deadline or a memory sample of this attempt has come."""
+        event = self.next_event()
+        return event is not None and now >= event
 
     def next_event(self) -> float | None:
         if self.kill_outcome is not None:
@@ -101,17 +109,24 @@ class Child:
         "process",
         "queued",
         "ready",
+        "recycle",
         "retiring",
+        "rss_after",
+        "rss_ready",
         "running",
         "server_died",
+        "shared",
         "soft_token",
     )
 
-    def __init__(self, process: Any, conn: Channel, soft_token: Any, fence: Any) -> None:
+    def __init__(
+        self, process: Any, conn: Channel, soft_token: Any, fence: Any, shared: Any
+    ) -> None:
         self.process = process
         self.conn = conn
         self.soft_token = soft_token  # shared: which attempt the soft signal is meant for
         self.fence = fence  # shared: the running attempt's fence deadline, for its guard
+        self.shared = shared  # shared: the task it started last, the tasks withdrawn (child.py)
         self.pid: int = process.pid
         self.ready = False
         self.retiring = False
@@ -119,6 +134,9 @@ class Child:
         self.queued: deque[Attempt] = deque()
         self.jobs_done = 0
         self.server_died = False  # the fork server died under it
+        self.recycle = False  # replace it once its queued tasks are done (memory)
+        self.rss_ready: int = 0  # resident memory when it became ready
+        self.rss_after: int | None = None  # sampled after its last attempt, until the next
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)
@@ -127,6 +145,46 @@ class Child:
         """Tell the child's fence guard the running attempt's fence deadline (0: none)."""
         run = self.running
         self.fence.value = (run.fence_deadline or 0.0) if run is not None else 0.0
+
+    def rss(self) -> int:
+        return tree_rss(self.pid)[0]
+
+    def begin(self, run: Attempt, now: float, every: float, at_ms: int | None = None) -> None:
+        """``run`` starts now; with a memory limit, from the child's present memory (its
+        limit applies to what it adds, not to what earlier attempts left)."""
+        run.start(now, every, at_ms)
+        if run.task.max_memory_mb is not None:
+            run.rss_base = self.rss_after if self.rss_after is not None else self.rss()
+        self.rss_after = None
+
+    def check_after(self, run: Attempt, max_growth_mb: float | None) -> None:
+        """After ``run``: a child over that attempt's limit, or grown by more than
+        ``max_growth_mb`` since it started, is replaced before it takes another task."""
+        rss = self.rss_after = self.rss()
+        limit = run.task.max_memory_mb
+        if limit is not None and rss > limit * MB:
+            self.recycle = True
+        if max_growth_mb is not None and rss - self.rss_ready > max_growth_mb * MB:
+            self.recycle = True
+
+    def started(self, run: Attempt) -> bool:
+        """Whether the child started ``run`` (read once it is dead or stopped)."""
+        return bool(self.shared[STARTED] == run.token)
+
+    def withdraw(self, attempt: Attempt) -> bool:
+        """Take a task back from the child's channel before it starts: True if it will
+        never run. The child is stopped meanwhile, so it cannot start it half-way."""
+        if not stop(self.pid):
+            return False
+        try:
+            if self.shared[STARTED] == attempt.token:
+                return False
+            count = self.shared[WITHDRAWN]
+            self.shared[2 + count % WITHDRAWN_RING] = attempt.token
+            self.shared[WITHDRAWN] = count + 1
+            return True
+        finally:
+            resume(self.pid)
 
     def signal_soft(self, run: Attempt) -> None:
         run.soft_sent = True
@@ -151,8 +209,12 @@ class Child:
         rss, tree = tree_rss(self.pid)
         run.tree = list({p.pid: p for p in (*run.tree, *tree)}.values())
         run.memory_check_at = now + every
-        if rss > run.task.max_memory_mb * 1024 * 1024:
-            return f"used {rss / 2**20:.0f} MB, over the limit of {run.task.max_memory_mb:g} MB"
+        grown = rss - run.rss_base
+        if grown > run.task.max_memory_mb * MB:
+            return (
+                f"used {grown / MB:.0f} MB more than at its start, over the limit of "
+                f"{run.task.max_memory_mb:g} MB"
+            )
         return None
 
 

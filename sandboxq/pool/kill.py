@@ -116,6 +116,29 @@ def _signal(pid: int, signum: int) -> None:
         pass
 
 
+def stop(pid: int, timeout_s: float = 0.5) -> bool:
+    """SIGSTOP ``pid`` and wait until it is stopped (False if it did not stop in time: it
+    is then resumed). It takes a scheduled moment of the process, so on a loaded machine
+    the bound is generous; a process in an uninterruptible wait does not stop at all."""
+    _signal(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"T", b"t"):
+            return True
+        time.sleep(0.0002)
+    resume(pid)
+    return False
+
+
+def resume(pid: int) -> None:
+    _signal(pid, signal.SIGCONT)
+
+
 def sweep(root: int, *, include_root: bool = True, known: Iterable[psutil.Process] = ()) -> int:
     """Stop, then SIGKILL, every process below ``root`` (and ``root`` itself when
     ``include_root``), and ``known`` processes; wait until they are gone. Returns how many

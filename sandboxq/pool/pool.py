@@ -76,6 +76,7 @@ class Pool:
         memory_check_interval_s: float = 0.05,
         import_timeout_s: float | None = None,
         keep_strays: bool = False,
+        max_child_growth_mb: float | None = None,
     ) -> None:
         self.settings = build(
             PoolSettings,
@@ -90,6 +91,7 @@ class Pool:
             memory_check_interval_s=memory_check_interval_s,
             import_timeout_s=import_timeout_s,
             keep_strays=keep_strays,
+            max_child_growth_mb=max_child_growth_mb,
         )
         # An unimportable processor fails here, with the import error; one that hangs at
         # import fails after import_timeout_s, and never reaches the fork server's preload.
@@ -103,6 +105,7 @@ class Pool:
             max_result_bytes=s.max_result_bytes,
             memory_check_interval_s=s.memory_check_interval_s,
             keep_strays=s.keep_strays,
+            max_child_growth_mb=s.max_child_growth_mb,
         )
         self._supervisor.start()
         _live_pools.add(self)

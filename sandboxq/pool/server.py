@@ -21,6 +21,8 @@ notices in its select, within milliseconds, and can start a fresh one.
 from __future__ import annotations
 
 import os
+import select
+import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -103,12 +105,29 @@ class Watch:
         self.pid, self.fd = current, watch(current)
         return self.fd
 
-    def is_dead(self) -> bool:
+    def is_dead(self, wait_s: float = 0.0) -> bool:
+        """Whether the watched fork server has exited (waiting up to ``wait_s`` for it)."""
         if self.fd is None:
             return False
-        import select
+        return bool(select.select([self.fd], [], [], wait_s)[0])
 
-        return bool(select.select([self.fd], [], [], 0)[0])
+    def how(self) -> str:
+        """How the watched fork server ended, in words (read without reaping it: that is
+        multiprocess's to do when it starts the next one)."""
+        try:
+            assert self.fd is not None
+            info = os.waitid(os.P_PIDFD, self.fd, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        except (AssertionError, AttributeError, OSError):
+            return "died"
+        if info is None:
+            return "died"
+        if info.si_code == os.CLD_EXITED:
+            return f"exited with code {info.si_status}"
+        try:
+            name = signal.Signals(info.si_status).name
+        except ValueError:
+            name = f"signal {info.si_status}"
+        return f"was killed by {name}"
 
     def died(self, now: float) -> int:
         """Record a death at ``now``; returns how many fell within the window."""

@@ -35,7 +35,7 @@ from sandboxq.models import Outcome
 from sandboxq.pool import launch, server
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.channel import BadMessage, Channel
-from sandboxq.pool.child import child_main
+from sandboxq.pool.child import SHARED_SIZE, child_main
 from sandboxq.pool.children import Attempt, Child, OnDone, death_outcome, now_ms, readable
 from sandboxq.pool.kill import descendants, kill_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
@@ -56,6 +56,8 @@ PIPELINE_BELOW_S = 0.005
 #: ones queued before it), and never more than PIPELINE_DEPTH tasks.
 PIPELINE_WORK_S = 0.002
 PIPELINE_DEPTH = 32
+#: How long a child's exit code 255 waits for the fork server's pidfd to explain it.
+SERVER_DEATH_WAIT_S = 0.2
 #: Tries to start one child before the pool is broken.
 LAUNCH_TRIES = 4
 #: A child's frame may exceed the result cap by this much (the message around the result,
@@ -74,6 +76,7 @@ class Supervisor:
         max_result_bytes: int,
         memory_check_interval_s: float,
         keep_strays: bool = False,
+        max_child_growth_mb: float | None = None,
     ) -> None:
         self._ctx = ctx
         self._processor = processor
@@ -82,6 +85,7 @@ class Supervisor:
         self._max_result_bytes = max_result_bytes
         self._memory_every = memory_check_interval_s
         self._keep_strays = keep_strays
+        self._max_growth_mb = max_child_growth_mb
         self._tokens = itertools.count(1)
         self._commands: deque[tuple[Any, ...]] = deque()
         self._pending: deque[Attempt] = deque()
@@ -211,9 +215,10 @@ class Supervisor:
         channel, child_end = Channel.pair(max_frame=self._max_result_bytes + FRAME_SLACK)
         soft_token = self._ctx.RawValue("q", 0)
         fence = self._ctx.RawValue("d", 0.0)
+        shared = self._ctx.RawArray("q", SHARED_SIZE)
         process = self._ctx.Process(
             target=child_main,
-            args=(child_end, self._processor, soft_token, fence, self._keep_strays),
+            args=(child_end, self._processor, soft_token, fence, self._keep_strays, shared),
             name="sandboxq-child",
         )
         try:
@@ -227,7 +232,7 @@ class Supervisor:
             return
         child_end.close()
         self._follow_server()
-        child = Child(process, channel, soft_token, fence)
+        child = Child(process, channel, soft_token, fence, shared)
         self._children.append(child)
         self._selector.register(channel, selectors.EVENT_READ, lambda _: self._on_messages(child))
         self._selector.register(
@@ -262,7 +267,13 @@ class Supervisor:
         if watch.fd is not None and server.pid() != watch.pid:
             self._on_server_death()  # replaced before its death was seen: it died
         if (fd := watch.follow()) is not None:
-            self._selector.register(fd, selectors.EVENT_READ, lambda _: self._on_server_death())
+            self._selector.register(fd, selectors.EVENT_READ, self._on_server_event)
+
+    def _on_server_event(self, _fd: Any) -> None:
+        # A select batch can still hold the event of a pidfd already handled (through a
+        # child's exit) and closed, its number now reused: only a dead server counts.
+        if self._server is not None and self._server.is_dead():
+            self._on_server_death()
 
     def _on_server_death(self) -> None:
         """The fork server died, and every child with it (their parent-death signal): end
@@ -272,10 +283,10 @@ class Supervisor:
         if watch is None or watch.fd is None:
             return
         self._selector.unregister(watch.fd)
-        dead = watch.pid
+        dead, how = watch.pid, watch.how()
         deaths = watch.died(time.monotonic())
-        why = f"the pool's fork server (pid {dead}) died; the attempt was not charged"
-        log.error("the pool's fork server (pid %s) died; starting a fresh one", dead)
+        why = f"the pool's fork server (pid {dead}) {how}; the attempt was not charged"
+        log.error("the pool's fork server (pid %s) %s; starting a fresh one", dead, how)
         for child in self._children:
             run = child.running
             if run is not None and run.kill_outcome is None:
@@ -300,7 +311,7 @@ class Supervisor:
             limit = self._max_jobs_per_child
             for child in self._children:
                 run = child.running
-                if run is None or run.kill_outcome is not None:
+                if run is None or run.kill_outcome is not None or child.recycle:
                     continue
                 room = depth - len(child.queued)
                 if limit is not None:
@@ -351,7 +362,7 @@ class Supervisor:
             return
         if child.running is None:
             first = child.running = batch.pop(0)
-            first.start(now, self._memory_every)
+            child.begin(first, now, self._memory_every)
             child.sync_fence()
         child.queued.extend(batch)
 
@@ -403,6 +414,8 @@ class Supervisor:
                 outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
                 self._settle(run, outcome, child.pid, now, at_ms, error=msg.error)
             child.jobs_done += 1
+            if run.task.max_memory_mb is not None or self._max_growth_mb is not None:
+                child.check_after(run, self._max_growth_mb)
             self._recent_job_s += (now - run.started - self._recent_job_s) * 0.2
             self._advance(child, now, at_ms)
             child.sync_fence()
@@ -412,6 +425,8 @@ class Supervisor:
         elif kind is Ready:
             child.ready = True
             self._start_failures = 0
+            if self._max_growth_mb is not None:
+                child.rss_ready = child.rss()
             self._idle.append(child)
 
     def _advance(self, child: Child, now: float, at_ms: int) -> None:
@@ -419,12 +434,12 @@ class Supervisor:
         if child.queued:
             # The child went straight on to the next task in its channel.
             nxt = child.running = child.queued.popleft()
-            nxt.start(now, self._memory_every, at_ms)
+            child.begin(nxt, now, self._memory_every, at_ms)
             if nxt.kill_outcome is not None:  # killed while it was queued
                 kill_tree(child.pid)
             return
         limit = self._max_jobs_per_child
-        if limit and child.jobs_done >= limit and not self._closing:
+        if (child.recycle or (limit and child.jobs_done >= limit)) and not self._closing:
             self._retire(child)
         else:
             self._idle.append(child)
@@ -469,8 +484,6 @@ class Supervisor:
     # -- a child died ----------------------------------------------------------------------
 
     def _on_exit(self, child: Child) -> None:
-        if self._server is not None and self._server.is_dead():
-            self._on_server_death()  # first: it explains this death (not exit code 255)
         if not child.conn.closed:
             self._drain(child)
         self._selector.unregister(child.process.sentinel)
@@ -479,6 +492,12 @@ class Supervisor:
             child.conn.close()
         child.process.join(EXIT_GRACE_S)
         exitcode = child.process.exitcode
+        # 255 is also what multiprocess reports when the fork server closed the child's
+        # sentinel by dying (its files close before its pidfd says so): look again, briefly.
+        if self._server is not None and self._server.is_dead(
+            SERVER_DEATH_WAIT_S * (exitcode == 255)
+        ):
+            self._on_server_death()  # it explains this death: not the handler's exit code
         self._children.remove(child)
         if child in self._idle:
             self._idle.remove(child)
@@ -497,7 +516,7 @@ class Supervisor:
                 self._pending.appendleft(attempt)
         child.queued.clear()
         child.process.close()
-        if not child.ready and not child.retiring:
+        if not child.ready and not child.retiring and not child.server_died:
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:
                 self._break(
@@ -509,6 +528,10 @@ class Supervisor:
 
     def _settle_death(self, child: Child, run: Attempt, exitcode: int | None) -> None:
         child.running = None
+        if not child.started(run) and run.kill_outcome is None:
+            # It died before it started this one (between tasks): not this task's fault.
+            self._pending.appendleft(run)
+            return
         if child.server_died:
             exitcode = None
         outcome, detail, code, signum = death_outcome(run, exitcode)
@@ -527,24 +550,24 @@ class Supervisor:
     def _enforce_deadlines(self, now: float) -> None:
         for child in list(self._children):
             run = child.running
-            if run is None or run.kill_outcome is not None:
+            if run is None or run.kill_outcome is not None or not run.due(now):
+                continue
+            # Read what it already sent first: an attempt that returned before its deadline
+            # is reported as it ended, whatever the deadline would have made of it.
+            self._drain(child)
+            if child.running is not run:
                 continue
             if run.hard_deadline is not None and now >= run.hard_deadline:
-                self._drain(child)
-                if child.running is run:
-                    child.kill(
-                        Outcome.HARD_TIMEOUT,
-                        f"killed at the hard deadline of {run.task.hard_timeout_s:g} s",
-                    )
-                continue
-            if run.fence_deadline is not None and now >= run.fence_deadline:
+                hard = run.task.hard_timeout_s
+                child.kill(Outcome.HARD_TIMEOUT, f"killed at the hard deadline of {hard:g} s")
+            elif run.fence_deadline is not None and now >= run.fence_deadline:
                 child.kill(Outcome.LEASE_LOST, "the lease could not be renewed in time")
-                continue
-            if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
-                child.signal_soft(run)
-            due = run.memory_check_at is not None and now >= run.memory_check_at
-            if due and (why := child.over_memory(run, now, self._memory_every)) is not None:
-                child.kill(Outcome.MEMORY_LIMIT, why)
+            else:
+                if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
+                    child.signal_soft(run)
+                due = run.memory_check_at is not None and now >= run.memory_check_at
+                if due and (why := child.over_memory(run, now, self._memory_every)) is not None:
+                    child.kill(Outcome.MEMORY_LIMIT, why)
 
     def _soft_stop(self, token: int) -> None:
         for child in self._children:
@@ -585,8 +608,12 @@ class Supervisor:
                     child.kill(outcome, detail)
                 return
             for attempt in child.queued:
-                if attempt.token == token:  # killed when it starts, or settled if the child dies
-                    attempt.kill_outcome, attempt.kill_detail = outcome, detail
+                if attempt.token == token:
+                    if child.withdraw(attempt):
+                        child.queued.remove(attempt)
+                        self._settle(attempt, outcome, None, detail=detail)
+                    else:  # it has started: killed as soon as the parent sees it running
+                        attempt.kill_outcome, attempt.kill_detail = outcome, detail
                     return
         for attempt in self._pending:
             if attempt.token == token:

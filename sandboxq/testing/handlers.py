@@ -436,3 +436,28 @@ def mark_then_hang(marker: str) -> None:
     with open(marker, "w") as f:
         f.write(str(os.getpid()))
     sleep_forever()
+
+
+def call(name: str, *args: Any) -> Any:
+    """Runs the catalogue handler ``name`` with ``args``: one pool, several behaviours."""
+    return globals()[name](*args)
+
+
+def wait_then_return(fifo: str, marker: str, mb: int = 0) -> str:
+    """Waits on ``fifo`` (a test's barrier), keeps ``mb`` MB, writes ``marker``, returns ok:
+    the test holds the parent busy meanwhile, so the result waits unread in the pipe."""
+    with open(fifo) as f:
+        f.read()
+    if mb:
+        _leaked.append(bytearray(mb * 1024 * 1024))
+    with open(marker, "w") as f:
+        f.write("returned")
+    return "returned"
+
+
+def leak_then_hold(mb: int, hold_s: float = 0.0) -> int:
+    """Keeps ``mb`` MB alive in the child after it returns, after ``hold_s`` seconds (ok):
+    a later small job must not be charged for what an earlier one leaked."""
+    _leaked.append(bytearray(mb * 1024 * 1024))
+    time.sleep(hold_s)
+    return mb
