@@ -461,3 +461,28 @@ def leak_then_hold(mb: int, hold_s: float = 0.0) -> int:
     _leaked.append(bytearray(mb * 1024 * 1024))
     time.sleep(hold_s)
     return mb
+
+
+def burst_then_clock(pid_file: str, count: int = 200) -> float:
+    """Forks ``count`` sleeping processes, then returns the wall-clock time of its return
+    (ok): how long its leftovers take to be gone is measured from there."""
+
+    def sleeper() -> None:
+        _record(pid_file, os.getpid())
+        while True:
+            time.sleep(1)
+
+    for _ in range(count):
+        _forked(sleeper)
+    _wait_lines(pid_file, count)
+    return time.time()
+
+
+def cpu_loop(n: int) -> float:
+    """A pure-Python loop of ``n`` turns; returns the CPU time it took (ok), the CPU tax
+    of wherever it runs."""
+    t0 = time.process_time()
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return time.process_time() - t0
