@@ -74,7 +74,7 @@ def bench_burst_kill(quick: bool = False) -> dict[str, Any]:
             done: Future[Any] = Future()
             task = pool.make_task(str(pid_file), 200, "hang")
             task.hard_timeout_s = hard_s
-            pool.execute(task, lambda r: done.set_result((r, _alive(_pids(pid_file)))))
+            pool.execute(task, lambda r, d=done, f=pid_file: d.set_result((r, _alive(_pids(f)))))
             result, left = done.result(timeout=60)
             assert str(result.outcome) == "hard_timeout", result.cause
             overshoot_ms.append((result.runtime_s - hard_s) * 1000)
