@@ -104,7 +104,10 @@ def bench_leftovers(quick: bool = False) -> dict[str, Any]:
             pid_file = Path(tmp) / f"pids{i}"
             done: Future[Any] = Future()
             task = pool.make_task("burst_then_clock", str(pid_file), 200)
-            pool.execute(task, lambda r: done.set_result((r, time.time(), _alive(_pids(pid_file)))))
+            pool.execute(
+                task,
+                lambda r, d=done, f=pid_file: d.set_result((r, time.time(), _alive(_pids(f)))),
+            )
             result, reported, left = done.result(timeout=60)
             returned = pickle.loads(result.result)
             gone_ms.append((reported - returned) * 1000)
