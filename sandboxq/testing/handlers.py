@@ -26,6 +26,15 @@ Each docstring states the outcome it must produce. "soft" means a soft timeout i
 | succeed_after(s, value)   | ok               | ok             |
 | recorded_sleep(f, k, s)   | ok (logs start/end with its pid to f) |
 | spin_gil_for(s)           | ok (holds the GIL in C calls for s seconds) |
+| daemonize_grandchild(f, then) | ok / error / soft / hard / exit 5 as ``then`` says; the daemon (setsid, fork, the middle exits) is dead before the outcome is reported |
+| session_helper(f)         | ok; the helper it left in its own session is dead before the outcome (alive with ``keep_strays=True``) |
+| fork_burst(f, 200, then)  | ok (or hard_timeout with "hang"); all 200 forks dead before the outcome |
+| fork_bomb(f, depth, then) | ok (or exit 5); the still-growing tree cannot outrun the sweep |
+| leak_memory(mb) / leak_then_hold(mb, s) | ok; a later small job with a limit is not charged for the leak (not memory_limit) |
+| progress_undecodable      | error ("could not be decoded"); the child is replaced |
+| channel_garbage(kind)     | error ("could not be decoded"): bytes, a 4 GB header, a crafted pickle (never run) |
+| progress_bad_arguments    | ok; returns what each bad ``progress()`` call raised |
+| exit_at_next_start        | ok; the child dies before its next task, which is not charged (runs again) |
 
 Handlers that start processes take an optional ``pid_file``: they append each pid they
 start to it, so a test can check that nothing outlived the kill.
@@ -39,6 +48,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -265,10 +275,20 @@ def _wait_lines(path: str, count: int) -> None:
         time.sleep(0.005)
 
 
-def daemonize_grandchild(pid_file: str, then: str = "return") -> Any:
+def _pid_file(pid_file: str | None) -> str:
+    """Where to record pids: the caller's file, or a fresh one of our own."""
+    if pid_file:
+        return pid_file
+    fd, path = tempfile.mkstemp(prefix="sandboxq-pids-")
+    os.close(fd)
+    return path
+
+
+def daemonize_grandchild(pid_file: str | None = None, then: str = "return") -> Any:
     """Starts a daemon (setsid, fork, the middle exits), then returns (ok), raises (error),
     hangs (soft_timeout / hard_timeout) or exits the child (exit 5). Whatever the outcome,
     the daemon is dead before it is reported."""
+    pid_file = _pid_file(pid_file)
     with open(pid_file, "a+") as f:
         f.seek(0)
         before = len(f.read().split())
@@ -277,7 +297,7 @@ def daemonize_grandchild(pid_file: str, then: str = "return") -> Any:
     return _end(then)
 
 
-def session_helper(pid_file: str, then: str = "return") -> Any:
+def session_helper(pid_file: str | None = None, then: str = "return") -> Any:
     """Starts a helper in a session of its own and returns without stopping it: ok, and
     the helper is dead before the outcome is reported (unless the pool keeps strays)."""
     proc = subprocess.Popen(_SLEEPER, start_new_session=True)
@@ -295,9 +315,10 @@ def _forked(body: Any) -> int:
     return pid
 
 
-def fork_burst(pid_file: str, count: int = 200, then: str = "return") -> Any:
+def fork_burst(pid_file: str | None = None, count: int = 200, then: str = "return") -> Any:
     """Forks ``count`` sleeping processes at once (each records its pid), then ends as
     ``then`` says: all of them are dead before the outcome is reported."""
+    pid_file = _pid_file(pid_file)
 
     def sleeper() -> None:
         _record(pid_file, os.getpid())
@@ -310,7 +331,7 @@ def fork_burst(pid_file: str, count: int = 200, then: str = "return") -> Any:
     return _end(then)
 
 
-def fork_bomb(pid_file: str, depth: int = 7, then: str = "return") -> Any:
+def fork_bomb(pid_file: str | None = None, depth: int = 7, then: str = "return") -> Any:
     """A bounded fork bomb: every process forks two more down to ``depth`` (2**(depth+1)-2
     processes), and the attempt ends while the tree is still growing: the kill must not be
     outrun."""
