@@ -26,15 +26,28 @@ Each docstring states the outcome it must produce. "soft" means a soft timeout i
 | succeed_after(s, value)   | ok               | ok             |
 | recorded_sleep(f, k, s)   | ok (logs start/end with its pid to f) |
 | spin_gil_for(s)           | ok (holds the GIL in C calls for s seconds) |
-| daemonize_grandchild(f, then) | ok / error / soft / hard / exit 5 as ``then`` says; the daemon (setsid, fork, the middle exits) is dead before the outcome is reported |
-| session_helper(f)         | ok; the helper it left in its own session is dead before the outcome (alive with ``keep_strays=True``) |
-| fork_burst(f, 200, then)  | ok (or hard_timeout with "hang"); all 200 forks dead before the outcome |
-| fork_bomb(f, depth, then) | ok (or exit 5); the still-growing tree cannot outrun the sweep |
-| leak_memory(mb) / leak_then_hold(mb, s) | ok; a later small job with a limit is not charged for the leak (not memory_limit) |
-| progress_undecodable      | error ("could not be decoded"); the child is replaced |
-| channel_garbage(kind)     | error ("could not be decoded"): bytes, a 4 GB header, a crafted pickle (never run) |
-| progress_bad_arguments    | ok; returns what each bad ``progress()`` call raised |
-| exit_at_next_start        | ok; the child dies before its next task, which is not charged (runs again) |
+
+The attempt boundary: whatever the attempt started is dead before its outcome is
+reported (``f`` is an optional pid file, ``then`` how the attempt ends: "return",
+"raise", "hang", "exit"):
+
+| handler                   | outcome                                                |
+|---------------------------|--------------------------------------------------------|
+| daemonize_grandchild(f, then) | ok / error / soft / hard / exit 5, as ``then`` says; |
+|                           | the daemon (setsid, fork, the middle exits) dies too   |
+| session_helper(f)         | ok; its helper in another session dies (kept with      |
+|                           | ``keep_strays=True``, until the child ends)            |
+| fork_burst(f, 200, then)  | ok (hard_timeout with "hang"); all 200 forks die       |
+| fork_bomb(f, depth, then) | ok (exit 5 with "exit"); the growing tree cannot       |
+|                           | outrun the sweep                                       |
+| leak_memory(mb)           | ok; a later small job with a limit is not charged for  |
+|                           | the leak (not memory_limit)                            |
+| progress_undecodable      | error ("could not be decoded"); the child is replaced  |
+| channel_garbage(kind)     | error ("could not be decoded"): bytes, a 4 GB header,  |
+|                           | a crafted pickle (refused, never run)                  |
+| progress_bad_arguments    | ok; returns what each bad ``progress()`` call raised   |
+| exit_at_next_start        | ok; the child dies before its next task, which is not  |
+|                           | charged for it (it runs again)                         |
 
 Handlers that start processes take an optional ``pid_file``: they append each pid they
 start to it, so a test can check that nothing outlived the kill.
