@@ -196,6 +196,15 @@ class Child:
         except ProcessLookupError:
             pass
 
+    def lose_server(self, why: str) -> None:
+        """The fork server died (and this child with it): its attempt is interrupted, not
+        charged, and its exit code (multiprocess's 255) is not the handler's."""
+        run = self.running
+        if run is not None and run.kill_outcome is None:
+            run.kill_outcome, run.kill_detail = Outcome.INTERRUPTED, why
+        self.server_died = True
+        kill_tree(self.pid, run.tree if run else ())
+
     def kill(self, outcome: Outcome, detail: str) -> None:
         """Kill the tree running ``self.running``, which then ends with ``outcome``."""
         run = self.running

@@ -1,20 +1,29 @@
 """The supervisor: one thread that owns every child and runs each attempt to its end.
 
     submit / kill / close (any thread)
-        │ commands deque + one byte on the wake pipe
+        │ commands deque + one byte on the wake pipe (commands.py: what each one does)
         ▼
-    select(child pipes, child sentinels, wake pipe; timeout = next deadline)
-        │                    │                     │
-        │ Ready/Progress/    │ a child died:       │ a deadline passed:
-        │ Finished/Failed    │ exit code → outcome │ soft signal, hard tree-kill,
-        ▼                    ▼                     ▼ memory sample
-    on_done(AttemptResult) ── then: dispatch pending tasks to idle children
+    select(child pipes, child sentinels, fork server pidfd, wake pipe; timeout = next deadline)
+        │                    │                     │                    │
+        │ Ready/Progress/    │ a child died:       │ the fork server    │ a deadline passed:
+        │ Finished/Failed    │ exit code → outcome │ died: its attempts │ read the pipe, then
+        │ (undecodable: that │ (never started:     │ interrupted, fresh │ soft signal, tree
+        │ child's error)     │ back to pending)    │ server + children  │ kill, memory sample
+        ▼                    ▼                     ▼                    ▼
+    on_done(AttemptResult) ── then: dispatch pending tasks
 
 Nothing polls: the select timeout is the nearest soft/hard deadline or memory sample, so a
-kill lands within a millisecond or two of its deadline. A child runs one attempt at a time
-and a task is only sent to an idle child, so "sent" is "started" and the deadline clock
-starts at dispatch. A kill names an attempt token, and the supervisor is the only thread
-that dispatches, so a kill can never hit the next job a reused child picked up.
+kill lands within a millisecond or two of its deadline. A child runs one attempt at a time.
+Pending tasks go to idle children first; while jobs are short (``PIPELINE_BELOW_S``) a few
+more are queued in busy children's channels, and a queued task starts when its child
+finishes the one before (its deadline clock starts then, not at dispatch). The child
+records each task's token as it starts it (``Child.started``), so a task withdrawn while
+queued never starts, and one a child died before starting goes back to pending, uncharged.
+A kill names an attempt token, and the supervisor is the only thread that dispatches, so a
+kill can never hit the next job a reused child picked up.
+
+Every process an attempt starts dies with the attempt (``kill.sweep``, the child's own
+sweep, and the orphan sweep below the fork server: ``server.py``).
 """
 
 from __future__ import annotations
@@ -25,14 +34,13 @@ import os
 import selectors
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from sandboxq.errors import PoolBroken
 from sandboxq.models import Outcome
-from sandboxq.pool import launch, server
+from sandboxq.pool import commands, launch, server
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.channel import BadMessage, Channel
 from sandboxq.pool.child import SHARED_SIZE, child_main
@@ -200,16 +208,16 @@ class Supervisor:
             if kind == "run":
                 self._pending.append(rest[0])
             elif kind == "kill":
-                self._kill_token(*rest)
+                commands.kill(self._children, self._pending, self._settle, self._drain, *rest)
             elif kind == "fence":
-                self._extend_fence(*rest)
+                commands.extend_fence(self._children, self._pending, *rest)
             elif kind == "soft":
-                self._soft_stop(rest[0])
+                commands.soft_stop(self._children, rest[0])
             elif kind == "release":
                 while self._pending:
                     self._settle(self._pending.popleft(), rest[0], None, detail=rest[1])
             elif kind == "close" and rest[0]:
-                self._cancel_all()
+                commands.cancel_all(self._children, self._pending, self._settle)
 
     def _spawn(self) -> None:
         channel, child_end = Channel.pair(max_frame=self._max_result_bytes + FRAME_SLACK)
@@ -223,7 +231,7 @@ class Supervisor:
         )
         try:
             with server.spawning():
-                self._launch(process)
+                launch.start_retrying(process, LAUNCH_TRIES)
                 server.register(process.pid)
         except OSError as exc:
             child_end.close()
@@ -238,25 +246,6 @@ class Supervisor:
         self._selector.register(
             process.sentinel, selectors.EVENT_READ, lambda _: self._on_exit(child)
         )
-
-    @staticmethod
-    def _launch(process: Any) -> None:
-        """Start ``process``; a fork server that just died makes the first tries fail
-        (connection refused) until multiprocess sees it gone and starts a fresh one."""
-        for attempt in range(LAUNCH_TRIES):
-            try:
-                # multiprocess *warns* when it relaunches a dead resource tracker; that is
-                # the recovery working, logged here, never an error of this thread.
-                with warnings.catch_warnings(record=True) as said:
-                    warnings.simplefilter("always")
-                    launch.start(process)
-                for warning in said:
-                    log.warning("starting a child: %s", warning.message)
-                return
-            except OSError:
-                if attempt == LAUNCH_TRIES - 1:
-                    raise
-                time.sleep(0.02 * (attempt + 1))
 
     # -- the fork server ------------------------------------------------------------------
 
@@ -288,11 +277,7 @@ class Supervisor:
         why = f"the pool's fork server (pid {dead}) {how}; the attempt was not charged"
         log.error("the pool's fork server (pid %s) %s; starting a fresh one", dead, how)
         for child in self._children:
-            run = child.running
-            if run is not None and run.kill_outcome is None:
-                run.kill_outcome, run.kill_detail = Outcome.INTERRUPTED, why
-            child.server_died = True  # its exit code (255) is multiprocess's, not the handler's
-            kill_tree(child.pid, run.tree if run else ())
+            child.lose_server(why)
         if deaths >= server.MAX_DEATHS:
             self._break(
                 f"the pool's fork server died {deaths} times within "
@@ -569,72 +554,10 @@ class Supervisor:
                 if due and (why := child.over_memory(run, now, self._memory_every)) is not None:
                     child.kill(Outcome.MEMORY_LIMIT, why)
 
-    def _soft_stop(self, token: int) -> None:
-        for child in self._children:
-            run = child.running
-            if run is not None and run.token == token:
-                run.soft_outcome = Outcome.INTERRUPTED
-                if not run.soft_sent:
-                    child.signal_soft(run)
-
-    def _find(self, token: int) -> Attempt | None:
-        for child in self._children:
-            if child.running is not None and child.running.token == token:
-                return child.running
-            for attempt in child.queued:
-                if attempt.token == token:
-                    return attempt
-        for attempt in self._pending:
-            if attempt.token == token:
-                return attempt
-        return None
-
-    def _extend_fence(self, token: int, deadline: float) -> None:
-        attempt = self._find(token)
-        if attempt is None:
-            return
-        attempt.fence_deadline = deadline
-        for child in self._children:
-            if child.running is attempt:
-                child.sync_fence()
-
-    def _kill_token(self, token: int, outcome: Outcome, detail: str) -> None:
-        for child in self._children:
-            if child.running is not None and child.running.token == token:
-                self._drain(child)
-            run = child.running
-            if run is not None and run.token == token:
-                if run.kill_outcome is None:
-                    child.kill(outcome, detail)
-                return
-            for attempt in child.queued:
-                if attempt.token == token:
-                    if child.withdraw(attempt):
-                        child.queued.remove(attempt)
-                        self._settle(attempt, outcome, None, detail=detail)
-                    else:  # it has started: killed as soon as the parent sees it running
-                        attempt.kill_outcome, attempt.kill_detail = outcome, detail
-                    return
-        for attempt in self._pending:
-            if attempt.token == token:
-                self._pending.remove(attempt)
-                self._settle(attempt, outcome, None, detail=detail)
-                return
-
-    def _cancel_all(self) -> None:
-        why = "the pool was shut down"
-        while self._pending:
-            self._settle(self._pending.popleft(), Outcome.INTERRUPTED, None, detail=why)
-        for child in self._children:
-            for attempt in child.queued:
-                attempt.kill_outcome, attempt.kill_detail = Outcome.INTERRUPTED, why
-            if child.running is not None and child.running.kill_outcome is None:
-                child.kill(Outcome.INTERRUPTED, why)
-
     def _shutdown(self) -> None:
         """Close every channel, give idle children a moment to exit, then kill what is left."""
         self._on_wake(None)  # commands that raced with close: run ones end as interrupted
-        self._cancel_all()
+        commands.cancel_all(self._children, self._pending, self._settle)
         # Seen while each child lives: once it exits, a grandchild that left its process
         # group (setsid) is re-parented and no longer found under it.
         trees = {child.pid: descendants(child.pid) for child in self._children}
