@@ -180,11 +180,15 @@ def sweep(root: int, *, include_root: bool = True, known: Iterable[psutil.Proces
             os.killpg(root, signal.SIGKILL)  # a group member not yet forked when walked
         except (ProcessLookupError, PermissionError):
             pass
+    # Wait for one process at a time: re-reading every /proc entry on each turn would take
+    # the CPU that the kernel needs to tear the 200 processes of a burst down.
     deadline = time.monotonic() + SWEEP_WAIT_S
-    waiting = [pid for pid in stopped if not _ended(pid)]
+    waiting = list(stopped)
     while waiting and time.monotonic() < deadline:
-        time.sleep(0.0005)
-        waiting = [pid for pid in waiting if not _ended(pid)]
+        if _ended(waiting[-1]):
+            waiting.pop()
+        else:
+            time.sleep(0.0005)
     return len(stopped)
 
 
