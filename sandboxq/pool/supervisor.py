@@ -107,6 +107,7 @@ class Supervisor:
         self._closing = False
         self._closed = False
         self._start_failures = 0
+        self._replace = 0  # children that died and are to be replaced
         self._server = server.Watch() if ctx.get_start_method() == "forkserver" else None
         self.broken: PoolBroken | None = None
         self._spawned = threading.Event()
@@ -178,6 +179,11 @@ class Supervisor:
             while not (
                 self._closing and not self._commands and not self._pending and not self._busy()
             ):
+                # Replacements start here, after a whole select batch: a slow start (a
+                # fresh fork server importing numpy) never delays another child's outcome.
+                while self._replace > 0 and not self._closing:
+                    self._replace -= 1
+                    self._spawn()
                 self._dispatch()
                 timeout = self._next_event(time.monotonic())
                 for key, _ in self._selector.select(timeout):
@@ -276,8 +282,9 @@ class Supervisor:
         deaths = watch.died(time.monotonic())
         why = f"the pool's fork server (pid {dead}) {how}; the attempt was not charged"
         log.error("the pool's fork server (pid %s) %s; starting a fresh one", dead, how)
-        for child in self._children:
-            child.lose_server(why)
+        for child in list(self._children):
+            child.lose_server(why)  # killed and gone, so its exit is handled now
+            self._on_exit(child)
         if deaths >= server.MAX_DEATHS:
             self._break(
                 f"the pool's fork server died {deaths} times within "
@@ -469,6 +476,14 @@ class Supervisor:
     # -- a child died ----------------------------------------------------------------------
 
     def _on_exit(self, child: Child) -> None:
+        if child not in self._children:
+            return  # a stale event of this select batch: its exit was handled already
+        # 255 is also what multiprocess reports when the fork server closed the child's
+        # sentinel by dying (its files close before its pidfd says so): look again, briefly.
+        lost = child.process.exitcode == 255 and not child.server_died
+        if self._server is not None and self._server.is_dead(SERVER_DEATH_WAIT_S * lost):
+            self._on_server_death()  # it explains this death (and handles this exit)
+            return
         if not child.conn.closed:
             self._drain(child)
         self._selector.unregister(child.process.sentinel)
@@ -477,12 +492,6 @@ class Supervisor:
             child.conn.close()
         child.process.join(EXIT_GRACE_S)
         exitcode = child.process.exitcode
-        # 255 is also what multiprocess reports when the fork server closed the child's
-        # sentinel by dying (its files close before its pidfd says so): look again, briefly.
-        if self._server is not None and self._server.is_dead(
-            SERVER_DEATH_WAIT_S * (exitcode == 255)
-        ):
-            self._on_server_death()  # it explains this death: not the handler's exit code
         self._children.remove(child)
         if child in self._idle:
             self._idle.remove(child)
@@ -509,7 +518,7 @@ class Supervisor:
                     "see the child's stderr"
                 )
         if not self._closing and not child.retiring and self.broken is None:
-            self._spawn()
+            self._replace += 1
 
     def _settle_death(self, child: Child, run: Attempt, exitcode: int | None) -> None:
         child.running = None
