@@ -8,6 +8,7 @@ to an idle child, or becomes the running one after its predecessor in the channe
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -25,7 +26,16 @@ from sandboxq.pool.child import FENCE_CHECK_S, SIGSOFT, STARTED, WITHDRAWN, WITH
 from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
 
 OnDone = Callable[[AttemptResult], None]
+log = logging.getLogger("sandboxq.pool")
 MB = 1024 * 1024
+
+
+def call(fn: Callable[..., None], *args: Any) -> None:
+    """Call a user's callback on the supervisor thread: its bug must not take that down."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("pool callback %r failed", fn)
 
 
 def readable(channel: Channel) -> bool:
@@ -82,6 +92,29 @@ class Attempt:
         self.soft_deadline = now + task.soft_timeout_s if task.soft_timeout_s else None
         self.hard_deadline = now + task.hard_timeout_s if task.hard_timeout_s else None
         self.memory_check_at = now + memory_every if task.max_memory_mb else None
+
+    def settle(
+        self,
+        outcome: Outcome,
+        pid: int | None,
+        now: float | None = None,
+        at_ms: int | None = None,
+        **fields: Any,
+    ) -> None:
+        """Report how this attempt ended to its ``on_done`` (``now`` / ``at_ms``: the
+        moment, when the caller already read the clocks)."""
+        if now is None:
+            now = time.monotonic()
+        result = AttemptResult(
+            self.token,
+            outcome,
+            pid=pid,
+            started_ms=self.started_ms,
+            ended_ms=at_ms if at_ms is not None else now_ms(),
+            runtime_s=now - self.started if self.started_ms else None,
+            **fields,
+        )
+        call(self.on_done, result)
 
     def due(self, now: float) -> bool:
         """Whether a deadline or a memory sample of this attempt has come."""

@@ -7,8 +7,9 @@ queued in a busy child's channel, or running.
     soft(token)   the soft signal now; however it ends, it is ``interrupted``
     cancel_all    every attempt ends as ``interrupted`` (a cancelling close)
 
-Runs on the supervisor thread only; ``settle`` reports an attempt that ends here,
-``drain`` reads what a child already sent (so an attempt that returned is not killed).
+Runs on the supervisor thread only. An attempt that ends here reports itself
+(``Attempt.settle``); ``drain`` reads what a child already sent, so an attempt that
+returned is not killed.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from typing import Any
 
 from sandboxq.models import Outcome
 from sandboxq.pool.children import Attempt, Child
-
-Settle = Callable[..., None]
 
 
 def find(children: Iterable[Child], pending: deque[Attempt], token: int) -> Attempt | None:
@@ -60,7 +59,6 @@ def extend_fence(
 def kill(
     children: list[Child],
     pending: deque[Attempt],
-    settle: Settle,
     drain: Callable[[Child], Any],
     token: int,
     outcome: Outcome,
@@ -78,21 +76,21 @@ def kill(
             if attempt.token == token:
                 if child.withdraw(attempt):
                     child.queued.remove(attempt)
-                    settle(attempt, outcome, None, detail=detail)
+                    attempt.settle(outcome, None, detail=detail)
                 else:  # it has started: killed as soon as the parent sees it running
                     attempt.kill_outcome, attempt.kill_detail = outcome, detail
                 return
     for attempt in pending:
         if attempt.token == token:
             pending.remove(attempt)
-            settle(attempt, outcome, None, detail=detail)
+            attempt.settle(outcome, None, detail=detail)
             return
 
 
-def cancel_all(children: list[Child], pending: deque[Attempt], settle: Settle) -> None:
+def cancel_all(children: list[Child], pending: deque[Attempt]) -> None:
     why = "the pool was shut down"
     while pending:
-        settle(pending.popleft(), Outcome.INTERRUPTED, None, detail=why)
+        pending.popleft().settle(Outcome.INTERRUPTED, None, detail=why)
     for child in children:
         for attempt in child.queued:
             attempt.kill_outcome, attempt.kill_detail = Outcome.INTERRUPTED, why

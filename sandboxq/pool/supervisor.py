@@ -35,16 +35,15 @@ import selectors
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from sandboxq.errors import PoolBroken
 from sandboxq.models import Outcome
 from sandboxq.pool import commands, launch, server
-from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.attempt import Task
 from sandboxq.pool.channel import BadMessage, Channel
 from sandboxq.pool.child import SHARED_SIZE, child_main
-from sandboxq.pool.children import Attempt, Child, OnDone, death_outcome, now_ms, readable
+from sandboxq.pool.children import Attempt, Child, OnDone, call, death_outcome, now_ms, readable
 from sandboxq.pool.kill import descendants, kill_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
 
@@ -214,16 +213,16 @@ class Supervisor:
             if kind == "run":
                 self._pending.append(rest[0])
             elif kind == "kill":
-                commands.kill(self._children, self._pending, self._settle, self._drain, *rest)
+                commands.kill(self._children, self._pending, self._drain, *rest)
             elif kind == "fence":
                 commands.extend_fence(self._children, self._pending, *rest)
             elif kind == "soft":
                 commands.soft_stop(self._children, rest[0])
             elif kind == "release":
                 while self._pending:
-                    self._settle(self._pending.popleft(), rest[0], None, detail=rest[1])
+                    self._pending.popleft().settle(rest[0], None, detail=rest[1])
             elif kind == "close" and rest[0]:
-                commands.cancel_all(self._children, self._pending, self._settle)
+                commands.cancel_all(self._children, self._pending)
 
     def _spawn(self) -> None:
         channel, child_end = Channel.pair(max_frame=self._max_result_bytes + FRAME_SLACK)
@@ -329,7 +328,7 @@ class Supervisor:
             attempt = self._pending.popleft()
             if attempt.fence_deadline is not None and now >= attempt.fence_deadline:
                 detail = "the lease expired before the job started"
-                self._settle(attempt, Outcome.LEASE_LOST, None, detail=detail)
+                attempt.settle(Outcome.LEASE_LOST, None, detail=detail)
             else:
                 batch.append(attempt)
         if not batch:
@@ -401,10 +400,10 @@ class Supervisor:
             now, at_ms = time.monotonic(), now_ms()  # once: the end of this, the start of next
             if kind is Finished:
                 outcome = run.soft_outcome if run.soft_sent else Outcome.OK
-                self._settle(run, outcome, child.pid, now, at_ms, result=msg.result)
+                run.settle(outcome, child.pid, now, at_ms, result=msg.result)
             else:
                 outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
-                self._settle(run, outcome, child.pid, now, at_ms, error=msg.error)
+                run.settle(outcome, child.pid, now, at_ms, error=msg.error)
             child.jobs_done += 1
             if run.task.max_memory_mb is not None or self._max_growth_mb is not None:
                 child.check_after(run, self._max_growth_mb)
@@ -413,7 +412,7 @@ class Supervisor:
             child.sync_fence()
         elif kind is Progress:
             if run and run.token == msg.token and run.task.on_progress:
-                self._call(run.task.on_progress, msg.fraction, msg.message)
+                call(run.task.on_progress, msg.fraction, msg.message)
         elif kind is Ready:
             child.ready = True
             self._start_failures = 0
@@ -440,31 +439,6 @@ class Supervisor:
         """Read what a child already sent: a finished attempt is never mistaken for a hung one."""
         while not child.conn.closed and readable(child.conn):
             self._on_messages(child)
-
-    def _settle(
-        self,
-        attempt: Attempt,
-        outcome: Outcome,
-        pid: int | None,
-        now: float | None = None,
-        at_ms: int | None = None,
-        **fields: Any,
-    ) -> None:
-        """Report how ``attempt`` ended (``now`` / ``at_ms``: the moment, when the caller
-        already read the clocks)."""
-        if now is None:
-            now = time.monotonic()
-        runtime = now - attempt.started if attempt.started_ms else None
-        result = AttemptResult(
-            attempt.token,
-            outcome,
-            pid=pid,
-            started_ms=attempt.started_ms,
-            ended_ms=at_ms if at_ms is not None else now_ms(),
-            runtime_s=runtime,
-            **fields,
-        )
-        self._call(attempt.on_done, result)
 
     def _retire(self, child: Child) -> None:
         """Close the channel (the child exits on EOF) and start its replacement right away."""
@@ -505,7 +479,7 @@ class Supervisor:
         # Queued attempts never started: back to the front of the line, in order.
         for attempt in reversed(child.queued):
             if attempt.kill_outcome is not None:
-                self._settle(attempt, attempt.kill_outcome, None, detail=attempt.kill_detail)
+                attempt.settle(attempt.kill_outcome, None, detail=attempt.kill_detail)
             else:
                 self._pending.appendleft(attempt)
         child.queued.clear()
@@ -529,7 +503,7 @@ class Supervisor:
         if child.server_died:
             exitcode = None
         outcome, detail, code, signum = death_outcome(run, exitcode)
-        self._settle(run, outcome, child.pid, exitcode=code, signal=signum, detail=detail)
+        run.settle(outcome, child.pid, exitcode=code, signal=signum, detail=detail)
 
     def _break(self, why: str) -> None:
         """Give up: no more children. Attempts that never started end as interrupted."""
@@ -537,7 +511,7 @@ class Supervisor:
         self.broken = PoolBroken(why)
         self._closing = True
         while self._pending:
-            self._settle(self._pending.popleft(), Outcome.INTERRUPTED, None, detail=why)
+            self._pending.popleft().settle(Outcome.INTERRUPTED, None, detail=why)
 
     # -- deadlines and kills ---------------------------------------------------------------
 
@@ -566,7 +540,7 @@ class Supervisor:
     def _shutdown(self) -> None:
         """Close every channel, give idle children a moment to exit, then kill what is left."""
         self._on_wake(None)  # commands that raced with close: run ones end as interrupted
-        commands.cancel_all(self._children, self._pending, self._settle)
+        commands.cancel_all(self._children, self._pending)
         # Seen while each child lives: once it exits, a grandchild that left its process
         # group (setsid) is re-parented and no longer found under it.
         trees = {child.pid: descendants(child.pid) for child in self._children}
@@ -583,7 +557,7 @@ class Supervisor:
             if run is not None:  # only after a supervisor crash or a cancelling close
                 self._settle_death(child, run, child.process.exitcode)
             for attempt in child.queued:
-                self._settle(attempt, Outcome.INTERRUPTED, None, detail="the pool stopped")
+                attempt.settle(Outcome.INTERRUPTED, None, detail="the pool stopped")
             child.process.close()
             server.forget(child.pid)
         server.sweep_orphans()  # kept strays and daemons of children that died on their own
@@ -592,10 +566,3 @@ class Supervisor:
             self._server.close()
         self._selector.close()
         self._closed = True
-
-    @staticmethod
-    def _call(fn: Callable[..., None], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception:  # a callback's bug must not take the supervisor down
-            log.exception("pool callback %r failed", fn)
