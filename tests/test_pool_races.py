@@ -70,8 +70,8 @@ def test_a_deadline_never_overrides_a_result_already_sent(tmp_path: Path, deadli
     elif deadline == "fence":
         limits["fence_deadline"] = time.monotonic() + 1.0
     else:
-        limits["max_memory_mb"] = 100
-        mb = 200
+        limits["max_memory_mb"] = 60
+        mb = 120
     with Pool(CALL, size=2, memory_check_interval_s=0.05) as pool:
         begun = time.monotonic()
         late = run(pool, "wait_then_return", str(fifo), str(marker), mb, **limits)
