@@ -97,3 +97,51 @@ def test_resource_tracker_death_does_not_disturb_the_pool(tmp_path: Path) -> Non
             os.kill(tracker, signal.SIGKILL)
         for i in range(3):  # each job needs a fresh child: spawning still works
             assert pool.submit(i).result(timeout=10) == i
+
+
+HELPER_MODULE = """
+import os, subprocess, sys
+_helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+with open({pid_file!r}, "a") as f:
+    f.write(f"{{os.getpid()}} {{_helper.pid}}\\n")
+
+def run(how):
+    if how == "exit":
+        os._exit(3)
+    return how
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_helper_the_processor_module_starts_at_import_is_not_an_orphan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orphan sweep below the fork server spares what the fork server started itself
+    (a module preloaded there that starts a helper at import)."""
+    import sys
+
+    import psutil
+
+    pid_file = tmp_path / "helpers"
+    name = f"helper_module_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text(HELPER_MODULE.format(pid_file=str(pid_file)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    helpers: list[int] = []
+    try:
+        with Pool(f"{name}:run", size=1) as pool:
+            wait_for(lambda: len(pid_file.read_text().split()) >= 4, 10, "both imports")
+            rows = [line.split() for line in pid_file.read_text().splitlines()]
+            helpers = [int(helper) for _, helper in rows]
+            server_pid = server.pid()
+            in_server = [int(h) for importer, h in rows if int(importer) == server_pid]
+            assert in_server, rows
+            assert pool.submit("exit").exception(timeout=10) is not None  # a child dies
+            assert pool.submit("ok").result(timeout=10) == "ok"
+            assert all(psutil.pid_exists(h) for h in in_server), "the helper was swept"
+    finally:
+        for helper in helpers:
+            try:
+                os.kill(helper, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        sys.modules.pop(name, None)

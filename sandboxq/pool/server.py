@@ -12,7 +12,8 @@ spawn holds its lock from the fork until the pid is registered: an orphan sweep 
 in another pool's supervisor never mistakes a child being born for an orphan. A process
 that uses multiprocess's forkserver context for its own processes, beside sandboxq, shares
 this fork server and would see those processes swept as orphans: the fork server is the
-pool's.
+pool's. Processes the fork server started itself before its first pool child (a helper a
+preloaded module starts at import) are its own, and left alone.
 
 ``watch()`` gives a pidfd that becomes readable when the fork server dies, so a supervisor
 notices in its select, within milliseconds, and can start a fresh one.
@@ -31,6 +32,9 @@ from sandboxq.pool.kill import children_of, sweep
 
 _lock = threading.Lock()
 _pool_children: set[int] = set()
+#: Per fork server, the processes it had started itself (a preloaded module may start a
+#: helper at import) before its first pool child: never orphans.
+_own: dict[int, set[int]] = {}
 
 
 @contextmanager
@@ -40,9 +44,12 @@ def spawning() -> Iterator[None]:
         yield
 
 
-def register(pid: int) -> None:
+def register(child: int) -> None:
     """Record a pool child (call inside ``spawning``)."""
-    _pool_children.add(pid)
+    _pool_children.add(child)
+    server = pid()
+    if server is not None and server not in _own:
+        _own[server] = set(children_of(server)) - _pool_children
 
 
 def forget(pid: int) -> None:
@@ -66,8 +73,9 @@ def sweep_orphans() -> int:
         return 0
     killed = 0
     with _lock:
+        own = _own.get(server, set())
         for orphan in children_of(server):
-            if orphan not in _pool_children:
+            if orphan not in _pool_children and orphan not in own:
                 killed += sweep(orphan)
     return killed
 
