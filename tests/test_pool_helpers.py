@@ -101,9 +101,13 @@ def test_resource_tracker_death_does_not_disturb_the_pool(tmp_path: Path) -> Non
 
 HELPER_MODULE = """
 import os, subprocess, sys
-_helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-with open({pid_file!r}, "a") as f:
-    f.write(f"{{os.getpid()}} {{_helper.pid}}\\n")
+_helper = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(120)"],
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+)
+with open(os.environ["HELPER_PIDS"], "a") as f:
+    f.write(f"{os.getpid()} {_helper.pid}\\n")
 
 def run(how):
     if how == "exit":
@@ -111,37 +115,49 @@ def run(how):
     return how
 """
 
+HELPER_PARENT = """
+import os, sys, time
+import psutil
+sys.path.insert(0, sys.argv[1])
+from sandboxq import Pool
+from sandboxq.pool import server
+with Pool("helper_module:run", size=1) as pool:
+    rows = [line.split() for line in open(os.environ["HELPER_PIDS"]).read().splitlines()]
+    in_server = [int(h) for importer, h in rows if int(importer) == server.pid()]
+    assert in_server, rows
+    assert pool.submit("exit").exception(timeout=10) is not None  # a child dies on its own
+    assert pool.submit("ok").result(timeout=10) == "ok"
+    assert all(psutil.pid_exists(h) for h in in_server), "the helper was swept"
+print("ok", flush=True)
+"""
+
 
 @pytest.mark.timeout(30)
 def test_a_helper_the_processor_module_starts_at_import_is_not_an_orphan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """The orphan sweep below the fork server spares what the fork server started itself
-    (a module preloaded there that starts a helper at import)."""
+    (a module preloaded there that starts a helper at import). In a process of its own,
+    so that the fork server is fresh and preloads the module."""
+    import subprocess
     import sys
 
-    import psutil
-
     pid_file = tmp_path / "helpers"
-    name = f"helper_module_{os.getpid()}"
-    (tmp_path / f"{name}.py").write_text(HELPER_MODULE.format(pid_file=str(pid_file)))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    helpers: list[int] = []
+    (tmp_path / "helper_module.py").write_text(HELPER_MODULE)
+    env = {**os.environ, "HELPER_PIDS": str(pid_file)}
     try:
-        with Pool(f"{name}:run", size=1) as pool:
-            wait_for(lambda: len(pid_file.read_text().split()) >= 4, 10, "both imports")
-            rows = [line.split() for line in pid_file.read_text().splitlines()]
-            helpers = [int(helper) for _, helper in rows]
-            server_pid = server.pid()
-            in_server = [int(h) for importer, h in rows if int(importer) == server_pid]
-            assert in_server, rows
-            assert pool.submit("exit").exception(timeout=10) is not None  # a child dies
-            assert pool.submit("ok").result(timeout=10) == "ok"
-            assert all(psutil.pid_exists(h) for h in in_server), "the helper was swept"
+        out = subprocess.run(
+            [sys.executable, "-c", HELPER_PARENT, str(tmp_path)],
+            capture_output=True,
+            timeout=25,
+            env=env,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr.decode()[-2000:]
+        assert out.stdout.strip() == b"ok"
     finally:
-        for helper in helpers:
+        for line in pid_file.read_text().splitlines() if pid_file.exists() else []:
             try:
-                os.kill(helper, signal.SIGKILL)
+                os.kill(int(line.split()[1]), signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        sys.modules.pop(name, None)
