@@ -42,7 +42,11 @@ ORPHAN_GRACE_S = 5.0
 StartWorker = Callable[..., "SandboxWorker"]
 
 _SNAPSHOT = pytest.StashKey[dict[int, str]]()
-_HANDLER_FIXTURES = {"sandboxq_misbehaving_handler": "CASES", "sandboxq_hung_handler": "HUNG"}
+_HANDLER_FIXTURES = {
+    "sandboxq_misbehaving_handler": "CASES",
+    "sandboxq_hung_handler": "HUNG",
+    "sandboxq_contained_handler": "CONTAINED",
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -260,6 +264,14 @@ def sandboxq_hung_handler(request: pytest.FixtureRequest) -> HandlerCase:
     """Like ``sandboxq_misbehaving_handler``, only the handlers that hang until a timeout
     ends them (outcome soft_timeout or hard_timeout)."""
     return _handler_case(request, "sandboxq_hung_handler")
+
+
+@pytest.fixture
+def sandboxq_contained_handler(request: pytest.FixtureRequest) -> HandlerCase:
+    """Each handler that returns normally (ok) but leaves processes or memory behind
+    (a daemon, a session helper, a fork burst, a fork bomb, a memory leak): combine it
+    with ``sandboxq_no_orphans`` to check that nothing it started outlives its attempt."""
+    return _handler_case(request, "sandboxq_contained_handler")
 
 
 # -- no orphans ------------------------------------------------------------------------------

@@ -181,8 +181,12 @@ class PoolSettings(_Settings):
     import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(
         default=None, gt=0, le=MAX_INTERVAL_S
     )
+    # True: processes an attempt started may outlive it (killed when their child ends)
+    keep_strays: Annotated[bool, Strict()] = False
+    # a child whose resident memory grew by more than this since it started is replaced
+    max_child_growth_mb: Annotated[float | None, NUMBER_ONLY] = None
 
-    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
+    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb", "max_child_growth_mb")
     @classmethod
     def _positive(cls, value: float | None, info: Any) -> float | None:
         if value is not None and (not math.isfinite(value) or value <= 0):

@@ -95,17 +95,20 @@ def test_hard_kill_takes_grandchildren(handler: str, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("handler", ["grandchild_hang", "setsid_grandchild_hang"])
-def test_shutdown_takes_grandchildren_a_soft_timeout_left_behind(
-    handler: str, tmp_path: Path
-) -> None:
-    # The child survives its soft timeout and exits when the pool closes: a grandchild it
-    # left in another session must be found while the child still lives.
+def test_soft_timeout_takes_the_grandchildren_it_left_behind(handler: str, tmp_path: Path) -> None:
+    # The child survives its soft timeout; the attempt boundary still ends what it started
+    # (another session included) before the outcome is reported.
     pid_file = tmp_path / "pids"
     with Pool(H + handler, size=1, soft_timeout_s=SOFT, hard_timeout_s=5) as pool:
         assert attempt(pool, str(pid_file)).outcome is Outcome.SOFT_TIMEOUT
         grandchildren = [int(x) for x in pid_file.read_text().split()]
-        assert grandchildren and wait_dead(grandchildren, 0.2) == grandchildren  # running
-    assert not wait_dead(grandchildren), "a grandchild outlived the pool"
+        assert grandchildren
+        left = [
+            p
+            for p in grandchildren
+            if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+        ]
+        assert not left, "a grandchild outlived its attempt"
 
 
 @pytest.mark.timeout(30)

@@ -9,21 +9,85 @@ message (messages are never tuples themselves, so a tuple is always such a batch
 
 from __future__ import annotations
 
+import io
 import pickle
 import socket
 import struct
 from collections import deque
 from typing import Any
 
+from sandboxq.pool import messages
+
 _HEADER = struct.Struct("!I")
 _CHUNK = 256 * 1024
+_ACCEPTED = {
+    cls.__name__: cls
+    for cls in (
+        messages.Ready,
+        messages.Progress,
+        messages.Finished,
+        messages.Failed,
+        messages.RemoteError,
+    )
+}
+
+
+class BadMessage(Exception):
+    """A frame from a child that the parent cannot or will not decode."""
+
+
+class _MessageUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == messages.__name__ and name in _ACCEPTED:
+            return _ACCEPTED[name]
+        raise pickle.UnpicklingError(f"{module}.{name} is not a message a child may send")
+
+
+def _remote_error(e: Any) -> bool:
+    return (
+        type(e) is messages.RemoteError
+        and type(e.type_name) is str
+        and type(e.message) is str
+        and type(e.traceback) is str
+        and (e.pickled is None or type(e.pickled) is bytes)
+    )
+
+
+#: What each message's fields must be: a well-formed pickle of the wrong shape is refused
+#: here rather than failing later inside a callback.
+_WELL_FORMED = {
+    messages.Finished: lambda m: type(m.token) is int and type(m.result) is bytes,
+    messages.Failed: lambda m: type(m.token) is int and _remote_error(m.error),
+    messages.Progress: lambda m: (
+        type(m.token) is int
+        and type(m.fraction) is float
+        and (m.message is None or type(m.message) is str)
+    ),
+    messages.Ready: lambda m: type(m.pid) is int,
+}
+
+
+def _guarded_loads(data: memoryview) -> Any:
+    try:
+        message = _MessageUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # anything at all: the bytes are the child's
+        raise BadMessage(f"{type(exc).__name__}: {exc}") from None
+    for one in message if type(message) is tuple else (message,):
+        check = _WELL_FORMED.get(type(one))
+        if check is None or not check(one):
+            raise BadMessage(f"a malformed {type(one).__name__}")
+    return message
 
 
 class Channel:
-    __slots__ = ("_batch", "_buffer", "_chunk", "_start", "sock")
+    __slots__ = ("_batch", "_buffer", "_chunk", "_loads", "_start", "max_frame", "sock")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, max_frame: int | None = None) -> None:
         self.sock = sock
+        #: The parent's end sets this: frames are then capped, never waited for, and
+        #: decoded by the restricted unpickler.
+        self.max_frame = max_frame
+        self._loads: Any = pickle.loads if max_frame is None else _guarded_loads
         self._batch: deque[Any] = deque()  # the rest of a received batch, not yet returned
         self._buffer = bytearray()
         self._start = 0  # where the unread part of _buffer begins
@@ -32,10 +96,11 @@ class Channel:
         self._chunk = memoryview(bytearray(_CHUNK))
 
     @classmethod
-    def pair(cls) -> tuple[Channel, socket.socket]:
-        """Our end as a Channel, and the raw socket to hand to the child."""
+    def pair(cls, max_frame: int | None = None) -> tuple[Channel, socket.socket]:
+        """Our end as a Channel (guarded when ``max_frame`` is given), and the raw socket
+        to hand to the child."""
         ours, theirs = socket.socketpair()
-        return cls(ours), theirs
+        return cls(ours, max_frame=max_frame), theirs
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -55,20 +120,23 @@ class Channel:
         self.sock.sendall(_HEADER.pack(len(data)) + data)
 
     def receive_available(self) -> list[Any]:
-        """Messages that are complete after one read (blocks only to finish a started frame).
+        """Messages that are complete after one read, and after reading on while more is
+        already there (never waiting for the rest of a frame). May be empty.
 
-        Raises EOFError when the peer has closed its end.
+        Raises EOFError when the peer has closed its end, ``BadMessage`` (guarded end) for
+        a frame it cannot decode.
         """
         if not self._batch:
             self._fill()
-        messages = []
+        found = []
         while (message := self._pop()) is not None:
-            messages.append(message)
-        while len(self._buffer) > self._start and not messages:  # a frame larger than one read
-            self._fill()
+            found.append(message)
+        while len(self._buffer) > self._start and not found:  # a frame larger than one read
+            if not self._fill(wait=False):
+                break  # the rest is not there yet: the next readiness brings it
             if (message := self._pop()) is not None:
-                messages.append(message)
-        return messages
+                found.append(message)
+        return found
 
     def receive(self) -> Any:
         """The next message, blocking. Raises EOFError when the peer has closed its end."""
@@ -76,14 +144,18 @@ class Channel:
             self._fill()
         return message
 
-    def _fill(self) -> None:
-        size = self.sock.recv_into(self._chunk)
+    def _fill(self, wait: bool = True) -> bool:
+        try:
+            size = self.sock.recv_into(self._chunk, 0, 0 if wait else socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
         if not size:
             raise EOFError("the other end of the channel is closed")
         if self._start:  # drop what was read, once per recv (not once per frame)
             del self._buffer[: self._start]
             self._start = 0
         self._buffer += self._chunk[:size]
+        return True
 
     def _pop(self) -> Any:
         if self._batch:
@@ -92,11 +164,13 @@ class Channel:
         if len(buf) - start < _HEADER.size:
             return None
         (size,) = _HEADER.unpack_from(buf, start)
+        if self.max_frame is not None and size > self.max_frame:
+            raise BadMessage(f"a frame of {size} bytes, over the limit of {self.max_frame}")
         end = start + _HEADER.size + size
         if len(buf) < end:
             return None
         with memoryview(buf) as view:
-            message = pickle.loads(view[start + _HEADER.size : end])
+            message = self._loads(view[start + _HEADER.size : end])
         self._start = end
         if type(message) is tuple:
             self._batch.extend(message[1:])

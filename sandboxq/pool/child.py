@@ -1,11 +1,20 @@
 """The child's main loop. Runs in the child process; never imports Redis code.
 
-    start: setsid (own process group) → die with the parent → import the processor → Ready
-    loop:  Run ─► decode args ─► processor(*args, **kwargs) ─► encode result ─► Finished
-                                        │ raised / SoftTimeout
-                                        └────────────────────────────────────► Failed
+    start: setsid (own process group) → subreaper → die with the parent → import → Ready
+    loop:  Run ─► decode args ─► processor(*args, **kwargs) ─► encode result ─┐
+                                        │ raised / SoftTimeout                 │
+                                        ▼                                      ▼
+                         sweep: kill and reap every process the attempt started
+                                        ▼                                      ▼
+                                     Failed                                 Finished
            sys.exit(N) / os._exit(N) in the handler ends the child with code N; the parent
            reads the code from the process sentinel.
+
+The attempt boundary: the child is a subreaper, so whatever its handler starts (a
+daemon that double-forks, a helper in its own session) stays below it, and after every
+attempt, before the outcome is sent, ``kill.sweep_own_tree`` kills and reaps all of it.
+``keep_strays`` (a pool setting, off by default) skips that sweep for handlers that keep
+a helper alive across jobs on purpose; the child still sweeps when it exits.
 
 The soft timeout arrives as SIGSOFT: the handler raises ``SoftTimeout`` in the main thread
 only while the processor is running, so a late signal can never break the loop itself.
@@ -14,12 +23,16 @@ The fence guard, a thread, kills the child's process group once the running atte
 fence deadline (``time.monotonic()``, shared with the parent, which moves it on every
 renewal) has passed. The parent enforces the same deadline; the guard covers a parent
 that cannot: stopped (Ctrl-Z stops the worker's process group, and children have their
-own), or starved. A handler holding the GIL in one long C call keeps the guard from
+own), or starved. It sleeps until the deadline is near (looking again every
+``GUARD_IDLE_S``), not in short polls: every wake of a second thread takes the GIL from
+the handler. A handler holding the GIL in one long C call keeps the guard from
 running, so then only the parent's fence remains.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import pickle
 import signal
@@ -35,15 +48,27 @@ from sandboxq import codec
 from sandboxq.errors import SandboxqError, SoftTimeout
 from sandboxq.pool import linux
 from sandboxq.pool.channel import Channel
+from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
 from sandboxq.processor import resolve
 
 #: The signal the parent sends at the soft deadline.
 SIGSOFT = signal.SIGUSR1
 
-#: How often the fence guard looks at the deadline; it strikes up to this much early, so
-#: that it is never late.
+#: The fence guard strikes up to this much before the deadline, so that it is never late.
 FENCE_CHECK_S = 0.05
+#: How long the fence guard sleeps while no deadline is set, or between looks at a far one
+#: (the parent may move it, or start an attempt with an earlier one).
+GUARD_IDLE_S = 0.25
+#: The ``shared`` array between parent and child: [0] the token of the task the child
+#: started last (written before it runs anything of it), [1] how many tasks the parent
+#: has withdrawn, [2:] a ring of their tokens. A withdrawn task is skipped, never run.
+STARTED, WITHDRAWN = 0, 1
+WITHDRAWN_RING = 64
+SHARED_SIZE = 2 + WITHDRAWN_RING
+
+#: Longest progress message that crosses the pipe; a longer one is cut to this many chars.
+MAX_PROGRESS_MESSAGE = 4096
 
 
 class JobContext:
@@ -60,11 +85,23 @@ class JobContext:
         self.armed = False  # True only while the processor itself runs
 
     def progress(self, fraction: float, message: str | None = None) -> None:
-        """Report progress (0.0 to 1.0) to the parent; safe to call from any thread."""
-        if not 0.0 <= fraction <= 1.0:
+        """Report progress (0.0 to 1.0) to the parent; safe to call from any thread.
+
+        ``message`` longer than ``MAX_PROGRESS_MESSAGE`` characters is cut to that length.
+        """
+        given: object = fraction  # checked as what a caller may really pass, not as typed
+        if isinstance(given, bool) or not isinstance(given, numbers.Real):
+            raise TypeError(f"progress fraction must be a number, got {fraction!r}")
+        value = float(given)
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
             raise ValueError(f"progress fraction must be within 0..1, got {fraction!r}")
+        said: object = message
+        if said is not None:
+            if not isinstance(said, str):
+                raise TypeError(f"progress message must be a str or None, got {message!r}")
+            message = str.__str__(said)[:MAX_PROGRESS_MESSAGE]  # a plain str, not a subclass
         with self._lock:
-            self._conn.send(Progress(self.token, float(fraction), message))
+            self._conn.send(Progress(self.token, value, message))
 
 
 _current: JobContext | None = None
@@ -116,11 +153,25 @@ def _exit_now(exc: SystemExit) -> None:
         status = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    sweep_own_tree()
     os._exit(status)
 
 
-def run_one(conn: Channel, lock: threading.Lock, processor: Any, run: Run) -> None:
+def run_one(
+    conn: Channel,
+    lock: threading.Lock,
+    processor: Any,
+    run: Run,
+    keep_strays: bool = False,
+    shared: Any = None,
+) -> None:
     global _current
+    if shared is not None:
+        # First "started", then the check: the parent withdraws a task only while this
+        # process is stopped (SIGSTOP), so it either sees it started or we see the mark.
+        shared[STARTED] = run.token
+        if shared[WITHDRAWN] and run.token in shared[2:]:
+            return  # withdrawn while it waited in our channel: never started, no reply
     job = _current = JobContext(conn, lock, run)
     reply: Finished | Failed
     try:
@@ -139,6 +190,8 @@ def run_one(conn: Channel, lock: threading.Lock, processor: Any, run: Run) -> No
         reply = Failed(run.token, describe(exc))
     finally:
         _current = None
+    if not keep_strays:
+        sweep_own_tree()  # before the outcome leaves: nothing the attempt started outlives it
     with lock:
         conn.send(reply)
 
@@ -146,18 +199,30 @@ def run_one(conn: Channel, lock: threading.Lock, processor: Any, run: Run) -> No
 def _guard_fence(fence: Any) -> None:
     """Kill this child's tree once the running attempt's fence deadline (0: none) is near."""
     while True:
-        time.sleep(FENCE_CHECK_S)
         deadline = fence.value
-        if deadline and _current is not None and time.monotonic() + FENCE_CHECK_S >= deadline:
+        now = time.monotonic()
+        if deadline and _current is not None and now + FENCE_CHECK_S >= deadline:
             os.killpg(0, signal.SIGKILL)
+        wait = GUARD_IDLE_S
+        if deadline:
+            wait = min(wait, max(deadline - FENCE_CHECK_S - now, 0.01))
+        time.sleep(wait)
 
 
-def child_main(sock: socket.socket, processor_path: str, soft_token: Any, fence: Any) -> None:
+def child_main(
+    sock: socket.socket,
+    processor_path: str,
+    soft_token: Any,
+    fence: Any,
+    keep_strays: bool = False,
+    shared: Any = None,
+) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
     global _soft_token
     _soft_token = soft_token
     conn = Channel(sock)
     os.setsid()  # own session and process group: one killpg takes the whole tree
+    linux.become_subreaper()  # whatever the handler starts stays below us: see sweep
     if not linux.die_with_parent(signal.SIGKILL):
         os._exit(1)
     threading.Thread(target=_guard_fence, args=(fence,), name="sandboxq-fence", daemon=True).start()
@@ -169,6 +234,8 @@ def child_main(sock: socket.socket, processor_path: str, soft_token: Any, fence:
     try:
         conn.send(Ready(os.getpid()))
         while True:
-            run_one(conn, lock, processor, conn.receive())
+            run_one(conn, lock, processor, conn.receive(), keep_strays, shared)
     except (EOFError, OSError):
         return  # the parent closed our channel: stop quietly
+    finally:
+        sweep_own_tree()  # kept strays included: nothing outlives the child

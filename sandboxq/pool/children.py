@@ -8,6 +8,7 @@ to an idle child, or becomes the running one after its predecessor in the channe
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -21,10 +22,20 @@ import psutil
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task, signal_name
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import FENCE_CHECK_S, SIGSOFT
-from sandboxq.pool.kill import kill_tree, tree_rss
+from sandboxq.pool.child import FENCE_CHECK_S, SIGSOFT, STARTED, WITHDRAWN, WITHDRAWN_RING
+from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
 
 OnDone = Callable[[AttemptResult], None]
+log = logging.getLogger("sandboxq.pool")
+MB = 1024 * 1024
+
+
+def call(fn: Callable[..., None], *args: Any) -> None:
+    """Call a user's callback on the supervisor thread: its bug must not take that down."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("pool callback %r failed", fn)
 
 
 def readable(channel: Channel) -> bool:
@@ -46,6 +57,7 @@ class Attempt:
         "kill_outcome",
         "memory_check_at",
         "on_done",
+        "rss_base",
         "soft_deadline",
         "soft_outcome",
         "soft_sent",
@@ -71,6 +83,7 @@ class Attempt:
         self.kill_outcome: Outcome | None = None
         self.kill_detail: str | None = None
         self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
+        self.rss_base = 0  # the child's resident memory when this attempt started
 
     def start(self, now: float, memory_every: float, at_ms: int | None = None) -> None:
         task = self.task
@@ -79,6 +92,34 @@ class Attempt:
         self.soft_deadline = now + task.soft_timeout_s if task.soft_timeout_s else None
         self.hard_deadline = now + task.hard_timeout_s if task.hard_timeout_s else None
         self.memory_check_at = now + memory_every if task.max_memory_mb else None
+
+    def settle(
+        self,
+        outcome: Outcome,
+        pid: int | None,
+        now: float | None = None,
+        at_ms: int | None = None,
+        **fields: Any,
+    ) -> None:
+        """Report how this attempt ended to its ``on_done`` (``now`` / ``at_ms``: the
+        moment, when the caller already read the clocks)."""
+        if now is None:
+            now = time.monotonic()
+        result = AttemptResult(
+            self.token,
+            outcome,
+            pid=pid,
+            started_ms=self.started_ms,
+            ended_ms=at_ms if at_ms is not None else now_ms(),
+            runtime_s=now - self.started if self.started_ms else None,
+            **fields,
+        )
+        call(self.on_done, result)
+
+    def due(self, now: float) -> bool:
+        """Whether a deadline or a memory sample of this attempt has come."""
+        event = self.next_event()
+        return event is not None and now >= event
 
     def next_event(self) -> float | None:
         if self.kill_outcome is not None:
@@ -101,22 +142,34 @@ class Child:
         "process",
         "queued",
         "ready",
+        "recycle",
         "retiring",
+        "rss_after",
+        "rss_ready",
         "running",
+        "server_died",
+        "shared",
         "soft_token",
     )
 
-    def __init__(self, process: Any, conn: Channel, soft_token: Any, fence: Any) -> None:
+    def __init__(
+        self, process: Any, conn: Channel, soft_token: Any, fence: Any, shared: Any
+    ) -> None:
         self.process = process
         self.conn = conn
         self.soft_token = soft_token  # shared: which attempt the soft signal is meant for
         self.fence = fence  # shared: the running attempt's fence deadline, for its guard
+        self.shared = shared  # shared: the task it started last, the tasks withdrawn (child.py)
         self.pid: int = process.pid
         self.ready = False
         self.retiring = False
         self.running: Attempt | None = None
         self.queued: deque[Attempt] = deque()
         self.jobs_done = 0
+        self.server_died = False  # the fork server died under it
+        self.recycle = False  # replace it once its queued tasks are done (memory)
+        self.rss_ready: int = 0  # resident memory when it became ready
+        self.rss_after: int | None = None  # sampled after its last attempt, until the next
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)
@@ -125,6 +178,46 @@ class Child:
         """Tell the child's fence guard the running attempt's fence deadline (0: none)."""
         run = self.running
         self.fence.value = (run.fence_deadline or 0.0) if run is not None else 0.0
+
+    def rss(self) -> int:
+        return tree_rss(self.pid)[0]
+
+    def begin(self, run: Attempt, now: float, every: float, at_ms: int | None = None) -> None:
+        """``run`` starts now; with a memory limit, from the child's present memory (its
+        limit applies to what it adds, not to what earlier attempts left)."""
+        run.start(now, every, at_ms)
+        if run.task.max_memory_mb is not None:
+            run.rss_base = self.rss_after if self.rss_after is not None else self.rss()
+        self.rss_after = None
+
+    def check_after(self, run: Attempt, max_growth_mb: float | None) -> None:
+        """After ``run``: a child over that attempt's limit, or grown by more than
+        ``max_growth_mb`` since it started, is replaced before it takes another task."""
+        rss = self.rss_after = self.rss()
+        limit = run.task.max_memory_mb
+        if limit is not None and rss > limit * MB:
+            self.recycle = True
+        if max_growth_mb is not None and rss - self.rss_ready > max_growth_mb * MB:
+            self.recycle = True
+
+    def started(self, run: Attempt) -> bool:
+        """Whether the child started ``run`` (read once it is dead or stopped)."""
+        return bool(self.shared[STARTED] == run.token)
+
+    def withdraw(self, attempt: Attempt) -> bool:
+        """Take a task back from the child's channel before it starts: True if it will
+        never run. The child is stopped meanwhile, so it cannot start it half-way."""
+        if not stop(self.pid):
+            return False
+        try:
+            if self.shared[STARTED] == attempt.token:
+                return False
+            count = self.shared[WITHDRAWN]
+            self.shared[2 + count % WITHDRAWN_RING] = attempt.token
+            self.shared[WITHDRAWN] = count + 1
+            return True
+        finally:
+            resume(self.pid)
 
     def signal_soft(self, run: Attempt) -> None:
         run.soft_sent = True
@@ -135,6 +228,15 @@ class Child:
             os.kill(self.pid, SIGSOFT)
         except ProcessLookupError:
             pass
+
+    def lose_server(self, why: str) -> None:
+        """The fork server died (and this child with it): its attempt is interrupted, not
+        charged, and its exit code (multiprocess's 255) is not the handler's."""
+        run = self.running
+        if run is not None and run.kill_outcome is None:
+            run.kill_outcome, run.kill_detail = Outcome.INTERRUPTED, why
+        self.server_died = True
+        kill_tree(self.pid, run.tree if run else ())
 
     def kill(self, outcome: Outcome, detail: str) -> None:
         """Kill the tree running ``self.running``, which then ends with ``outcome``."""
@@ -149,8 +251,12 @@ class Child:
         rss, tree = tree_rss(self.pid)
         run.tree = list({p.pid: p for p in (*run.tree, *tree)}.values())
         run.memory_check_at = now + every
-        if rss > run.task.max_memory_mb * 1024 * 1024:
-            return f"used {rss / 2**20:.0f} MB, over the limit of {run.task.max_memory_mb:g} MB"
+        grown = rss - run.rss_base
+        if grown > run.task.max_memory_mb * MB:
+            return (
+                f"used {grown / MB:.0f} MB more than at its start, over the limit of "
+                f"{run.task.max_memory_mb:g} MB"
+            )
         return None
 
 

@@ -35,14 +35,14 @@ import warnings
 from types import FrameType
 
 from sandboxq.pool import linux
-from sandboxq.pool.kill import descendants, kill_tree
+from sandboxq.pool.kill import sweep
 
 
 def _kill_everything_and_exit() -> None:
-    # Twice: a child may fork while the first sweep runs.
+    # One sweep stops the whole tree before it kills any of it, so a fork bomb below a
+    # child cannot outrun it; the second covers a kernel without per-thread children lists.
     for _ in range(2):
-        for proc in descendants(os.getpid()):
-            kill_tree(proc.pid)
+        sweep(os.getpid(), include_root=False)
     os._exit(0)
 
 

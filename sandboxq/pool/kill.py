@@ -1,9 +1,22 @@
 """Process-tree kill and memory sampling: the pool's only use of psutil.
 
-A child leads its own process group (it calls ``setsid`` at start), so one ``killpg``
-takes the child and every grandchild that stayed in the group. Grandchildren that left
-the group (``setsid``) are found by walking the process tree, which must happen *before*
-the child dies: after that they are re-parented and no longer descend from it.
+``sweep`` is the one place a tree is killed, whoever asks: the supervisor at a deadline or
+kill (the child and its tree), the child itself after every attempt (its own tree, then it
+reaps), the supervisor after a child died on its own (the orphans it left, now below the
+fork server), and the fork server when the worker died (everything below it). A kill by
+control group, where the machine allows one, replaces ``sweep``'s body and nothing else.
+
+How a sweep cannot be outrun: every process found is sent SIGSTOP, and the tree is walked
+again until a walk finds nothing new. A stopped process cannot fork (a fork in progress
+when SIGSTOP arrives is restarted by the kernel and never completes), so the walk ends
+even under a fork bomb; then every process found gets SIGKILL, group leader or not, and
+the sweep waits (bounded) until each one is dead or a zombie, so a caller that reports an
+outcome after it reports one whose processes are gone.
+
+Escapees stay findable: a pool child is a subreaper (``PR_SET_CHILD_SUBREAPER``), so a
+daemonised grandchild (setsid, fork, the middle exits) is re-parented to the child and
+still walks as its descendant; if the child itself dies first, they are re-parented to
+the fork server (a subreaper too), where the supervisor's orphan sweep finds them.
 
 The walk reads ``/proc/<pid>/task/<tid>/children`` for the tree's own members where the
 kernel has it: psutil's ``children()`` reads every process on the machine to find a
@@ -14,12 +27,34 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable
 
 import psutil
 
 #: Whether this kernel keeps per-thread children lists (CONFIG_PROC_CHILDREN).
 _CHILDREN_LISTS = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+def children_of(pid: int) -> list[int]:
+    """The direct children of ``pid`` (zombies included)."""
+    if not _CHILDREN_LISTS:
+        try:
+            return [p.pid for p in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    return found
 
 
 def _descendant_pids(pid: int) -> list[int]:
@@ -59,23 +94,125 @@ def descendants(pid: int) -> list[psutil.Process]:
     return procs
 
 
-def kill_tree(pid: int, known: Iterable[psutil.Process] = ()) -> None:
-    """SIGKILL ``pid``'s process group, every descendant, and ``known`` processes.
+#: How long a sweep waits for the processes it killed to be gone: SIGKILL is delivered at
+#: once, but a process in an uninterruptible wait (disk, NFS) ends only when that returns.
+SWEEP_WAIT_S = 1.0
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie (dead; only its exit status is left for its parent to reap)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop(pid: int, timeout_s: float = 0.5) -> bool:
+    """SIGSTOP ``pid`` and wait until it is stopped (False if it did not stop in time: it
+    is then resumed). It takes a scheduled moment of the process, so on a loaded machine
+    the bound is generous; a process in an uninterruptible wait does not stop at all."""
+    _signal(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"T", b"t"):
+            return True
+        time.sleep(0.0002)
+    resume(pid)
+    return False
+
+
+def resume(pid: int) -> None:
+    _signal(pid, signal.SIGCONT)
+
+
+def sweep(root: int, *, include_root: bool = True, known: Iterable[psutil.Process] = ()) -> int:
+    """Stop, then SIGKILL, every process below ``root`` (and ``root`` itself when
+    ``include_root``), and ``known`` processes; wait until they are gone. Returns how many
+    processes were killed (``root`` included).
 
     ``known`` are descendants seen earlier (by memory sampling) that may have been
     re-parented since. psutil refuses to signal a process whose pid was reused, so a
     stale entry can never hit an unrelated process.
     """
-    tree = descendants(pid)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for proc in (*tree, *known):
+    if not _CHILDREN_LISTS:  # no per-thread children lists: psutil's slower walk, unfrozen
+        for proc in (*descendants(root), *known):
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        if include_root:
+            _signal(root, signal.SIGKILL)
+        return 0
+    stopped: set[int] = set()
+    if include_root:
+        _signal(root, signal.SIGSTOP)
+        stopped.add(root)
+    while True:
+        new = [pid for pid in _descendant_pids(root) if pid not in stopped]
+        if not new:
+            break
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        stopped.update(new)
+    for pid in stopped:
+        _signal(pid, signal.SIGKILL)
+    for proc in known:
         try:
             proc.kill()
         except psutil.Error:
             pass
+    if include_root:
+        try:
+            os.killpg(root, signal.SIGKILL)  # a group member not yet forked when walked
+        except (ProcessLookupError, PermissionError):
+            pass
+    # Wait for one process at a time: re-reading every /proc entry on each turn would take
+    # the CPU that the kernel needs to tear the 200 processes of a burst down.
+    deadline = time.monotonic() + SWEEP_WAIT_S
+    waiting = list(stopped)
+    while waiting and time.monotonic() < deadline:
+        if _ended(waiting[-1]):
+            waiting.pop()
+        else:
+            time.sleep(0.0005)
+    return len(stopped)
+
+
+def kill_tree(pid: int, known: Iterable[psutil.Process] = ()) -> None:
+    """SIGKILL ``pid`` and its whole tree (``sweep``), and ``known`` processes."""
+    sweep(pid, include_root=True, known=known)
+
+
+def sweep_own_tree() -> int:
+    """Kill and reap every process below this one (a subreaper): what an attempt left.
+
+    The common case, no child at all, costs one ``waitpid``. Returns how many were killed.
+    """
+    killed = 0
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return killed  # nothing below us, alive or zombie
+        if pid:
+            continue  # reaped one: look again
+        killed += sweep(os.getpid(), include_root=False)
+        # Everything found is dead now; the zombies are reaped on the next turns. A child
+        # stuck past the sweep's wait is swept again rather than waited for blindly.
 
 
 def tree_rss(pid: int) -> tuple[int, list[psutil.Process]]:

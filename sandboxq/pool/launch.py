@@ -1,4 +1,5 @@
-"""Starting a child process through multiprocess, without re-running the parent's ``__main__``.
+"""Starting a child process through multiprocess, without re-running the parent's ``__main__``
+(and, ``start_retrying``, through a fork server that is being replaced).
 
 multiprocess sends each new process "preparation data" that makes it re-import the
 parent's main script as ``__mp_main__``. Our children only run a processor named by import
@@ -9,7 +10,10 @@ main-module keys for launches so marked and leaves every other multiprocess user
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+import warnings
 from typing import Any
 
 from multiprocess import spawn
@@ -37,3 +41,22 @@ def start(process: Any) -> None:
         process.start()
     finally:
         _marked.active = False
+
+
+def start_retrying(process: Any, tries: int) -> None:
+    """``start``, tried ``tries`` times: a fork server that just died refuses the first
+    connections until multiprocess sees it gone and starts a fresh one."""
+    for attempt in range(tries):
+        try:
+            # multiprocess *warns* when it relaunches a dead resource tracker; that is the
+            # recovery working, logged here, never an error of the calling thread.
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                start(process)
+            for warning in said:
+                logging.getLogger("sandboxq.pool").warning("starting a child: %s", warning.message)
+            return
+        except OSError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))

@@ -22,7 +22,7 @@ from typing import Any
 import multiprocess
 
 from sandboxq import codec
-from sandboxq.errors import SerializationError
+from sandboxq.errors import PoolBroken, SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.supervisor import Supervisor
@@ -56,6 +56,10 @@ class Pool:
     (the child's whole process tree is killed) and an optional memory limit. A failed
     attempt's future raises ``AttemptFailed`` whose ``.outcome`` names how it ended.
     Leaving the ``with`` block waits for submitted work, then stops every child.
+
+    Whatever an attempt starts is killed before its outcome is reported; ``keep_strays=True``
+    lets processes a handler started outlive its attempt (a helper kept across jobs on
+    purpose); they still end when their child does.
     """
 
     def __init__(
@@ -71,6 +75,8 @@ class Pool:
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         memory_check_interval_s: float = 0.05,
         import_timeout_s: float | None = None,
+        keep_strays: bool = False,
+        max_child_growth_mb: float | None = None,
     ) -> None:
         self.settings = build(
             PoolSettings,
@@ -84,6 +90,8 @@ class Pool:
             max_result_bytes=max_result_bytes,
             memory_check_interval_s=memory_check_interval_s,
             import_timeout_s=import_timeout_s,
+            keep_strays=keep_strays,
+            max_child_growth_mb=max_child_growth_mb,
         )
         # An unimportable processor fails here, with the import error; one that hangs at
         # import fails after import_timeout_s, and never reaches the fork server's preload.
@@ -96,6 +104,8 @@ class Pool:
             max_jobs_per_child=s.max_jobs_per_child,
             max_result_bytes=s.max_result_bytes,
             memory_check_interval_s=s.memory_check_interval_s,
+            keep_strays=s.keep_strays,
+            max_child_growth_mb=s.max_child_growth_mb,
         )
         self._supervisor.start()
         _live_pools.add(self)
@@ -103,6 +113,13 @@ class Pool:
     @property
     def size(self) -> int:
         return self.settings.size
+
+    @property
+    def broken(self) -> PoolBroken | None:
+        """Why the pool gave up (its children cannot be started, or its fork server keeps
+        dying), or None. Once set, ``submit``/``execute`` raise it, attempts that had not
+        started ended as ``interrupted``, and the pool runs nothing more."""
+        return self._supervisor.broken
 
     @property
     def pids(self) -> list[int]:

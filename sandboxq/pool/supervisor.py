@@ -1,20 +1,29 @@
 """The supervisor: one thread that owns every child and runs each attempt to its end.
 
     submit / kill / close (any thread)
-        │ commands deque + one byte on the wake pipe
+        │ commands deque + one byte on the wake pipe (commands.py: what each one does)
         ▼
-    select(child pipes, child sentinels, wake pipe; timeout = next deadline)
-        │                    │                     │
-        │ Ready/Progress/    │ a child died:       │ a deadline passed:
-        │ Finished/Failed    │ exit code → outcome │ soft signal, hard tree-kill,
-        ▼                    ▼                     ▼ memory sample
-    on_done(AttemptResult) ── then: dispatch pending tasks to idle children
+    select(child pipes, child sentinels, fork server pidfd, wake pipe; timeout = next deadline)
+        │                    │                     │                    │
+        │ Ready/Progress/    │ a child died:       │ the fork server    │ a deadline passed:
+        │ Finished/Failed    │ exit code → outcome │ died: its attempts │ read the pipe, then
+        │ (undecodable: that │ (never started:     │ interrupted, fresh │ soft signal, tree
+        │ child's error)     │ back to pending)    │ server + children  │ kill, memory sample
+        ▼                    ▼                     ▼                    ▼
+    on_done(AttemptResult) ── then: dispatch pending tasks
 
 Nothing polls: the select timeout is the nearest soft/hard deadline or memory sample, so a
-kill lands within a millisecond or two of its deadline. A child runs one attempt at a time
-and a task is only sent to an idle child, so "sent" is "started" and the deadline clock
-starts at dispatch. A kill names an attempt token, and the supervisor is the only thread
-that dispatches, so a kill can never hit the next job a reused child picked up.
+kill lands within a millisecond or two of its deadline. A child runs one attempt at a time.
+Pending tasks go to idle children first; while jobs are short (``PIPELINE_BELOW_S``) a few
+more are queued in busy children's channels, and a queued task starts when its child
+finishes the one before (its deadline clock starts then, not at dispatch). The child
+records each task's token as it starts it (``Child.started``), so a task withdrawn while
+queued never starts, and one a child died before starting goes back to pending, uncharged.
+A kill names an attempt token, and the supervisor is the only thread that dispatches, so a
+kill can never hit the next job a reused child picked up.
+
+Every process an attempt starts dies with the attempt (``kill.sweep``, the child's own
+sweep, and the orphan sweep below the fork server: ``server.py``).
 """
 
 from __future__ import annotations
@@ -26,19 +35,19 @@ import selectors
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from sandboxq.errors import PoolBroken
 from sandboxq.models import Outcome
-from sandboxq.pool import launch
-from sandboxq.pool.attempt import AttemptResult, Task
-from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import child_main
+from sandboxq.pool import commands, launch, server
+from sandboxq.pool.attempt import Task
+from sandboxq.pool.channel import BadMessage, Channel
+from sandboxq.pool.child import SHARED_SIZE, child_main
 from sandboxq.pool.children import (
     Attempt,
     Child,
     OnDone,
+    call,
     death_outcome,
     kill_overshoot_s,
     now_ms,
@@ -63,6 +72,13 @@ PIPELINE_BELOW_S = 0.005
 #: ones queued before it), and never more than PIPELINE_DEPTH tasks.
 PIPELINE_WORK_S = 0.002
 PIPELINE_DEPTH = 32
+#: How long a child's exit code 255 waits for the fork server's pidfd to explain it.
+SERVER_DEATH_WAIT_S = 0.2
+#: Tries to start one child before the pool is broken.
+LAUNCH_TRIES = 4
+#: A child's frame may exceed the result cap by this much (the message around the result,
+#: an error's traceback); anything larger is a bad message, refused before it is read.
+FRAME_SLACK = 4 * 1024 * 1024
 
 
 class Supervisor:
@@ -75,6 +91,8 @@ class Supervisor:
         max_jobs_per_child: int | None,
         max_result_bytes: int,
         memory_check_interval_s: float,
+        keep_strays: bool = False,
+        max_child_growth_mb: float | None = None,
     ) -> None:
         self._ctx = ctx
         self._processor = processor
@@ -82,6 +100,8 @@ class Supervisor:
         self._max_jobs_per_child = max_jobs_per_child
         self._max_result_bytes = max_result_bytes
         self._memory_every = memory_check_interval_s
+        self._keep_strays = keep_strays
+        self._max_growth_mb = max_child_growth_mb
         self._tokens = itertools.count(1)
         self._commands: deque[tuple[Any, ...]] = deque()
         self._pending: deque[Attempt] = deque()
@@ -97,6 +117,8 @@ class Supervisor:
         self._start_failures = 0
         #: Children started, replacements included (the worker's pool restarts metric).
         self.spawned = 0
+        self._replace = 0  # children that died and are to be replaced
+        self._server = server.Watch() if ctx.get_start_method() == "forkserver" else None
         self.broken: PoolBroken | None = None
         self._spawned = threading.Event()
         self._thread = threading.Thread(target=self._main, name="sandboxq-supervisor", daemon=True)
@@ -175,6 +197,11 @@ class Supervisor:
             while not (
                 self._closing and not self._commands and not self._pending and not self._busy()
             ):
+                # Replacements start here, after a whole select batch: a slow start (a
+                # fresh fork server importing numpy) never delays another child's outcome.
+                while self._replace > 0 and not self._closing:
+                    self._replace -= 1
+                    self._spawn()
                 self._dispatch()
                 timeout = self._next_event(time.monotonic())
                 for key, _ in self._selector.select(timeout):
@@ -205,35 +232,83 @@ class Supervisor:
             if kind == "run":
                 self._pending.append(rest[0])
             elif kind == "kill":
-                self._kill_token(*rest)
+                commands.kill(self._children, self._pending, self._drain, *rest)
             elif kind == "fence":
-                self._extend_fence(*rest)
+                commands.extend_fence(self._children, self._pending, *rest)
             elif kind == "soft":
-                self._soft_stop(rest[0])
+                commands.soft_stop(self._children, rest[0])
             elif kind == "release":
                 while self._pending:
-                    self._settle(self._pending.popleft(), rest[0], None, detail=rest[1])
+                    self._pending.popleft().settle(rest[0], None, detail=rest[1])
             elif kind == "close" and rest[0]:
-                self._cancel_all()
+                commands.cancel_all(self._children, self._pending)
 
     def _spawn(self) -> None:
-        channel, child_end = Channel.pair()
+        channel, child_end = Channel.pair(max_frame=self._max_result_bytes + FRAME_SLACK)
         soft_token = self._ctx.RawValue("q", 0)
         fence = self._ctx.RawValue("d", 0.0)
+        shared = self._ctx.RawArray("q", SHARED_SIZE)
         process = self._ctx.Process(
             target=child_main,
-            args=(child_end, self._processor, soft_token, fence),
+            args=(child_end, self._processor, soft_token, fence, self._keep_strays, shared),
             name="sandboxq-child",
         )
-        launch.start(process)
+        try:
+            with server.spawning():
+                launch.start_retrying(process, LAUNCH_TRIES)
+                server.register(process.pid)
+        except OSError as exc:
+            child_end.close()
+            channel.close()
+            self._break(f"no child could be started: {exc!r}")
+            return
         self.spawned += 1
         child_end.close()
-        child = Child(process, channel, soft_token, fence)
+        self._follow_server()
+        child = Child(process, channel, soft_token, fence, shared)
         self._children.append(child)
         self._selector.register(channel, selectors.EVENT_READ, lambda _: self._on_messages(child))
         self._selector.register(
             process.sentinel, selectors.EVENT_READ, lambda _: self._on_exit(child)
         )
+
+    # -- the fork server ------------------------------------------------------------------
+
+    def _follow_server(self) -> None:
+        watch = self._server
+        if watch is None:
+            return
+        if watch.fd is not None and server.pid() != watch.pid:
+            self._on_server_death()  # replaced before its death was seen: it died
+        if (fd := watch.follow()) is not None:
+            self._selector.register(fd, selectors.EVENT_READ, self._on_server_event)
+
+    def _on_server_event(self, _fd: Any) -> None:
+        # A select batch can still hold the event of a pidfd already handled (through a
+        # child's exit) and closed, its number now reused: only a dead server counts.
+        if self._server is not None and self._server.is_dead():
+            self._on_server_death()
+
+    def _on_server_death(self) -> None:
+        """The fork server died, and every child with it (their parent-death signal): end
+        their attempts as interrupted, not charged, with the cause; the replacements that
+        ``_on_exit`` starts bring up a fresh fork server."""
+        watch = self._server
+        if watch is None or watch.fd is None:
+            return
+        self._selector.unregister(watch.fd)
+        dead, how = watch.pid, watch.how()
+        deaths = watch.died(time.monotonic())
+        why = f"the pool's fork server (pid {dead}) {how}; the attempt was not charged"
+        log.error("the pool's fork server (pid %s) %s; starting a fresh one", dead, how)
+        for child in list(self._children):
+            child.lose_server(why)  # killed and gone, so its exit is handled now
+            self._on_exit(child)
+        if deaths >= server.MAX_DEATHS:
+            self._break(
+                f"the pool's fork server died {deaths} times within "
+                f"{server.DEATH_WINDOW_S:g} s (last pid {dead})"
+            )
 
     # -- dispatch: idle children first; while jobs are short, queue a few more in each ----
 
@@ -247,7 +322,7 @@ class Supervisor:
             limit = self._max_jobs_per_child
             for child in self._children:
                 run = child.running
-                if run is None or run.kill_outcome is not None:
+                if run is None or run.kill_outcome is not None or child.recycle:
                     continue
                 room = depth - len(child.queued)
                 if limit is not None:
@@ -273,7 +348,7 @@ class Supervisor:
             attempt = self._pending.popleft()
             if attempt.fence_deadline is not None and now >= attempt.fence_deadline:
                 detail = "the lease expired before the job started"
-                self._settle(attempt, Outcome.LEASE_LOST, None, detail=detail)
+                attempt.settle(Outcome.LEASE_LOST, None, detail=detail)
             else:
                 batch.append(attempt)
         if not batch:
@@ -298,7 +373,7 @@ class Supervisor:
             return
         if child.running is None:
             first = child.running = batch.pop(0)
-            first.start(now, self._memory_every)
+            child.begin(first, now, self._memory_every)
             child.sync_fence()
         child.queued.extend(batch)
 
@@ -315,8 +390,25 @@ class Supervisor:
             self._selector.unregister(child.conn)
             child.conn.close()
             return
+        except BadMessage as exc:
+            self._bad_message(child, exc)
+            return
         for msg in messages:
             self._on_message(child, msg)
+
+    def _bad_message(self, child: Child, exc: BadMessage) -> None:
+        """The child sent what cannot be decoded: its fault alone. The stream cannot be
+        trusted past that frame, so the child is killed (and replaced, as any dead child)
+        and its running attempt ends as an error that says why."""
+        log.warning("child %d sent a message that could not be decoded: %s", child.pid, exc)
+        self._selector.unregister(child.conn)
+        child.conn.close()
+        run = child.running
+        detail = f"a message from the child could not be decoded ({exc})"
+        if run is not None and run.kill_outcome is None:
+            child.kill(Outcome.ERROR, detail)
+        else:
+            kill_tree(child.pid)
 
     def _on_message(self, child: Child, msg: Any) -> None:
         run = child.running
@@ -328,20 +420,24 @@ class Supervisor:
             now, at_ms = time.monotonic(), now_ms()  # once: the end of this, the start of next
             if kind is Finished:
                 outcome = run.soft_outcome if run.soft_sent else Outcome.OK
-                self._settle(run, outcome, child.pid, now, at_ms, result=msg.result)
+                run.settle(outcome, child.pid, now, at_ms, result=msg.result)
             else:
                 outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
-                self._settle(run, outcome, child.pid, now, at_ms, error=msg.error)
+                run.settle(outcome, child.pid, now, at_ms, error=msg.error)
             child.jobs_done += 1
+            if run.task.max_memory_mb is not None or self._max_growth_mb is not None:
+                child.check_after(run, self._max_growth_mb)
             self._recent_job_s += (now - run.started - self._recent_job_s) * 0.2
             self._advance(child, now, at_ms)
             child.sync_fence()
         elif kind is Progress:
             if run and run.token == msg.token and run.task.on_progress:
-                self._call(run.task.on_progress, msg.fraction, msg.message)
+                call(run.task.on_progress, msg.fraction, msg.message)
         elif kind is Ready:
             child.ready = True
             self._start_failures = 0
+            if self._max_growth_mb is not None:
+                child.rss_ready = child.rss()
             self._idle.append(child)
 
     def _advance(self, child: Child, now: float, at_ms: int) -> None:
@@ -349,12 +445,12 @@ class Supervisor:
         if child.queued:
             # The child went straight on to the next task in its channel.
             nxt = child.running = child.queued.popleft()
-            nxt.start(now, self._memory_every, at_ms)
+            child.begin(nxt, now, self._memory_every, at_ms)
             if nxt.kill_outcome is not None:  # killed while it was queued
                 kill_tree(child.pid)
             return
         limit = self._max_jobs_per_child
-        if limit and child.jobs_done >= limit and not self._closing:
+        if (child.recycle or (limit and child.jobs_done >= limit)) and not self._closing:
             self._retire(child)
         else:
             self._idle.append(child)
@@ -363,31 +459,6 @@ class Supervisor:
         """Read what a child already sent: a finished attempt is never mistaken for a hung one."""
         while not child.conn.closed and readable(child.conn):
             self._on_messages(child)
-
-    def _settle(
-        self,
-        attempt: Attempt,
-        outcome: Outcome,
-        pid: int | None,
-        now: float | None = None,
-        at_ms: int | None = None,
-        **fields: Any,
-    ) -> None:
-        """Report how ``attempt`` ended (``now`` / ``at_ms``: the moment, when the caller
-        already read the clocks)."""
-        if now is None:
-            now = time.monotonic()
-        runtime = now - attempt.started if attempt.started_ms else None
-        result = AttemptResult(
-            attempt.token,
-            outcome,
-            pid=pid,
-            started_ms=attempt.started_ms,
-            ended_ms=at_ms if at_ms is not None else now_ms(),
-            runtime_s=runtime,
-            **fields,
-        )
-        self._call(attempt.on_done, result)
 
     def _retire(self, child: Child) -> None:
         """Close the channel (the child exits on EOF) and start its replacement right away."""
@@ -399,6 +470,14 @@ class Supervisor:
     # -- a child died ----------------------------------------------------------------------
 
     def _on_exit(self, child: Child) -> None:
+        if child not in self._children:
+            return  # a stale event of this select batch: its exit was handled already
+        # 255 is also what multiprocess reports when the fork server closed the child's
+        # sentinel by dying (its files close before its pidfd says so): look again, briefly.
+        lost = child.process.exitcode == 255 and not child.server_died
+        if self._server is not None and self._server.is_dead(SERVER_DEATH_WAIT_S * lost):
+            self._on_server_death()  # it explains this death (and handles this exit)
+            return
         if not child.conn.closed:
             self._drain(child)
         self._selector.unregister(child.process.sentinel)
@@ -411,18 +490,21 @@ class Supervisor:
         if child in self._idle:
             self._idle.remove(child)
         run = child.running
-        kill_tree(child.pid, run.tree if run else ())  # grandchildren it left behind
+        # What it left behind: re-parented to the fork server when it died on its own.
+        kill_tree(child.pid, run.tree if run else ())
+        server.sweep_orphans()
+        server.forget(child.pid)
         if run is not None:
             self._settle_death(child, run, exitcode)
         # Queued attempts never started: back to the front of the line, in order.
         for attempt in reversed(child.queued):
             if attempt.kill_outcome is not None:
-                self._settle(attempt, attempt.kill_outcome, None, detail=attempt.kill_detail)
+                attempt.settle(attempt.kill_outcome, None, detail=attempt.kill_detail)
             else:
                 self._pending.appendleft(attempt)
         child.queued.clear()
         child.process.close()
-        if not child.ready and not child.retiring:
+        if not child.ready and not child.retiring and not child.server_died:
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:
                 self._break(
@@ -430,14 +512,19 @@ class Supervisor:
                     "see the child's stderr"
                 )
         if not self._closing and not child.retiring and self.broken is None:
-            self._spawn()
+            self._replace += 1
 
     def _settle_death(self, child: Child, run: Attempt, exitcode: int | None) -> None:
         child.running = None
+        if not child.started(run) and run.kill_outcome is None:
+            # It died before it started this one (between tasks): not this task's fault.
+            self._pending.appendleft(run)
+            return
+        if child.server_died:
+            exitcode = None
         outcome, detail, code, signum = death_outcome(run, exitcode)
         overshoot = kill_overshoot_s(run, outcome, time.monotonic())  # metrics
-        self._settle(
-            run,
+        run.settle(
             outcome,
             child.pid,
             exitcode=code,
@@ -447,97 +534,41 @@ class Supervisor:
         )
 
     def _break(self, why: str) -> None:
+        """Give up: no more children. Attempts that never started end as interrupted."""
+        log.error("the pool is broken: %s", why)
         self.broken = PoolBroken(why)
         self._closing = True
         while self._pending:
-            self._settle(self._pending.popleft(), Outcome.CRASHED, None, detail=why)
+            self._pending.popleft().settle(Outcome.INTERRUPTED, None, detail=why)
 
     # -- deadlines and kills ---------------------------------------------------------------
 
     def _enforce_deadlines(self, now: float) -> None:
         for child in list(self._children):
             run = child.running
-            if run is None or run.kill_outcome is not None:
+            if run is None or run.kill_outcome is not None or not run.due(now):
+                continue
+            # Read what it already sent first: an attempt that returned before its deadline
+            # is reported as it ended, whatever the deadline would have made of it.
+            self._drain(child)
+            if child.running is not run:
                 continue
             if run.hard_deadline is not None and now >= run.hard_deadline:
-                self._drain(child)
-                if child.running is run:
-                    child.kill(
-                        Outcome.HARD_TIMEOUT,
-                        f"killed at the hard deadline of {run.task.hard_timeout_s:g} s",
-                    )
-                continue
-            if run.fence_deadline is not None and now >= run.fence_deadline:
+                hard = run.task.hard_timeout_s
+                child.kill(Outcome.HARD_TIMEOUT, f"killed at the hard deadline of {hard:g} s")
+            elif run.fence_deadline is not None and now >= run.fence_deadline:
                 child.kill(Outcome.LEASE_LOST, "the lease could not be renewed in time")
-                continue
-            if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
-                child.signal_soft(run)
-            due = run.memory_check_at is not None and now >= run.memory_check_at
-            if due and (why := child.over_memory(run, now, self._memory_every)) is not None:
-                child.kill(Outcome.MEMORY_LIMIT, why)
-
-    def _soft_stop(self, token: int) -> None:
-        for child in self._children:
-            run = child.running
-            if run is not None and run.token == token:
-                run.soft_outcome = Outcome.INTERRUPTED
-                if not run.soft_sent:
+            else:
+                if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
                     child.signal_soft(run)
-
-    def _find(self, token: int) -> Attempt | None:
-        for child in self._children:
-            if child.running is not None and child.running.token == token:
-                return child.running
-            for attempt in child.queued:
-                if attempt.token == token:
-                    return attempt
-        for attempt in self._pending:
-            if attempt.token == token:
-                return attempt
-        return None
-
-    def _extend_fence(self, token: int, deadline: float) -> None:
-        attempt = self._find(token)
-        if attempt is None:
-            return
-        attempt.fence_deadline = deadline
-        for child in self._children:
-            if child.running is attempt:
-                child.sync_fence()
-
-    def _kill_token(self, token: int, outcome: Outcome, detail: str) -> None:
-        for child in self._children:
-            if child.running is not None and child.running.token == token:
-                self._drain(child)
-            run = child.running
-            if run is not None and run.token == token:
-                if run.kill_outcome is None:
-                    child.kill(outcome, detail)
-                return
-            for attempt in child.queued:
-                if attempt.token == token:  # killed when it starts, or settled if the child dies
-                    attempt.kill_outcome, attempt.kill_detail = outcome, detail
-                    return
-        for attempt in self._pending:
-            if attempt.token == token:
-                self._pending.remove(attempt)
-                self._settle(attempt, outcome, None, detail=detail)
-                return
-
-    def _cancel_all(self) -> None:
-        why = "the pool was shut down"
-        while self._pending:
-            self._settle(self._pending.popleft(), Outcome.INTERRUPTED, None, detail=why)
-        for child in self._children:
-            for attempt in child.queued:
-                attempt.kill_outcome, attempt.kill_detail = Outcome.INTERRUPTED, why
-            if child.running is not None and child.running.kill_outcome is None:
-                child.kill(Outcome.INTERRUPTED, why)
+                due = run.memory_check_at is not None and now >= run.memory_check_at
+                if due and (why := child.over_memory(run, now, self._memory_every)) is not None:
+                    child.kill(Outcome.MEMORY_LIMIT, why)
 
     def _shutdown(self) -> None:
         """Close every channel, give idle children a moment to exit, then kill what is left."""
         self._on_wake(None)  # commands that raced with close: run ones end as interrupted
-        self._cancel_all()
+        commands.cancel_all(self._children, self._pending)
         # Seen while each child lives: once it exits, a grandchild that left its process
         # group (setsid) is re-parented and no longer found under it.
         trees = {child.pid: descendants(child.pid) for child in self._children}
@@ -554,15 +585,12 @@ class Supervisor:
             if run is not None:  # only after a supervisor crash or a cancelling close
                 self._settle_death(child, run, child.process.exitcode)
             for attempt in child.queued:
-                self._settle(attempt, Outcome.INTERRUPTED, None, detail="the pool stopped")
+                attempt.settle(Outcome.INTERRUPTED, None, detail="the pool stopped")
             child.process.close()
+            server.forget(child.pid)
+        server.sweep_orphans()  # kept strays and daemons of children that died on their own
         self._children.clear()
+        if self._server is not None:
+            self._server.close()
         self._selector.close()
         self._closed = True
-
-    @staticmethod
-    def _call(fn: Callable[..., None], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception:  # a callback's bug must not take the supervisor down
-            log.exception("pool callback %r failed", fn)

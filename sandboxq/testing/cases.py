@@ -1,5 +1,7 @@
 """The misbehaving handlers of ``sandboxq.testing.handlers`` as test cases: each names the
 handler, the worker settings that provoke it, and the outcome its attempt must end with.
+``CONTAINED`` lists the handlers that return normally but leave processes (or memory)
+behind; the plugin turns it into ``sandboxq_contained_handler``.
 
     case = CASES_BY_ID["hold_gil-soft"]
     worker = SandboxWorker(queue, case.processor, url=url, **case.worker_options)
@@ -81,6 +83,10 @@ class HandlerCase:
 _SIGKILL = int(signal.SIGKILL)
 
 
+def _limits(case: HandlerCase) -> tuple[float | None, float | None]:
+    return case.soft_timeout_s, case.hard_timeout_s
+
+
 def _timeouts(handler: str, with_soft: Outcome) -> list[HandlerCase]:
     """The two cases of a hanging handler: with a soft timeout, and with a hard one only
     (the hard kill is always SIGKILL)."""
@@ -108,6 +114,12 @@ HUNG: list[HandlerCase] = [
     *_timeouts("grandchild_hang", Outcome.SOFT_TIMEOUT),
     *_timeouts("setsid_grandchild_hang", Outcome.SOFT_TIMEOUT),
     *_timeouts("block_in_syscall", Outcome.SOFT_TIMEOUT),
+    # The attempt boundary: what they started dies with the attempt (args: no pid file,
+    # then "hang").
+    *(
+        HandlerCase(c.id, c.handler, c.outcome, (None, "hang"), *_limits(c), signal=c.signal)
+        for c in _timeouts("daemonize_grandchild", Outcome.SOFT_TIMEOUT)
+    ),
 ]
 
 CRASHING: list[HandlerCase] = [
@@ -134,8 +146,39 @@ CRASHING: list[HandlerCase] = [
     HandlerCase("return_unserializable", "return_unserializable", Outcome.ERROR),
     # 20 MB is over the default 16 MiB cap on results.
     HandlerCase("return_huge", "return_huge", Outcome.ERROR, (20,)),
+    # What a child writes to its channel that the parent cannot decode: that attempt's
+    # error, and the child is replaced.
+    HandlerCase(
+        "progress_undecodable",
+        "progress_undecodable",
+        Outcome.ERROR,
+        hard_timeout_s=20.0,
+        error_contains="could not be decoded",
+    ),
+    *(
+        HandlerCase(
+            f"channel_garbage-{kind}",
+            "channel_garbage",
+            Outcome.ERROR,
+            (kind,),
+            hard_timeout_s=20.0,
+            error_contains="could not be decoded",
+        )
+        for kind in ("bytes", "huge", "crafted")
+    ),
 ]
 
-#: Every case: the hung ones first.
+#: Handlers that return normally (ok) but leave processes or memory behind: nothing they
+#: started may outlive their attempt (check with the ``sandboxq_no_orphans`` fixture), and
+#: a leak is not charged to the next job.
+CONTAINED: list[HandlerCase] = [
+    HandlerCase("daemonize_grandchild-return", "daemonize_grandchild", Outcome.OK),
+    HandlerCase("session_helper", "session_helper", Outcome.OK),
+    HandlerCase("fork_burst", "fork_burst", Outcome.OK, (None, 200)),
+    HandlerCase("fork_bomb", "fork_bomb", Outcome.OK, (None, 6)),
+    HandlerCase("leak_memory", "leak_memory", Outcome.OK, (150,)),
+]
+
+#: Every case that fails its attempt: the hung ones first.
 CASES: list[HandlerCase] = HUNG + CRASHING
-CASES_BY_ID: dict[str, HandlerCase] = {case.id: case for case in CASES}
+CASES_BY_ID: dict[str, HandlerCase] = {case.id: case for case in CASES + CONTAINED}

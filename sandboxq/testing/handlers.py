@@ -27,6 +27,28 @@ Each docstring states the outcome it must produce. "soft" means a soft timeout i
 | recorded_sleep(f, k, s)   | ok (logs start/end with its pid to f) |
 | spin_gil_for(s)           | ok (holds the GIL in C calls for s seconds) |
 
+The attempt boundary: whatever the attempt started is dead before its outcome is
+reported (``f`` is an optional pid file, ``then`` how the attempt ends: "return",
+"raise", "hang", "exit"):
+
+| handler                   | outcome                                                |
+|---------------------------|--------------------------------------------------------|
+| daemonize_grandchild(f, then) | ok / error / soft / hard / exit 5, as ``then`` says; |
+|                           | the daemon (setsid, fork, the middle exits) dies too   |
+| session_helper(f)         | ok; its helper in another session dies (kept with      |
+|                           | ``keep_strays=True``, until the child ends)            |
+| fork_burst(f, 200, then)  | ok (hard_timeout with "hang"); all 200 forks die       |
+| fork_bomb(f, depth, then) | ok (exit 5 with "exit"); the growing tree cannot       |
+|                           | outrun the sweep                                       |
+| leak_memory(mb)           | ok; a later small job with a limit is not charged for  |
+|                           | the leak (not memory_limit)                            |
+| progress_undecodable      | error ("could not be decoded"); the child is replaced  |
+| channel_garbage(kind)     | error ("could not be decoded"): bytes, a 4 GB header,  |
+|                           | a crafted pickle (refused, never run)                  |
+| progress_bad_arguments    | ok; returns what each bad ``progress()`` call raised   |
+| exit_at_next_start        | ok; the child dies before its next task, which is not  |
+|                           | charged for it (it runs again)                         |
+
 Handlers that start processes take an optional ``pid_file``: they append each pid they
 start to it, so a test can check that nothing outlived the kill.
 """
@@ -39,6 +61,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -225,3 +248,275 @@ def cleanup_on_soft_timeout(marker_file: str) -> None:
     finally:
         with open(marker_file, "w") as f:
             f.write("cleaned up")
+
+
+# -- the attempt boundary: processes that try to outlive their attempt ----------------
+
+# setsid, fork again, and let the middle exit: the classic daemon, re-parented at once.
+_DAEMON = (
+    "import os, sys, time\n"
+    "os.setsid()\n"
+    "if os.fork():\n"
+    "    os._exit(0)\n"
+    "with open(sys.argv[1], 'a') as f:\n"
+    "    f.write(f'{os.getpid()}\\n')\n"
+    "while True:\n"
+    "    time.sleep(1)\n"
+)
+
+
+def _end(how: str) -> Any:
+    """End an attempt the way a case asks: return, raise, hang, or exit the child."""
+    if how == "raise":
+        raise RuntimeError("raised after starting processes")
+    if how == "hang":
+        sleep_forever()
+    if how == "exit":
+        os._exit(5)
+    return how
+
+
+def _wait_lines(path: str, count: int) -> None:
+    """Wait until ``path`` holds ``count`` lines: the processes have recorded themselves."""
+    while True:
+        try:
+            with open(path) as f:
+                if len(f.read().split()) >= count:
+                    return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.005)
+
+
+def _pid_file(pid_file: str | None) -> str:
+    """Where to record pids: the caller's file, or a fresh one of our own."""
+    if pid_file:
+        return pid_file
+    fd, path = tempfile.mkstemp(prefix="sandboxq-pids-")
+    os.close(fd)
+    return path
+
+
+def daemonize_grandchild(pid_file: str | None = None, then: str = "return") -> Any:
+    """Starts a daemon (setsid, fork, the middle exits), then returns (ok), raises (error),
+    hangs (soft_timeout / hard_timeout) or exits the child (exit 5). Whatever the outcome,
+    the daemon is dead before it is reported."""
+    pid_file = _pid_file(pid_file)
+    with open(pid_file, "a+") as f:
+        f.seek(0)
+        before = len(f.read().split())
+    subprocess.run([sys.executable, "-c", _DAEMON, pid_file], check=True)
+    _wait_lines(pid_file, before + 1)
+    return _end(then)
+
+
+def session_helper(pid_file: str | None = None, then: str = "return") -> Any:
+    """Starts a helper in a session of its own and returns without stopping it: ok, and
+    the helper is dead before the outcome is reported (unless the pool keeps strays)."""
+    proc = subprocess.Popen(_SLEEPER, start_new_session=True)
+    _record(pid_file, proc.pid)
+    return _end(then)
+
+
+def _forked(body: Any) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            body()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def fork_burst(pid_file: str | None = None, count: int = 200, then: str = "return") -> Any:
+    """Forks ``count`` sleeping processes at once (each records its pid), then ends as
+    ``then`` says: all of them are dead before the outcome is reported."""
+    pid_file = _pid_file(pid_file)
+
+    def sleeper() -> None:
+        _record(pid_file, os.getpid())
+        while True:
+            time.sleep(1)
+
+    for _ in range(count):
+        _forked(sleeper)
+    _wait_lines(pid_file, count)
+    return _end(then)
+
+
+def fork_bomb(pid_file: str | None = None, depth: int = 7, then: str = "return") -> Any:
+    """A bounded fork bomb: every process forks two more down to ``depth`` (2**(depth+1)-2
+    processes), and the attempt ends while the tree is still growing: the kill must not be
+    outrun."""
+
+    def node(level: int) -> None:
+        _record(pid_file, os.getpid())
+        if level < depth:
+            _forked(lambda: node(level + 1))
+            _forked(lambda: node(level + 1))
+        while True:
+            time.sleep(1)
+
+    _forked(lambda: node(1))
+    _forked(lambda: node(1))
+    return _end(then)
+
+
+_leaked: list[bytearray] = []
+
+
+def leak_memory(mb: int = 120) -> int:
+    """Keeps ``mb`` MB alive in the child after it returns (ok): a later small job must
+    not be charged for it."""
+    _leaked.append(bytearray(mb * 1024 * 1024))
+    return mb
+
+
+def progress_undecodable() -> None:
+    """Writes a progress message the parent cannot decode (it names a class that exists
+    only in this child), then hangs: error, and the child is replaced."""
+    from sandboxq.pool.child import current_job
+    from sandboxq.pool.messages import Progress
+
+    job = current_job()
+    only_here = type("OnlyInTheChild", (), {"__module__": __name__})
+    globals()["OnlyInTheChild"] = only_here
+    job._conn.send(Progress(job.token, 0.5, only_here()))
+    sleep_forever()
+
+
+def channel_garbage(kind: str = "bytes", path: str = "/nonexistent/sandboxq-crafted") -> None:
+    """Writes straight to the child's channel, then hangs: ``bytes`` a frame that is not a
+    pickle, ``huge`` a header announcing a 4 GB frame, ``crafted`` a pickle that would
+    call ``os.mkdir(path)`` in the parent if it were unpickled there. Each: error, and
+    the child is replaced."""
+    import pickle
+    import struct
+
+    from sandboxq.pool.child import current_job
+
+    sock = current_job()._conn.sock
+    if kind == "huge":
+        frame = struct.pack("!I", 0xFFFFFFFF) + b"x" * 64
+    elif kind == "crafted":
+        body = pickle.dumps(_Crafted(path))
+        frame = struct.pack("!I", len(body)) + body
+    else:
+        body = b"\x80\x05this is not a pickle at all"
+        frame = struct.pack("!I", len(body)) + body
+    sock.sendall(frame)
+    sleep_forever()
+
+
+class _Crafted:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (self.path,))
+
+
+def progress_bad_arguments() -> list[str]:
+    """Calls ``progress()`` with bad arguments; returns what each call raised (ok)."""
+    from sandboxq.pool.child import current_job
+
+    seen = []
+    for args in ((1.5,), ("half",), (float("nan"),), (True,), (0.5, 42)):
+        try:
+            current_job().progress(*args)
+            seen.append("accepted")
+        except (TypeError, ValueError) as exc:
+            seen.append(type(exc).__name__)
+    current_job().progress(0.5, "x" * 100_000)  # accepted, capped
+    return seen
+
+
+def exit_at_next_start() -> str:
+    """Returns ok, but the child dies before it can start its next task (a hook on the
+    child's loop): that next task must not be charged for the death."""
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "run_one":
+            os._exit(7)
+
+    sys.setprofile(hook)
+    return "ok"
+
+
+def wait_on_fifo(fifo: str) -> str:
+    """Blocks until someone opens ``fifo`` for writing: a barrier a test controls."""
+    with open(fifo) as f:
+        f.read()
+    return "released"
+
+
+def mark_started(marker: str) -> str:
+    """Writes ``marker`` as soon as it starts: proof that the attempt ran."""
+    with open(marker, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return "ran"
+
+
+def touch_and_return(marker: str) -> str:
+    """Writes ``marker`` just before it returns (ok)."""
+    with open(marker, "w") as f:
+        f.write("done")
+    return "done"
+
+
+def mark_then_hang(marker: str) -> None:
+    """Writes ``marker`` as it starts, then sleeps forever: for killing the pool's helpers
+    under a running attempt."""
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
+    sleep_forever()
+
+
+def call(name: str, *args: Any) -> Any:
+    """Runs the catalogue handler ``name`` with ``args``: one pool, several behaviours."""
+    return globals()[name](*args)
+
+
+def wait_then_return(fifo: str, marker: str, mb: int = 0) -> str:
+    """Waits on ``fifo`` (a test's barrier), keeps ``mb`` MB, writes ``marker``, returns ok:
+    the test holds the parent busy meanwhile, so the result waits unread in the pipe."""
+    with open(fifo) as f:
+        f.read()
+    if mb:
+        _leaked.append(bytearray(mb * 1024 * 1024))
+    with open(marker, "w") as f:
+        f.write("returned")
+    return "returned"
+
+
+def leak_then_hold(mb: int, hold_s: float = 0.0) -> int:
+    """Keeps ``mb`` MB alive in the child after it returns, after ``hold_s`` seconds (ok):
+    a later small job must not be charged for what an earlier one leaked."""
+    _leaked.append(bytearray(mb * 1024 * 1024))
+    time.sleep(hold_s)
+    return mb
+
+
+def burst_then_clock(pid_file: str, count: int = 200) -> float:
+    """Forks ``count`` sleeping processes, then returns the wall-clock time of its return
+    (ok): how long its leftovers take to be gone is measured from there."""
+
+    def sleeper() -> None:
+        _record(pid_file, os.getpid())
+        while True:
+            time.sleep(1)
+
+    for _ in range(count):
+        _forked(sleeper)
+    _wait_lines(pid_file, count)
+    return time.time()
+
+
+def cpu_loop(n: int) -> float:
+    """A pure-Python loop of ``n`` turns; returns the CPU time it took (ok), the CPU tax
+    of wherever it runs."""
+    t0 = time.process_time()
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return time.process_time() - t0

@@ -4,6 +4,7 @@ makers, producers, and the Scene that holds one test's world.
     Producer ── enqueue (explicit ids: a retry after an error is idempotent) ──► Redis
     Fleet: `sandboxq worker` processes ── ledger_job ──► ledger file (sandboxq.testing.ledger)
     ChildKiller ── SIGKILL a random ready child every lo..hi s ──► Fleet
+    ForkServerKiller ── SIGKILL a worker's fork server now and then ──► Fleet
     Scene.finish() ── every accepted job ended ──► audit.audit() (the verdict)
     Fleet.close(): every process any worker ever started is dead
 
@@ -76,6 +77,16 @@ class Worker:
             except psutil.Error:
                 continue
         return found
+
+    def fork_server(self) -> psutil.Process | None:
+        """The worker's fork server (its direct child that runs multiprocess's main)."""
+        for proc in self.descendants():
+            try:
+                if proc.ppid() == self.pid and "forkserver" in " ".join(proc.cmdline()):
+                    return proc
+            except psutil.Error:
+                continue
+        return None
 
     def family(self) -> list[int]:
         return [self.pid, *(p.pid for p in self.descendants())]
@@ -230,6 +241,41 @@ class ChildKiller(threading.Thread):
                 except psutil.Error:
                     continue
                 self.killed.append(victim.pid)
+                break
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+class ForkServerKiller(threading.Thread):
+    """SIGKILLs a random running worker's fork server every ``every_s`` seconds, at most
+    ``per_worker`` times each (a pool gives up, by design, on its third death a minute)."""
+
+    def __init__(self, fleet: Fleet, every_s: float = 1.0, per_worker: int = 2, seed: int = 0):
+        super().__init__(name="chaos-fork-server-killer", daemon=True)
+        self.fleet = fleet
+        self.every_s, self.per_worker = every_s, per_worker
+        self.rng = random.Random(seed)
+        self.killed: dict[str, int] = {}
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.every_s):
+            self.fleet.watch()
+            workers = [
+                w for w in self.fleet.running() if self.killed.get(w.name, 0) < self.per_worker
+            ]
+            self.rng.shuffle(workers)
+            for worker in workers:
+                server = worker.fork_server()
+                if server is None or not worker.children(min_age_s=0.3):
+                    continue
+                try:
+                    server.kill()
+                except psutil.Error:
+                    continue
+                self.killed[worker.name] = self.killed.get(worker.name, 0) + 1
                 break
 
     def stop(self) -> None:

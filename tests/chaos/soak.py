@@ -5,7 +5,8 @@
 
     Producer ── jobs (mostly short, some longer than a lease) ──► Redis (AOF, appendfsync always)
     ChildKiller ── a random child SIGKILLed every 0.1-0.3 s, all along
-    every --fault-every-s, the next of: SIGKILL of a worker parent (replaced 2 s later),
+    every --fault-every-s, the next of: SIGKILL of a worker's fork server, SIGKILL of a
+        worker parent (replaced 2 s later),
         SIGSTOP of a worker past its lease, Redis SIGKILLed and restarted, the proxied
         worker's network stalled past its lease, a worker's process group stopped past its
         lease (Ctrl-Z: its children run on), the proxied network 100 ms slow for 5 s
@@ -61,6 +62,7 @@ class Faults:
 
     def cycle(self) -> Callable[[], str]:
         order = [
+            self.kill_fork_server,
             self.kill_parent,
             self.freeze,
             self.restart_redis,
@@ -75,6 +77,17 @@ class Faults:
         running = [(i, w) for i, w in enumerate(self.fleet.workers) if w.proc.poll() is None]
         i, worker = self.rng.choice(running[1:] or running)  # the proxied one is spared
         return i, worker.name
+
+    def kill_fork_server(self) -> str:
+        """A worker's fork server SIGKILLed mid-run (the OOM killer's favourite): its pool
+        starts a fresh one, the attempts it took down are requeued uncharged."""
+        i, name = self._victim()
+        server = self.fleet.workers[i].fork_server()
+        if server is None:
+            return f"{name} had no fork server to kill"
+        server.kill()
+        self.done["fork server killed"] += 1
+        return f"SIGKILLed {name}'s fork server (pid {server.pid})"
 
     def kill_parent(self) -> str:
         i, name = self._victim()

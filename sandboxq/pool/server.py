@@ -1,0 +1,149 @@
+"""The fork server as the supervisors see it: which of its children are pool children,
+the orphans it holds, and its death.
+
+    launch (spawn) ──► register(pid) ─┐        a pool child dies on its own (os._exit, a
+                                      ▼        segfault): what it started is re-parented
+    fork server (a subreaper) ── children ──►  to the fork server → sweep_orphans() kills
+                                      ▲        every child of the fork server that no pool
+    forget(pid) ◄── the child ended ──┘        of this process registered
+
+One fork server serves every pool of a process, so the registry is module-wide and a
+spawn holds its lock from the fork until the pid is registered: an orphan sweep running
+in another pool's supervisor never mistakes a child being born for an orphan. A process
+that uses multiprocess's forkserver context for its own processes, beside sandboxq, shares
+this fork server and would see those processes swept as orphans: the fork server is the
+pool's. Processes the fork server started itself before its first pool child (a helper a
+preloaded module starts at import) are its own, and left alone.
+
+``watch()`` gives a pidfd that becomes readable when the fork server dies, so a supervisor
+notices in its select, within milliseconds, and can start a fresh one.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sandboxq.pool.kill import children_of, sweep
+
+_lock = threading.Lock()
+_pool_children: set[int] = set()
+#: Per fork server, the processes it had started itself (a preloaded module may start a
+#: helper at import) before its first pool child: never orphans.
+_own: dict[int, set[int]] = {}
+
+
+@contextmanager
+def spawning() -> Iterator[None]:
+    """Hold while a child is forked and until ``register`` has recorded it."""
+    with _lock:
+        yield
+
+
+def register(child: int) -> None:
+    """Record a pool child (call inside ``spawning``)."""
+    _pool_children.add(child)
+    server = pid()
+    if server is not None and server not in _own:
+        _own[server] = set(children_of(server)) - _pool_children
+
+
+def forget(pid: int) -> None:
+    with _lock:
+        _pool_children.discard(pid)
+
+
+def pid() -> int | None:
+    """The running fork server's pid, if this process started one."""
+    from multiprocess import forkserver
+
+    found: int | None = forkserver._forkserver._forkserver_pid
+    return found
+
+
+def sweep_orphans() -> int:
+    """Kill every process below the fork server that is not a registered pool child (what
+    children that died on their own left behind). Returns how many were killed."""
+    server = pid()
+    if server is None:
+        return 0
+    killed = 0
+    with _lock:
+        own = _own.get(server, set())
+        for orphan in children_of(server):
+            if orphan not in _pool_children and orphan not in own:
+                killed += sweep(orphan)
+    return killed
+
+
+def watch(server: int) -> int | None:
+    """A pidfd that becomes readable when ``server`` exits (None where the kernel has no
+    pidfd_open, or the process is already gone)."""
+    try:
+        return os.pidfd_open(server)
+    except (AttributeError, OSError):
+        return None
+
+
+#: The fork server may die this many times within DEATH_WINDOW_S before a pool gives up
+#: (``PoolBroken``): an OOM killer that picks it on every restart must not loop forever.
+MAX_DEATHS = 3
+DEATH_WINDOW_S = 60.0
+
+
+class Watch:
+    """One supervisor's view of the fork server its children come from: a pidfd on it
+    (``fd``, for the supervisor's select) and the recent deaths."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.fd: int | None = None
+        self._deaths: list[float] = []
+
+    def follow(self) -> int | None:
+        """Watch the current fork server; returns a new fd to select on, when it changed."""
+        current = pid()
+        if current is None or current == self.pid:
+            return None
+        self.close()
+        self.pid, self.fd = current, watch(current)
+        return self.fd
+
+    def is_dead(self, wait_s: float = 0.0) -> bool:
+        """Whether the watched fork server has exited (waiting up to ``wait_s`` for it)."""
+        if self.fd is None:
+            return False
+        return bool(select.select([self.fd], [], [], wait_s)[0])
+
+    def how(self) -> str:
+        """How the watched fork server ended, in words (read without reaping it: that is
+        multiprocess's to do when it starts the next one)."""
+        try:
+            assert self.fd is not None
+            info = os.waitid(os.P_PIDFD, self.fd, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        except (AssertionError, AttributeError, OSError):
+            return "died"
+        if info is None:
+            return "died"
+        if info.si_code == os.CLD_EXITED:
+            return f"exited with code {info.si_status}"
+        try:
+            name = signal.Signals(info.si_status).name
+        except ValueError:
+            name = f"signal {info.si_status}"
+        return f"was killed by {name}"
+
+    def died(self, now: float) -> int:
+        """Record a death at ``now``; returns how many fell within the window."""
+        self._deaths = [t for t in self._deaths if now - t < DEATH_WINDOW_S] + [now]
+        self.close()
+        return len(self._deaths)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+        self.fd = None

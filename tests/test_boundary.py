@@ -1,0 +1,208 @@
+"""The attempt boundary (invariant 10), in process-tree mode: whatever an attempt starts is
+dead before its outcome is reported and before its child takes another task, whatever the
+outcome. Each test runs a hostile handler of the catalogue through the real Pool and looks
+at the processes it recorded *from inside the outcome callback*, so "dead before it is
+reported" is what is checked, not "dead a while later"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from sandboxq import Pool
+from sandboxq.models import Outcome
+from sandboxq.pool.attempt import AttemptResult
+from sandboxq.testing.waiting import wait_for
+
+H = "sandboxq.testing.handlers:"
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The pids that still run (a zombie has ended: only its exit status is left)."""
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return left
+
+
+def recorded(pid_file: Path) -> list[int]:
+    return [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []
+
+
+def run_and_look(
+    pool: Pool, pid_file: Path, handler_args: tuple[Any, ...], **limits: Any
+) -> tuple[AttemptResult, list[int], list[int]]:
+    """Run one attempt; return its result, the pids it recorded, and those of them still
+    running at the moment the outcome was reported."""
+    done: Future[tuple[AttemptResult, list[int]]] = Future()
+
+    def on_done(result: AttemptResult) -> None:
+        done.set_result((result, alive(recorded(pid_file))))
+
+    task = pool.make_task(*handler_args)
+    for name, value in limits.items():
+        setattr(task, name, value)
+    pool.execute(task, on_done)
+    result, left = done.result(timeout=30)
+    return result, recorded(pid_file), left
+
+
+@pytest.fixture
+def daemon_pool() -> Any:
+    with Pool(H + "daemonize_grandchild", size=1) as pool:
+        yield pool
+
+
+ENDINGS = [
+    # how the handler ends, the limits of its attempt, the outcome
+    ("return", {}, Outcome.OK),
+    ("raise", {}, Outcome.ERROR),
+    ("hang", {"hard_timeout_s": 0.6}, Outcome.HARD_TIMEOUT),
+    ("hang", {"soft_timeout_s": 0.5, "hard_timeout_s": 3.0}, Outcome.SOFT_TIMEOUT),
+    ("exit", {}, Outcome.EXIT),
+]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("then", "limits", "outcome"), ENDINGS, ids=[e[2] for e in ENDINGS])
+def test_daemonised_grandchild_is_dead_when_the_outcome_is_reported(
+    daemon_pool: Pool, tmp_path: Path, then: str, limits: dict[str, float], outcome: Outcome
+) -> None:
+    pid_file = tmp_path / "pids"
+    result, pids, left = run_and_look(daemon_pool, pid_file, (str(pid_file), then), **limits)
+    assert result.outcome is outcome, result.cause
+    assert len(pids) == 1
+    assert not left, f"the daemon outlived its {outcome} attempt: {left}"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("outcome", [Outcome.CANCELLED, Outcome.LEASE_LOST, Outcome.INTERRUPTED])
+def test_daemonised_grandchild_dies_with_a_parent_side_kill(
+    daemon_pool: Pool, tmp_path: Path, outcome: Outcome
+) -> None:
+    pid_file = tmp_path / "pids"
+    done: Future[tuple[AttemptResult, list[int]]] = Future()
+    token = daemon_pool.execute(
+        daemon_pool.make_task(str(pid_file), "hang"),
+        lambda r: done.set_result((r, alive(recorded(pid_file)))),
+    )
+    wait_for(lambda: recorded(pid_file), 10, "the daemon to start")
+    daemon_pool.kill(token, outcome, "killed by the test")
+    result, left = done.result(timeout=10)
+    assert result.outcome is outcome
+    assert not left, f"the daemon outlived its killed attempt: {left}"
+
+
+@pytest.mark.timeout(30)
+def test_session_helper_left_by_a_normal_return_is_gone_before_the_next_task(
+    tmp_path: Path,
+) -> None:
+    with Pool(H + "session_helper", size=1) as pool:
+        for i in range(3):
+            pid_file = tmp_path / f"pids{i}"
+            result, pids, left = run_and_look(pool, pid_file, (str(pid_file),))
+            assert result.outcome is Outcome.OK
+            assert len(pids) == 1 and not left, f"job {i} leaked its helper {left}"
+
+
+@pytest.mark.timeout(30)
+def test_keep_strays_lets_a_helper_live_across_jobs_but_not_past_close(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    with Pool(H + "session_helper", size=1, keep_strays=True) as pool:
+        result, pids, left = run_and_look(pool, pid_file, (str(pid_file),))
+        assert result.outcome is Outcome.OK
+        assert left == pids, "keep_strays=True must leave the helper running"
+    assert not alive(pids), "the pool's close must still take the helper"
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("then", ["return", "hang"], ids=["returned", "killed"])
+def test_fork_burst_of_200_is_dead_when_the_outcome_is_reported(tmp_path: Path, then: str) -> None:
+    pid_file = tmp_path / "pids"
+    with Pool(H + "fork_burst", size=1) as pool:
+        done: Future[tuple[AttemptResult, list[int]]] = Future()
+        token = pool.execute(
+            pool.make_task(str(pid_file), 200, then),
+            lambda r: done.set_result((r, alive(recorded(pid_file)))),
+        )
+        if then == "hang":  # killed once the whole burst runs (the hard deadline's path)
+            wait_for(lambda: len(recorded(pid_file)) >= 200, 30, "the burst")
+            pool.kill(token, Outcome.CANCELLED, "killed by the test")
+        result, left = done.result(timeout=30)
+        assert result.outcome is (Outcome.OK if then == "return" else Outcome.CANCELLED)
+        assert len(recorded(pid_file)) == 200
+        assert not left, f"{len(left)} of the burst outlived the attempt"
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("then", ["return", "exit"])
+def test_bounded_fork_bomb_cannot_outrun_the_sweep(tmp_path: Path, then: str) -> None:
+    """The attempt ends while its tree is still forking; afterwards nothing of it runs, and
+    the processes it was about to fork never appear."""
+    pid_file = tmp_path / "pids"
+    with Pool(H + "fork_bomb", size=1) as pool:
+        result, _, left = run_and_look(pool, pid_file, (str(pid_file), 6, then))
+        assert result.outcome is (Outcome.OK if then == "return" else Outcome.EXIT)
+        assert not left, f"{len(left)} processes of the bomb outlived the attempt"
+    # A process forked while the sweep ran would record itself late: none may be running.
+    late = alive(recorded(pid_file))
+    assert not late, f"{len(late)} processes of the bomb appeared after the attempt ended"
+
+
+DAEMON_PARENT = textwrap.dedent(
+    """
+    import sys
+    from sandboxq import Pool
+    pool = Pool("sandboxq.testing.handlers:daemonize_grandchild", size=1)
+    pool.submit(sys.argv[1], "hang")
+    import time
+    while not open(sys.argv[1]).read().strip():
+        time.sleep(0.01)
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.timeout(30)
+def test_worker_sigkill_takes_the_daemonised_grandchild(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    pid_file.write_text("")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", DAEMON_PARENT, str(pid_file)], stdout=subprocess.PIPE
+    )
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().strip() == b"ready"
+        daemon = recorded(pid_file)
+        assert daemon and alive(daemon)
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+    wait_for(lambda: not alive(daemon), 5, "the daemon to die with the worker")
+
+
+@pytest.mark.timeout(30)
+def test_pool_close_takes_the_daemonised_grandchild(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    pid_file.write_text("")
+    pool = Pool(H + "daemonize_grandchild", size=1)
+    pool.submit(str(pid_file), "hang")
+    wait_for(lambda: recorded(pid_file), 10, "the daemon to start")
+    pool.shutdown(cancel=True)
+    assert not alive(recorded(pid_file)), "the daemon outlived the pool"

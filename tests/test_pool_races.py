@@ -1,0 +1,149 @@
+"""Races between a child's messages and the supervisor's decisions (issue 10, item 8, the
+pool's side), forced with barriers: a FIFO the handler waits on, an outcome callback that
+holds the supervisor thread, a hook that ends the child at an exact point of its loop.
+
+- a soft, fence or memory deadline that passes while a finished attempt's result waits
+  unread is not applied to it: the attempt is reported with its true outcome;
+- an attempt cancelled while queued behind a busy child never starts;
+- a child that dies between tasks does not charge the next task for its death;
+- memory is charged to the job that used it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandboxq import Pool
+from sandboxq.models import Outcome
+from sandboxq.pool.attempt import AttemptResult
+from sandboxq.testing.waiting import wait_for
+
+CALL = "sandboxq.testing.handlers:call"
+
+
+def open_barrier(fifo: Path) -> None:
+    """Let the handler waiting on ``fifo`` go on (fails at once, not hangs, if none waits)."""
+    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def open_or_not(fifo: Path) -> bool:
+    try:
+        open_barrier(fifo)
+    except OSError:
+        return False
+    return True
+
+
+def run(pool: Pool, *args: Any, **limits: Any) -> Future[AttemptResult]:
+    done: Future[AttemptResult] = Future()
+    task = pool.make_task(*args)
+    for name, value in limits.items():
+        setattr(task, name, value)
+    pool.execute(task, done.set_result)
+    return done
+
+
+def execute(pool: Pool, *args: Any, **limits: Any) -> tuple[int, Future[AttemptResult]]:
+    done: Future[AttemptResult] = Future()
+    task = pool.make_task(*args)
+    for name, value in limits.items():
+        setattr(task, name, value)
+    return pool.execute(task, done.set_result), done
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("deadline", ["soft", "fence", "memory"])
+def test_a_deadline_never_overrides_a_result_already_sent(tmp_path: Path, deadline: str) -> None:
+    fifo, marker = tmp_path / "fifo", tmp_path / "returned"
+    os.mkfifo(fifo)
+    limits: dict[str, Any] = {"hard_timeout_s": 20.0}
+    mb = 0
+    if deadline == "soft":
+        limits["soft_timeout_s"] = 1.0
+    elif deadline == "fence":
+        limits["fence_deadline"] = time.monotonic() + 1.0
+    else:
+        limits["max_memory_mb"] = 60
+        mb = 120
+    with Pool(CALL, size=2, memory_check_interval_s=0.05) as pool:
+        begun = time.monotonic()
+        late = run(pool, "wait_then_return", str(fifo), str(marker), mb, **limits)
+        holding, release = threading.Event(), threading.Event()
+
+        def hold_the_supervisor(_: AttemptResult) -> None:
+            holding.set()
+            release.wait(20)
+
+        pool.execute(pool.make_task("echo", 1), hold_the_supervisor)
+        assert holding.wait(10)  # the supervisor thread is now inside this callback
+        open_barrier(fifo)  # the handler returns; its result waits unread in the pipe
+        wait_for(marker.exists, 10, "the handler to return")
+        wait_for(lambda: time.monotonic() > begun + 1.2, 5, "the deadline to pass")
+        release.set()
+        result = late.result(timeout=10)
+        assert result.outcome is Outcome.OK, result.cause
+
+
+@pytest.mark.timeout(30)
+def test_a_task_cancelled_while_queued_behind_a_busy_child_never_starts(tmp_path: Path) -> None:
+    fifo, marker = tmp_path / "fifo", tmp_path / "started"
+    os.mkfifo(fifo)
+    with Pool(CALL, size=1) as pool:
+        for i in range(150):  # short jobs: the pool starts queueing tasks in busy children
+            run(pool, "echo", i).result(timeout=10)
+        child = pool.pids[0]
+        blocker = run(pool, "wait_on_fifo", str(fifo))
+        token, queued = execute(pool, "mark_started", str(marker))
+        children = pool._supervisor._children
+        wait_for(lambda: any(c.queued for c in children), 10, "the task to be queued")
+        pool.kill(token, Outcome.CANCELLED, "cancelled while queued")
+        # Withdrawn, it ends at once, while the task ahead of it still runs (the kill is
+        # asynchronous: the barrier opens only once it has been applied).
+        assert queued.result(timeout=10).outcome is Outcome.CANCELLED
+        wait_for(lambda: open_or_not(fifo), 10, "the blocker to wait on its barrier")
+        assert blocker.result(timeout=10).outcome is Outcome.OK
+        assert run(pool, "echo", 1).result(timeout=10).outcome is Outcome.OK
+        assert not marker.exists(), "the cancelled task ran"
+        assert pool.pids == [child], "the child was killed for a task it never started"
+
+
+@pytest.mark.timeout(30)
+def test_a_child_dying_between_tasks_does_not_charge_the_next_one() -> None:
+    with Pool(CALL, size=1) as pool:
+        first = run(pool, "exit_at_next_start").result(timeout=10)
+        assert first.outcome is Outcome.OK
+        second = run(pool, "echo", 5).result(timeout=10)
+        assert second.outcome is Outcome.OK, second.cause
+
+
+@pytest.mark.timeout(30)
+def test_memory_leaked_by_one_job_is_not_charged_to_the_next() -> None:
+    with Pool(CALL, size=1, memory_check_interval_s=0.02) as pool:
+        assert run(pool, "leak_then_hold", 150).result(timeout=10).outcome is Outcome.OK
+        small = run(pool, "leak_then_hold", 1, 0.3, max_memory_mb=100).result(timeout=10)
+        assert small.outcome is Outcome.OK, small.cause
+        # A job over its own limit is still stopped.
+        big = run(pool, "leak_then_hold", 150, 2.0, max_memory_mb=100).result(timeout=10)
+        assert big.outcome is Outcome.MEMORY_LIMIT, big.cause
+
+
+@pytest.mark.timeout(30)
+def test_a_child_over_the_limit_after_its_attempt_is_replaced() -> None:
+    with Pool(CALL, size=1, max_child_growth_mb=100) as pool:
+        before = pool.pids
+        assert run(pool, "leak_then_hold", 20).result(timeout=10).outcome is Outcome.OK
+        assert pool.pids == before  # small growth: kept
+        assert run(pool, "leak_then_hold", 150).result(timeout=10).outcome is Outcome.OK
+        wait_for(lambda: pool.pids and pool.pids != before, 10, "the child to be replaced")
+    with Pool(CALL, size=1) as pool:
+        before = pool.pids
+        done = run(pool, "leak_then_hold", 150, 0, max_memory_mb=100).result(timeout=10)
+        assert done.outcome in (Outcome.OK, Outcome.MEMORY_LIMIT)
+        wait_for(lambda: pool.pids and pool.pids != before, 10, "the child to be replaced")
