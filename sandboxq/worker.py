@@ -33,7 +33,14 @@ from sandboxq.models import Outcome
 from sandboxq.pool.pool import Pool, Seconds
 from sandboxq.processor import resolve_within
 from sandboxq.reaper import Reaper
-from sandboxq.settings import StartMethod, WorkerSettings, build
+from sandboxq.settings import (
+    DEFAULT_MAX_PROCESSES,
+    ContainmentSetting,
+    ContainmentSettings,
+    StartMethod,
+    WorkerSettings,
+    build,
+)
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -68,6 +75,13 @@ class SandboxWorker:
         allow_pickle: bool = False,
         backend_options: dict[str, Any] | None = None,
         import_timeout_s: float | None = None,
+        containment: ContainmentSetting = "auto",
+        max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        cpu_time_s: float | None = None,
+        max_open_files: int | None = None,
+        max_file_size_mb: float | None = None,
+        max_address_space_mb: float | None = None,
+        core_dumps: bool = False,
     ) -> None:
         self.settings = s = build(
             WorkerSettings,
@@ -90,6 +104,13 @@ class SandboxWorker:
             start_method=start_method,
             allow_pickle=allow_pickle,
             import_timeout_s=import_timeout_s,
+            containment=containment,
+            max_processes=max_processes,
+            cpu_time_s=cpu_time_s,
+            max_open_files=max_open_files,
+            max_file_size_mb=max_file_size_mb,
+            max_address_space_mb=max_address_space_mb,
+            core_dumps=core_dumps,
         )
         # an unimportable processor fails here, with its import error (or after
         # import_timeout_s if its import hangs)
@@ -138,6 +159,7 @@ class SandboxWorker:
                 max_jobs_per_child=s.max_jobs_per_child,
                 start_method=s.start_method,
                 import_timeout_s=s.import_timeout_s,
+                **s.model_dump(include=set(ContainmentSettings.model_fields)),
             )
         except BaseException:
             unwatch()
@@ -249,6 +271,7 @@ class SandboxWorker:
             "lease_s": self.settings.lease_s,
             "registered_ms": int(time.time() * 1000),  # what lease_renewed_s_ago counts from
             "jobs": jobs,
+            "containment": self._pool.containment if self._pool is not None else None,
         }
         try:
             self.backend.register_worker(self.id, info, ttl_s=self.settings.lease_s)

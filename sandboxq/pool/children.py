@@ -13,13 +13,14 @@ import select
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psutil
 
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task, signal_name
+from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import FENCE_CHECK_S, SIGSOFT
 from sandboxq.pool.kill import kill_tree, tree_rss
@@ -96,6 +97,7 @@ class Child:
     __slots__ = (
         "conn",
         "fence",
+        "group",
         "jobs_done",
         "pid",
         "process",
@@ -117,6 +119,7 @@ class Child:
         self.running: Attempt | None = None
         self.queued: deque[Attempt] = deque()
         self.jobs_done = 0
+        self.group: Group | None = None  # its control group, in a cgroup mode
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)
@@ -141,7 +144,34 @@ class Child:
         run = self.running
         assert run is not None
         run.kill_outcome, run.kill_detail = outcome, detail
-        kill_tree(self.pid, run.tree)
+        self.kill_all(run.tree)
+
+    def kill_all(self, known: Iterable[psutil.Process] = ()) -> None:
+        """SIGKILL the child and everything it started: its control group, else its tree."""
+        if self.group is not None:
+            self.group.kill()
+        else:
+            kill_tree(self.pid, known)
+
+    def attempt_started(self, run: Attempt) -> None:
+        """In a cgroup mode the kernel enforces the attempt's memory limit: no sampling."""
+        if self.group is not None:
+            limit = run.task.max_memory_mb
+            self.group.limit_memory(int(limit * 2**20) if limit else None)
+            run.memory_check_at = None
+
+    def explain_death(self, run: Attempt) -> None:
+        """An OOM kill in the group of a memory-limited attempt: it ends as memory_limit,
+        as the kernel's own counter says, not as a crash."""
+        limit, group = run.task.max_memory_mb, self.group
+        if (
+            limit
+            and group is not None
+            and run.kill_outcome is None
+            and group.oom_killed_since_start()
+        ):
+            run.kill_outcome = Outcome.MEMORY_LIMIT
+            run.kill_detail = f"the kernel OOM-killed it at its limit of {limit:g} MB"
 
     def over_memory(self, run: Attempt, now: float, every: float) -> str | None:
         """Sample the tree's memory; the reason to kill it, if it is over its limit."""
@@ -164,6 +194,8 @@ def death_outcome(
     fence = run.fence_deadline
     if run.kill_outcome is not None:  # we killed it, and said why
         return run.kill_outcome, run.kill_detail or str(run.kill_outcome), code, signum
+    if signum == signal.SIGXCPU:
+        return Outcome.CPU_LIMIT, "the attempt used up its CPU time (cpu_time_s)", code, signum
     if code is not None:
         return Outcome.EXIT, f"the handler exited with code {code}", code, signum
     if signum == signal.SIGKILL and fence and time.monotonic() + FENCE_CHECK_S >= fence:

@@ -25,9 +25,17 @@ from sandboxq import codec
 from sandboxq.errors import SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.containment import detect
+from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.supervisor import Supervisor
 from sandboxq.processor import resolve_within, split_path
-from sandboxq.settings import PoolSettings, StartMethod, build
+from sandboxq.settings import (
+    DEFAULT_MAX_PROCESSES,
+    ContainmentSetting,
+    PoolSettings,
+    StartMethod,
+    build,
+)
 
 Seconds = float | timedelta | None
 
@@ -71,6 +79,13 @@ class Pool:
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
         memory_check_interval_s: float = 0.05,
         import_timeout_s: float | None = None,
+        containment: ContainmentSetting = "auto",
+        max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        cpu_time_s: float | None = None,
+        max_open_files: int | None = None,
+        max_file_size_mb: float | None = None,
+        max_address_space_mb: float | None = None,
+        core_dumps: bool = False,
     ) -> None:
         self.settings = build(
             PoolSettings,
@@ -84,11 +99,26 @@ class Pool:
             max_result_bytes=max_result_bytes,
             memory_check_interval_s=memory_check_interval_s,
             import_timeout_s=import_timeout_s,
+            containment=containment,
+            max_processes=max_processes,
+            cpu_time_s=cpu_time_s,
+            max_open_files=max_open_files,
+            max_file_size_mb=max_file_size_mb,
+            max_address_space_mb=max_address_space_mb,
+            core_dumps=core_dumps,
         )
         # An unimportable processor fails here, with the import error; one that hangs at
         # import fails after import_timeout_s, and never reaches the fork server's preload.
         resolve_within(processor, self.settings.import_timeout_s)
         s = self.settings
+        limits = ChildSetup(
+            core_dumps=s.core_dumps,
+            cpu_time_s=s.cpu_time_s,
+            max_open_files=s.max_open_files,
+            max_file_size_mb=s.max_file_size_mb,
+            max_address_space_mb=s.max_address_space_mb,
+        )
+        self._containment = detect(s.containment, limits, s.max_processes)
         self._supervisor = Supervisor(
             _context(s.start_method, processor),
             processor,
@@ -96,6 +126,7 @@ class Pool:
             max_jobs_per_child=s.max_jobs_per_child,
             max_result_bytes=s.max_result_bytes,
             memory_check_interval_s=s.memory_check_interval_s,
+            containment=self._containment,
         )
         self._supervisor.start()
         _live_pools.add(self)
@@ -103,6 +134,11 @@ class Pool:
     @property
     def size(self) -> int:
         return self.settings.size
+
+    @property
+    def containment(self) -> str:
+        """The containment mode in force: ``cgroup_v2``, ``cgroup_v1`` or ``process_tree``."""
+        return self._containment.mode
 
     @property
     def pids(self) -> list[int]:

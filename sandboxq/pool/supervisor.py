@@ -36,7 +36,9 @@ from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import child_main
 from sandboxq.pool.children import Attempt, Child, OnDone, death_outcome, now_ms, readable
-from sandboxq.pool.kill import descendants, kill_tree
+from sandboxq.pool.containment import Containment
+from sandboxq.pool.kill import descendants
+from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
 
 log = logging.getLogger("sandboxq.pool")
@@ -67,6 +69,7 @@ class Supervisor:
         max_jobs_per_child: int | None,
         max_result_bytes: int,
         memory_check_interval_s: float,
+        containment: Containment | None = None,
     ) -> None:
         self._ctx = ctx
         self._processor = processor
@@ -74,6 +77,7 @@ class Supervisor:
         self._max_jobs_per_child = max_jobs_per_child
         self._max_result_bytes = max_result_bytes
         self._memory_every = memory_check_interval_s
+        self._contain = containment or Containment("process_tree", "", ChildSetup())
         self._tokens = itertools.count(1)
         self._commands: deque[tuple[Any, ...]] = deque()
         self._pending: deque[Attempt] = deque()
@@ -202,14 +206,16 @@ class Supervisor:
         channel, child_end = Channel.pair()
         soft_token = self._ctx.RawValue("q", 0)
         fence = self._ctx.RawValue("d", 0.0)
+        group, setup = self._contain.new_child()
         process = self._ctx.Process(
             target=child_main,
-            args=(child_end, self._processor, soft_token, fence),
+            args=(child_end, self._processor, soft_token, fence, setup),
             name="sandboxq-child",
         )
         launch.start(process)
         child_end.close()
         child = Child(process, channel, soft_token, fence)
+        child.group = group
         self._children.append(child)
         self._selector.register(channel, selectors.EVENT_READ, lambda _: self._on_messages(child))
         self._selector.register(
@@ -280,6 +286,7 @@ class Supervisor:
         if child.running is None:
             first = child.running = batch.pop(0)
             first.start(now, self._memory_every)
+            child.attempt_started(first)
             child.sync_fence()
         child.queued.extend(batch)
 
@@ -331,8 +338,9 @@ class Supervisor:
             # The child went straight on to the next task in its channel.
             nxt = child.running = child.queued.popleft()
             nxt.start(now, self._memory_every, at_ms)
+            child.attempt_started(nxt)
             if nxt.kill_outcome is not None:  # killed while it was queued
-                kill_tree(child.pid)
+                child.kill_all()
             return
         limit = self._max_jobs_per_child
         if limit and child.jobs_done >= limit and not self._closing:
@@ -392,7 +400,8 @@ class Supervisor:
         if child in self._idle:
             self._idle.remove(child)
         run = child.running
-        kill_tree(child.pid, run.tree if run else ())  # grandchildren it left behind
+        child.kill_all(run.tree if run else ())  # grandchildren it left behind
+        self._contain.release(child.group)
         if run is not None:
             self._settle_death(child, run, exitcode)
         # Queued attempts never started: back to the front of the line, in order.
@@ -415,6 +424,7 @@ class Supervisor:
 
     def _settle_death(self, child: Child, run: Attempt, exitcode: int | None) -> None:
         child.running = None
+        child.explain_death(run)
         outcome, detail, code, signum = death_outcome(run, exitcode)
         self._settle(run, outcome, child.pid, exitcode=code, signal=signum, detail=detail)
 
@@ -521,7 +531,7 @@ class Supervisor:
             child.process.join(max(0.0, deadline - time.monotonic()))
         for child in self._children:
             run = child.running
-            kill_tree(child.pid, (*(run.tree if run else ()), *trees.get(child.pid, ())))
+            child.kill_all((*(run.tree if run else ()), *trees.get(child.pid, ())))
             child.process.join(EXIT_GRACE_S)
             if run is not None:  # only after a supervisor crash or a cancelling close
                 self._settle_death(child, run, child.process.exitcode)
@@ -529,6 +539,7 @@ class Supervisor:
                 self._settle(attempt, Outcome.INTERRUPTED, None, detail="the pool stopped")
             child.process.close()
         self._children.clear()
+        self._contain.close()
         self._selector.close()
         self._closed = True
 
