@@ -234,3 +234,10 @@ def _make_pool_group(version: int, dirs: Mapping[str, str]) -> None:
             with contextlib.suppress(OSError):
                 os.rmdir(path)
         raise
+
+
+def probe() -> tuple[Mode, str]:
+    """The mode ``auto`` would choose here, and why, leaving nothing behind."""
+    chosen = detect("auto", ChildSetup(), None)
+    chosen.close()
+    return chosen.mode, chosen.why

@@ -401,9 +401,9 @@ class Supervisor:
             self._idle.remove(child)
         run = child.running
         child.kill_all(run.tree if run else ())  # grandchildren it left behind
-        self._contain.release(child.group)
         if run is not None:
             self._settle_death(child, run, exitcode)
+        self._contain.release(child.group)  # after: its OOM-kill counter names the outcome
         # Queued attempts never started: back to the front of the line, in order.
         for attempt in reversed(child.queued):
             if attempt.kill_outcome is not None:

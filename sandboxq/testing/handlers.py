@@ -14,11 +14,15 @@ Each docstring states the outcome it must produce. "soft" means a soft timeout i
 | ignore_signals            | hard_timeout     | hard_timeout   |
 | grandchild_hang           | soft_timeout     | hard_timeout   |
 | setsid_grandchild_hang    | soft_timeout     | hard_timeout   |
+| daemonize_grandchild      | soft_timeout     | hard_timeout (the daemon dies too) |
+| daemonize_grandchild(hang=False) / setsid_helper_return | ok (their helper is gone after) |
+| fork_bomb(limit)          | error ForkRefused at a pids limit below ``limit``, else hard_timeout |
 | block_in_syscall          | soft_timeout     | hard_timeout   |
 | os_exit(n) / sys_exit(n)  | exit (code n)    | exit (code n)  |
 | segfault                  | crashed SIGSEGV  | crashed        |
-| abort                     | crashed SIGABRT  | crashed        |
+| abort                     | crashed SIGABRT  | crashed (and no core file) |
 | grow_memory               | memory_limit (with max_memory_mb)  |
+| cpu_spin with cpu_time_s  | cpu_limit        | cpu_limit      |
 | raise_unpicklable         | error (type and message still arrive) |
 | return_unserializable     | error (the result cannot be encoded)  |
 | return_int_keys           | error with JSON (its keys would arrive as strings); ok with pickle |
@@ -34,8 +38,10 @@ start to it, so a test can check that nothing outlived the kill.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -146,6 +152,71 @@ def setsid_grandchild_hang(pid_file: str | None = None) -> None:
     proc = subprocess.Popen(_SLEEPER, start_new_session=True)
     _record(pid_file, proc.pid)
     sleep_forever()
+
+
+def daemonize_grandchild(pid_file: str | None = None, hang: bool = True) -> str:
+    """Daemonises a grandchild the classic way (fork, setsid, fork, the middle process
+    exits): the daemon belongs to no process group or session of the child, and its parent
+    is gone. Then hangs (``hang``), or returns ``"daemonized"``: ok, and the daemon must
+    not outlive the attempt either way."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the middle process: never returns into the handler
+        try:
+            os.close(r)
+            os.setsid()
+            daemon = subprocess.Popen(_SLEEPER, start_new_session=True)
+            os.write(w, str(daemon.pid).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        daemon_pid = int(f.read())
+    os.waitpid(middle, 0)
+    _record(pid_file, daemon_pid)
+    if hang:
+        sleep_forever()
+    return "daemonized"
+
+
+def setsid_helper_return(pid_file: str | None = None) -> str:
+    """Starts a helper in a session of its own and returns at once: ok, and the helper must
+    be gone once the outcome is known."""
+    proc = subprocess.Popen(_SLEEPER, start_new_session=True)
+    _record(pid_file, proc.pid)
+    proc.returncode = 0  # never waited for: keeps Popen's finaliser from warning
+    return "returned"
+
+
+class ForkRefused(RuntimeError):
+    """A fork bomb's fork was refused (EAGAIN: a pids limit)."""
+
+
+def fork_bomb(limit: int = 100_000) -> None:
+    """Every process forks again and again, children included, until ``limit`` processes
+    were started in all (counted in memory shared by the whole bomb) or a fork is refused.
+    A refusal raises ``ForkRefused`` in the handler (error); without one it hangs
+    (hard_timeout). The bomb's processes sleep until they are killed."""
+    count = mmap.mmap(-1, 8)  # anonymous and shared: every fork counts in the same place
+    refused_r, refused_w = os.pipe()
+    root = os.getpid()
+    while True:
+        started = int.from_bytes(count[:8], "little")
+        if started >= limit:
+            break
+        count[:8] = (started + 1).to_bytes(8, "little")  # racy, by a few: a bound, not a tally
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.write(refused_w, f"{exc.strerror} after {started} processes\n".encode())
+            break
+        if pid == 0:
+            continue  # the new process forks too
+    if os.getpid() != root:
+        while True:  # a bomb process never returns into the handler
+            time.sleep(3600)
+    select.select([refused_r], [], [])
+    raise ForkRefused(f"fork refused: {os.read(refused_r, 200).decode().strip()}")
 
 
 def block_in_syscall() -> None:

@@ -1,0 +1,271 @@
+"""Kernel containment against real hostile handlers: in the cgroup mode this machine
+allows (skipped, saying why, where it allows none) and in the process-tree mode, forced.
+
+Daemonised grandchildren and setsid helpers die with their attempt, a fork bomb meets the
+pids limit, the memory limit is the kernel's, rlimits bound CPU time and core files, the
+fallback is loud, and no control group outlives its pool."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import resource
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandboxq import ConfigError, Pool
+from sandboxq.models import Outcome
+from sandboxq.pool import cgroups
+from sandboxq.pool.attempt import AttemptResult
+from sandboxq.pool.containment import detect, probe
+from sandboxq.pool.limits import ChildSetup
+
+H = "sandboxq.testing.handlers:"
+MODE, WHY = probe()
+CGROUPS = MODE != "process_tree"
+needs_cgroups = pytest.mark.skipif(not CGROUPS, reason=f"no writable control groups: {WHY}")
+
+#: The process-tree mode cannot yet find a daemon that left the child's tree, nor sweep
+#: after a normal return: that sweep is separate work (issue 9, "the boundary"). Strict, so
+#: that once it lands these turn into failures that say to drop the mark.
+tree_sweep_pending = pytest.mark.xfail(
+    reason="the process-tree mode has no sweep for daemons and after a return yet", strict=True
+)
+MODES = [
+    pytest.param("auto", marks=needs_cgroups, id="cgroup"),
+    pytest.param("process_tree", id="process_tree"),
+]
+MODES_TREE_PENDING = [
+    pytest.param("auto", marks=needs_cgroups, id="cgroup"),
+    pytest.param("process_tree", marks=tree_sweep_pending, id="process_tree"),
+]
+
+
+def attempt(pool: Pool, *args: object) -> AttemptResult:
+    done: Future[AttemptResult] = Future()
+    pool.execute(pool.make_task(*args), done.set_result)
+    return done.result(timeout=30)
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (a zombie has run its last instruction)."""
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def alive_after(pids: list[int], grace_s: float) -> list[int]:
+    deadline = time.monotonic() + grace_s
+    while (left := alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left
+
+
+@pytest.fixture(autouse=True)
+def kill_recorded(tmp_path: Path) -> Iterator[None]:
+    """Kill what a handler recorded and a failing (or expected-to-fail) test left alive."""
+    yield
+    pid_file = tmp_path / "pids"
+    for pid in alive([int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def recorded(pid_file: Path) -> list[int]:
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert pids, "the handler recorded no process"
+    return pids
+
+
+# -- nothing an attempt starts outlives it ---------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("containment", MODES_TREE_PENDING)
+def test_a_daemonized_grandchild_dies_at_the_hard_kill(containment: str, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    with Pool(H + "daemonize_grandchild", 1, hard_timeout_s=0.5, containment=containment) as pool:
+        result = attempt(pool, str(pid_file))
+        assert result.outcome is Outcome.HARD_TIMEOUT, result.cause
+        assert not alive_after(recorded(pid_file), 2.0), "the daemon outlived the hard kill"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("containment", MODES)
+def test_a_setsid_helper_dies_at_the_hard_kill(containment: str, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    with Pool(H + "setsid_grandchild_hang", 1, hard_timeout_s=0.5, containment=containment) as p:
+        assert attempt(p, str(pid_file)).outcome is Outcome.HARD_TIMEOUT
+        assert not alive_after(recorded(pid_file), 2.0), "the helper outlived the hard kill"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("containment", MODES_TREE_PENDING)
+@pytest.mark.parametrize(
+    ("handler", "args"),
+    [("daemonize_grandchild", (False,)), ("setsid_helper_return", ())],
+    ids=["daemon", "setsid_helper"],
+)
+def test_leftovers_are_dead_when_a_normal_return_is_reported(
+    containment: str, handler: str, args: tuple[object, ...], tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pids"
+    with Pool(H + handler, 1, hard_timeout_s=10, containment=containment) as pool:
+        child = pool.pids[0]
+        for _ in range(2):
+            result = attempt(pool, str(pid_file), *args)
+            assert result.outcome is Outcome.OK, result.cause
+            # No grace: the child swept its group before it reported the outcome.
+            assert not alive(recorded(pid_file)), "a leftover outlived its attempt"
+        assert pool.pids == [child]  # the same child went on serving
+
+
+# -- limits -----------------------------------------------------------------------------------
+
+
+@needs_cgroups
+@pytest.mark.timeout(30)
+def test_a_fork_bomb_meets_the_pids_limit_and_the_pool_lives() -> None:
+    with Pool(H + "fork_bomb", 1, hard_timeout_s=15, max_processes=40) as pool:
+        for _ in range(2):  # the second proves the pool, and the group, are usable again
+            result = attempt(pool, 10_000)
+            assert result.outcome is Outcome.ERROR, result.cause
+            assert result.error is not None and result.error.type_name.endswith("ForkRefused")
+            assert "after" in result.error.message  # "... after N processes"
+
+
+@needs_cgroups
+@pytest.mark.timeout(30)
+def test_a_job_over_its_memory_limit_is_oom_killed_by_the_kernel() -> None:
+    with Pool(H + "grow_memory", 1, hard_timeout_s=20, max_memory_mb=96) as pool:
+        result = attempt(pool, 16, 0.001)
+        assert result.outcome is Outcome.MEMORY_LIMIT, result.cause
+        assert result.signal == signal.SIGKILL
+        assert "OOM-killed" in result.cause  # the kernel's counter, not a sampled guess
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("containment", MODES)
+def test_cpu_time_s_ends_a_spinning_attempt_as_cpu_limit(containment: str) -> None:
+    with Pool(H + "cpu_spin", 1, hard_timeout_s=20, cpu_time_s=1, containment=containment) as p:
+        result = attempt(p)
+        assert result.outcome is Outcome.CPU_LIMIT, result.cause
+        assert result.signal == signal.SIGXCPU
+        assert result.runtime_s is not None and result.runtime_s < 15
+
+
+@pytest.mark.timeout(40)
+def test_the_cpu_budget_is_per_attempt_in_a_reused_child() -> None:
+    # Three attempts of 0.6 s of CPU each under a 1 s budget: over 1 s in all, but each
+    # attempt starts with a fresh budget.
+    with Pool(H + "spin_gil_for", 1, hard_timeout_s=20, cpu_time_s=1) as pool:
+        child = pool.pids[0]
+        for _ in range(3):
+            result = attempt(pool, 0.6)
+            assert result.outcome is Outcome.OK, result.cause
+        assert pool.pids == [child]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("containment", MODES)
+def test_a_crash_leaves_no_core_file(
+    containment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The core would land in the child's working directory (core_pattern "core" here);
+    # spawn starts the child from this process, so it inherits the raised soft limit.
+    monkeypatch.chdir(tmp_path)
+    old = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (old[1], old[1]))
+    try:
+        with Pool(H + "abort", 1, start_method="spawn", containment=containment) as pool:
+            result = attempt(pool)
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, old)
+    assert result.outcome is Outcome.CRASHED and result.signal == signal.SIGABRT
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("core")]
+
+
+# -- choosing the mode, and leaving nothing behind ------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_forcing_the_process_tree_mode_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="sandboxq.pool"):
+        with Pool(H + "echo", 1, containment="process_tree") as pool:
+            assert pool.containment == "process_tree"
+            assert pool.submit(3).result(timeout=10) == 3
+    assert "containment: process_tree (forced by the containment setting)" in caplog.text
+
+
+def _unwritable_hierarchies(tmp_path: Path) -> tuple[str, str]:
+    """A mountinfo whose cgroup hierarchies are plain directories, as a container without
+    delegated groups shows them: mkdir works there, but makes no group."""
+    lines, own = [], ["0::/"]
+    for n, controller in enumerate(cgroups.V1_CONTROLLERS, 1):
+        mount = tmp_path / "fs" / controller
+        mount.mkdir(parents=True)
+        lines.append(f"{30 + n} 1 0:{n} / {mount} rw - cgroup cgroup rw,{controller}")
+        own.append(f"{n}:{controller}:/")
+    (tmp_path / "mountinfo").write_text("\n".join(lines) + "\n")
+    (tmp_path / "cgroup").write_text("\n".join(own) + "\n")
+    return str(tmp_path / "mountinfo"), str(tmp_path / "cgroup")
+
+
+def test_the_fallback_is_loud_where_groups_are_not_writable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mountinfo, own = _unwritable_hierarchies(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="sandboxq.pool"):
+        chosen = detect("auto", ChildSetup(), 64, mountinfo=mountinfo, own_cgroups=own)
+    assert chosen.mode == "process_tree"
+    assert "control groups are not writable here" in caplog.text
+    assert "is not a control group hierarchy" in caplog.text  # says why
+    assert not [p for p in tmp_path.rglob("sandboxq.*")]  # its probe left nothing
+    with pytest.raises(ConfigError, match="containment='cgroup' but no control groups"):
+        detect("cgroup", ChildSetup(), 64, mountinfo=mountinfo, own_cgroups=own)
+
+
+def _pool_group_dirs() -> list[Path]:
+    found = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(","):
+            if c in cgroups.V1_CONTROLLERS:
+                root = Path("/sys/fs/cgroup", c, path.lstrip("/"))
+                found += root.glob(cgroups.PREFIX + f"{os.getpid()}.*")
+    return found
+
+
+@needs_cgroups
+@pytest.mark.timeout(30)
+def test_groups_are_gone_after_close_and_stale_ones_are_removed_at_start(tmp_path: Path) -> None:
+    # A dead pool's groups: our pid, but a start time that is not ours (a reused pid).
+    stale = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(","):
+            if c in cgroups.V1_CONTROLLERS:
+                d = Path("/sys/fs/cgroup", c, path.lstrip("/"), f"{cgroups.PREFIX}{os.getpid()}.1")
+                (d / "child-7").mkdir(parents=True)
+                stale.append(d)
+    pid_file = tmp_path / "pids"
+    with Pool(H + "setsid_grandchild_hang", 2, soft_timeout_s=0.2, hard_timeout_s=5) as pool:
+        assert pool.containment == MODE
+        assert not [d for d in stale if d.exists()], "stale groups survived the start"
+        live = [d for d in _pool_group_dirs() if d not in stale]
+        assert live and all(any(d.glob("child-*")) for d in live)
+        assert attempt(pool, str(pid_file)).outcome is Outcome.SOFT_TIMEOUT
+    assert not _pool_group_dirs(), "control groups outlived the pool"
+    assert not alive_after(recorded(pid_file), 2.0)
