@@ -257,7 +257,9 @@ def test_groups_are_gone_after_close_and_stale_ones_are_removed_at_start(tmp_pat
         _, controllers, path = line.split(":", 2)
         for c in controllers.split(","):
             if c in cgroups.V1_CONTROLLERS:
-                d = Path("/sys/fs/cgroup", c, path.lstrip("/"), f"{cgroups.PREFIX}{os.getpid()}.1")
+                d = Path(
+                    "/sys/fs/cgroup", c, path.lstrip("/"), f"{cgroups.PREFIX}{os.getpid()}.1.1"
+                )
                 (d / "child-7").mkdir(parents=True)
                 stale.append(d)
     pid_file = tmp_path / "pids"
@@ -269,3 +271,13 @@ def test_groups_are_gone_after_close_and_stale_ones_are_removed_at_start(tmp_pat
         assert attempt(pool, str(pid_file)).outcome is Outcome.SOFT_TIMEOUT
     assert not _pool_group_dirs(), "control groups outlived the pool"
     assert not alive_after(recorded(pid_file), 2.0)
+
+
+@needs_cgroups
+@pytest.mark.timeout(30)
+def test_two_pools_of_one_process_have_groups_of_their_own() -> None:
+    with Pool(H + "echo", 1) as first:
+        with Pool(H + "echo", 1) as second:
+            assert second.submit(2).result(timeout=10) == 2
+        assert first.submit(1).result(timeout=10) == 1  # closing the other took nothing of it
+        assert len(_pool_group_dirs()) == 3  # one pool group per v1 hierarchy

@@ -1,6 +1,6 @@
 """Control groups, one per pool child: create, join, limit, kill, read OOM kills, remove.
 
-    pool group   <root>/sandboxq.<owner pid>.<owner start time>/     (one per pool)
+    pool group   <root>/sandboxq.<owner pid>.<owner start time>.<n>/ (one per pool)
     child group  <pool group>/child-<n>/                              (one per child)
 
 cgroup v2 has one directory per group; v1 has one per controller (``memory``, ``pids``,
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import signal
 import time
@@ -32,10 +33,14 @@ PREFIX = "sandboxq."
 FREEZE_WAIT_S = 0.05
 
 
-def owner_tag(pid: int | None = None) -> str:
-    """``<pid>.<start time in clock ticks since boot>``: unique for the life of the machine."""
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}.{_start_ticks(pid)}"
+_pools = itertools.count(1)
+
+
+def pool_group_name() -> str:
+    """``sandboxq.<pid>.<start time in clock ticks since boot>.<n>``: the owner is unique
+    for the life of the machine, and ``n`` tells apart the pools of one process."""
+    pid = os.getpid()
+    return f"{PREFIX}{pid}.{_start_ticks(pid)}.{next(_pools)}"
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -225,7 +230,8 @@ def stale_owners(root: str) -> list[str]:
     for name in names:
         if not name.startswith(PREFIX):
             continue
-        pid_text, _, start = name[len(PREFIX) :].partition(".")
+        pid_text, _, rest = name[len(PREFIX) :].partition(".")
+        start = rest.partition(".")[0]
         try:
             pid = int(pid_text)
         except ValueError:

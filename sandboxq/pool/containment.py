@@ -188,7 +188,7 @@ def _below(root: str, mount_point: str, path: str) -> str:
 
 def _pool_dirs(version: int, mountinfo: str, own_cgroups: str) -> dict[str, str]:
     mounts, own = _mounts(mountinfo), _own_paths(own_cgroups)
-    name = cgroups.PREFIX + cgroups.owner_tag()
+    name = cgroups.pool_group_name()
     if version == 2:
         v2 = [(r, p) for r, p, fs, _ in mounts if fs == "cgroup2"]
         if not v2 or "" not in own:
