@@ -29,8 +29,6 @@ import time
 V1_CONTROLLERS = ("memory", "pids", "freezer")
 V2_CONTROLLERS = ("memory", "pids")
 PREFIX = "sandboxq."
-#: How long a kill waits for a v1 group to report FROZEN before killing anyway.
-FREEZE_WAIT_S = 0.05
 
 
 _pools = itertools.count(1)
@@ -120,9 +118,14 @@ class Group:
                     raise
         self._freeze(True)
         try:
-            for pid in self.pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            # A task the freezer has not reached yet can fork once more before it stops:
+            # list again until a pass finds nobody new.
+            killed: set[int] = set()
+            while fresh := [pid for pid in self.pids() if pid not in killed]:
+                for pid in fresh:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                killed.update(fresh)
         finally:
             self._freeze(False)  # frozen tasks only act on a SIGKILL once thawed
 
@@ -130,12 +133,9 @@ class Group:
         if self._version == 2:
             path = os.path.join(self.dirs["unified"], "cgroup.freeze")
             _write(path, "1" if frozen else "0")
-            return
-        path = os.path.join(self.dirs["freezer"], "freezer.state")
-        _write(path, "FROZEN" if frozen else "THAWED")
-        deadline = time.monotonic() + FREEZE_WAIT_S
-        while frozen and _read(path).strip() != "FROZEN" and time.monotonic() < deadline:
-            time.sleep(0.0002)
+        else:
+            path = os.path.join(self.dirs["freezer"], "freezer.state")
+            _write(path, "FROZEN" if frozen else "THAWED")
 
     def empty(self) -> bool:
         return not self.pids()

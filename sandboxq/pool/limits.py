@@ -10,9 +10,10 @@ Only rlimits that cannot hurt numpy are set by default: no core dumps. ``cpu_tim
 (RLIMIT_CPU) counts the child's own CPU time; the kernel counts it per process from its
 start, so before each attempt the soft limit is moved to what the child used so far plus
 the budget, in whole seconds (RLIMIT_CPU has a one-second grain). Going over sends SIGXCPU,
-which ends the child: outcome ``cpu_limit``. RLIMIT_AS is opt-in only: OpenBLAS reserves
-address space per thread at import, far beyond what it uses, so numpy fails to import
-under an address-space limit set near the memory really needed.
+which ends the child: outcome ``cpu_limit`` (a handler that ignores SIGXCPU runs on to its
+hard timeout). RLIMIT_AS is opt-in only: OpenBLAS reserves address space per thread, one
+thread per core, at import, so on a many-core machine numpy fails under an address-space
+limit set near the memory really needed.
 """
 
 from __future__ import annotations

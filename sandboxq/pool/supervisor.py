@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import selectors
+import signal
 import threading
 import time
 from collections import deque
@@ -444,19 +445,32 @@ class Supervisor:
             if run.hard_deadline is not None and now >= run.hard_deadline:
                 self._drain(child)
                 if child.running is run:
-                    child.kill(
+                    self._kill(
+                        child,
                         Outcome.HARD_TIMEOUT,
                         f"killed at the hard deadline of {run.task.hard_timeout_s:g} s",
                     )
                 continue
             if run.fence_deadline is not None and now >= run.fence_deadline:
-                child.kill(Outcome.LEASE_LOST, "the lease could not be renewed in time")
+                self._kill(child, Outcome.LEASE_LOST, "the lease could not be renewed in time")
                 continue
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
                 child.signal_soft(run)
             due = run.memory_check_at is not None and now >= run.memory_check_at
             if due and (why := child.over_memory(run, now, self._memory_every)) is not None:
-                child.kill(Outcome.MEMORY_LIMIT, why)
+                self._kill(child, Outcome.MEMORY_LIMIT, why)
+
+    def _kill(self, child: Child, outcome: Outcome, detail: str) -> None:
+        """Kill the tree running ``child.running``, which then ends with ``outcome``.
+
+        A control group's kill leaves no process of it able to run another instruction, so
+        the attempt is settled at once: the child's own exit can come hundreds of ms later,
+        queued behind hundreds of dying processes of a fork burst.
+        """
+        child.kill(outcome, detail)
+        run = child.running
+        if child.group is not None and run is not None:
+            self._settle_death(child, run, -signal.SIGKILL)
 
     def _soft_stop(self, token: int) -> None:
         for child in self._children:
@@ -494,7 +508,7 @@ class Supervisor:
             run = child.running
             if run is not None and run.token == token:
                 if run.kill_outcome is None:
-                    child.kill(outcome, detail)
+                    self._kill(child, outcome, detail)
                 return
             for attempt in child.queued:
                 if attempt.token == token:  # killed when it starts, or settled if the child dies
@@ -514,7 +528,7 @@ class Supervisor:
             for attempt in child.queued:
                 attempt.kill_outcome, attempt.kill_detail = Outcome.INTERRUPTED, why
             if child.running is not None and child.running.kill_outcome is None:
-                child.kill(Outcome.INTERRUPTED, why)
+                self._kill(child, Outcome.INTERRUPTED, why)
 
     def _shutdown(self) -> None:
         """Close every channel, give idle children a moment to exit, then kill what is left."""

@@ -16,6 +16,7 @@ Each docstring states the outcome it must produce. "soft" means a soft timeout i
 | setsid_grandchild_hang    | soft_timeout     | hard_timeout   |
 | daemonize_grandchild      | soft_timeout     | hard_timeout (the daemon dies too) |
 | daemonize_grandchild(hang=False) / setsid_helper_return | ok (their helper is gone after) |
+| fork_burst(n)             | soft_timeout     | hard_timeout (all n die too) |
 | fork_bomb(limit)          | error ForkRefused at a pids limit below ``limit``, else hard_timeout |
 | block_in_syscall          | soft_timeout     | hard_timeout   |
 | os_exit(n) / sys_exit(n)  | exit (code n)    | exit (code n)  |
@@ -186,6 +187,16 @@ def setsid_helper_return(pid_file: str | None = None) -> str:
     _record(pid_file, proc.pid)
     proc.returncode = 0  # never waited for: keeps Popen's finaliser from warning
     return "returned"
+
+
+def fork_burst(count: int = 200) -> None:
+    """Forks ``count`` processes at once (each sleeps, none leaves the process group), then
+    hangs: the hard kill must take all of them."""
+    for _ in range(count):
+        if os.fork() == 0:
+            while True:  # never returns into the handler
+                time.sleep(3600)
+    sleep_forever()
 
 
 class ForkRefused(RuntimeError):
