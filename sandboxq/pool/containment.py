@@ -26,6 +26,7 @@ import itertools
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Literal
 
 from sandboxq.errors import ConfigError
@@ -75,7 +76,7 @@ class Containment:
         dirs = {c: os.path.join(d, name) for c, d in self._pool_dirs.items()}
         group = Group.create(2 if self.mode == "cgroup_v2" else 1, dirs, self._max_processes)
         pids_current = os.path.join(group.pids_dir, "pids.current")
-        setup = ChildSetup(group.procs_files, pids_current, *_rlimits(self._setup))
+        setup = replace(self._setup, procs_files=group.procs_files, pids_current=pids_current)
         return group, setup
 
     def release(self, group: Group | None) -> None:
@@ -92,18 +93,6 @@ class Containment:
         if self.cgroups and not cgroups.remove_tree(self._pool_dirs, CLOSE_WAIT_S):
             log.warning("control groups of this pool could not all be removed: %s", self._pool_dirs)
         self._draining.clear()
-
-
-def _rlimits(
-    setup: ChildSetup,
-) -> tuple[bool, float | None, int | None, float | None, float | None]:
-    return (
-        setup.core_dumps,
-        setup.cpu_time_s,
-        setup.max_open_files,
-        setup.max_file_size_mb,
-        setup.max_address_space_mb,
-    )
 
 
 # -- detection -------------------------------------------------------------------------------
