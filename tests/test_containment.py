@@ -13,6 +13,7 @@ import os
 import resource
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -27,6 +28,7 @@ from sandboxq.pool import cgroups
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.containment import detect, probe
 from sandboxq.pool.limits import ChildSetup
+from sandboxq.testing.waiting import wait_for
 
 H = "sandboxq.testing.handlers:"
 MODE, WHY = probe()
@@ -241,14 +243,8 @@ def test_the_fallback_is_loud_where_groups_are_not_writable(
 
 
 def _pool_group_dirs() -> list[Path]:
-    found = []
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        for c in controllers.split(","):
-            if c in cgroups.V1_CONTROLLERS:
-                root = Path("/sys/fs/cgroup", c, path.lstrip("/"))
-                found += root.glob(cgroups.PREFIX + f"{os.getpid()}.*")
-    return found
+    """This process's pool groups, in every v1 hierarchy."""
+    return _owned_by(os.getpid())
 
 
 @needs_cgroup_v1
@@ -335,3 +331,42 @@ def test_a_v2_group_kill_takes_a_daemon_that_left_the_tree(tmp_path: Path) -> No
         while not group.remove() and time.monotonic() < deadline:
             time.sleep(0.01)
     assert not Path(group.dirs["unified"]).exists()
+
+
+def _owned_by(pid: int) -> list[Path]:
+    return [d for d in _all_pool_group_dirs() if d.name.startswith(f"{cgroups.PREFIX}{pid}.")]
+
+
+def _all_pool_group_dirs() -> list[Path]:
+    found = []
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(","):
+            if c in cgroups.V1_CONTROLLERS:
+                found += Path("/sys/fs/cgroup", c, path.lstrip("/")).glob(cgroups.PREFIX + "*")
+    return found
+
+
+@needs_cgroup_v1
+@pytest.mark.timeout(60)
+def test_a_sigkilled_owners_groups_are_removed_by_the_next_pool(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    script = (
+        "import time\n"
+        "from sandboxq import Pool\n"
+        f"pool = Pool({H + 'daemonize_grandchild'!r}, 1)\n"
+        f"pool.submit({str(pid_file)!r})\n"
+        "time.sleep(60)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, "the daemon")
+        assert _owned_by(owner.pid)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert _owned_by(owner.pid), "expected the SIGKILLed owner's groups to be left behind"
+    with Pool(H + "echo", 1) as pool:
+        assert pool.submit(1).result(timeout=10) == 1
+        assert not _owned_by(owner.pid), "a dead owner's groups survived the next start"
+    assert not alive_after(recorded(pid_file), 2.0)
