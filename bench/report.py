@@ -20,6 +20,7 @@ SECTION_TITLES = {
     "pool": "Pool (no backend)",
     "queue": "Queue (Redis, worker process, 2 children unless said)",
     "heartbeat": "Heartbeat under GIL-holding load",
+    "containment": "Containment (control group per child against the process-tree mode)",
 }
 
 
