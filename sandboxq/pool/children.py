@@ -139,17 +139,18 @@ class Child:
         except ProcessLookupError:
             pass
 
-    def kill(self, outcome: Outcome, detail: str) -> None:
-        """Kill the tree running ``self.running``, which then ends with ``outcome``."""
+    def kill(self, outcome: Outcome, detail: str, *, thaw: bool = True) -> None:
+        """Kill the tree running ``self.running``, which then ends with ``outcome``
+        (``thaw``: see ``Group.kill``)."""
         run = self.running
         assert run is not None
         run.kill_outcome, run.kill_detail = outcome, detail
-        self.kill_all(run.tree)
+        self.kill_all(run.tree, thaw=thaw)
 
-    def kill_all(self, known: Iterable[psutil.Process] = ()) -> None:
+    def kill_all(self, known: Iterable[psutil.Process] = (), *, thaw: bool = True) -> None:
         """SIGKILL the child and everything it started: its control group, else its tree."""
         if self.group is not None:
-            self.group.kill()
+            self.group.kill(thaw=thaw)
         else:
             kill_tree(self.pid, known)
 

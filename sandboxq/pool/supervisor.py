@@ -463,14 +463,19 @@ class Supervisor:
     def _kill(self, child: Child, outcome: Outcome, detail: str) -> None:
         """Kill the tree running ``child.running``, which then ends with ``outcome``.
 
-        A control group's kill leaves no process of it able to run another instruction, so
-        the attempt is settled at once: the child's own exit can come hundreds of ms later,
-        queued behind hundreds of dying processes of a fork burst.
+        A control group's kill leaves no process of it able to run another instruction (all
+        frozen, SIGKILL pending), so the attempt is settled at once, before the group is
+        thawed: thawing hundreds of processes takes milliseconds, and the child's own exit
+        can come hundreds of ms later, queued behind the dying processes of a fork burst.
         """
-        child.kill(outcome, detail)
-        run = child.running
-        if child.group is not None and run is not None:
+        run, group = child.running, child.group
+        child.kill(outcome, detail, thaw=False)
+        if group is None or run is None:
+            return
+        try:
             self._settle_death(child, run, -signal.SIGKILL)
+        finally:
+            group.thaw()
 
     def _soft_stop(self, token: int) -> None:
         for child in self._children:
