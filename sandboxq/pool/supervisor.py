@@ -6,8 +6,8 @@
     select(child pipes, child sentinels, wake pipe; timeout = next deadline)
         │                    │                     │
         │ Ready/Progress/    │ a child died:       │ a deadline passed:
-        │ Finished/Failed    │ exit code → outcome │ soft signal, hard tree-kill,
-        ▼                    ▼                     ▼ memory sample
+        │ Finished/Failed    │ exit code → outcome │ soft signal, hard tree-kill
+        ▼                    ▼                     ▼ (or group kill), memory sample
     on_done(AttemptResult) ── then: dispatch pending tasks to idle children
 
 Nothing polls: the select timeout is the nearest soft/hard deadline or memory sample, so a
@@ -15,6 +15,10 @@ kill lands within a millisecond or two of its deadline. A child runs one attempt
 and a task is only sent to an idle child, so "sent" is "started" and the deadline clock
 starts at dispatch. A kill names an attempt token, and the supervisor is the only thread
 that dispatches, so a kill can never hit the next job a reused child picked up.
+
+Under a control group (containment.py) each child gets its group at spawn, a kill freezes
+and kills the whole group and settles the attempt at once, the kernel enforces the memory
+limit (no sampling), and the group is removed once the child is gone.
 """
 
 from __future__ import annotations
