@@ -370,3 +370,22 @@ def test_a_sigkilled_owners_groups_are_removed_by_the_next_pool(tmp_path: Path) 
         assert pool.submit(1).result(timeout=10) == 1
         assert not _owned_by(owner.pid), "a dead owner's groups survived the next start"
     assert not alive_after(recorded(pid_file), 2.0)
+
+
+def test_bad_containment_settings_are_refused_with_the_setting_named() -> None:
+    with pytest.raises(ConfigError, match="containment: Input should be 'auto'"):
+        Pool(H + "echo", 1, containment="jail")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="cpu_time_s: Value error, must be a positive"):
+        Pool(H + "echo", 1, cpu_time_s=-1)
+    with pytest.raises(ConfigError, match=r"max_address_space_mb \(64\) is below max_memory_mb"):
+        Pool(H + "echo", 1, max_memory_mb=128, max_address_space_mb=64)
+
+
+@needs_cgroups
+@pytest.mark.timeout(30)
+def test_the_mode_in_force_is_logged_once_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="sandboxq.pool"):
+        with Pool(H + "echo", 2) as pool:
+            assert pool.submit(1).result(timeout=10) == 1
+    lines = [r.getMessage() for r in caplog.records if "containment:" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(f"containment: {MODE} (groups under ")
