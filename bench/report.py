@@ -22,6 +22,7 @@ SECTION_TITLES = {
     "heartbeat": "Heartbeat under GIL-holding load",
     "metrics": "Worker metrics: no-op throughput with and without (side by side)",
     "aio": "Async producer (sandboxq.aio) against the sync one",
+    "containment": "Containment (control group per child against the process-tree mode)",
 }
 
 

@@ -1,6 +1,6 @@
 """Every benchmark, several runs each, into one JSON and one Markdown report.
 
-    python bench/run_all.py [--quick] [--only pool,queue,heartbeat,metrics,aio] [--out DIR]
+    python bench/run_all.py [--quick] [--only pool,queue,...,containment] [--out DIR]
     make bench                    (the same, full)
 
 Starts one redis-server (``RedisServer``) on a free port, runs each bench script in a
@@ -36,7 +36,7 @@ from sandboxq.testing.redis_server import RedisServer  # noqa: E402
 
 #: Runs of each queue figure: the full run, and --quick.
 QUEUE_RUNS = {False: 3, True: 1}
-SECTIONS = ("pool", "queue", "heartbeat", "metrics", "aio")
+SECTIONS = ("pool", "queue", "heartbeat", "metrics", "aio", "containment")
 
 
 def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
@@ -47,6 +47,7 @@ def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
         "heartbeat": ["heartbeat_bench.py", "--url", url],
         "metrics": ["metrics_bench.py", "--url", url, "--runs", runs],
         "aio": ["aio_bench.py", "--url", url, "--runs", runs],
+        "containment": ["containment_bench.py", "all"],
     }[section]
     quick_flag = ["--quick"] if quick else []
     return [

@@ -68,6 +68,7 @@ class Outcome(StrEnum):
     EXIT = "exit"  # the handler ended the child with an exit code
     CRASHED = "crashed"  # killed by a signal we did not send (SIGSEGV, OOM killer...)
     MEMORY_LIMIT = "memory_limit"  # killed for going over max_memory_mb
+    CPU_LIMIT = "cpu_limit"  # used up its CPU time (cpu_time_s, RLIMIT_CPU: SIGXCPU)
     LEASE_LOST = "lease_lost"  # killed because the worker no longer owns the job
     CANCELLED = "cancelled"  # killed because a user cancelled the job
     INTERRUPTED = "interrupted"  # stopped by a worker shutdown; requeued, not charged

@@ -22,6 +22,7 @@ DEFAULT_ACTIONS: dict[Outcome, Action] = {
     Outcome.EXIT: Action.FAIL,  # unless the exit code is mapped
     Outcome.CRASHED: Action.RETRY,
     Outcome.MEMORY_LIMIT: Action.FAIL,
+    Outcome.CPU_LIMIT: Action.FAIL,
 }
 
 #: Longest wait between two attempts, whatever the backoff and attempt number.

@@ -30,6 +30,11 @@ from sandboxq.errors import ConfigError
 from sandboxq.models import NUMBER_ONLY, Action, check_timeouts
 
 StartMethod = Literal["forkserver", "spawn"]
+#: How children are contained (README "Containment"): control groups where the machine
+#: allows them, else the process tree; or one of the two, forced.
+ContainmentSetting = Literal["auto", "cgroup", "process_tree"]
+#: Processes (threads included) one child and everything it starts may hold at once.
+DEFAULT_MAX_PROCESSES = 1024
 
 #: Longest interval between two background checks: ``threading.Event.wait`` overflows on
 #: absurd timeouts, and a check that never comes is a setting nobody meant.
@@ -167,7 +172,43 @@ class _Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class PoolSettings(_Settings):
+class ContainmentSettings(_Settings):
+    """What the pool and the worker share about containing a child (README "Containment")."""
+
+    containment: ContainmentSetting = "auto"
+    # the pids limit of a child's control group (cgroup modes only); None: no limit
+    max_processes: Annotated[int | None, NUMBER_ONLY] = Field(
+        default=DEFAULT_MAX_PROCESSES, ge=1, le=4_194_304
+    )
+    # RLIMIT_CPU per attempt, in whole seconds rounded up: outcome cpu_limit
+    cpu_time_s: Annotated[float | None, NUMBER_ONLY] = Field(default=None, le=MAX_INTERVAL_S)
+    max_open_files: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=16, le=2**20)
+    max_file_size_mb: Annotated[float | None, NUMBER_ONLY] = None
+    # RLIMIT_AS: breaks numpy/OpenBLAS, which reserve address space far beyond their use
+    max_address_space_mb: Annotated[float | None, NUMBER_ONLY] = None
+    # a debugging opt-in: only a real True turns core files back on
+    core_dumps: Annotated[bool, Strict()] = False
+
+    @field_validator("cpu_time_s", "max_file_size_mb", "max_address_space_mb")
+    @classmethod
+    def _positive_limit(cls, value: float | None, info: Any) -> float | None:
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise ValueError(f"must be a positive, finite number, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _address_space_above_memory(self) -> ContainmentSettings:
+        memory = getattr(self, "max_memory_mb", None)
+        space = self.max_address_space_mb
+        if space is not None and memory is not None and space < memory:
+            raise ConfigError(
+                f"max_address_space_mb ({space:g}) is below max_memory_mb ({memory:g}): "
+                "the memory limit could never be reached"
+            )
+        return self
+
+
+class PoolSettings(ContainmentSettings):
     processor: str = Field(min_length=3)
     size: Annotated[int, NUMBER_ONLY] = Field(ge=1, le=1024)
     soft_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
@@ -199,7 +240,7 @@ class PoolSettings(_Settings):
         return self
 
 
-class WorkerSettings(_Settings):
+class WorkerSettings(ContainmentSettings):
     queue: str = Field(min_length=1)
     processor: str = Field(min_length=3)
     url: str | None = None

@@ -44,7 +44,14 @@ from sandboxq.pool.kill import tree_rss
 from sandboxq.pool.pool import Pool, Seconds
 from sandboxq.processor import resolve_within
 from sandboxq.reaper import Reaper
-from sandboxq.settings import StartMethod, WorkerSettings, build
+from sandboxq.settings import (
+    DEFAULT_MAX_PROCESSES,
+    ContainmentSetting,
+    ContainmentSettings,
+    StartMethod,
+    WorkerSettings,
+    build,
+)
 
 if TYPE_CHECKING:
     from sandboxq.metrics import WorkerMetrics
@@ -93,6 +100,13 @@ class SandboxWorker:
         import_timeout_s: float | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        containment: ContainmentSetting = "auto",
+        max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        cpu_time_s: float | None = None,
+        max_open_files: int | None = None,
+        max_file_size_mb: float | None = None,
+        max_address_space_mb: float | None = None,
+        core_dumps: bool = False,
     ) -> None:
         self.settings = s = build(
             WorkerSettings,
@@ -117,6 +131,13 @@ class SandboxWorker:
             import_timeout_s=import_timeout_s,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            containment=containment,
+            max_processes=max_processes,
+            cpu_time_s=cpu_time_s,
+            max_open_files=max_open_files,
+            max_file_size_mb=max_file_size_mb,
+            max_address_space_mb=max_address_space_mb,
+            core_dumps=core_dumps,
         )
         # an unimportable processor fails here, with its import error (or after
         # import_timeout_s if its import hangs)
@@ -179,6 +200,7 @@ class SandboxWorker:
                 max_jobs_per_child=s.max_jobs_per_child,
                 start_method=s.start_method,
                 import_timeout_s=s.import_timeout_s,
+                **s.model_dump(include=set(ContainmentSettings.model_fields)),
             )
         except BaseException:
             unwatch()
@@ -358,6 +380,7 @@ class SandboxWorker:
             "lease_s": self.settings.lease_s,
             "registered_ms": int(time.time() * 1000),  # what lease_renewed_s_ago counts from
             "jobs": jobs,
+            "containment": self._pool.containment if self._pool is not None else None,
         }
         try:
             self.backend.register_worker(self.id, info, ttl_s=self.settings.lease_s)

@@ -8,8 +8,15 @@ import pytest
 import redis
 
 from sandboxq import Queue
+from sandboxq.pool.containment import probe
 from sandboxq.testing import processes
 from sandboxq.testing.redis_server import RedisServer
+
+
+def pytest_report_header() -> str:
+    """Which containment the pools of this run get: the cgroup-only tests skip without one."""
+    mode, why = probe()
+    return f"sandboxq containment: {mode} ({why})"
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from sandboxq import Queue
 from sandboxq.cli import main
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
+from sandboxq.pool.containment import probe
 from sandboxq.testing.redis_server import free_port
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
@@ -346,6 +347,7 @@ def test_info_shows_counts_workers_their_jobs_child_pids_and_lease_left(
     assert data["counts"] == {**counts, "cancelled": 0}
     (w,) = data["workers"]
     assert (w["worker_id"], w["pid"], w["concurrency"]) == (worker.id, os.getpid(), 1)
+    assert w["containment"] == probe()[0]  # the mode in force, from the registry entry
     assert running_job["id"] == job.id and running_job["attempt"] == 1
     assert psutil.Process(running_job["pid"]).ppid() != 0  # a real, live child
     assert 0 < running_job["lease_left_s"] <= 6.0
@@ -354,6 +356,7 @@ def test_info_shows_counts_workers_their_jobs_child_pids_and_lease_left(
     assert f"queue {queue_name}" in out and "live workers (1)" in out and worker.id in out
     assert "jobs held by workers (1)" in out and job.id in out
     assert str(running_job["pid"]) in out
+    assert f" {w['containment']} " in out
 
 
 @pytest.mark.timeout(30)

@@ -217,7 +217,8 @@ def test_orphan_check_catches_leaked_processes(
         def test_fixture_form_a_daemon_started_by_a_job_dies_with_its_attempt(
             sandboxq_worker, sandboxq_no_orphans, sandboxq_queue
         ):
-            sandboxq_worker("leaky:start_daemon")
+            # A control group would take the daemon down with its job: nothing to catch.
+            sandboxq_worker("leaky:start_daemon", containment="process_tree")
             pid_file = {str(tmp_path / "daemon")!r}
             assert sandboxq_queue.enqueue(pid_file).result(timeout_s=20) == "started"
 

@@ -32,13 +32,18 @@ def attempt(pool: Pool, *args: object, **kwargs: object) -> AttemptResult:
     return done.result(timeout=30)
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # gone, even between looking it up and asking its status
+        return False
+
+
 def wait_dead(pids: list[int], timeout_s: float = 3.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
     alive = pids
     while alive and time.monotonic() < deadline:
-        alive = [
-            p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-        ]
+        alive = [p for p in alive if _running(p)]
         time.sleep(0.02)
     return alive
 
@@ -99,7 +104,9 @@ def test_soft_timeout_takes_the_grandchildren_it_left_behind(handler: str, tmp_p
     # The child survives its soft timeout; the attempt boundary still ends what it started
     # (another session included) before the outcome is reported.
     pid_file = tmp_path / "pids"
-    with Pool(H + handler, size=1, soft_timeout_s=SOFT, hard_timeout_s=5) as pool:
+    with Pool(
+        H + handler, 1, soft_timeout_s=SOFT, hard_timeout_s=5, containment="process_tree"
+    ) as pool:
         assert attempt(pool, str(pid_file)).outcome is Outcome.SOFT_TIMEOUT
         grandchildren = [int(x) for x in pid_file.read_text().split()]
         assert grandchildren
@@ -148,7 +155,10 @@ def test_crashes_name_the_signal(handler: str, signum: int) -> None:
 
 @pytest.mark.timeout(30)
 def test_memory_limit_kills_the_tree() -> None:
-    with Pool(H + "grow_memory", size=1, max_memory_mb=200, hard_timeout_s=20) as pool:
+    # The sampled limit; a control group's (the kernel's) is tested in test_containment.py.
+    with Pool(
+        H + "grow_memory", 1, max_memory_mb=200, hard_timeout_s=20, containment="process_tree"
+    ) as pool:
         result = attempt(pool)
     assert result.outcome is Outcome.MEMORY_LIMIT, result.cause
     assert "over the limit of 200 MB" in result.cause

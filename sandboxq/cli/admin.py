@@ -89,7 +89,7 @@ def info_data(backend: Backend) -> dict[str, Any]:
             }
             for job in record.get("jobs") or []
         ]
-        fields = ("worker_id", "host", "pid", "concurrency", "lease_s", "started_ms")
+        fields = ("worker_id", "host", "pid", "concurrency", "lease_s", "started_ms", "containment")
         entry = {**{k: record.get(k) for k in fields}, "jobs": jobs}
         if record.get("unreadable"):
             entry["unreadable"] = record["unreadable"]
@@ -122,10 +122,11 @@ def info(args: argparse.Namespace) -> int:
             w["concurrency"],
             len(w["jobs"]),
             render.ago(w["started_ms"], now),
+            w["containment"] or "",
         )
         for w in workers
     ]
-    columns = ["worker", "host", "pid", "children", "running", "started"]
+    columns = ["worker", "host", "pid", "children", "running", "started", "containment"]
     out.print(render.table(f"live workers ({len(workers)})", columns, rows, keep=["worker"]))
     held = [
         (j["id"], j["attempt"], w["worker_id"], j["pid"] or "not started",

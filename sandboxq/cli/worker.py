@@ -74,6 +74,40 @@ def add_pool_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hard-timeout-s", type=float, help="the child's process tree killed")
     parser.add_argument("--retries", type=int, help="retries after a failed attempt (default 0)")
     parser.add_argument("--max-memory-mb", type=float, help="kill a child over this much memory")
+    add_containment_flags(parser)
+
+
+def add_containment_flags(parser: argparse.ArgumentParser) -> None:
+    """Containment and rlimits (README "Containment")."""
+    parser.add_argument(
+        "--containment",
+        choices=["auto", "cgroup", "process_tree"],
+        help="control groups where writable (auto, the default), forced, or never",
+    )
+    parser.add_argument(
+        "--max-processes", type=int, help="pids limit of a child's control group (default 1024)"
+    )
+    parser.add_argument("--cpu-time-s", type=float, help="CPU time per attempt: cpu_limit")
+    parser.add_argument("--max-open-files", type=int, help="RLIMIT_NOFILE of a child")
+    parser.add_argument("--max-file-size-mb", type=float, help="RLIMIT_FSIZE of a child")
+    parser.add_argument(
+        "--max-address-space-mb", type=float, help="RLIMIT_AS: breaks numpy/OpenBLAS, opt-in"
+    )
+    parser.add_argument(
+        "--core-dumps", action="store_true", default=None, help="allow core files (default off)"
+    )
+
+
+#: The containment flags, by setting name: passed on as they are.
+CONTAINMENT_FLAGS = (
+    "containment",
+    "max_processes",
+    "cpu_time_s",
+    "max_open_files",
+    "max_file_size_mb",
+    "max_address_space_mb",
+    "core_dumps",
+)
 
 
 def settings(args: argparse.Namespace, *, queue: str, url: str, **flags: Any) -> WorkerSettings:
@@ -90,6 +124,7 @@ def settings(args: argparse.Namespace, *, queue: str, url: str, **flags: Any) ->
         hard_timeout_s=args.hard_timeout_s,
         retries=args.retries,
         max_memory_mb=args.max_memory_mb,
+        **{name: getattr(args, name, None) for name in CONTAINMENT_FLAGS},
         **flags,
     )
 

@@ -1,6 +1,7 @@
 """The child's main loop. Runs in the child process; never imports Redis code.
 
-    start: setsid (own process group) → subreaper → die with the parent → import → Ready
+    start: join its control group, set rlimits (limits.py) → setsid (own process group)
+           → subreaper → die with the parent → import the processor → Ready
     loop:  Run ─► decode args ─► processor(*args, **kwargs) ─► encode result ─┐
                                         │ raised / SoftTimeout                 │
                                         ▼                                      ▼
@@ -46,7 +47,7 @@ from typing import Any
 
 from sandboxq import codec
 from sandboxq.errors import SandboxqError, SoftTimeout
-from sandboxq.pool import linux
+from sandboxq.pool import limits, linux
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
@@ -216,9 +217,12 @@ def child_main(
     fence: Any,
     keep_strays: bool = False,
     shared: Any = None,
+    setup: limits.ChildSetup | None = None,
 ) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
     global _soft_token
+    setup = setup or limits.ChildSetup()
+    limits.enter(setup)  # first: its control group and rlimits cover all that follows
     _soft_token = soft_token
     conn = Channel(sock)
     os.setsid()  # own session and process group: one killpg takes the whole tree
@@ -229,7 +233,7 @@ def child_main(
     # The fork server's parent-death handler is inherited: a child must not run it.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(SIGSOFT, _on_soft_timeout)
-    processor = resolve(processor_path)
+    processor = limits.wrap(resolve(processor_path), setup, sweep=not keep_strays)
     lock = threading.Lock()
     try:
         conn.send(Ready(os.getpid()))

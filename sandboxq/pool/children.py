@@ -14,13 +14,14 @@ import select
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psutil
 
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task, signal_name
+from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import FENCE_CHECK_S, SIGSOFT, STARTED, WITHDRAWN, WITHDRAWN_RING
 from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
@@ -137,6 +138,7 @@ class Child:
     __slots__ = (
         "conn",
         "fence",
+        "group",
         "jobs_done",
         "pid",
         "process",
@@ -170,6 +172,7 @@ class Child:
         self.recycle = False  # replace it once its queued tasks are done (memory)
         self.rss_ready: int = 0  # resident memory when it became ready
         self.rss_after: int | None = None  # sampled after its last attempt, until the next
+        self.group: Group | None = None  # its control group, in a cgroup mode
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)
@@ -186,9 +189,14 @@ class Child:
         """``run`` starts now; with a memory limit, from the child's present memory (its
         limit applies to what it adds, not to what earlier attempts left)."""
         run.start(now, every, at_ms)
-        if run.task.max_memory_mb is not None:
+        limit = run.task.max_memory_mb
+        if limit is not None:
             run.rss_base = self.rss_after if self.rss_after is not None else self.rss()
         self.rss_after = None
+        if self.group is not None:
+            # In a cgroup mode the kernel enforces the attempt's limit: no sampling.
+            self.group.limit_memory(int(limit * MB) if limit else None)
+            run.memory_check_at = None
 
     def check_after(self, run: Attempt, max_growth_mb: float | None) -> None:
         """After ``run``: a child over that attempt's limit, or grown by more than
@@ -236,14 +244,35 @@ class Child:
         if run is not None and run.kill_outcome is None:
             run.kill_outcome, run.kill_detail = Outcome.INTERRUPTED, why
         self.server_died = True
-        kill_tree(self.pid, run.tree if run else ())
+        self.kill_all(run.tree if run else ())
 
-    def kill(self, outcome: Outcome, detail: str) -> None:
-        """Kill the tree running ``self.running``, which then ends with ``outcome``."""
+    def kill(self, outcome: Outcome, detail: str, *, thaw: bool = True) -> None:
+        """Kill the tree running ``self.running``, which then ends with ``outcome``
+        (``thaw``: see ``Group.kill``)."""
         run = self.running
         assert run is not None
         run.kill_outcome, run.kill_detail = outcome, detail
-        kill_tree(self.pid, run.tree)
+        self.kill_all(run.tree, thaw=thaw)
+
+    def kill_all(self, known: Iterable[psutil.Process] = (), *, thaw: bool = True) -> None:
+        """SIGKILL the child and everything it started: its control group, else its tree."""
+        if self.group is not None:
+            self.group.kill(thaw=thaw)
+        else:
+            kill_tree(self.pid, known)
+
+    def explain_death(self, run: Attempt) -> None:
+        """An OOM kill in the group of a memory-limited attempt: it ends as memory_limit,
+        as the kernel's own counter says, not as a crash."""
+        limit, group = run.task.max_memory_mb, self.group
+        if (
+            limit
+            and group is not None
+            and run.kill_outcome is None
+            and group.oom_killed_since_start()
+        ):
+            run.kill_outcome = Outcome.MEMORY_LIMIT
+            run.kill_detail = f"the kernel OOM-killed it at its limit of {limit:g} MB"
 
     def over_memory(self, run: Attempt, now: float, every: float) -> str | None:
         """Sample the tree's memory; the reason to kill it, if it is over its limit."""
@@ -283,6 +312,8 @@ def death_outcome(
     fence = run.fence_deadline
     if run.kill_outcome is not None:  # we killed it, and said why
         return run.kill_outcome, run.kill_detail or str(run.kill_outcome), code, signum
+    if signum == signal.SIGXCPU:
+        return Outcome.CPU_LIMIT, "the attempt used up its CPU time (cpu_time_s)", code, signum
     if code is not None:
         return Outcome.EXIT, f"the handler exited with code {code}", code, signum
     if signum == signal.SIGKILL and fence and time.monotonic() + FENCE_CHECK_S >= fence:

@@ -25,9 +25,17 @@ from sandboxq import codec
 from sandboxq.errors import PoolBroken, SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.containment import detect
+from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.supervisor import Supervisor
 from sandboxq.processor import resolve_within, split_path
-from sandboxq.settings import PoolSettings, StartMethod, build
+from sandboxq.settings import (
+    DEFAULT_MAX_PROCESSES,
+    ContainmentSetting,
+    PoolSettings,
+    StartMethod,
+    build,
+)
 
 Seconds = float | timedelta | None
 
@@ -77,6 +85,13 @@ class Pool:
         import_timeout_s: float | None = None,
         keep_strays: bool = False,
         max_child_growth_mb: float | None = None,
+        containment: ContainmentSetting = "auto",
+        max_processes: int | None = DEFAULT_MAX_PROCESSES,
+        cpu_time_s: float | None = None,
+        max_open_files: int | None = None,
+        max_file_size_mb: float | None = None,
+        max_address_space_mb: float | None = None,
+        core_dumps: bool = False,
     ) -> None:
         self.settings = build(
             PoolSettings,
@@ -92,11 +107,26 @@ class Pool:
             import_timeout_s=import_timeout_s,
             keep_strays=keep_strays,
             max_child_growth_mb=max_child_growth_mb,
+            containment=containment,
+            max_processes=max_processes,
+            cpu_time_s=cpu_time_s,
+            max_open_files=max_open_files,
+            max_file_size_mb=max_file_size_mb,
+            max_address_space_mb=max_address_space_mb,
+            core_dumps=core_dumps,
         )
         # An unimportable processor fails here, with the import error; one that hangs at
         # import fails after import_timeout_s, and never reaches the fork server's preload.
         resolve_within(processor, self.settings.import_timeout_s)
         s = self.settings
+        limits = ChildSetup(
+            core_dumps=s.core_dumps,
+            cpu_time_s=s.cpu_time_s,
+            max_open_files=s.max_open_files,
+            max_file_size_mb=s.max_file_size_mb,
+            max_address_space_mb=s.max_address_space_mb,
+        )
+        self._containment = detect(s.containment, limits, s.max_processes)
         self._supervisor = Supervisor(
             _context(s.start_method, processor),
             processor,
@@ -106,6 +136,7 @@ class Pool:
             memory_check_interval_s=s.memory_check_interval_s,
             keep_strays=s.keep_strays,
             max_child_growth_mb=s.max_child_growth_mb,
+            containment=self._containment,
         )
         self._supervisor.start()
         _live_pools.add(self)
@@ -120,6 +151,11 @@ class Pool:
         dying), or None. Once set, ``submit``/``execute`` raise it, attempts that had not
         started ended as ``interrupted``, and the pool runs nothing more."""
         return self._supervisor.broken
+
+    @property
+    def containment(self) -> str:
+        """The containment mode in force: ``cgroup_v2``, ``cgroup_v1`` or ``process_tree``."""
+        return self._containment.mode
 
     @property
     def pids(self) -> list[int]:

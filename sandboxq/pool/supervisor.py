@@ -24,6 +24,10 @@ kill can never hit the next job a reused child picked up.
 
 Every process an attempt starts dies with the attempt (``kill.sweep``, the child's own
 sweep, and the orphan sweep below the fork server: ``server.py``).
+
+Under a control group (containment.py) each child gets its group at spawn, a kill freezes
+and kills the whole group, the kernel enforces the memory limit (no sampling), and the
+group is removed once the child is gone.
 """
 
 from __future__ import annotations
@@ -53,7 +57,9 @@ from sandboxq.pool.children import (
     now_ms,
     readable,
 )
+from sandboxq.pool.containment import Containment
 from sandboxq.pool.kill import descendants, kill_tree
+from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
 
 log = logging.getLogger("sandboxq.pool")
@@ -93,6 +99,7 @@ class Supervisor:
         memory_check_interval_s: float,
         keep_strays: bool = False,
         max_child_growth_mb: float | None = None,
+        containment: Containment | None = None,
     ) -> None:
         self._ctx = ctx
         self._processor = processor
@@ -102,6 +109,7 @@ class Supervisor:
         self._memory_every = memory_check_interval_s
         self._keep_strays = keep_strays
         self._max_growth_mb = max_child_growth_mb
+        self._contain = containment or Containment("process_tree", "", ChildSetup())
         self._tokens = itertools.count(1)
         self._commands: deque[tuple[Any, ...]] = deque()
         self._pending: deque[Attempt] = deque()
@@ -248,9 +256,10 @@ class Supervisor:
         soft_token = self._ctx.RawValue("q", 0)
         fence = self._ctx.RawValue("d", 0.0)
         shared = self._ctx.RawArray("q", SHARED_SIZE)
+        group, setup = self._contain.new_child()
         process = self._ctx.Process(
             target=child_main,
-            args=(child_end, self._processor, soft_token, fence, self._keep_strays, shared),
+            args=(child_end, self._processor, soft_token, fence, self._keep_strays, shared, setup),
             name="sandboxq-child",
         )
         try:
@@ -266,6 +275,7 @@ class Supervisor:
         child_end.close()
         self._follow_server()
         child = Child(process, channel, soft_token, fence, shared)
+        child.group = group
         self._children.append(child)
         self._selector.register(channel, selectors.EVENT_READ, lambda _: self._on_messages(child))
         self._selector.register(
@@ -447,7 +457,7 @@ class Supervisor:
             nxt = child.running = child.queued.popleft()
             child.begin(nxt, now, self._memory_every, at_ms)
             if nxt.kill_outcome is not None:  # killed while it was queued
-                kill_tree(child.pid)
+                child.kill_all()
             return
         limit = self._max_jobs_per_child
         if (child.recycle or (limit and child.jobs_done >= limit)) and not self._closing:
@@ -490,12 +500,14 @@ class Supervisor:
         if child in self._idle:
             self._idle.remove(child)
         run = child.running
-        # What it left behind: re-parented to the fork server when it died on its own.
-        kill_tree(child.pid, run.tree if run else ())
+        # What it left behind: re-parented to the fork server when it died on its own (in
+        # a control group, the group holds it wherever it went).
+        child.kill_all(run.tree if run else ())
         server.sweep_orphans()
         server.forget(child.pid)
         if run is not None:
             self._settle_death(child, run, exitcode)
+        self._contain.release(child.group)  # after: its OOM-kill counter names the outcome
         # Queued attempts never started: back to the front of the line, in order.
         for attempt in reversed(child.queued):
             if attempt.kill_outcome is not None:
@@ -520,6 +532,7 @@ class Supervisor:
             # It died before it started this one (between tasks): not this task's fault.
             self._pending.appendleft(run)
             return
+        child.explain_death(run)
         if child.server_died:
             exitcode = None
         outcome, detail, code, signum = death_outcome(run, exitcode)
@@ -580,7 +593,7 @@ class Supervisor:
             child.process.join(max(0.0, deadline - time.monotonic()))
         for child in self._children:
             run = child.running
-            kill_tree(child.pid, (*(run.tree if run else ()), *trees.get(child.pid, ())))
+            child.kill_all((*(run.tree if run else ()), *trees.get(child.pid, ())))
             child.process.join(EXIT_GRACE_S)
             if run is not None:  # only after a supervisor crash or a cancelling close
                 self._settle_death(child, run, child.process.exitcode)
@@ -592,5 +605,6 @@ class Supervisor:
         self._children.clear()
         if self._server is not None:
             self._server.close()
+        self._contain.close()
         self._selector.close()
         self._closed = True

@@ -14,11 +14,13 @@ Each docstring states the outcome it must produce. "soft" means a soft timeout i
 | ignore_signals            | hard_timeout     | hard_timeout   |
 | grandchild_hang           | soft_timeout     | hard_timeout   |
 | setsid_grandchild_hang    | soft_timeout     | hard_timeout   |
+| fork_bomb_until_refused(n) | error ForkRefused under a pids limit, else hard_timeout |
 | block_in_syscall          | soft_timeout     | hard_timeout   |
 | os_exit(n) / sys_exit(n)  | exit (code n)    | exit (code n)  |
 | segfault                  | crashed SIGSEGV  | crashed        |
-| abort                     | crashed SIGABRT  | crashed        |
+| abort                     | crashed SIGABRT  | crashed (and no core file) |
 | grow_memory               | memory_limit (with max_memory_mb)  |
+| cpu_spin with cpu_time_s  | cpu_limit        | cpu_limit      |
 | raise_unpicklable         | error (type and message still arrive) |
 | return_unserializable     | error (the result cannot be encoded)  |
 | return_int_keys           | error with JSON (its keys would arrive as strings); ok with pickle |
@@ -56,8 +58,10 @@ start to it, so a test can check that nothing outlived the kill.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -169,6 +173,37 @@ def setsid_grandchild_hang(pid_file: str | None = None) -> None:
     proc = subprocess.Popen(_SLEEPER, start_new_session=True)
     _record(pid_file, proc.pid)
     sleep_forever()
+
+
+class ForkRefused(RuntimeError):
+    """A fork bomb's fork was refused (EAGAIN: a pids limit)."""
+
+
+def fork_bomb_until_refused(limit: int = 100_000) -> None:
+    """Every process forks again and again, children included, until ``limit`` processes
+    were started in all (counted in memory shared by the whole bomb) or a fork is refused.
+    A refusal raises ``ForkRefused`` in the handler (error); without one it hangs
+    (hard_timeout). The bomb's processes sleep until they are killed."""
+    count = mmap.mmap(-1, 8)  # anonymous and shared: every fork counts in the same place
+    refused_r, refused_w = os.pipe()
+    root = os.getpid()
+    while True:
+        started = int.from_bytes(count[:8], "little")
+        if started >= limit:
+            break
+        count[:8] = (started + 1).to_bytes(8, "little")  # racy, by a few: a bound, not a tally
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.write(refused_w, f"{exc.strerror} after {started} processes\n".encode())
+            break
+        if pid == 0:
+            continue  # the new process forks too
+    if os.getpid() != root:
+        while True:  # a bomb process never returns into the handler
+            time.sleep(3600)
+    select.select([refused_r], [], [])
+    raise ForkRefused(f"fork refused: {os.read(refused_r, 200).decode().strip()}")
 
 
 def block_in_syscall() -> None:

@@ -111,6 +111,12 @@ FLAGS = {
     "--max-jobs-per-child": st.sampled_from(["1", "0", "-1"]),
     "--prefetch": st.sampled_from(["0", "5", "-1", "1001"]),
     "--stop-timeout-s": st.sampled_from(["0", "1", "-1", "nan", "inf"]),
+    "--containment": st.sampled_from(["auto", "process_tree", "cgroup", "jail", ""]),
+    "--max-processes": st.sampled_from(["64", "0", "-1", "1.5", "x"]),
+    "--cpu-time-s": st.sampled_from(["1", "0", "-1", "nan", "inf"]),
+    "--max-open-files": st.sampled_from(["256", "1", "x"]),
+    "--max-file-size-mb": st.sampled_from(["10", "0", "-1", "nan"]),
+    "--max-address-space-mb": st.sampled_from(["4096", "0", "nan"]),
     "--exit-code": st.sampled_from(
         ["3=retry", "0=complete", "x", "=", "3=", "256=fail", "-1=fail"]
     ),

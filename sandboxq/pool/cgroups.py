@@ -1,0 +1,252 @@
+"""Control groups, one per pool child: create, join, limit, kill, read OOM kills, remove.
+
+    pool group   <root>/sandboxq.<owner pid>.<owner start time>.<n>/ (one per pool)
+    child group  <pool group>/child-<n>/                              (one per child)
+
+cgroup v2 has one directory per group; v1 has one per controller (``memory``, ``pids``,
+``freezer``), so every operation below is done in each of them. The parent creates a
+child's group before starting the child, and the child writes its own pid into it first
+thing (``join``), before it imports the processor: everything it ever starts is inside.
+
+A kill cannot miss a process, however it detached itself (setsid, double fork), since
+nothing leaves a group on its own. The group is frozen first so a fork bomb cannot add
+processes while they are being listed (v2 with ``cgroup.kill`` does all this in one write).
+
+Groups are named after the pool's owner (pid and start time, so a reused pid is told
+apart): a later pool removes the groups of owners that are gone (``remove_stale``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import signal
+import time
+
+#: The v1 controllers cgroup mode needs; v2 needs the first two (freezing is built in).
+V1_CONTROLLERS = ("memory", "pids", "freezer")
+V2_CONTROLLERS = ("memory", "pids")
+PREFIX = "sandboxq."
+
+
+_pools = itertools.count(1)
+
+
+def pool_group_name() -> str:
+    """``sandboxq.<pid>.<start time in clock ticks since boot>.<n>``: the owner is unique
+    for the life of the machine, and ``n`` tells apart the pools of one process."""
+    pid = os.getpid()
+    return f"{PREFIX}{pid}.{_start_ticks(pid)}.{next(_pools)}"
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])  # field 22, starttime
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def read_pids(procs_file: str) -> list[int]:
+    try:
+        return [int(p) for p in _read(procs_file).split()]
+    except OSError:
+        return []
+
+
+class Group:
+    """One child's control group (``dirs``: one per v1 controller, or the one v2 dir)."""
+
+    __slots__ = (
+        "_limited",
+        "_oom_at_start",
+        "_version",
+        "dirs",
+        "memory_dir",
+        "pids_dir",
+        "procs_files",
+    )
+
+    def __init__(self, version: int, dirs: dict[str, str]) -> None:
+        self._version = version
+        self.dirs = dirs  # controller (v2: "unified") -> directory
+        self.memory_dir = dirs.get("memory", dirs.get("unified", ""))
+        self.pids_dir = dirs.get("pids", dirs.get("unified", ""))
+        self.procs_files = tuple(os.path.join(d, "cgroup.procs") for d in dirs.values())
+        self._oom_at_start = 0
+        self._limited = False
+
+    @classmethod
+    def create(cls, version: int, dirs: dict[str, str], max_processes: int | None) -> Group:
+        for path in dirs.values():
+            os.mkdir(path)
+        group = cls(version, dirs)
+        if version == 2:
+            with contextlib.suppress(OSError):  # older kernels: OOM kills one process
+                _write(os.path.join(group.memory_dir, "memory.oom.group"), "1")
+        if max_processes is not None:
+            _write(os.path.join(group.pids_dir, "pids.max"), str(max_processes))
+        return group
+
+    def pids(self) -> list[int]:
+        return read_pids(self.procs_files[0])
+
+    # -- kill -----------------------------------------------------------------------------
+
+    def kill(self, *, thaw: bool = True) -> None:
+        """SIGKILL every process in the group; none can run another instruction after.
+
+        ``thaw=False`` leaves the group frozen, SIGKILLs pending: the caller reports the
+        kill first, then calls ``thaw`` (waking hundreds of tasks takes milliseconds).
+        """
+        if self._version == 2:
+            kill_file = os.path.join(self.dirs["unified"], "cgroup.kill")
+            try:
+                _write(kill_file, "1")
+                return
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # no cgroup.kill before Linux 5.14
+                    raise
+        self._freeze(True)
+        try:
+            # A task the freezer has not reached yet can fork once more before it stops:
+            # list again until a pass finds nobody new.
+            killed: set[int] = set()
+            while fresh := [pid for pid in self.pids() if pid not in killed]:
+                for pid in fresh:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                killed.update(fresh)
+        except BaseException:
+            self.thaw()
+            raise
+        if thaw:
+            self.thaw()
+
+    def thaw(self) -> None:
+        """Frozen tasks only act on their pending SIGKILL once thawed."""
+        self._freeze(False)
+
+    def _freeze(self, frozen: bool) -> None:
+        if self._version == 2:
+            path = os.path.join(self.dirs["unified"], "cgroup.freeze")
+            _write(path, "1" if frozen else "0")
+        else:
+            path = os.path.join(self.dirs["freezer"], "freezer.state")
+            _write(path, "FROZEN" if frozen else "THAWED")
+
+    def empty(self) -> bool:
+        return not self.pids()
+
+    def remove(self) -> bool:
+        """Kill what is left and remove the directories; False while some are still
+        exiting (the caller tries again later)."""
+        if not self.empty():
+            self.kill()
+            return False
+        gone = True
+        for path in self.dirs.values():
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                gone = False
+        return gone
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def limit_memory(self, max_bytes: int | None) -> None:
+        """Limit the job now starting to ``max_bytes`` of growth over the group's current
+        charge, and remember the OOM-kill count the job starts from."""
+        name = "memory.max" if self._version == 2 else "memory.limit_in_bytes"
+        current = "memory.current" if self._version == 2 else "memory.usage_in_bytes"
+        if max_bytes is None and not self._limited:
+            return  # nothing to undo: no file touched on the no-limit path
+        self._oom_at_start = self.oom_kills()
+        self._limited = max_bytes is not None
+        if max_bytes is None:
+            limit = "max" if self._version == 2 else "-1"
+        else:
+            used = int(_read(os.path.join(self.memory_dir, current)))
+            limit = str(used + max_bytes)
+        try:
+            _write(os.path.join(self.memory_dir, name), limit)
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:  # v1: over the new limit already; keep the old one
+                raise
+
+    def oom_kills(self) -> int:
+        """The kernel's count of OOM kills in this group (v1 ``memory.oom_control``, v2
+        ``memory.events``)."""
+        name = "memory.events" if self._version == 2 else "memory.oom_control"
+        try:
+            text = _read(os.path.join(self.memory_dir, name))
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def oom_killed_since_start(self) -> bool:
+        return self.oom_kills() > self._oom_at_start
+
+
+def remove_tree(pool_dirs: dict[str, str], wait_s: float) -> bool:
+    """Kill and remove every child group below ``pool_dirs``, then the pool group itself;
+    waits up to ``wait_s`` for killed processes to exit. True when all is gone."""
+    first = next(iter(pool_dirs.values()))
+    version = 2 if "unified" in pool_dirs else 1
+    try:
+        names = [n for n in os.listdir(first) if os.path.isdir(os.path.join(first, n))]
+    except FileNotFoundError:
+        return True
+    groups = [Group(version, {c: os.path.join(d, n) for c, d in pool_dirs.items()}) for n in names]
+    deadline = time.monotonic() + wait_s
+    while True:
+        groups = [g for g in groups if not g.remove()]
+        if not groups or time.monotonic() >= deadline:
+            break
+        time.sleep(0.002)
+    if groups:
+        return False
+    for path in pool_dirs.values():
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(path)
+    return True
+
+
+def stale_owners(root: str) -> list[str]:
+    """Pool-group names below ``root`` whose owner process is gone."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    stale = []
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        pid_text, _, rest = name[len(PREFIX) :].partition(".")
+        start = rest.partition(".")[0]
+        try:
+            pid = int(pid_text)
+        except ValueError:
+            continue
+        if str(_start_ticks(pid)) != start:
+            stale.append(name)
+    return stale

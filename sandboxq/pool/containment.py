@@ -1,0 +1,232 @@
+"""Which containment a pool runs under, chosen once at start, and its groups' lifetimes.
+
+    Pool start ──► detect(setting) ──► Containment(mode)
+                     auto:   cgroup v2 (a writable subtree with memory + pids)
+                             else cgroup v1 (memory, pids, freezer hierarchies)
+                             else the process-tree mode, with a warning naming why
+                     cgroup: the same, but no fallback: an error instead
+                     process_tree: no groups at all
+    supervisor: spawn ──► new_child() ──► (Group | None, ChildSetup for the child)
+                child replaced ──► release(group)   (removed once its processes exited)
+                close ──► close()                   (every group of this pool removed)
+
+Modes, and what each defends:
+
+- ``cgroup_v2`` / ``cgroup_v1``: one control group per child. A kill takes every process
+  in it (daemons that double-forked, setsid helpers), a ``pids`` limit stops fork bombs,
+  and a memory limit is enforced by the kernel, whose OOM-kill counter names the outcome.
+- ``process_tree``: the child's process tree is walked and killed (``kill.py``); a process
+  that left the tree can escape, fork bombs are not bounded, and memory is sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Literal
+
+from sandboxq.errors import ConfigError
+from sandboxq.pool import cgroups
+from sandboxq.pool.cgroups import Group
+from sandboxq.pool.limits import ChildSetup
+from sandboxq.settings import ContainmentSetting
+
+log = logging.getLogger("sandboxq.pool")
+
+Mode = Literal["cgroup_v2", "cgroup_v1", "process_tree"]
+
+#: How long close() waits for the processes of its groups to exit before giving up.
+CLOSE_WAIT_S = 5.0
+
+
+class Containment:
+    """The mode in force and, in a cgroup mode, the pool group its children's groups sit in."""
+
+    def __init__(
+        self,
+        mode: Mode,
+        why: str,
+        setup: ChildSetup,
+        pool_dirs: Mapping[str, str] | None = None,
+        max_processes: int | None = None,
+    ) -> None:
+        self.mode: Mode = mode
+        self.why = why  # how the mode was chosen, in words (logged once)
+        self._setup = setup  # the rlimits part, the same for every child
+        self._pool_dirs = dict(pool_dirs or {})
+        self._max_processes = max_processes
+        self._numbers = itertools.count(1)
+        self._draining: list[Group] = []
+
+    @property
+    def cgroups(self) -> bool:
+        return self.mode != "process_tree"
+
+    def new_child(self) -> tuple[Group | None, ChildSetup]:
+        """A fresh group for the next child (None without cgroups), and what the child
+        applies to itself at start."""
+        self.tidy()
+        if not self.cgroups:
+            return None, self._setup
+        name = f"child-{next(self._numbers)}"
+        dirs = {c: os.path.join(d, name) for c, d in self._pool_dirs.items()}
+        group = Group.create(2 if self.mode == "cgroup_v2" else 1, dirs, self._max_processes)
+        pids_current = os.path.join(group.pids_dir, "pids.current")
+        setup = replace(self._setup, procs_files=group.procs_files, pids_current=pids_current)
+        return group, setup
+
+    def release(self, group: Group | None) -> None:
+        """The group's child is gone: kill what is left, remove it now or once it empties."""
+        if group is not None and not group.remove():
+            self._draining.append(group)
+
+    def tidy(self) -> None:
+        """Remove released groups whose processes have exited since."""
+        self._draining = [g for g in self._draining if not g.remove()]
+
+    def close(self) -> None:
+        """Remove every group of this pool (killing what is still inside)."""
+        if self.cgroups and not cgroups.remove_tree(self._pool_dirs, CLOSE_WAIT_S):
+            log.warning("control groups of this pool could not all be removed: %s", self._pool_dirs)
+        self._draining.clear()
+
+
+# -- detection -------------------------------------------------------------------------------
+
+
+def detect(
+    setting: ContainmentSetting,
+    setup: ChildSetup,
+    max_processes: int | None,
+    *,
+    mountinfo: str = "/proc/self/mountinfo",
+    own_cgroups: str = "/proc/self/cgroup",
+) -> Containment:
+    """Choose the mode, create this pool's group, and log once which mode is in force.
+
+    ``mountinfo`` and ``own_cgroups`` are the kernel's files; tests hand others.
+    """
+    if setting == "process_tree":
+        chosen = Containment("process_tree", "forced by the containment setting", setup)
+        log.info("containment: process_tree (%s)", chosen.why)
+        return chosen
+    problems = []
+    for version in (2, 1):
+        try:
+            dirs = _pool_dirs(version, mountinfo, own_cgroups)
+            _make_pool_group(version, dirs)
+        except OSError as exc:
+            problems.append(f"cgroup v{version}: {exc.strerror or exc}")
+            continue
+        except _Unusable as exc:
+            problems.append(f"cgroup v{version}: {exc}")
+            continue
+        mode: Mode = "cgroup_v2" if version == 2 else "cgroup_v1"
+        where = ", ".join(sorted(set(dirs.values())))
+        chosen = Containment(mode, f"groups under {where}", setup, dirs, max_processes)
+        log.info("containment: %s (%s; max_processes=%s)", mode, chosen.why, max_processes)
+        return chosen
+    why = "; ".join(problems)
+    if setting == "cgroup":
+        raise ConfigError(f"containment='cgroup' but no control groups are writable here: {why}")
+    log.warning(
+        "containment: process_tree, because control groups are not writable here (%s); "
+        "a process that leaves its child's tree can escape a kill, fork bombs are not "
+        "bounded, and memory is sampled",
+        why,
+    )
+    return Containment("process_tree", f"control groups not writable: {why}", setup)
+
+
+class _Unusable(Exception):
+    """A hierarchy is there but cannot hold our groups (say why)."""
+
+
+def _mounts(mountinfo: str) -> list[tuple[str, str, str, set[str]]]:
+    """(mount root, mount point, fs type, super options) of each cgroup mount."""
+    found = []
+    with open(mountinfo) as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(), right.split()
+            if len(fields) >= 5 and len(rest) >= 3 and rest[0] in ("cgroup", "cgroup2"):
+                found.append((fields[3], fields[4], rest[0], set(rest[2].split(","))))
+    return found
+
+
+def _own_paths(own_cgroups: str) -> dict[str, str]:
+    """controller (v2: "") -> this process's group path."""
+    paths = {}
+    with open(own_cgroups) as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(","):
+                paths[name] = path
+    return paths
+
+
+def _below(root: str, mount_point: str, path: str) -> str:
+    if root != "/" and path.startswith(root):
+        path = path[len(root) :]
+    return os.path.join(mount_point, path.lstrip("/"))
+
+
+def _pool_dirs(version: int, mountinfo: str, own_cgroups: str) -> dict[str, str]:
+    mounts, own = _mounts(mountinfo), _own_paths(own_cgroups)
+    name = cgroups.pool_group_name()
+    if version == 2:
+        v2 = [(r, p) for r, p, fs, _ in mounts if fs == "cgroup2"]
+        if not v2 or "" not in own:
+            raise _Unusable("no cgroup2 hierarchy")
+        here = _below(*v2[0], own[""])
+        with open(os.path.join(here, "cgroup.subtree_control")) as f:
+            enabled = set(f.read().split())
+        missing = [c for c in cgroups.V2_CONTROLLERS if c not in enabled]
+        if missing:
+            raise _Unusable(f"controllers {', '.join(missing)} not enabled for {here}")
+        return {"unified": os.path.join(here, name)}
+    dirs = {}
+    for controller in cgroups.V1_CONTROLLERS:
+        match = [(r, p) for r, p, fs, opts in mounts if fs == "cgroup" and controller in opts]
+        if not match or controller not in own:
+            raise _Unusable(f"no {controller} hierarchy")
+        dirs[controller] = os.path.join(_below(*match[0], own[controller]), name)
+    return dirs
+
+
+def _make_pool_group(version: int, dirs: Mapping[str, str]) -> None:
+    """Remove stale groups of dead owners, then create ours and check the kernel made it a
+    group (a plain directory has no ``cgroup.procs``)."""
+    made = []
+    try:
+        for path in dirs.values():
+            parent = os.path.dirname(path)
+            for stale in cgroups.stale_owners(parent):
+                stale_dirs = {c: os.path.join(os.path.dirname(d), stale) for c, d in dirs.items()}
+                if cgroups.remove_tree(stale_dirs, 1.0):
+                    log.info("removed the control groups of a pool that is gone: %s", stale)
+            os.makedirs(path, exist_ok=True)
+            made.append(path)
+            if not os.path.exists(os.path.join(path, "cgroup.procs")):
+                raise _Unusable(f"{parent} is not a control group hierarchy")
+        if version == 2:
+            with open(os.path.join(dirs["unified"], "cgroup.subtree_control"), "w") as f:
+                f.write(" ".join(f"+{c}" for c in cgroups.V2_CONTROLLERS))
+        probe = Group.create(version, {c: os.path.join(d, "probe") for c, d in dirs.items()}, 1)
+        probe.remove()
+    except BaseException:
+        for path in made:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        raise
+
+
+def probe() -> tuple[Mode, str]:
+    """The mode ``auto`` would choose here, and why, leaving nothing behind."""
+    chosen = detect("auto", ChildSetup(), None)
+    chosen.close()
+    return chosen.mode, chosen.why
