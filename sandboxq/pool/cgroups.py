@@ -143,10 +143,16 @@ class Group:
     def _freeze(self, frozen: bool) -> None:
         if self._version == 2:
             path = os.path.join(self.dirs["unified"], "cgroup.freeze")
-            _write(path, "1" if frozen else "0")
+            value = "1" if frozen else "0"
         else:
             path = os.path.join(self.dirs["freezer"], "freezer.state")
-            _write(path, "FROZEN" if frozen else "THAWED")
+            value = "FROZEN" if frozen else "THAWED"
+        try:
+            _write(path, value)
+        except FileNotFoundError:
+            # Already removed (its child died and was released first, as when the fork
+            # server dies under it): an empty group has nothing to freeze or thaw.
+            pass
 
     def empty(self) -> bool:
         return not self.pids()
