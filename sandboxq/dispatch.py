@@ -313,10 +313,9 @@ class Dispatcher:
             return
         self._next_watch = now + WATCH_S
         fetcher = self.fetcher
-        supervisor = self._pool._supervisor
-        if supervisor.broken is not None:
-            self.fail(f"the pool broke: {supervisor.broken}")
-        elif not supervisor._thread.is_alive():
+        if self._pool.broken is not None:
+            self.fail(f"the pool broke: {self._pool.broken}")
+        elif not self._pool.alive:
             self.fail("the pool's supervisor thread stopped")
         elif (
             fetcher is not None

@@ -116,7 +116,7 @@ class WorkerMetrics:
     """The metrics of one worker of ``queue``. ``bind`` attaches the running parts whose
     state the gauges read; until then (and after ``unbind``) those gauges are absent."""
 
-    def __init__(self, queue: str, containment: str = "process") -> None:
+    def __init__(self, queue: str, containment: str = "process_tree") -> None:
         self.queue = queue
         self.containment = containment
         self.registry = CollectorRegistry(auto_describe=False)

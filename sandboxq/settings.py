@@ -188,8 +188,14 @@ class ContainmentSettings(_Settings):
     max_address_space_mb: Annotated[float | None, NUMBER_ONLY] = None
     # a debugging opt-in: only a real True turns core files back on
     core_dumps: Annotated[bool, Strict()] = False
+    # True: processes an attempt started may outlive it (killed when their child ends)
+    keep_strays: Annotated[bool, Strict()] = False
+    # a child whose resident memory grew by more than this since it started is replaced
+    max_child_growth_mb: Annotated[float | None, NUMBER_ONLY] = None
 
-    @field_validator("cpu_time_s", "max_file_size_mb", "max_address_space_mb")
+    @field_validator(
+        "cpu_time_s", "max_file_size_mb", "max_address_space_mb", "max_child_growth_mb"
+    )
     @classmethod
     def _positive_limit(cls, value: float | None, info: Any) -> float | None:
         if value is not None and (not math.isfinite(value) or value <= 0):
@@ -222,12 +228,8 @@ class PoolSettings(ContainmentSettings):
     import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(
         default=None, gt=0, le=MAX_INTERVAL_S
     )
-    # True: processes an attempt started may outlive it (killed when their child ends)
-    keep_strays: Annotated[bool, Strict()] = False
-    # a child whose resident memory grew by more than this since it started is replaced
-    max_child_growth_mb: Annotated[float | None, NUMBER_ONLY] = None
 
-    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb", "max_child_growth_mb")
+    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
     @classmethod
     def _positive(cls, value: float | None, info: Any) -> float | None:
         if value is not None and (not math.isfinite(value) or value <= 0):

@@ -107,6 +107,8 @@ class SandboxWorker:
         max_file_size_mb: float | None = None,
         max_address_space_mb: float | None = None,
         core_dumps: bool = False,
+        keep_strays: bool = False,
+        max_child_growth_mb: float | None = None,
     ) -> None:
         self.settings = s = build(
             WorkerSettings,
@@ -138,6 +140,8 @@ class SandboxWorker:
             max_file_size_mb=max_file_size_mb,
             max_address_space_mb=max_address_space_mb,
             core_dumps=core_dumps,
+            keep_strays=keep_strays,
+            max_child_growth_mb=max_child_growth_mb,
         )
         # an unimportable processor fails here, with its import error (or after
         # import_timeout_s if its import hangs)
@@ -328,6 +332,7 @@ class SandboxWorker:
     ) -> None:
         """What the scrape-time gauges read: snapshots, so a job pays nothing for them."""
         since = time.monotonic()
+        metrics.containment = pool.containment
         metrics.bind(
             child_states=pool.child_states,
             held=self._inflight.__len__,
@@ -362,15 +367,19 @@ class SandboxWorker:
         heartbeat, gone ``lease_s`` after the last refresh."""
         pids = self._pool.running_pids() if self._pool is not None else {}
         now = time.monotonic()
-        jobs: list[dict[str, Any]] = [
-            {
-                "id": held.job.id,
-                "attempt": held.job.attempt,
-                "pid": pids.get(held.lease.attempt_token),
-                "lease_renewed_s_ago": round(now - held.lease.renewed_at, 3),
-            }
-            for held in self._inflight.snapshot()
-        ]
+        jobs: list[dict[str, Any]] = []
+        for held in self._inflight.snapshot():
+            pid = pids.get(held.lease.attempt_token)
+            jobs.append(
+                {
+                    "id": held.job.id,
+                    "attempt": held.job.attempt,
+                    "pid": pid,
+                    # the child's tree, for the dashboard's workers page
+                    "rss_mb": round(tree_rss(pid)[0] / 2**20, 1) if pid else None,
+                    "lease_renewed_s_ago": round(now - held.lease.renewed_at, 3),
+                }
+            )
         info = {
             "host": socket.gethostname(),
             "pid": os.getpid(),

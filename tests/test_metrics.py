@@ -107,6 +107,8 @@ def test_prometheus_scrapes_what_a_worker_and_the_exporter_saw(
                 promtool_check_metrics(scrape(address))
 
             qf = queue_name + "-fail"
+            assert worker._pool is not None
+            mode = worker._pool.containment
             wait_value(
                 prometheus, f'sandboxq_attempts_total{{queue="{queue_name}",outcome="ok"}}', 3
             )
@@ -123,7 +125,8 @@ def test_prometheus_scrapes_what_a_worker_and_the_exporter_saw(
                 f'sandboxq_stalled_recoveries_total{{queue="{queue_name}"}}': 0,
                 # the child that exited was replaced
                 f'sandboxq_pool_restarts_total{{queue="{qf}"}}': 1,
-                f'sandboxq_containment_info{{queue="{queue_name}",mode="process"}}': 1,
+                # the mode the pool found on this machine (a control group where writable)
+                f'sandboxq_containment_info{{queue="{queue_name}",mode="{mode}"}}': 1,
                 # the exporter, from Redis
                 f'sandboxq_queue_jobs{{queue="{queue_name}",state="completed"}}': 3,
                 f'sandboxq_queue_jobs{{queue="{queue_name}",state="delayed"}}': 1,

@@ -96,6 +96,15 @@ def add_containment_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--core-dumps", action="store_true", default=None, help="allow core files (default off)"
     )
+    parser.add_argument(
+        "--keep-strays",
+        action="store_true",
+        default=None,
+        help="let processes an attempt started outlive it (default: killed with it)",
+    )
+    parser.add_argument(
+        "--max-child-growth-mb", type=float, help="replace a child that grew by more than this"
+    )
 
 
 #: The containment flags, by setting name: passed on as they are.
@@ -107,6 +116,8 @@ CONTAINMENT_FLAGS = (
     "max_file_size_mb",
     "max_address_space_mb",
     "core_dumps",
+    "keep_strays",
+    "max_child_growth_mb",
 )
 
 

@@ -153,6 +153,12 @@ class Pool:
         return self._supervisor.broken
 
     @property
+    def alive(self) -> bool:
+        """Whether the pool's supervisor thread still runs (it stops at shutdown, or when
+        it crashes: then nothing settles the attempts it holds)."""
+        return self._supervisor.is_alive()
+
+    @property
     def containment(self) -> str:
         """The containment mode in force: ``cgroup_v2``, ``cgroup_v1`` or ``process_tree``."""
         return self._containment.mode

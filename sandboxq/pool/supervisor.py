@@ -164,6 +164,9 @@ class Supervisor:
         self._closing = True
         self.command("close", cancel)
 
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
