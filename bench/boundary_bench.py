@@ -33,6 +33,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from sandboxq.testing.processes import still_running
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
@@ -41,19 +43,6 @@ import figures  # noqa: E402
 
 H = "sandboxq.testing.handlers:"
 LOOP_N = 0  # calibrated once per process: iterations of the loop that take ~50 ms
-
-
-def _alive(pids: list[int]) -> list[int]:
-    import psutil
-
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
 
 
 def _fig(name: str, values: list[float], unit: str, target: float | None = None) -> Any:
@@ -74,7 +63,9 @@ def bench_burst_kill(quick: bool = False) -> dict[str, Any]:
             done: Future[Any] = Future()
             task = pool.make_task(str(pid_file), 200, "hang")
             task.hard_timeout_s = hard_s
-            pool.execute(task, lambda r, d=done, f=pid_file: d.set_result((r, _alive(_pids(f)))))
+            pool.execute(
+                task, lambda r, d=done, f=pid_file: d.set_result((r, still_running(_pids(f))))
+            )
             result, left = done.result(timeout=60)
             assert str(result.outcome) == "hard_timeout", result.cause
             overshoot_ms.append((result.runtime_s - hard_s) * 1000)
@@ -106,7 +97,9 @@ def bench_leftovers(quick: bool = False) -> dict[str, Any]:
             task = pool.make_task("burst_then_clock", str(pid_file), 200)
             pool.execute(
                 task,
-                lambda r, d=done, f=pid_file: d.set_result((r, time.time(), _alive(_pids(f)))),
+                lambda r, d=done, f=pid_file: d.set_result(
+                    (r, time.time(), still_running(_pids(f)))
+                ),
             )
             result, reported, left = done.result(timeout=60)
             returned = pickle.loads(result.result)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sandboxq.errors import (
     AttemptFailed,
     BackendError,
+    CodecRefused,
     ConfigError,
     JobFailed,
     JobNotFound,
@@ -24,8 +25,10 @@ from sandboxq.errors import (
 from sandboxq.models import Action, JobState, Outcome
 
 if TYPE_CHECKING:
+    from sandboxq.client import Job, Queue
     from sandboxq.pool.child import current_job
     from sandboxq.pool.pool import Pool
+    from sandboxq.worker import SandboxWorker
 
 _LAZY = {
     "Pool": "sandboxq.pool.pool",
@@ -39,7 +42,9 @@ __all__ = [
     "Action",
     "AttemptFailed",
     "BackendError",
+    "CodecRefused",
     "ConfigError",
+    "Job",
     "JobFailed",
     "JobNotFound",
     "JobState",
@@ -47,6 +52,8 @@ __all__ = [
     "Pool",
     "PoolBroken",
     "ProcessorError",
+    "Queue",
+    "SandboxWorker",
     "SandboxqError",
     "SerializationError",
     "SoftTimeout",

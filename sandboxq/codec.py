@@ -31,7 +31,7 @@ import pickle
 from collections.abc import Collection, Iterator
 from typing import Any, Literal
 
-from sandboxq.errors import SerializationError
+from sandboxq.errors import CodecRefused, SerializationError
 
 CodecName = Literal["json", "pickle"]
 CODECS: tuple[CodecName, ...] = ("json", "pickle")
@@ -46,15 +46,6 @@ def check_codec(codec: str) -> CodecName:
     if codec not in CODECS:
         raise SerializationError(f"unknown codec {codec!r}; expected one of {CODECS}")
     return codec
-
-
-class CodecRefused(SerializationError):
-    """A stored record claims a codec its reader did not opt into (or no codec at all):
-    nothing in it was decoded. ``codec`` is what the record claimed, clipped."""
-
-    _fields = ("job_id", "codec")
-    job_id: str | None
-    codec: str | None
 
 
 def reader_codecs(codec: str = "json", *, allow_pickle: bool = False) -> frozenset[CodecName]:

@@ -4,6 +4,7 @@
     ├── ConfigError            invalid settings or job options (also a ValueError)
     ├── ProcessorError         "pkg.mod:fn" cannot be imported or is not callable
     ├── SerializationError     a payload cannot be encoded/decoded, or is too large
+    │   └── CodecRefused       a stored record claims a codec its reader did not opt into
     ├── AttemptFailed          one attempt ended other than ``ok`` (outcome, pid, exitcode,
     │                          signal, remote traceback)
     ├── JobFailed              a job ended ``failed`` or ``cancelled`` (its last attempt's cause)
@@ -66,6 +67,15 @@ class ProcessorError(SandboxqError, ImportError):
 
 class SerializationError(SandboxqError, TypeError):
     """A value the codec cannot encode or decode, or one over the size limit."""
+
+
+class CodecRefused(SerializationError):
+    """A stored record claims a codec its reader did not opt into (or no codec at all):
+    nothing in it was decoded. ``codec`` is what the record claimed, clipped."""
+
+    _fields = ("job_id", "codec")
+    job_id: str | None
+    codec: str | None
 
 
 class AttemptFailed(SandboxqError):

@@ -15,27 +15,15 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from sandboxq import Pool
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult
+from sandboxq.testing.processes import still_running
 from sandboxq.testing.waiting import wait_for
 
 H = "sandboxq.testing.handlers:"
-
-
-def alive(pids: list[int]) -> list[int]:
-    """The pids that still run (a zombie has ended: only its exit status is left)."""
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
 
 
 def recorded(pid_file: Path) -> list[int]:
@@ -50,7 +38,7 @@ def run_and_look(
     done: Future[tuple[AttemptResult, list[int]]] = Future()
 
     def on_done(result: AttemptResult) -> None:
-        done.set_result((result, alive(recorded(pid_file))))
+        done.set_result((result, still_running(recorded(pid_file))))
 
     task = pool.make_task(*handler_args)
     for name, value in limits.items():
@@ -97,7 +85,7 @@ def test_daemonised_grandchild_dies_with_a_parent_side_kill(
     done: Future[tuple[AttemptResult, list[int]]] = Future()
     token = daemon_pool.execute(
         daemon_pool.make_task(str(pid_file), "hang"),
-        lambda r: done.set_result((r, alive(recorded(pid_file)))),
+        lambda r: done.set_result((r, still_running(recorded(pid_file)))),
     )
     wait_for(lambda: recorded(pid_file), 10, "the daemon to start")
     daemon_pool.kill(token, outcome, "killed by the test")
@@ -125,7 +113,7 @@ def test_keep_strays_lets_a_helper_live_across_jobs_but_not_past_close(tmp_path:
         result, pids, left = run_and_look(pool, pid_file, (str(pid_file),))
         assert result.outcome is Outcome.OK
         assert left == pids, "keep_strays=True must leave the helper running"
-    assert not alive(pids), "the pool's close must still take the helper"
+    assert not still_running(pids), "the pool's close must still take the helper"
 
 
 @pytest.mark.timeout(40)
@@ -136,7 +124,7 @@ def test_fork_burst_of_200_is_dead_when_the_outcome_is_reported(tmp_path: Path, 
         done: Future[tuple[AttemptResult, list[int]]] = Future()
         token = pool.execute(
             pool.make_task(str(pid_file), 200, then),
-            lambda r: done.set_result((r, alive(recorded(pid_file)))),
+            lambda r: done.set_result((r, still_running(recorded(pid_file)))),
         )
         if then == "hang":  # killed once the whole burst runs (the hard deadline's path)
             wait_for(lambda: len(recorded(pid_file)) >= 200, 30, "the burst")
@@ -158,7 +146,7 @@ def test_bounded_fork_bomb_cannot_outrun_the_sweep(tmp_path: Path, then: str) ->
         assert result.outcome is (Outcome.OK if then == "return" else Outcome.EXIT)
         assert not left, f"{len(left)} processes of the bomb outlived the attempt"
     # A process forked while the sweep ran would record itself late: none may be running.
-    late = alive(recorded(pid_file))
+    late = still_running(recorded(pid_file))
     assert not late, f"{len(late)} processes of the bomb appeared after the attempt ended"
 
 
@@ -188,13 +176,13 @@ def test_worker_sigkill_takes_the_daemonised_grandchild(tmp_path: Path) -> None:
         assert parent.stdout is not None
         assert parent.stdout.readline().strip() == b"ready"
         daemon = recorded(pid_file)
-        assert daemon and alive(daemon)
+        assert daemon and still_running(daemon)
     finally:
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         if parent.stdout is not None:
             parent.stdout.close()
-    wait_for(lambda: not alive(daemon), 5, "the daemon to die with the worker")
+    wait_for(lambda: not still_running(daemon), 5, "the daemon to die with the worker")
 
 
 @pytest.mark.timeout(30)
@@ -205,4 +193,4 @@ def test_pool_close_takes_the_daemonised_grandchild(tmp_path: Path) -> None:
     pool.submit(str(pid_file), "hang")
     wait_for(lambda: recorded(pid_file), 10, "the daemon to start")
     pool.shutdown(cancel=True)
-    assert not alive(recorded(pid_file)), "the daemon outlived the pool"
+    assert not still_running(recorded(pid_file)), "the daemon outlived the pool"

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
-import psutil
 import pytest
 
 from sandboxq import ConfigError, Pool
@@ -28,6 +27,7 @@ from sandboxq.pool import cgroups
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.containment import detect, probe
 from sandboxq.pool.limits import ChildSetup
+from sandboxq.testing.processes import still_running
 from sandboxq.testing.waiting import wait_for
 
 H = "sandboxq.testing.handlers:"
@@ -52,21 +52,9 @@ def attempt(pool: Pool, *args: object) -> AttemptResult:
     return done.result(timeout=30)
 
 
-def alive(pids: list[int]) -> list[int]:
-    """Those of ``pids`` still running (a zombie has run its last instruction)."""
-    running = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                running.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return running
-
-
 def alive_after(pids: list[int], grace_s: float) -> list[int]:
     deadline = time.monotonic() + grace_s
-    while (left := alive(pids)) and time.monotonic() < deadline:
+    while (left := still_running(pids)) and time.monotonic() < deadline:
         time.sleep(0.01)
     return left
 
@@ -76,7 +64,9 @@ def kill_recorded(tmp_path: Path) -> Iterator[None]:
     """Kill what a handler recorded and a failing (or expected-to-fail) test left alive."""
     yield
     pid_file = tmp_path / "pids"
-    for pid in alive([int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []):
+    for pid in still_running(
+        [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []
+    ):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -126,7 +116,7 @@ def test_leftovers_are_dead_when_a_normal_return_is_reported(
             result = attempt(pool, str(pid_file), *args)
             assert result.outcome is Outcome.OK, result.cause
             # No grace: the child swept its group before it reported the outcome.
-            assert not alive(recorded(pid_file)), "a leftover outlived its attempt"
+            assert not still_running(recorded(pid_file)), "a leftover outlived its attempt"
         assert pool.pids == [child]  # the same child went on serving
 
 
@@ -261,7 +251,7 @@ def test_groups_are_gone_after_close_and_stale_ones_are_removed_at_start(tmp_pat
         live = [d for d in _pool_group_dirs() if d not in stale]
         assert live and all(any(d.glob("child-*")) for d in live)
         assert attempt(pool, str(pid_file)).outcome is Outcome.SOFT_TIMEOUT
-        assert not alive(recorded(pid_file)), "a helper outlived its soft-timed-out attempt"
+        assert not still_running(recorded(pid_file)), "a helper outlived its soft-timed-out attempt"
     assert not _pool_group_dirs(), "control groups outlived the pool"
     assert not alive_after(recorded(pid_file), 2.0)
 

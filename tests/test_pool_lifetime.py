@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sandboxq.testing.processes import still_running
+
 PARENT = textwrap.dedent(
     """
     import os, sys, time
@@ -33,17 +35,6 @@ PARENT = textwrap.dedent(
     time.sleep(600)
     """
 )
-
-
-def _alive(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 @pytest.mark.timeout(30)
@@ -66,9 +57,9 @@ def test_sigkill_of_the_parent_leaves_nothing_running(tmp_path: Path) -> None:
         if parent.stdout is not None:
             parent.stdout.close()
     started = time.monotonic()
-    while _alive(everyone) and time.monotonic() - started < 5:
+    while still_running(everyone) and time.monotonic() - started < 5:
         time.sleep(0.02)
-    left = _alive(everyone)
+    left = still_running(everyone)
     assert not left, f"still running after the parent's SIGKILL: {left}"
     # "Within about a second"; generous here for a loaded CI machine, measured in bench/.
     assert time.monotonic() - started < 2.0

@@ -99,7 +99,7 @@ def descendants(pid: int) -> list[psutil.Process]:
 SWEEP_WAIT_S = 1.0
 
 
-def _ended(pid: int) -> bool:
+def ended(pid: int) -> bool:
     """Gone, or a zombie (dead; only its exit status is left for its parent to reap)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -185,7 +185,7 @@ def sweep(root: int, *, include_root: bool = True, known: Iterable[psutil.Proces
     deadline = time.monotonic() + SWEEP_WAIT_S
     waiting = list(stopped)
     while waiting and time.monotonic() < deadline:
-        if _ended(waiting[-1]):
+        if ended(waiting[-1]):
             waiting.pop()
         else:
             time.sleep(0.0005)

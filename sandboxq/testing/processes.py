@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 
 from sandboxq.pool.kill import descendants as _tree
+from sandboxq.pool.kill import ended
 
 #: Long-lived helpers started by the test process itself (directly, not by a child).
 _SHARED_DIRECT = ("multiprocess.forkserver", "multiprocessing.forkserver", "resource_tracker")
@@ -60,6 +62,11 @@ def survivors(before: dict[int, str] | set[int], grace_s: float = 5.0) -> dict[i
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
+
+
+def still_running(pids: Iterable[int]) -> list[int]:
+    """Those of ``pids`` that still run (a zombie has run its last instruction)."""
+    return [pid for pid in pids if not ended(pid)]
 
 
 def describe(leaked: dict[int, str]) -> str:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandboxq.backends.base import Backend, JobDetail, JobPage
-from sandboxq.codec import CodecRefused, decode_stored, reader_codecs
-from sandboxq.errors import BackendError, SerializationError
+from sandboxq.codec import decode_stored, reader_codecs
+from sandboxq.errors import BackendError, CodecRefused, SerializationError
 from sandboxq.models import JobState, Outcome
 from sandboxq.web.auth import Session
 from sandboxq.web.html import (

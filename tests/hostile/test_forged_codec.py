@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from sandboxq import Queue
-from sandboxq.codec import CodecRefused, decode_stored
-from sandboxq.errors import SerializationError
+from sandboxq.codec import decode_stored
+from sandboxq.errors import CodecRefused, SerializationError
 
 from .support import bomb, cli, forge_completed
 
