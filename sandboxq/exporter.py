@@ -89,6 +89,9 @@ class QueueExporter(Collector):
         )
         workers = GaugeMetricFamily("sandboxq_workers", _help("sandboxq_workers"), labels=["queue"])
         for s in stats:
+            if s.damaged is not None:
+                log.warning("queue %r left out of this scrape: %s", s.queue, s.damaged)
+                continue
             for state in JobState:
                 jobs.add_metric([s.queue, state.value], s.jobs.get(state, 0))
             oldest.add_metric([s.queue], s.oldest_waiting_age_s or 0.0)

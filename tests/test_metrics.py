@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from prometheus_client import generate_latest
 
 from sandboxq import Queue
+from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.exporter import EXPORTER_SERIES, QueueExporter
 from sandboxq.metrics import WORKER_SERIES, WorkerMetrics
 from sandboxq.testing.prometheus_server import PrometheusServer
@@ -469,3 +471,32 @@ def test_the_pool_reports_how_late_each_deadline_kill_landed() -> None:
         # the supervisor kills within milliseconds; seconds would mean a missed deadline
         assert late is not None and 0 <= late < 2.0, (outcome, late)
     assert results[Outcome.CANCELLED].kill_overshoot_s is None
+
+
+@pytest.mark.timeout(30)
+def test_a_queue_whose_keys_were_damaged_by_hand_costs_only_its_own_gauges(
+    redis_url: str, queue_name: str
+) -> None:
+    # A shared Redis is hostile input: one queue's waiting set turned into a string must
+    # not turn every scrape into an HTTP 500 for the queues that are fine.
+    broken = queue_name + "-broken"
+    with Queue(queue_name, redis_url) as good, Queue(broken, redis_url) as bad:
+        good.enqueue(1)
+        bad.enqueue(1)
+        waiting = QueueKeys(broken).waiting
+        raw = redis.Redis.from_url(redis_url)
+        try:
+            raw.delete(waiting)
+            raw.set(waiting, "not a sorted set")
+            exporter = QueueExporter(redis_url, [queue_name, broken])
+            try:
+                exporter.serve(0)
+                assert exporter.address is not None
+                text = scrape(exporter.address)
+            finally:
+                exporter.close()
+        finally:
+            raw.delete(waiting)
+            raw.close()
+    assert f'sandboxq_queue_jobs{{queue="{queue_name}",state="waiting"}} 1.0' in text
+    assert f'queue="{broken}"' not in text

@@ -8,6 +8,8 @@
 
 Every scrape is two round trips whatever the number of jobs: no job key is ever listed,
 and the per-queue commands are a fixed handful (plus one EXISTS per registered worker).
+A queue whose keys were changed by hand (a waiting set turned into a string) comes back
+``damaged``, with the error: it costs only its own numbers, never the whole scrape.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class QueueStats:
     #: Age of the job at the head of the waiting line (None: nothing waits).
     oldest_waiting_age_s: float | None = None
     workers: int = 0
+    #: Why this queue's numbers could not be read (its keys hold the wrong types), or None.
+    damaged: str | None = None
 
 
 def discover_queues(conns: Connections) -> list[str]:
@@ -64,7 +68,11 @@ def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
                 pipe.zcard(k.state_set(state))
             pipe.zrange(k.waiting, 0, 0)
             pipe.smembers(k.workers)
-        first: list[Any] = pipe.execute()
+        # raise_on_error=False: a queue whose keys were damaged by hand answers errors in
+        # its own rows, and the other queues are still read
+        first: list[Any] = pipe.execute(raise_on_error=False)
+        if isinstance(first[0], Exception):
+            raise first[0]
         seconds, micros = first[0]
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         per = len(JobState) + 2
@@ -72,6 +80,9 @@ def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
         pipe = conns.main.pipeline(transaction=False)
         for i, k in enumerate(keys):
             row = first[1 + i * per : 1 + (i + 1) * per]
+            if problem := next((v for v in row if isinstance(v, Exception)), None):
+                out.append(QueueStats(k.queue, damaged=str(problem)))
+                continue
             stats = QueueStats(k.queue, dict(zip(JobState, map(int, row), strict=False)))
             head, workers = row[-2], sorted(row[-1])
             if head:
@@ -79,13 +90,17 @@ def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
             for worker in workers:
                 pipe.exists(k.worker(records.text(worker)))
             out.append(stats)
-        second: list[Any] = pipe.execute() if len(pipe) else []
+        second: list[Any] = pipe.execute(raise_on_error=False) if len(pipe) else []
     pos = 0
     for i, stats in enumerate(out):
+        if stats.damaged is not None:
+            continue
         row = first[1 + i * per : 1 + (i + 1) * per]
         if row[-2]:
-            ready, created = second[pos]
+            head = second[pos]
             pos += 1
+            # a head job whose record is not a hash: its age is unknown, not the scrape's end
+            ready, created = (None, None) if isinstance(head, Exception) else head
             since = _int(ready) or _int(created)
             if since is not None:
                 stats.oldest_waiting_age_s = max(0, now_ms - since) / 1000
@@ -95,7 +110,7 @@ def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
             stats.oldest_waiting_age_s = 0.0
         live = second[pos : pos + len(row[-1])]
         pos += len(row[-1])
-        stats.workers = sum(1 for flag in live if int(flag))
+        stats.workers = sum(1 for flag in live if not isinstance(flag, Exception) and int(flag))
     return out
 
 
