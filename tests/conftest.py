@@ -12,11 +12,30 @@ from sandboxq.pool.containment import probe
 from sandboxq.testing import processes
 from sandboxq.testing.redis_server import RedisServer
 
+MODE, WHY = probe()
+
 
 def pytest_report_header() -> str:
     """Which containment the pools of this run get: the cgroup-only tests skip without one."""
-    mode, why = probe()
-    return f"sandboxq containment: {mode} ({why})"
+    return f"sandboxq containment: {MODE} ({WHY})"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(
+            "auto",
+            marks=pytest.mark.skipif(
+                MODE == "process_tree", reason=f"no writable control groups: {WHY}"
+            ),
+            id="cgroup",
+        ),
+        pytest.param("process_tree", id="process_tree"),
+    ]
+)
+def containment(request: pytest.FixtureRequest) -> str:
+    """Both containment modes: a control group where the machine has one, and the
+    process-tree mode, forced (what most containers get)."""
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -49,8 +49,8 @@ def run_and_look(
 
 
 @pytest.fixture
-def daemon_pool() -> Any:
-    with Pool(H + "daemonize_grandchild", size=1) as pool:
+def daemon_pool(containment: str) -> Any:
+    with Pool(H + "daemonize_grandchild", size=1, containment=containment) as pool:
         yield pool
 
 
@@ -96,9 +96,9 @@ def test_daemonised_grandchild_dies_with_a_parent_side_kill(
 
 @pytest.mark.timeout(30)
 def test_session_helper_left_by_a_normal_return_is_gone_before_the_next_task(
-    tmp_path: Path,
+    tmp_path: Path, containment: str
 ) -> None:
-    with Pool(H + "session_helper", size=1) as pool:
+    with Pool(H + "session_helper", size=1, containment=containment) as pool:
         for i in range(3):
             pid_file = tmp_path / f"pids{i}"
             result, pids, left = run_and_look(pool, pid_file, (str(pid_file),))
@@ -107,9 +107,11 @@ def test_session_helper_left_by_a_normal_return_is_gone_before_the_next_task(
 
 
 @pytest.mark.timeout(30)
-def test_keep_strays_lets_a_helper_live_across_jobs_but_not_past_close(tmp_path: Path) -> None:
+def test_keep_strays_lets_a_helper_live_across_jobs_but_not_past_close(
+    tmp_path: Path, containment: str
+) -> None:
     pid_file = tmp_path / "pids"
-    with Pool(H + "session_helper", size=1, keep_strays=True) as pool:
+    with Pool(H + "session_helper", size=1, containment=containment, keep_strays=True) as pool:
         result, pids, left = run_and_look(pool, pid_file, (str(pid_file),))
         assert result.outcome is Outcome.OK
         assert left == pids, "keep_strays=True must leave the helper running"
@@ -118,9 +120,11 @@ def test_keep_strays_lets_a_helper_live_across_jobs_but_not_past_close(tmp_path:
 
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("then", ["return", "hang"], ids=["returned", "killed"])
-def test_fork_burst_of_200_is_dead_when_the_outcome_is_reported(tmp_path: Path, then: str) -> None:
+def test_fork_burst_of_200_is_dead_when_the_outcome_is_reported(
+    tmp_path: Path, then: str, containment: str
+) -> None:
     pid_file = tmp_path / "pids"
-    with Pool(H + "fork_burst", size=1) as pool:
+    with Pool(H + "fork_burst", size=1, containment=containment) as pool:
         done: Future[tuple[AttemptResult, list[int]]] = Future()
         token = pool.execute(
             pool.make_task(str(pid_file), 200, then),
@@ -137,11 +141,13 @@ def test_fork_burst_of_200_is_dead_when_the_outcome_is_reported(tmp_path: Path, 
 
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("then", ["return", "exit"])
-def test_bounded_fork_bomb_cannot_outrun_the_sweep(tmp_path: Path, then: str) -> None:
+def test_bounded_fork_bomb_cannot_outrun_the_sweep(
+    tmp_path: Path, then: str, containment: str
+) -> None:
     """The attempt ends while its tree is still forking; afterwards nothing of it runs, and
     the processes it was about to fork never appear."""
     pid_file = tmp_path / "pids"
-    with Pool(H + "fork_bomb", size=1) as pool:
+    with Pool(H + "fork_bomb", size=1, containment=containment) as pool:
         result, _, left = run_and_look(pool, pid_file, (str(pid_file), 6, then))
         assert result.outcome is (Outcome.OK if then == "return" else Outcome.EXIT)
         assert not left, f"{len(left)} processes of the bomb outlived the attempt"
@@ -186,10 +192,10 @@ def test_worker_sigkill_takes_the_daemonised_grandchild(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_pool_close_takes_the_daemonised_grandchild(tmp_path: Path) -> None:
+def test_pool_close_takes_the_daemonised_grandchild(tmp_path: Path, containment: str) -> None:
     pid_file = tmp_path / "pids"
     pid_file.write_text("")
-    pool = Pool(H + "daemonize_grandchild", size=1)
+    pool = Pool(H + "daemonize_grandchild", size=1, containment=containment)
     pool.submit(str(pid_file), "hang")
     wait_for(lambda: recorded(pid_file), 10, "the daemon to start")
     pool.shutdown(cancel=True)

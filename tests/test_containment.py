@@ -37,14 +37,6 @@ needs_cgroups = pytest.mark.skipif(not CGROUPS, reason=f"no writable control gro
 #: For the tests that look at the v1 hierarchies' directories themselves.
 needs_cgroup_v1 = pytest.mark.skipif(MODE != "cgroup_v1", reason=f"not in cgroup v1 mode: {WHY}")
 
-#: The process-tree mode cannot yet find a daemon that left the child's tree, nor sweep
-#: after a normal return: that sweep is separate work (issue 9, "the boundary"). Strict, so
-#: that once it lands these turn into failures that say to drop the mark.
-MODES = [
-    pytest.param("auto", marks=needs_cgroups, id="cgroup"),
-    pytest.param("process_tree", id="process_tree"),
-]
-
 
 def attempt(pool: Pool, *args: object) -> AttemptResult:
     done: Future[AttemptResult] = Future()
@@ -81,7 +73,6 @@ def recorded(pid_file: Path) -> list[int]:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("containment", MODES)
 def test_a_daemonized_grandchild_dies_at_the_hard_kill(containment: str, tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
     with Pool(H + "daemonize_grandchild", 1, hard_timeout_s=0.5, containment=containment) as pool:
@@ -91,7 +82,6 @@ def test_a_daemonized_grandchild_dies_at_the_hard_kill(containment: str, tmp_pat
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("containment", MODES)
 def test_a_setsid_helper_dies_at_the_hard_kill(containment: str, tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
     with Pool(H + "setsid_grandchild_hang", 1, hard_timeout_s=0.5, containment=containment) as p:
@@ -100,7 +90,6 @@ def test_a_setsid_helper_dies_at_the_hard_kill(containment: str, tmp_path: Path)
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("containment", MODES)
 @pytest.mark.parametrize(
     ("handler", "args"),
     [("daemonize_grandchild", ("return",)), ("session_helper", ("return",))],
@@ -145,7 +134,6 @@ def test_a_job_over_its_memory_limit_is_oom_killed_by_the_kernel() -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("containment", MODES)
 def test_cpu_time_s_ends_a_spinning_attempt_as_cpu_limit(containment: str) -> None:
     with Pool(H + "cpu_spin", 1, hard_timeout_s=20, cpu_time_s=1, containment=containment) as p:
         result = attempt(p)
@@ -167,7 +155,6 @@ def test_the_cpu_budget_is_per_attempt_in_a_reused_child() -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("containment", MODES)
 def test_a_crash_leaves_no_core_file(
     containment: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
