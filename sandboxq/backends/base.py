@@ -259,7 +259,10 @@ class Backend(Protocol):
         ...
 
     def purge(self, state: JobState) -> int:
-        """Delete every job in ``state`` (not ``active``); returns how many."""
+        """Delete every job in ``state`` (not ``active``); returns how many. A job cancelled
+        while running is kept while its fence stands (its old owner has neither confirmed
+        the child dead, ``confirm_dead``, nor let the old lease run out): deleting it would
+        let its id be enqueued afresh and run beside that child. A later purge takes it."""
         ...
 
     def list_jobs(self, state: JobState, limit: int = 100) -> list[str]:

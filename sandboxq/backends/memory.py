@@ -547,7 +547,7 @@ class MemoryBackend:
             job.attempts = job.stalls = 0
             job.result = job.outcome = job.error = None
             now = _now_ms()
-            if job.fence_token is not None and not rules.fence_lifted(job.fenced_until_ms, now):
+            if self._fenced(job, now):
                 job.due_ms = job.fenced_until_ms + 1  # the first millisecond it is lifted
                 self._move(job, DELAYED, now)
                 self._emit("retried", job_id, manual="1", fenced_until_ms=str(job.fenced_until_ms))
@@ -576,15 +576,24 @@ class MemoryBackend:
         if state is ACTIVE:
             raise ConfigError("active jobs cannot be purged: cancel them instead")
         with self._cond:
-            ids = list(self._by_state[state])
+            now = _now_ms()
+            # a job cancelled while running keeps its fence: see Backend.purge
+            ids = [i for i in self._by_state[state] if not self._fenced(self._jobs[i], now)]
             for job_id in ids:
                 self._delete(job_id)
-            if state is WAITING:
+            # the heaps skip deleted entries lazily; emptied at once when nothing was kept
+            if state is WAITING and not self._by_state[state]:
                 self._waiting.clear()
-            elif state is DELAYED:
+            elif state is DELAYED and not self._by_state[state]:
                 self._delayed.clear()
             self._cond.notify_all()  # wait_for_finish on a purged job returns now
             return len(ids)
+
+    @staticmethod
+    def _fenced(job: _Job, now: int) -> bool:
+        """Cancelled while running, and its old owner has neither confirmed the child dead
+        nor let the old lease run out."""
+        return job.fence_token is not None and not rules.fence_lifted(job.fenced_until_ms, now)
 
     def list_jobs(self, state: JobState, limit: int = 100) -> list[str]:
         with self._cond:

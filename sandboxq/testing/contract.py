@@ -485,6 +485,19 @@ class BackendContract:
         assert backend.retry_failed(job_id)
         assert info(backend, job_id).state == "waiting"
 
+    def test_purge_keeps_a_fenced_job_until_its_owner_confirms(self, backend: Backend) -> None:
+        # A purged id can be enqueued afresh: it must not run beside the cancelled child.
+        job_id, other = add(backend), add(backend)
+        claimed = claim_one(backend, lease_s=30.0)
+        assert claimed.id == job_id
+        assert backend.cancel(job_id) and backend.cancel(other)
+        assert backend.purge(JobState.CANCELLED) == 1  # the unfenced one goes
+        assert info(backend, job_id).state == "cancelled"
+        assert backend.get(other) is None
+        assert backend.confirm_dead("w1", [(job_id, claimed.token)]) == [job_id]
+        assert backend.purge(JobState.CANCELLED) == 1
+        assert backend.get(job_id) is None
+
     def test_a_fence_lifts_when_the_old_lease_runs_out(self, backend: Backend) -> None:
         job_id = add(backend)
         claim_one(backend)  # LEASE_S, and the owner never confirms

@@ -305,16 +305,16 @@ class RedisBackend:
         state = JobState(state)
         if state is JobState.ACTIVE:
             raise ConfigError("active jobs cannot be purged: their workers still hold leases")
-        total = 0
-        args: list[Arg] = [state.value, PURGE_CHUNK]
+        total = kept = 0
         with self._errors(f"purge {state.value} jobs"):
             # bounded by the count at the start, so a steady stream of new jobs cannot
             # keep it going forever
             initial = int(self._conns.main.zcard(self.keys.state_set(state)))
-            while total < initial:
-                deleted = int(self._scripts.purge(args))
-                total += deleted
-                if deleted < PURGE_CHUNK:
+            while total + kept < initial:
+                reply: Any = self._scripts.purge([state.value, PURGE_CHUNK, kept])
+                deleted, left = int(reply[0]), int(reply[1])
+                total, kept = total + deleted, kept + left
+                if deleted + left < PURGE_CHUNK:
                     break
         return total
 
