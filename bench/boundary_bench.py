@@ -279,29 +279,18 @@ SECTIONS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("section", nargs="?", default="all", choices=[*SECTIONS, "all"])
-    parser.add_argument("--json", default=str(HERE / "results" / "boundary.json"))
-    parser.add_argument("--quick", action="store_true", help="fewer samples: a smoke check")
-    parser.add_argument("--base", default="3702bf3", help="commit to compare throughput with")
-    parser.add_argument("--child", metavar="OUT", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        fn = SECTIONS[args.section]
-        out = fn(args.quick, args.base) if args.section == "throughput" else fn(args.quick)
-        Path(args.child).write_text(json.dumps(out))
-        return
-    sections = list(SECTIONS) if args.section == "all" else [args.section]
-    report: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="sandboxq-bench-") as tmp:
-        for name in sections:
-            print(f"{name}:", flush=True)
-            out = Path(tmp) / f"{name}.json"
-            extra = ["--quick"] if args.quick else []
-            command = [sys.executable, __file__, name, "--child", str(out), "--base", args.base]
-            subprocess.run([*command, *extra], check=True)
-            report[name] = json.loads(out.read_text())
-    figures.write_json(args.json, report)
+    def base(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--base", default="3702bf3", help="commit to compare throughput with")
+
+    def call(name: str) -> figures.Section:
+        fn = SECTIONS[name]
+        if name == "throughput":
+            return lambda args: fn(args.quick, args.base)
+        return lambda args: fn(args.quick)
+
+    figures.run_sections(
+        __file__, {name: call(name) for name in SECTIONS}, HERE / "results" / "boundary.json", base
+    )
 
 
 if __name__ == "__main__":

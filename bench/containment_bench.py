@@ -13,13 +13,9 @@ Each section runs in its own Python process; the JSON goes to bench/results/cont
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import Future, wait
 from pathlib import Path
@@ -167,26 +163,11 @@ SECTIONS = {"throughput": bench_throughput, "kill": bench_kill}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("section", nargs="?", default="all", choices=[*SECTIONS, "all"])
-    parser.add_argument("--json", default=str(HERE / "results" / "containment.json"))
-    parser.add_argument("--quick", action="store_true", help="fewer samples: a smoke check")
-    parser.add_argument("--child", metavar="OUT", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        Path(args.child).write_text(json.dumps(SECTIONS[args.section](args.quick)))
-        return
-    sections = list(SECTIONS) if args.section == "all" else [args.section]
-    report: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="sandboxq-bench-") as tmp:
-        for name in sections:
-            print(f"{name}:", flush=True)
-            out = Path(tmp) / f"{name}.json"
-            quick = ["--quick"] if args.quick else []
-            command = [sys.executable, __file__, name, "--child", str(out), *quick]
-            subprocess.run(command, check=True)
-            report[name] = json.loads(out.read_text())
-    figures.write_json(args.json, report)
+    figures.run_sections(
+        __file__,
+        {name: lambda args, fn=fn: fn(args.quick) for name, fn in SECTIONS.items()},
+        HERE / "results" / "containment.json",
+    )
 
 
 if __name__ == "__main__":

@@ -11,11 +11,15 @@ misses its target is printed and reported as missing it; nothing here rounds it 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import operator
 import statistics
-from collections.abc import Callable, Sequence
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,3 +141,39 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=2))
     print(f"wrote {path}")
+
+
+Section = Callable[[argparse.Namespace], dict[str, Any]]
+
+
+def run_sections(
+    script: str,
+    sections: Mapping[str, Section],
+    json_path: Path,
+    add_options: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    """A bench script's command line: ``[section|all] [--json F] [--quick]`` plus the
+    script's own options. Each section runs in a fresh process of its own (no fork server,
+    warm cache or leftover child carried from one section into the next), and the figures
+    of all of them go into one JSON file."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("section", nargs="?", default="all", choices=[*sections, "all"])
+    parser.add_argument("--json", default=str(json_path))
+    parser.add_argument("--quick", action="store_true", help="fewer samples: a smoke check")
+    parser.add_argument("--child", metavar="OUT", help=argparse.SUPPRESS)
+    if add_options is not None:
+        add_options(parser)
+    args = parser.parse_args()
+    if args.child:
+        Path(args.child).write_text(json.dumps(sections[args.section](args)))
+        return
+    options = [a for a in sys.argv[1:] if a != args.section]
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="sandboxq-bench-") as tmp:
+        for name in list(sections) if args.section == "all" else [args.section]:
+            print(f"{name}:", flush=True)
+            out = Path(tmp) / f"{name}.json"
+            command = [sys.executable, script, name, *options, "--child", str(out)]
+            subprocess.run(command, check=True)
+            report[name] = json.loads(out.read_text())
+    write_json(args.json, report)

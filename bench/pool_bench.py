@@ -10,11 +10,8 @@ a figure to quote).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -202,26 +199,11 @@ SECTIONS = {"kill": bench_kill, "replace": bench_replace, "throughput": bench_th
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("section", nargs="?", default="all", choices=[*SECTIONS, "all"])
-    parser.add_argument("--json", default=str(HERE / "results" / "pool.json"))
-    parser.add_argument("--quick", action="store_true", help="fewer samples: a smoke check")
-    parser.add_argument("--child", metavar="OUT", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        Path(args.child).write_text(json.dumps(SECTIONS[args.section](args.quick)))
-        return
-    sections = list(SECTIONS) if args.section == "all" else [args.section]
-    report: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="sandboxq-bench-") as tmp:
-        for name in sections:
-            print(f"{name}:", flush=True)
-            out = Path(tmp) / f"{name}.json"
-            quick = ["--quick"] if args.quick else []
-            command = [sys.executable, __file__, name, "--child", str(out), *quick]
-            subprocess.run(command, check=True)
-            report[name] = json.loads(out.read_text())
-    figures.write_json(args.json, report)
+    figures.run_sections(
+        __file__,
+        {name: lambda args, fn=fn: fn(args.quick) for name, fn in SECTIONS.items()},
+        HERE / "results" / "pool.json",
+    )
 
 
 if __name__ == "__main__":
