@@ -20,12 +20,11 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from sandboxq import codec as codecs
 from sandboxq.backends import REDIS_SCHEMES, resolve_url
 from sandboxq.backends.base import Event, NewJob
 from sandboxq.client import (
     Call,
-    JobMaker,
+    Producer,
     call_pair,
     check_seconds,
     check_since,
@@ -33,7 +32,7 @@ from sandboxq.client import (
     no_such_job,
 )
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobInfo, JobOptions, JobState, check_job_id, check_queue_name
+from sandboxq.models import JobInfo, JobState, check_job_id, check_queue_name
 
 __all__ = ["AsyncJob", "Queue"]
 
@@ -162,7 +161,7 @@ class AsyncJob:
         return await self.queue.backend.retry_failed(self.id)
 
 
-class Queue:
+class Queue(Producer):
     """``sandboxq.Queue`` for asyncio: the same arguments, names and errors; awaitable calls."""
 
     def __init__(
@@ -174,18 +173,8 @@ class Queue:
         allow_pickle: bool = False,
         **backend_options: Any,
     ) -> None:
-        self.name = name
-        self._maker = JobMaker(codec, JobOptions())
-        self.codec = self._maker.codec
-        self.allowed_codecs = codecs.reader_codecs(self.codec, allow_pickle=allow_pickle)
+        super().__init__(name, codec, allow_pickle)
         self.backend: AsyncBackend = open_async_backend(url, name, **backend_options)
-
-    def options(self, **options: Any) -> Queue:
-        """A view of this queue whose jobs get ``options`` (see ``JobOptions``)."""
-        view = object.__new__(Queue)
-        view.__dict__.update(self.__dict__)
-        view._maker = self._maker.with_options(**options)
-        return view
 
     async def enqueue(self, /, *args: Any, **kwargs: Any) -> AsyncJob:
         """Enqueue ``processor(*args, **kwargs)``; returns its AsyncJob."""

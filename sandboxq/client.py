@@ -12,7 +12,7 @@ import math
 import re
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 from sandboxq import codec as codecs
 from sandboxq.backends import open_backend
@@ -189,7 +189,25 @@ class JobMaker:
         return jobs
 
 
-class Queue:
+class Producer:
+    """What the sync and the asyncio ``Queue`` share: the name, how jobs are encoded, which
+    codecs results are read with, and the ``options`` view."""
+
+    def __init__(self, name: str, codec: str, allow_pickle: bool) -> None:
+        self.name = name
+        self._maker = JobMaker(codec, JobOptions())
+        self.codec = self._maker.codec
+        self.allowed_codecs = codecs.reader_codecs(self.codec, allow_pickle=allow_pickle)
+
+    def options(self, **options: Any) -> Self:
+        """A view of this queue whose jobs get ``options`` (see ``JobOptions``)."""
+        view = object.__new__(type(self))
+        view.__dict__.update(self.__dict__)
+        view._maker = self._maker.with_options(**options)
+        return view
+
+
+class Queue(Producer):
     """A named queue on a backend chosen by URL (``None``: ``$SANDBOXQ_URL``, else memory://).
 
     Payloads are JSON by default; ``codec="pickle"`` is an explicit opt-in for trusted
@@ -208,18 +226,8 @@ class Queue:
         allow_pickle: bool = False,
         **backend_options: Any,
     ) -> None:
-        self.name = name
-        self._maker = JobMaker(codec, JobOptions())
-        self.codec = self._maker.codec
-        self.allowed_codecs = codecs.reader_codecs(self.codec, allow_pickle=allow_pickle)
+        super().__init__(name, codec, allow_pickle)
         self.backend: Backend = open_backend(url, name, **backend_options)
-
-    def options(self, **options: Any) -> Queue:
-        """A view of this queue whose jobs get ``options`` (see ``JobOptions``)."""
-        view = object.__new__(Queue)
-        view.__dict__.update(self.__dict__)
-        view._maker = self._maker.with_options(**options)
-        return view
 
     def enqueue(self, /, *args: Any, **kwargs: Any) -> Job:
         """Enqueue ``processor(*args, **kwargs)``; returns its Job (an existing one when a

@@ -21,11 +21,12 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from sandboxq.backends.base import Event, NewJob, check_limits
+from sandboxq.backends.base import Event, NewJob
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.aio_lane import AsyncLane
 from sandboxq.backends.redis.backend import (
     ENQUEUE_CHUNK,
+    check_options,
     enqueue_calls,
     enqueued,
     frame_jobs,
@@ -41,7 +42,7 @@ from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.listen import FINISH_POLL_S
 from sandboxq.backends.redis.scripts import Script, Scripts, script_settings
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobInfo, JobState, check_queue_name
+from sandboxq.models import JobInfo, JobState
 from sandboxq.redaction import redact_url
 
 _FINISHED = {s.value.encode(): s for s in JobState if s.finished}
@@ -59,15 +60,9 @@ class AsyncRedisBackend:
         max_events: int = 10_000,
         socket_timeout_s: float = 5.0,
     ) -> None:
-        self.queue = check_queue_name(queue)
-        check_limits(
-            retain_completed=retain_completed,
-            retain_failed=retain_failed,
-            max_events=max_events,
-            retain_s=retain_s,
+        self.queue = check_options(
+            queue, retain_completed, retain_failed, retain_s, max_events, socket_timeout_s
         )
-        if not (isinstance(socket_timeout_s, int | float) and socket_timeout_s > 0):
-            raise ConfigError(f"socket_timeout_s must be positive, got {socket_timeout_s!r}")
         scheme = url.partition("://")[0].lower()
         if scheme in SENTINEL_SCHEMES + CLUSTER_SCHEMES:
             raise ConfigError(

@@ -94,6 +94,28 @@ def _token() -> str:
     return os.urandom(8).hex()
 
 
+def check_options(
+    queue: str,
+    retain_completed: int,
+    retain_failed: int,
+    retain_s: float,
+    max_events: int,
+    socket_timeout_s: float,
+) -> str:
+    """A Redis backend's options, checked once for the sync and the async client: returns
+    the queue name, or raises ``ConfigError`` naming what is wrong."""
+    name = check_queue_name(queue)
+    check_limits(
+        retain_completed=retain_completed,
+        retain_failed=retain_failed,
+        max_events=max_events,
+        retain_s=retain_s,
+    )
+    if not (isinstance(socket_timeout_s, int | float) and socket_timeout_s > 0):
+        raise ConfigError(f"socket_timeout_s must be positive, got {socket_timeout_s!r}")
+    return name
+
+
 class RedisBackend:
     """One queue on one Redis server (or Cluster slot: every key shares the ``{queue}`` tag)."""
 
@@ -108,15 +130,9 @@ class RedisBackend:
         max_events: int = 10_000,
         socket_timeout_s: float = 5.0,
     ) -> None:
-        self.queue = check_queue_name(queue)
-        check_limits(
-            retain_completed=retain_completed,
-            retain_failed=retain_failed,
-            max_events=max_events,
-            retain_s=retain_s,
+        self.queue = check_options(
+            queue, retain_completed, retain_failed, retain_s, max_events, socket_timeout_s
         )
-        if not (isinstance(socket_timeout_s, int | float) and socket_timeout_s > 0):
-            raise ConfigError(f"socket_timeout_s must be positive, got {socket_timeout_s!r}")
         self.url = url
         self.keys = QueueKeys(queue)
         self._conns = Connections(
