@@ -1,5 +1,20 @@
 """Validated settings for the pool and the worker (pydantic, frozen, unknown names rejected).
 
+Each setting is stated once, as a model field: name, type, default, bounds, and a one-line
+``description`` (``none=`` says what a default of None stands for; the unit is the name's
+suffix, ``_s`` or ``_mb``). One model per layer; the rest is derived from the fields:
+
+    ContainmentSettings      how a child is contained (control groups, rlimits)
+     └─ ChildSettings        + the processor, how children start, an attempt's limits
+         ├─ PoolSettings     + a bare pool's own  ◄─ Pool(...) keywords
+         └─ WorkerSettings   + a worker's own     ◄─ SandboxWorker(...) keywords,
+                                                     SANDBOXQ_<NAME> variables (from_env),
+                                                     `sandboxq worker` / `run` flags (cli)
+
+The constructors keep explicit typed keywords (for users' type checkers and IDEs) and hand
+their arguments over whole (``from_call``); tests/test_settings_docs.py holds their names
+and defaults, and the README's settings table, equal to the fields.
+
 Errors come out as ``ConfigError`` naming the setting, whichever door they came in by
 (Python keyword, CLI flag, environment variable).
 """
@@ -16,14 +31,16 @@ from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
     ValidationError,
-    field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from sandboxq.codec import DEFAULT_MAX_BYTES
 from sandboxq.errors import ConfigError
@@ -55,6 +72,13 @@ def build(model: type[M], **values: Any) -> M:
         return model(**values)
     except ValidationError as exc:
         raise _invalid(model, exc) from None
+
+
+def from_call(model: type[M], arguments: Mapping[str, Any]) -> M:
+    """``model`` from a constructor's ``locals()``, taken as its first statement: every
+    parameter that names a setting, as given or defaulted (the others, ``self`` included,
+    are left out). tests/test_settings_docs.py holds the keywords and the fields equal."""
+    return build(model, **{k: v for k, v in arguments.items() if k in model.model_fields})
 
 
 def _invalid(
@@ -172,123 +196,206 @@ class _Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _setting(default: Any, description: str, *, none: str | None = None, **bounds: Any) -> Any:
+    """A setting's field: its default, bounds and one-line help; ``none`` says what None
+    means where None is allowed (shown as the default in the CLI help and the README)."""
+    extra: JsonDict | None = {"none": none} if none is not None else None
+    return Field(default, description=description, json_schema_extra=extra, **bounds)
+
+
+def _positive_finite(value: float | None) -> float | None:
+    if value is not None and (not math.isfinite(value) or value <= 0):
+        raise ValueError(f"must be a positive, finite number, got {value!r}")
+    return value
+
+
+#: Put on a setting that must be a positive, finite number when it is given.
+POSITIVE = AfterValidator(_positive_finite)
+
+
+def _one_per_cpu(value: Any) -> Any:
+    return (os.cpu_count() or 1) if value is None else value
+
+
+#: None stands for the machine's CPU count (``concurrency``, ``size``); 0 stays an error.
+ONE_PER_CPU = BeforeValidator(_one_per_cpu)
+#: None stands for "no exit code mapped", so a keyword may default to None, not ``{}``.
+NONE_IS_EMPTY = BeforeValidator(lambda value: {} if value is None else value)
+
+Number = Annotated[float, NUMBER_ONLY]
+Count = Annotated[int, NUMBER_ONLY]
+CountOrNone = Annotated[int | None, NUMBER_ONLY]
+Limit = Annotated[float | None, NUMBER_ONLY, POSITIVE]
+
+
 class ContainmentSettings(_Settings):
     """What the pool and the worker share about containing a child (README "Containment")."""
 
-    containment: ContainmentSetting = "auto"
-    # the pids limit of a child's control group (cgroup modes only); None: no limit
-    max_processes: Annotated[int | None, NUMBER_ONLY] = Field(
-        default=DEFAULT_MAX_PROCESSES, ge=1, le=4_194_304
+    containment: ContainmentSetting = _setting(
+        "auto",
+        "control groups where writable, else process_tree (auto); groups or an error "
+        "(cgroup); never groups (process_tree)",
     )
-    # RLIMIT_CPU per attempt, in whole seconds rounded up: outcome cpu_limit
-    cpu_time_s: Annotated[float | None, NUMBER_ONLY] = Field(default=None, le=MAX_INTERVAL_S)
-    max_open_files: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=16, le=2**20)
-    max_file_size_mb: Annotated[float | None, NUMBER_ONLY] = None
-    # RLIMIT_AS: breaks numpy/OpenBLAS, which reserve address space far beyond their use
-    max_address_space_mb: Annotated[float | None, NUMBER_ONLY] = None
+    max_processes: CountOrNone = _setting(
+        DEFAULT_MAX_PROCESSES,
+        "pids limit of a child's control group, threads included (cgroup modes only)",
+        none="no limit",
+        ge=1,
+        le=4_194_304,
+    )
+    cpu_time_s: Limit = _setting(
+        None,
+        "CPU time per attempt (RLIMIT_CPU, whole seconds rounded up): outcome cpu_limit",
+        none="no limit",
+        le=MAX_INTERVAL_S,
+    )
+    max_open_files: CountOrNone = _setting(
+        None, "RLIMIT_NOFILE of a child", none="inherited", ge=16, le=2**20
+    )
+    max_file_size_mb: Limit = _setting(
+        None, "RLIMIT_FSIZE of a child: a larger write fails (EFBIG)", none="no limit"
+    )
+    # RLIMIT_AS: address space is not memory; OpenBLAS reserves a buffer of it per thread
+    max_address_space_mb: Limit = _setting(
+        None, "RLIMIT_AS of a child; opt-in only: it breaks numpy/OpenBLAS", none="no limit"
+    )
     # a debugging opt-in: only a real True turns core files back on
-    core_dumps: Annotated[bool, Strict()] = False
-    # True: processes an attempt started may outlive it (killed when their child ends)
-    keep_strays: Annotated[bool, Strict()] = False
-    # a child whose resident memory grew by more than this since it started is replaced
-    max_child_growth_mb: Annotated[float | None, NUMBER_ONLY] = None
-
-    @field_validator(
-        "cpu_time_s", "max_file_size_mb", "max_address_space_mb", "max_child_growth_mb"
+    core_dumps: Annotated[bool, Strict()] = _setting(False, "let children write core files")
+    keep_strays: Annotated[bool, Strict()] = _setting(
+        False, "let processes an attempt started outlive it (they end with their child)"
     )
-    @classmethod
-    def _positive_limit(cls, value: float | None, info: Any) -> float | None:
-        if value is not None and (not math.isfinite(value) or value <= 0):
-            raise ValueError(f"must be a positive, finite number, got {value!r}")
-        return value
+    max_child_growth_mb: Limit = _setting(
+        None,
+        "replace a child whose resident memory grew by more than this since it started",
+        none="never",
+    )
+
+
+class ChildSettings(ContainmentSettings):
+    """What the pool and the worker share: the processor, how its children start, and an
+    attempt's limits (a job's own options win over these in the worker)."""
+
+    processor: str = _setting(..., "the handler, as package.module:function", min_length=3)
+    soft_timeout_s: Limit = _setting(
+        None, "an attempt's soft timeout: SoftTimeout raised in the handler", none="none"
+    )
+    hard_timeout_s: Limit = _setting(
+        None, "an attempt's hard timeout: the child's process tree killed", none="none"
+    )
+    max_memory_mb: Limit = _setting(
+        None,
+        "the most an attempt's process tree may grow: outcome memory_limit",
+        none="no limit",
+    )
+    max_jobs_per_child: CountOrNone = _setting(
+        None, "replace a child after this many attempts", none="never", ge=1
+    )
+    start_method: StartMethod = _setting(
+        "forkserver", "how children start: forkserver (the processor preloaded) or spawn"
+    )
+    import_timeout_s: Annotated[float | None, NUMBER_ONLY] = _setting(
+        None,
+        "how long importing the processor may take",
+        none="$SANDBOXQ_IMPORT_TIMEOUT_S, else 60",
+        gt=0,
+        le=MAX_INTERVAL_S,
+    )
 
     @model_validator(mode="after")
-    def _address_space_above_memory(self) -> ContainmentSettings:
-        memory = getattr(self, "max_memory_mb", None)
-        space = self.max_address_space_mb
+    def _consistent_limits(self) -> ChildSettings:
+        memory, space = self.max_memory_mb, self.max_address_space_mb
         if space is not None and memory is not None and space < memory:
             raise ConfigError(
                 f"max_address_space_mb ({space:g}) is below max_memory_mb ({memory:g}): "
                 "the memory limit could never be reached"
             )
-        return self
-
-
-class PoolSettings(ContainmentSettings):
-    processor: str = Field(min_length=3)
-    size: Annotated[int, NUMBER_ONLY] = Field(ge=1, le=1024)
-    soft_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
-    hard_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
-    max_memory_mb: Annotated[float | None, NUMBER_ONLY] = None
-    max_jobs_per_child: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=1)
-    start_method: StartMethod = "forkserver"
-    max_result_bytes: Annotated[int, NUMBER_ONLY] = Field(default=DEFAULT_MAX_BYTES, ge=1)
-    memory_check_interval_s: Annotated[float, NUMBER_ONLY] = Field(default=0.05, gt=0, le=60)
-    # None: processor.default_import_timeout_s() ($SANDBOXQ_IMPORT_TIMEOUT_S, else 60 s)
-    import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(
-        default=None, gt=0, le=MAX_INTERVAL_S
-    )
-
-    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
-    @classmethod
-    def _positive(cls, value: float | None, info: Any) -> float | None:
-        if value is not None and (not math.isfinite(value) or value <= 0):
-            raise ValueError(f"must be a positive, finite number, got {value!r}")
-        return value
-
-    @model_validator(mode="after")
-    def _soft_before_hard(self) -> PoolSettings:
         check_timeouts(self.soft_timeout_s, self.hard_timeout_s)
         return self
 
 
-class WorkerSettings(ContainmentSettings):
-    queue: str = Field(min_length=1)
-    processor: str = Field(min_length=3)
-    url: str | None = None
-    concurrency: Annotated[int, NUMBER_ONLY] = Field(ge=1, le=1024)
-    lease_s: Annotated[float, NUMBER_ONLY] = Field(
-        default=30.0, ge=0.3, le=24 * 3600, allow_inf_nan=False
+class PoolSettings(ChildSettings):
+    """``Pool``'s keywords: the shared settings and what only a bare pool has."""
+
+    size: Annotated[int, NUMBER_ONLY, ONE_PER_CPU] = _setting(
+        None,
+        "children running attempts at once",
+        none="one per CPU",
+        ge=1,
+        le=1024,
+        validate_default=True,
     )
-    # default lease_s / 3
-    renew_interval_s: Annotated[float | None, NUMBER_ONLY] = Field(default=None, ge=0.01)
-    # default min(lease_s / 2, 5)
-    stall_check_s: Annotated[float | None, NUMBER_ONLY] = Field(
-        default=None, ge=0.01, le=MAX_INTERVAL_S
+    max_result_bytes: Count = _setting(
+        DEFAULT_MAX_BYTES, "the largest result a child may send back", ge=1
     )
-    soft_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
-    hard_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
-    retries: Annotated[int, NUMBER_ONLY] = Field(default=0, ge=0, le=1000)
-    max_memory_mb: Annotated[float | None, NUMBER_ONLY] = None
-    max_jobs_per_child: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=1)
-    exit_codes: dict[ExitCode, Action] = Field(default_factory=dict)
-    prefetch: Annotated[int | None, NUMBER_ONLY] = Field(
-        default=None, ge=0, le=1000
-    )  # None: adaptive
-    stop_timeout_s: Annotated[float, NUMBER_ONLY] = Field(default=30.0, ge=0, allow_inf_nan=False)
-    start_method: StartMethod = "forkserver"
+    memory_check_interval_s: Number = _setting(
+        0.05, "how often a child's tree memory is sampled (process_tree mode)", gt=0, le=60
+    )
+
+
+class WorkerSettings(ChildSettings):
+    """``SandboxWorker``'s keywords, ``sandboxq worker``'s flags and ``SANDBOXQ_*``
+    variables: the shared settings and what only a worker has."""
+
+    queue: str = _setting(..., "the queue to work on", min_length=1)
+    url: str | None = _setting(None, "the backend's URL", none="$SANDBOXQ_URL, else memory://")
+    concurrency: Annotated[int, NUMBER_ONLY, ONE_PER_CPU] = _setting(
+        None,
+        "children running jobs at once",
+        none="one per CPU",
+        ge=1,
+        le=1024,
+        validate_default=True,
+    )
+    lease_s: Number = _setting(
+        30.0,
+        "how long a claim holds a job unless renewed (then it is recovered elsewhere)",
+        ge=0.3,
+        le=24 * 3600,
+        allow_inf_nan=False,
+    )
+    renew_interval_s: Limit = _setting(
+        None, "how often held leases are renewed", none="lease_s / 3", ge=0.01
+    )
+    stall_check_s: Limit = _setting(
+        None,
+        "how often expired leases (of any worker) are looked for and recovered",
+        none="min(lease_s / 2, 5)",
+        ge=0.01,
+        le=MAX_INTERVAL_S,
+    )
+    retries: Count = _setting(0, "retries after a failed attempt", ge=0, le=1000)
+    exit_codes: Annotated[dict[ExitCode, Action], NONE_IS_EMPTY] = _setting(
+        None,
+        "map a handler's exit code to complete, retry or fail",
+        none="unknown codes fail",
+        validate_default=True,
+    )
+    prefetch: CountOrNone = _setting(
+        None, "jobs claimed beyond the children", none="adaptive", ge=0, le=1000
+    )
+    stop_timeout_s: Number = _setting(
+        30.0,
+        "how long a drain (SIGTERM, Ctrl-C) lets running jobs finish before they are killed",
+        ge=0,
+        allow_inf_nan=False,
+    )
     # a security opt-in: only a real True turns it on, never 1 or "yes"
-    allow_pickle: Annotated[bool, Strict()] = False
-    import_timeout_s: Annotated[float | None, NUMBER_ONLY] = Field(  # as in PoolSettings
-        default=None, gt=0, le=MAX_INTERVAL_S
+    allow_pickle: Annotated[bool, Strict()] = _setting(
+        False, "accept pickle payloads (only if every writer to the queue is trusted)"
     )
-    # Prometheus metrics (sandboxq/metrics.py): served only when a port is set; 0 picks a
-    # free one. Loopback unless a host says otherwise: no port opened on every interface.
-    metrics_port: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=0, le=65535)
-    metrics_host: str = Field(default="127.0.0.1", min_length=1)
-
-    @field_validator(
-        "soft_timeout_s", "hard_timeout_s", "max_memory_mb", "renew_interval_s", "stall_check_s"
+    # Prometheus metrics (sandboxq/metrics.py). Loopback unless a host says otherwise: no
+    # port opened on every interface.
+    metrics_port: CountOrNone = _setting(
+        None,
+        "serve Prometheus metrics on this port (0: a free one, logged)",
+        none="off",
+        ge=0,
+        le=65535,
     )
-    @classmethod
-    def _positive(cls, value: float | None, info: Any) -> float | None:
-        if value is not None and (not math.isfinite(value) or value <= 0):
-            raise ValueError(f"must be a positive, finite number, got {value!r}")
-        return value
+    metrics_host: str = _setting("127.0.0.1", "the address metrics are served on", min_length=1)
 
     @model_validator(mode="after")
-    def _consistent(self) -> WorkerSettings:
-        check_timeouts(self.soft_timeout_s, self.hard_timeout_s)
+    def _renew_within_lease(self) -> WorkerSettings:
         if self.renew_interval_s is not None and self.renew_interval_s > self.lease_s / 3:
             raise ConfigError(
                 f"renew_interval_s ({self.renew_interval_s}) must be at most lease_s / 3 "

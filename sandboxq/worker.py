@@ -50,7 +50,7 @@ from sandboxq.settings import (
     ContainmentSettings,
     StartMethod,
     WorkerSettings,
-    build,
+    from_call,
 )
 
 if TYPE_CHECKING:
@@ -110,39 +110,8 @@ class SandboxWorker:
         keep_strays: bool = False,
         max_child_growth_mb: float | None = None,
     ) -> None:
-        self.settings = s = build(
-            WorkerSettings,
-            queue=queue,
-            processor=processor,
-            url=url,
-            # 0 is an error, not "the default": only None means "one child per CPU"
-            concurrency=concurrency if concurrency is not None else os.cpu_count() or 1,
-            lease_s=lease_s,
-            soft_timeout_s=soft_timeout_s,
-            hard_timeout_s=hard_timeout_s,
-            retries=retries,
-            max_memory_mb=max_memory_mb,
-            max_jobs_per_child=max_jobs_per_child,
-            exit_codes=exit_codes or {},
-            prefetch=prefetch,
-            stop_timeout_s=stop_timeout_s,
-            renew_interval_s=renew_interval_s,
-            stall_check_s=stall_check_s,
-            start_method=start_method,
-            allow_pickle=allow_pickle,
-            import_timeout_s=import_timeout_s,
-            metrics_port=metrics_port,
-            metrics_host=metrics_host,
-            containment=containment,
-            max_processes=max_processes,
-            cpu_time_s=cpu_time_s,
-            max_open_files=max_open_files,
-            max_file_size_mb=max_file_size_mb,
-            max_address_space_mb=max_address_space_mb,
-            core_dumps=core_dumps,
-            keep_strays=keep_strays,
-            max_child_growth_mb=max_child_growth_mb,
-        )
+        # Every keyword but backend_options is the setting of that name, with its default.
+        self.settings = s = from_call(WorkerSettings, locals())
         # an unimportable processor fails here, with its import error (or after
         # import_timeout_s if its import hangs)
         resolve_within(processor, s.import_timeout_s)

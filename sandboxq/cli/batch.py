@@ -43,12 +43,15 @@ from sandboxq.cli.options import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     Exit,
+    add_setting_flags,
     import_from_cwd,
     json_type,
+    setting_flags,
 )
-from sandboxq.cli.worker import add_pool_flags, settings
+from sandboxq.cli.worker import POOL_FLAGS, settings
 from sandboxq.errors import ConfigError, SerializationError
 from sandboxq.models import JobState
+from sandboxq.settings import WorkerSettings
 
 log = logging.getLogger("sandboxq.cli")
 
@@ -73,10 +76,7 @@ def add_parser(verbs: Any) -> None:
     r.add_argument("processor", help="the handler, as package.module:function")
     r.add_argument("input", metavar="INPUT.jsonl")
     r.add_argument("--output", metavar="OUT.jsonl", help="write results here (default: stdout)")
-    add_pool_flags(r)
-    r.add_argument(
-        "--stop-timeout-s", type=float, help="after Ctrl-C, wait this long for running jobs"
-    )
+    add_setting_flags(r, WorkerSettings, POOL_FLAGS)
     r.add_argument("--strict", action="store_true", help="run nothing if any line is malformed")
     r.set_defaults(run=run, log_level=logging.WARNING)
 
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         args,
         queue=f"run-{uuid.uuid4().hex[:12]}",
         url="memory://",
-        stop_timeout_s=args.stop_timeout_s,
+        **setting_flags(args, POOL_FLAGS),
     )
     import_from_cwd()
     # Every result stays in the backend until it is written; events are only the fast path.

@@ -1,5 +1,16 @@
-"""What several verbs share: common flags, the URL check, the working directory on the
-import path, and ``Exit`` (a failure the user caused or asked about, not a bug)."""
+"""What several verbs share: common flags, flags made from settings, the URL check, the
+working directory on the import path, and ``Exit`` (a failure the user caused or asked
+about, not a bug).
+
+A setting's flag is made from its field in settings.py, so nothing here restates one:
+
+    field name  lease_s           ─► --lease-s (dest lease_s)
+    annotation  float | None      ─► type=float; a Literal gives choices; bool store_true
+    description, default, "none"  ─► help "… (default: 30 s)"
+
+Every such flag defaults to None ("not given"), so ``settings.from_env`` can let it win
+over its ``SANDBOXQ_*`` variable, and the variable over the model's default.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +18,13 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from types import NoneType, UnionType
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from sandboxq.backends import URL_ENV, resolve_url
 from sandboxq.errors import ConfigError
@@ -109,3 +124,76 @@ def json_type(python_type: type) -> str:
     """What JSON calls a Python type, for error messages."""
     names = {list: "array", dict: "object", str: "string", bool: "boolean", type(None): "null"}
     return names.get(python_type, "number")
+
+
+# -- flags made from settings ---------------------------------------------------------------
+
+#: A setting's unit, by the suffix of its name (style: durations ``*_s``, sizes ``*_mb``).
+UNITS = {"_s": "s", "_mb": "MB", "_bytes": "bytes"}
+
+
+def unit(name: str) -> str:
+    return next((u for suffix, u in UNITS.items() if name.endswith(suffix)), "")
+
+
+def default_text(name: str, field: FieldInfo) -> str:
+    """A setting's default as a person reads it: ``30 s``, ``off``, ``one per CPU``."""
+    if field.is_required():
+        return "required"
+    value = field.get_default(call_default_factory=True)
+    extra = field.json_schema_extra
+    if value is None and isinstance(extra, dict) and isinstance(extra.get("none"), str):
+        return str(extra["none"])  # what the default None stands for
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{text} {unit(name)}".strip()
+
+
+def value_type(field: FieldInfo) -> Any:
+    """The type a value of the setting has, without None: ``float | None`` -> float."""
+    annotation = field.annotation
+    if get_origin(annotation) in (Union, UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not NoneType)
+    return annotation
+
+
+def flag_help(name: str, field: FieldInfo, repeatable: bool = False) -> str:
+    more = " (repeatable)" if repeatable else ""
+    return f"{field.description}{more} (default: {default_text(name, field)})".replace("%", "%%")
+
+
+def own_first(model: type[BaseModel]) -> tuple[str, ...]:
+    """``model``'s settings, those it declares first, then each base's, nearest first: the
+    settings particular to a worker lead its ``--help`` and the README's table."""
+    declared = (vars(cls).get("__annotations__", {}) for cls in model.__mro__)
+    return tuple(dict.fromkeys(n for names in declared for n in names if n in model.model_fields))
+
+
+def add_setting_flags(
+    parser: argparse.ArgumentParser,
+    model: type[BaseModel],
+    names: Iterable[str],
+    forms: Mapping[str, tuple[str, dict[str, Any]]] | None = None,
+) -> None:
+    """A flag for each setting in ``names``; ``forms`` spells one otherwise: its option
+    string and argparse keywords (``--exit-code N=ACTION``, repeatable)."""
+    for name in names:
+        field = model.model_fields[name]
+        kind = value_type(field)
+        option, keywords = (forms or {}).get(name, ("--" + name.replace("_", "-"), {}))
+        if kind is bool:
+            keywords = {"action": "store_true", **keywords}
+        elif get_origin(kind) is Literal:
+            keywords = {"choices": get_args(kind), **keywords}
+        elif kind in (int, float):
+            keywords = {"type": kind, **keywords}
+        repeatable = keywords.get("action") == "append"
+        parser.add_argument(
+            option, dest=name, default=None, help=flag_help(name, field, repeatable), **keywords
+        )
+
+
+def setting_flags(args: argparse.Namespace, names: Iterable[str]) -> dict[str, Any]:
+    """The values of the flags ``add_setting_flags`` made (None where left out)."""
+    return {name: getattr(args, name) for name in names}

@@ -13,18 +13,42 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from typing import Any
 
-from sandboxq.cli.options import EXIT_OK, add_url, import_from_cwd, shared_url
+from sandboxq.cli.options import (
+    EXIT_OK,
+    add_setting_flags,
+    add_url,
+    import_from_cwd,
+    own_first,
+    setting_flags,
+    shared_url,
+)
 from sandboxq.errors import ConfigError
-from sandboxq.settings import WorkerSettings, from_env
+from sandboxq.settings import ContainmentSettings, WorkerSettings, from_env
 
 log = logging.getLogger("sandboxq.cli")
 
 #: Set on the command line as arguments, never from the environment (the URL has its own
 #: variable, SANDBOXQ_URL, read when the backend is opened).
 NOT_FROM_ENV = ("queue", "processor", "url")
+#: Worker settings with no flag of their own: the arguments above, and tuning that comes
+#: from the environment (or the Python API) only.
+NO_FLAG = (*NOT_FROM_ENV, "renew_interval_s", "stall_check_s", "start_method", "import_timeout_s")
+#: The flags of ``worker``, one per setting, the worker's own first.
+WORKER_FLAGS = tuple(name for name in own_first(WorkerSettings) if name not in NO_FLAG)
+#: The flags ``run`` shares with ``worker``: a local batch has no lease, metrics or pickle.
+POOL_FLAGS = (
+    "concurrency",
+    "soft_timeout_s",
+    "hard_timeout_s",
+    "retries",
+    "max_memory_mb",
+    *ContainmentSettings.model_fields,
+    "stop_timeout_s",
+)
+#: Flags not spelt after their setting: ``--exit-code 3=retry``, once per code.
+FLAG_FORMS = {"exit_codes": ("--exit-code", {"action": "append", "metavar": "N=ACTION"})}
 
 
 def add_parser(verbs: Any) -> None:
@@ -37,105 +61,21 @@ def add_parser(verbs: Any) -> None:
         "a flag wins over its variable.",
     )
     w.add_argument("queue")
-    w.add_argument("processor", help="the handler, as package.module:function")
+    w.add_argument("processor", help=WorkerSettings.model_fields["processor"].description)
     add_url(w)
-    add_pool_flags(w)
-    w.add_argument("--lease-s", type=float, help="lease length (default 30)")
-    w.add_argument("--max-jobs-per-child", type=int, help="recycle a child after N jobs")
-    w.add_argument(
-        "--prefetch", type=int, help="jobs claimed beyond the children (default: adaptive)"
-    )
-    w.add_argument(
-        "--stop-timeout-s", type=float, help="how long a drain waits for jobs (default 30)"
-    )
-    w.add_argument(
-        "--exit-code",
-        action="append",
-        metavar="N=ACTION",
-        help="map a handler exit code to complete/retry/fail (repeatable)",
-    )
-    w.add_argument(
-        "--allow-pickle", action="store_true", default=None, help="accept pickle payloads"
-    )
-    w.add_argument(
-        "--metrics-port",
-        type=int,
-        help="serve Prometheus metrics on this port (0: a free one, logged); off by default",
-    )
-    w.add_argument("--metrics-host", help="the address metrics are served on (default 127.0.0.1)")
+    add_setting_flags(w, WorkerSettings, WORKER_FLAGS, FLAG_FORMS)
     w.add_argument("--burst", action="store_true", help="stop once the queue is empty")
     w.set_defaults(run=run, log_level=logging.INFO)
 
 
-def add_pool_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags ``worker`` and ``run`` share."""
-    parser.add_argument("--concurrency", type=int, help="children (default: CPU count)")
-    parser.add_argument("--soft-timeout-s", type=float, help="SoftTimeout raised in the handler")
-    parser.add_argument("--hard-timeout-s", type=float, help="the child's process tree killed")
-    parser.add_argument("--retries", type=int, help="retries after a failed attempt (default 0)")
-    parser.add_argument("--max-memory-mb", type=float, help="kill a child over this much memory")
-    add_containment_flags(parser)
-
-
-def add_containment_flags(parser: argparse.ArgumentParser) -> None:
-    """Containment and rlimits (README "Containment")."""
-    parser.add_argument(
-        "--containment",
-        choices=["auto", "cgroup", "process_tree"],
-        help="control groups where writable (auto, the default), forced, or never",
-    )
-    parser.add_argument(
-        "--max-processes", type=int, help="pids limit of a child's control group (default 1024)"
-    )
-    parser.add_argument("--cpu-time-s", type=float, help="CPU time per attempt: cpu_limit")
-    parser.add_argument("--max-open-files", type=int, help="RLIMIT_NOFILE of a child")
-    parser.add_argument("--max-file-size-mb", type=float, help="RLIMIT_FSIZE of a child")
-    parser.add_argument(
-        "--max-address-space-mb", type=float, help="RLIMIT_AS: breaks numpy/OpenBLAS, opt-in"
-    )
-    parser.add_argument(
-        "--core-dumps", action="store_true", default=None, help="allow core files (default off)"
-    )
-    parser.add_argument(
-        "--keep-strays",
-        action="store_true",
-        default=None,
-        help="let processes an attempt started outlive it (default: killed with it)",
-    )
-    parser.add_argument(
-        "--max-child-growth-mb", type=float, help="replace a child that grew by more than this"
-    )
-
-
-#: The containment flags, by setting name: passed on as they are.
-CONTAINMENT_FLAGS = (
-    "containment",
-    "max_processes",
-    "cpu_time_s",
-    "max_open_files",
-    "max_file_size_mb",
-    "max_address_space_mb",
-    "core_dumps",
-    "keep_strays",
-    "max_child_growth_mb",
-)
-
-
 def settings(args: argparse.Namespace, *, queue: str, url: str, **flags: Any) -> WorkerSettings:
-    """Worker settings from the flags both verbs share, ``flags``, and the environment."""
+    """Worker settings from ``flags`` (None: left out), and the environment."""
     return from_env(
         WorkerSettings,
         skip=NOT_FROM_ENV,
-        defaults={"concurrency": os.cpu_count() or 1},
         queue=queue,
         processor=args.processor,
         url=url,
-        concurrency=args.concurrency,
-        soft_timeout_s=args.soft_timeout_s,
-        hard_timeout_s=args.hard_timeout_s,
-        retries=args.retries,
-        max_memory_mb=args.max_memory_mb,
-        **{name: getattr(args, name, None) for name in CONTAINMENT_FLAGS},
         **flags,
     )
 
@@ -158,19 +98,9 @@ def parse_exit_codes(items: list[str] | None) -> dict[int, str] | None:
 def run(args: argparse.Namespace) -> int:
     from sandboxq.worker import SandboxWorker
 
-    chosen = settings(
-        args,
-        queue=args.queue,
-        url=shared_url(args.url),
-        lease_s=args.lease_s,
-        max_jobs_per_child=args.max_jobs_per_child,
-        prefetch=args.prefetch,
-        stop_timeout_s=args.stop_timeout_s,
-        exit_codes=parse_exit_codes(args.exit_code),
-        allow_pickle=args.allow_pickle,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-    )
+    flags = setting_flags(args, WORKER_FLAGS)
+    flags["exit_codes"] = parse_exit_codes(flags["exit_codes"])
+    chosen = settings(args, queue=args.queue, url=shared_url(args.url), **flags)
     import_from_cwd()
     worker = SandboxWorker(**chosen.model_dump())
     worker.run(burst=args.burst)

@@ -12,7 +12,6 @@ reports each attempt's ``AttemptResult`` on the supervisor thread.
 from __future__ import annotations
 
 import atexit
-import os
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -34,7 +33,7 @@ from sandboxq.settings import (
     ContainmentSetting,
     PoolSettings,
     StartMethod,
-    build,
+    from_call,
 )
 
 Seconds = float | timedelta | None
@@ -93,28 +92,8 @@ class Pool:
         max_address_space_mb: float | None = None,
         core_dumps: bool = False,
     ) -> None:
-        self.settings = build(
-            PoolSettings,
-            processor=processor,
-            size=size if size is not None else os.cpu_count() or 1,
-            soft_timeout_s=soft_timeout_s,
-            hard_timeout_s=hard_timeout_s,
-            max_memory_mb=max_memory_mb,
-            max_jobs_per_child=max_jobs_per_child,
-            start_method=start_method,
-            max_result_bytes=max_result_bytes,
-            memory_check_interval_s=memory_check_interval_s,
-            import_timeout_s=import_timeout_s,
-            keep_strays=keep_strays,
-            max_child_growth_mb=max_child_growth_mb,
-            containment=containment,
-            max_processes=max_processes,
-            cpu_time_s=cpu_time_s,
-            max_open_files=max_open_files,
-            max_file_size_mb=max_file_size_mb,
-            max_address_space_mb=max_address_space_mb,
-            core_dumps=core_dumps,
-        )
+        # Every keyword is the setting of that name, with its default.
+        self.settings = from_call(PoolSettings, locals())
         # An unimportable processor fails here, with the import error; one that hangs at
         # import fails after import_timeout_s, and never reaches the fork server's preload.
         resolve_within(processor, self.settings.import_timeout_s)
