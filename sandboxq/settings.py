@@ -226,6 +226,10 @@ Number = Annotated[float, NUMBER_ONLY]
 Count = Annotated[int, NUMBER_ONLY]
 CountOrNone = Annotated[int | None, NUMBER_ONLY]
 Limit = Annotated[float | None, NUMBER_ONLY, POSITIVE]
+#: An opt-in: only a real True turns it on, never 1 or "yes".
+Switch = Annotated[bool, Strict()]
+#: How many children a pool keeps (a worker's ``concurrency``, a pool's ``size``).
+Children = Annotated[int, NUMBER_ONLY, ONE_PER_CPU, Field(ge=1, le=1024)]
 
 
 class ContainmentSettings(_Settings):
@@ -259,9 +263,8 @@ class ContainmentSettings(_Settings):
     max_address_space_mb: Limit = _setting(
         None, "RLIMIT_AS of a child; opt-in only: it breaks numpy/OpenBLAS", none="no limit"
     )
-    # a debugging opt-in: only a real True turns core files back on
-    core_dumps: Annotated[bool, Strict()] = _setting(False, "let children write core files")
-    keep_strays: Annotated[bool, Strict()] = _setting(
+    core_dumps: Switch = _setting(False, "let children write core files (for debugging)")
+    keep_strays: Switch = _setting(
         False, "let processes an attempt started outlive it (they end with their child)"
     )
     max_child_growth_mb: Limit = _setting(
@@ -316,13 +319,8 @@ class ChildSettings(ContainmentSettings):
 class PoolSettings(ChildSettings):
     """``Pool``'s keywords: the shared settings and what only a bare pool has."""
 
-    size: Annotated[int, NUMBER_ONLY, ONE_PER_CPU] = _setting(
-        None,
-        "children running attempts at once",
-        none="one per CPU",
-        ge=1,
-        le=1024,
-        validate_default=True,
+    size: Children = _setting(
+        None, "children running attempts at once", none="one per CPU", validate_default=True
     )
     max_result_bytes: Count = _setting(
         DEFAULT_MAX_BYTES, "the largest result a child may send back", ge=1
@@ -338,13 +336,8 @@ class WorkerSettings(ChildSettings):
 
     queue: str = _setting(..., "the queue to work on", min_length=1)
     url: str | None = _setting(None, "the backend's URL", none="$SANDBOXQ_URL, else memory://")
-    concurrency: Annotated[int, NUMBER_ONLY, ONE_PER_CPU] = _setting(
-        None,
-        "children running jobs at once",
-        none="one per CPU",
-        ge=1,
-        le=1024,
-        validate_default=True,
+    concurrency: Children = _setting(
+        None, "children running jobs at once", none="one per CPU", validate_default=True
     )
     lease_s: Number = _setting(
         30.0,
@@ -379,8 +372,7 @@ class WorkerSettings(ChildSettings):
         ge=0,
         allow_inf_nan=False,
     )
-    # a security opt-in: only a real True turns it on, never 1 or "yes"
-    allow_pickle: Annotated[bool, Strict()] = _setting(
+    allow_pickle: Switch = _setting(
         False, "accept pickle payloads (only if every writer to the queue is trusted)"
     )
     # Prometheus metrics (sandboxq/metrics.py). Loopback unless a host says otherwise: no
