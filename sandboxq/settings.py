@@ -2,18 +2,20 @@
 
 Each setting is stated once, as a model field: name, type, default, bounds, and a one-line
 ``description`` (``none=`` says what a default of None stands for; the unit is the name's
-suffix, ``_s`` or ``_mb``). One model per layer; the rest is derived from the fields:
+suffix: ``_s``, ``_mb``, ``_bytes``). One model per layer; the rest derives from the fields:
 
     ContainmentSettings      how a child is contained (control groups, rlimits)
      └─ ChildSettings        + the processor, how children start, an attempt's limits
          ├─ PoolSettings     + a bare pool's own  ◄─ Pool(...) keywords
          └─ WorkerSettings   + a worker's own     ◄─ SandboxWorker(...) keywords,
                                                      SANDBOXQ_<NAME> variables (from_env),
-                                                     `sandboxq worker` / `run` flags (cli)
+                                                     `sandboxq worker` / `run` flags
+                                                     (cli/options.py), the README's table
+                                                     (cli/settings_table.py)
 
 The constructors keep explicit typed keywords (for users' type checkers and IDEs) and hand
 their arguments over whole (``from_call``); tests/test_settings_docs.py holds their names
-and defaults, and the README's settings table, equal to the fields.
+and defaults, the README and the flags equal to the fields.
 
 Errors come out as ``ConfigError`` naming the setting, whichever door they came in by
 (Python keyword, CLI flag, environment variable).

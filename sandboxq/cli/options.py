@@ -129,7 +129,7 @@ def json_type(python_type: type) -> str:
 # -- flags made from settings ---------------------------------------------------------------
 
 #: A setting's unit, by the suffix of its name (style: durations ``*_s``, sizes ``*_mb``).
-UNITS = {"_s": "s", "_mb": "MB", "_bytes": "bytes"}
+UNITS = {"_s": "seconds", "_mb": "MB", "_bytes": "bytes"}
 
 
 def unit(name: str) -> str:
@@ -137,7 +137,7 @@ def unit(name: str) -> str:
 
 
 def default_text(name: str, field: FieldInfo) -> str:
-    """A setting's default as a person reads it: ``30 s``, ``off``, ``one per CPU``."""
+    """A setting's default as a person reads it: ``30 seconds``, ``off``, ``one per CPU``."""
     if field.is_required():
         return "required"
     value = field.get_default(call_default_factory=True)

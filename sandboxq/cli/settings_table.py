@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from sandboxq.cli import worker
-from sandboxq.cli.options import default_text, value_type
+from sandboxq.cli.options import default_text, unit, value_type
 from sandboxq.settings import (
     POSITIVE,
     ChildSettings,
@@ -30,8 +30,6 @@ from sandboxq.settings import (
     env_var,
 )
 
-#: What a value is, by the unit its name carries (else by its type).
-KINDS = {"_s": "seconds", "_mb": "MB", "_bytes": "bytes"}
 LAYERS: tuple[type[BaseModel], ...] = (WorkerSettings, PoolSettings, ChildSettings)
 HEADER = (
     "| setting | for | values | default | `sandboxq worker` flag, variable | what it does |\n"
@@ -71,10 +69,9 @@ def _values(name: str, field: FieldInfo) -> str:
         return ", ".join(f"`{choice}`" for choice in get_args(kind))
     if get_origin(kind) is dict:
         return "exit code 0-255: `complete`, `retry` or `fail`"
-    unit = next((k for suffix, k in KINDS.items() if name.endswith(suffix)), None)
+    # what a value is: the unit its name carries, else its type
     words = {bool: "true / false", int: "integer", float: "number", str: "text"}
-    bounds = _bounds(field)
-    return " ".join([unit or words.get(kind, str(kind)), *bounds])
+    return " ".join([unit(name) or words.get(kind, str(kind)), *_bounds(field)])
 
 
 def _bounds(field: FieldInfo) -> list[str]:

@@ -6,7 +6,8 @@
 
 One log line per job outcome (the worker's own, at INFO). SIGTERM or Ctrl-C drains; a
 second one stops at once. The settings model is the Python API's, so a value is refused
-for the same reason whichever way it came in.
+for the same reason whichever way it came in; each flag is made from its field
+(``options.add_setting_flags``: name, type, help, the default shown), ``run``'s too.
 """
 
 from __future__ import annotations
