@@ -1,8 +1,8 @@
 """The dispatcher: moves jobs between the backend and the pool, on two threads.
 
     fetcher thread ── claim(free slots) ──► start: Task(fence = lease) ──► pool
-         │ nothing to claim: the claim blocks (no polling) until a job     │ on_done
-    main thread ◄─────────────── events queue (done, progress, stop) ──────┘
+         │ nothing to claim: the claim blocks (no polling) until a job     │ AttemptEnded,
+    main thread ◄─── events: QueueEmpty (burst), StopAsked (stop()) ◄──────┘ ProgressReported
          └── acks.py (exit policy) ──► finish(acks, claim = freed slots) ──► start the next
 
 The main thread owns every ``finish``: one round trip acks the attempts that ended and
@@ -33,13 +33,20 @@ import threading
 import time
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, assert_never
 
 from pydantic import ValidationError
 
 from sandboxq.acks import ack_for
 from sandboxq.backends.base import Ack, Backend, Claimed
 from sandboxq.bounded import call_until
+from sandboxq.dispatch_events import (
+    AttemptEnded,
+    DispatchEvent,
+    ProgressReported,
+    QueueEmpty,
+    StopAsked,
+)
 from sandboxq.drain import Drain
 from sandboxq.errors import BackendError
 from sandboxq.heartbeat import Lease, fence_margin_s
@@ -103,11 +110,11 @@ class Dispatcher:
         self._deadline = deadline
         self._metrics = metrics
         self._policy = ExitPolicy(exit_codes=settings.exit_codes)
-        self.events: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
+        self.events: SimpleQueue[DispatchEvent] = SimpleQueue()
         self.fetcher: threading.Thread | None = None
         #: Why the worker failed (one line), or None: set once, by ``fail``.
         self.failure: str | None = None
-        self._drained = False  # the burst fetcher ended on purpose
+        self._found_empty = False  # the burst fetcher found the queue empty and ended
         self._next_watch = 0.0
         # (job id, lease token) of attempts that ended unacked: for confirm_dead
         self._ended: list[tuple[str, str]] = []
@@ -147,7 +154,7 @@ class Dispatcher:
             if not count:
                 continue
             # After an empty claim, block in the backend until a job arrives. In burst mode
-            # a first empty claim returns at once, so the drained check below can end it.
+            # a first empty claim returns at once, so the empty check below can end it.
             wait_s = IDLE_WAIT_S if idle or not burst else 0.0
             try:
                 claimed = self._backend.claim(self._id, count, self._settings.lease_s, wait_s)
@@ -164,22 +171,22 @@ class Dispatcher:
             else:
                 for job in claimed:
                     self._start(job)
-                # Let the pool's thread, just woken to dispatch these, take the GIL now
+                # Let the pool's thread, just woken to assign these, take the GIL now
                 # rather than after this thread's next claim blocks.
                 time.sleep(0)
             self._inflight.unreserve(count)
             idle = not claimed
-            if idle and burst and self._queue_is_drained():
-                self._drained = True
-                self.events.put(("drained",))
+            if idle and burst and self._queue_is_empty():
+                self._found_empty = True
+                self.events.put(QueueEmpty())
                 return
 
-    def _queue_is_drained(self) -> bool:
+    def _queue_is_empty(self) -> bool:
         if len(self._inflight):
             return False
         try:
             counts = self._backend.counts()
-        except BackendError as exc:  # not drained as far as we know: the next claim waits
+        except BackendError as exc:  # not empty as far as we know: the next claim waits
             log.warning("could not count jobs (%s); still working", exc)
             return False
         # Another worker's active job may still come back here (a retry, a recovery).
@@ -211,6 +218,10 @@ class Dispatcher:
         if soft is not None and hard is not None and soft >= hard:
             soft = None  # a job's own hard timeout below the worker's soft one wins
         events = self.events
+
+        def ended(result: AttemptResult) -> None:
+            events.put(AttemptEnded(token, result))
+
         task = Task(
             job.payload,
             job.codec,  # type: ignore[arg-type]
@@ -219,12 +230,12 @@ class Dispatcher:
             max_memory_mb=options.max_memory_mb or s.max_memory_mb,
             job_id=job.id,
             attempt=job.attempt,
-            on_progress=lambda f, m: events.put(("progress", token, f, m)),
+            on_progress=lambda f, m: events.put(ProgressReported(token, f, m)),
             # The lease began no earlier than claimed_at: this falls before it can expire.
             fence_deadline=job.claimed_at + s.lease_s - fence_margin_s(s.lease_s),
         )
         try:
-            lease.attempt_token = self._pool.execute(task, lambda r: events.put(("done", token, r)))
+            lease.attempt_token = self._pool.execute(task, ended)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
             self._inflight.discard([token])
             self._give_back([job])
@@ -258,24 +269,7 @@ class Dispatcher:
         """Process events until stopped and nothing is held any more."""
         drain: Drain | None = None
         while True:
-            try:
-                events = [self.events.get(timeout=0.1 if self._stopping.is_set() else WATCH_S)]
-            except Empty:
-                events = []
-            while True:  # take everything already there: their acks share one round trip
-                try:
-                    events.append(self.events.get_nowait())
-                except Empty:
-                    break
-            acks = []
-            for event in events:
-                if event[0] == "done":
-                    if (ack := self._ack_for(event[1], event[2])) is not None:
-                        acks.append(ack)
-                elif event[0] == "progress":
-                    self._on_progress(*event[1:])
-                elif event[0] == "drained":
-                    self._stop()
+            acks = self._handle(self._next_events())
             if acks:
                 self._finish(acks)
             if self._ended:
@@ -289,22 +283,60 @@ class Dispatcher:
                         self._settings.stop_timeout_s,
                         self._stop_now,
                     )
-                # The fetcher may still be inside a claim: wait for it, so a job it starts
-                # in that moment is drained like the others instead of left active.
-                fetching = self.fetcher is not None and self.fetcher.is_alive()
-                if not len(self._inflight) and not fetching:
-                    return
-                if time.monotonic() > self._deadline():
-                    # Redis hangs, or an attempt never ended: stop anyway. What is still
-                    # held is recovered elsewhere once its lease runs out; a claim still
-                    # under way gives its jobs back (the fetcher sees the stop).
-                    if len(self._inflight):
-                        log.error(
-                            "stopping with %d job(s) not acknowledged: the stop deadline passed",
-                            len(self._inflight),
-                        )
+                if self._may_return():
                     return
                 drain.advance()
+
+    def _next_events(self) -> list[DispatchEvent]:
+        """The next event (waiting ``WATCH_S`` at most, so the watch runs on time), and
+        every event already there after it: their acks share one round trip."""
+        try:
+            events = [self.events.get(timeout=0.1 if self._stopping.is_set() else WATCH_S)]
+        except Empty:
+            events = []
+        while True:
+            try:
+                events.append(self.events.get_nowait())
+            except Empty:
+                return events
+
+    def _handle(self, events: list[DispatchEvent]) -> list[tuple[Claimed, Ack]]:
+        """Act on each event; returns the acks of the attempts that ended."""
+        acks = []
+        for event in events:
+            match event:
+                case AttemptEnded(token, result):
+                    if (ack := self._ack_for(token, result)) is not None:
+                        acks.append(ack)
+                case ProgressReported(token, fraction, message):
+                    self._on_progress(token, fraction, message)
+                case QueueEmpty():
+                    self._stop()
+                case StopAsked():
+                    pass  # it only woke this thread: the stop itself is read from stopping
+                case _:
+                    assert_never(event)
+        return acks
+
+    def _may_return(self) -> bool:
+        """Once stopping: True when nothing is held and no claim is under way, or when the
+        stop deadline has passed."""
+        # The fetcher may still be inside a claim: wait for it, so a job it starts in that
+        # moment is stopped like the others instead of left active.
+        fetching = self.fetcher is not None and self.fetcher.is_alive()
+        if not len(self._inflight) and not fetching:
+            return True
+        if time.monotonic() > self._deadline():
+            # Redis hangs, or an attempt never ended: stop anyway. What is still held is
+            # recovered elsewhere once its lease runs out; a claim still under way gives
+            # its jobs back (the fetcher sees the stop).
+            if len(self._inflight):
+                log.error(
+                    "stopping with %d job(s) not acknowledged: the stop deadline passed",
+                    len(self._inflight),
+                )
+            return True
+        return False
 
     def _watch(self) -> None:
         """Fail the worker if one of its parts died (checked every ``WATCH_S``)."""
@@ -320,7 +352,7 @@ class Dispatcher:
         elif (
             fetcher is not None
             and not fetcher.is_alive()
-            and not self._drained
+            and not self._found_empty
             and not self._stopping.is_set()
         ):
             self.fail("the fetcher thread stopped")

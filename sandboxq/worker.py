@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from sandboxq.backends import open_backend
 from sandboxq.bounded import run_until
 from sandboxq.dispatch import Dispatcher
+from sandboxq.dispatch_events import StopAsked
 from sandboxq.errors import BackendError, ConfigError, WorkerFailed
 from sandboxq.heartbeat import Heartbeat, Lease
 from sandboxq.inflight import InFlight
@@ -276,7 +277,7 @@ class SandboxWorker:
         self._stop_at = self._stop_at or at
         self._stopping.set()
         if self._dispatcher is not None:
-            self._dispatcher.events.put(("stop",))
+            self._dispatcher.events.put(StopAsked())
         self._inflight.wake()
 
     def _deadline(self) -> float:
