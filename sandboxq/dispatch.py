@@ -49,23 +49,22 @@ from sandboxq.dispatch_events import (
 )
 from sandboxq.drain import Drain
 from sandboxq.errors import BackendError
+from sandboxq.fetcher import Fetcher
 from sandboxq.heartbeat import Lease, fence_margin_s
 from sandboxq.inflight import Held, InFlight
-from sandboxq.models import Action, AttemptRecord, JobState, Outcome, parse_job_options
+from sandboxq.models import Action, AttemptRecord, Outcome, parse_job_options
 from sandboxq.outcomes import ExitPolicy
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.pool import Pool
 from sandboxq.progress import ProgressWriter
 from sandboxq.settings import WorkerSettings
+from sandboxq.tally import Unacked, count_acks
 
 if TYPE_CHECKING:
     from sandboxq.metrics import WorkerMetrics
 
 log = logging.getLogger("sandboxq.worker")
 
-#: How long an idle fetcher blocks in one claim (it also rechecks "stop" this often, so
-#: it stays below the second a stop(now=True) is given).
-IDLE_WAIT_S = 0.5
 #: How often the main thread checks that every part of the worker still lives.
 WATCH_S = 0.25
 
@@ -77,8 +76,6 @@ def one_line(text: str, limit: int = 300) -> str:
 
 
 T = TypeVar("T")
-
-_STAT = {"complete": "completed", "fail": "failed", "retry": "retried", "requeue": "requeued"}
 
 
 class Dispatcher:
@@ -111,13 +108,12 @@ class Dispatcher:
         self._metrics = metrics
         self._policy = ExitPolicy(exit_codes=settings.exit_codes)
         self.events: SimpleQueue[DispatchEvent] = SimpleQueue()
-        self.fetcher: threading.Thread | None = None
+        self.fetcher: Fetcher | None = None
         #: Why the worker failed (one line), or None: set once, by ``fail``.
         self.failure: str | None = None
-        self._found_empty = False  # the burst fetcher found the queue empty and ended
         self._next_watch = 0.0
-        # (job id, lease token) of attempts that ended unacked: for confirm_dead
-        self._ended: list[tuple[str, str]] = []
+        # attempts that ended without an ack, for confirm_dead
+        self._unacked: list[Unacked] = []
         #: Writes progress on its own thread (closed by the worker when it stops).
         self.progress = ProgressWriter(backend, worker_id)
         for name in ("stale_outcomes", "confirmed_dead"):
@@ -131,67 +127,21 @@ class Dispatcher:
         self._stop(True)
 
     def start_fetcher(self, burst: bool) -> None:
-        self.fetcher = threading.Thread(
-            target=self._fetch_guarded, args=(burst,), name="sandboxq-fetcher", daemon=True
+        self.fetcher = Fetcher(
+            self._id,
+            self._settings.lease_s,
+            self._backend,
+            self._inflight,
+            self._stopping,
+            burst,
+            start=self._start,
+            give_back=self._give_back,
+            report=self.events.put,
+            fail=self.fail,
         )
         self.fetcher.start()
 
-    def _fetch_guarded(self, burst: bool) -> None:
-        try:
-            self._fetch(burst)
-        except BaseException as exc:
-            log.exception("the fetcher thread crashed")
-            self.fail(f"the fetcher thread died: {exc!r}")
-
-    # -- claiming (fetcher thread) ------------------------------------------------------------
-
-    def _fetch(self, burst: bool) -> None:
-        failures = 0
-        idle = False  # the last claim found nothing
-        while not self._stopping.is_set():
-            self._inflight.wait_for_room()
-            count = self._inflight.reserve()
-            if not count:
-                continue
-            # After an empty claim, block in the backend until a job arrives. In burst mode
-            # a first empty claim returns at once, so the empty check below can end it.
-            wait_s = IDLE_WAIT_S if idle or not burst else 0.0
-            try:
-                claimed = self._backend.claim(self._id, count, self._settings.lease_s, wait_s)
-                failures = 0
-            except BackendError as exc:
-                self._inflight.unreserve(count)
-                failures += 1
-                log.warning("claim failed (%s); retrying", exc)
-                self._stopping.wait(min(2.0, 0.05 * 2**failures))
-                continue
-            if self._stopping.is_set():
-                # A waiting claim can return after stop(): hand those back untouched.
-                self._give_back(claimed)
-            else:
-                for job in claimed:
-                    self._start(job)
-                # Let the pool's thread, just woken to assign these, take the GIL now
-                # rather than after this thread's next claim blocks.
-                time.sleep(0)
-            self._inflight.unreserve(count)
-            idle = not claimed
-            if idle and burst and self._queue_is_empty():
-                self._found_empty = True
-                self.events.put(QueueEmpty())
-                return
-
-    def _queue_is_empty(self) -> bool:
-        if len(self._inflight):
-            return False
-        try:
-            counts = self._backend.counts()
-        except BackendError as exc:  # not empty as far as we know: the next claim waits
-            log.warning("could not count jobs (%s); still working", exc)
-            return False
-        # Another worker's active job may still come back here (a retry, a recovery).
-        waiting = (JobState.WAITING, JobState.DELAYED, JobState.ACTIVE)
-        return not any(counts[state] for state in waiting)
+    # -- starting (fetcher thread, and the main thread for what a finish claims) -----------
 
     def _start(self, job: Claimed) -> None:
         """Hand a claimed job to the pool, or fail it at once if it cannot run."""
@@ -272,7 +222,7 @@ class Dispatcher:
             acks = self._handle(self._next_events())
             if acks:
                 self._finish(acks)
-            if self._ended:
+            if self._unacked:
                 self._confirm_dead()
             self._watch()
             if self._stopping.is_set():
@@ -352,7 +302,7 @@ class Dispatcher:
         elif (
             fetcher is not None
             and not fetcher.is_alive()
-            and not self._found_empty
+            and not fetcher.found_empty
             and not self._stopping.is_set()
         ):
             self.fail("the fetcher thread stopped")
@@ -361,7 +311,7 @@ class Dispatcher:
 
     def _confirm_dead(self) -> None:
         """Tell the backend which unacked attempts have ended: lifts their jobs' fences."""
-        ended, self._ended = self._ended, []
+        ended, self._unacked = self._unacked, []
         try:
             self._call(lambda: self._backend.confirm_dead(self._id, ended))
             self._stats["confirmed_dead"] += len(ended)
@@ -395,7 +345,7 @@ class Dispatcher:
                 "job %s attempt %d: %s; not acknowledged", job.id, job.attempt, attempt.cause
             )
             self._inflight.discard([token])
-            self._ended.append((job.id, token))
+            self._unacked.append(Unacked(job.id, token))
             return None
         if attempt.runtime_s is not None:
             self._inflight.record_runtime(attempt.runtime_s)
@@ -454,46 +404,13 @@ class Dispatcher:
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
             self._inflight.discard(tokens)
-            self._count(acks, accepted, maybe_applied=tries > 0)
+            self._unacked.extend(count_acks(acks, accepted, self._stats, maybe_applied=tries > 0))
             if self._metrics is not None:  # metrics, once per ack batch
                 self._metrics.acked(acks, accepted)
             for job in claimed:
                 self._start(job)
         finally:
             self._inflight.unreserve(refill)
-
-    def _count(
-        self, acks: list[tuple[Claimed, Ack]], accepted: list[bool], maybe_applied: bool = False
-    ) -> None:
-        """Stats, and one log line per job outcome (``maybe_applied``: the acks were sent
-        again after a call without an answer, so a rejection may be of an applied ack).
-
-        The lines of one batch go out as one record: under load a batch holds many jobs,
-        and a record per job (format, write, flush) was a third of this thread's time.
-        The command line's formatter puts its prefix in front of every line.
-        """
-        lines: list[str] | None = [] if log.isEnabledFor(logging.INFO) else None
-        for (job, ack), ok in zip(acks, accepted, strict=True):
-            if not ok and maybe_applied:
-                log.warning(
-                    "job %s: ack rejected when sent again: it may have been applied", job.id
-                )
-                self._ended.append((job.id, job.token))
-                continue
-            if not ok:
-                self._stats["rejected_acks"] += 1
-                log.warning("job %s: ack rejected, the lease was lost; result discarded", job.id)
-                self._ended.append((job.id, job.token))  # its child has ended all the same
-                continue
-            self._stats[_STAT[ack.action]] += 1
-            if lines is not None:
-                cause = f" ({ack.error})" if ack.error else ""
-                outcome = ack.attempt.outcome.value
-                lines.append(
-                    f"job {job.id} attempt {job.attempt}: {outcome} -> {ack.action}{cause}"
-                )
-        if lines:
-            log.info("%s", "\n".join(lines))
 
     def _on_progress(self, token: str, fraction: float, message: str | None) -> None:
         held = self._inflight.get(token)
