@@ -1,16 +1,21 @@
 """The dispatcher: moves jobs between the backend and the pool, on two threads.
 
-    fetcher thread ── claim(free slots) ──► start: Task(fence = lease) ──► pool
-         │ nothing to claim: the claim blocks (no polling) until a job     │ AttemptEnded,
-    main thread ◄─── events: QueueEmpty (burst), StopAsked (stop()) ◄──────┘ ProgressReported
-         └── acks.py (exit policy) ──► finish(acks, claim = freed slots) ──► start the next
+    fetcher thread (fetcher.py) ── claim(free slots) ─► start ─► Task (tasks.py) ─► pool
+                                                          │ cannot run: failed now    │
+    main thread ◄── events (dispatch_events.py) ◄─────────────────────────────────────┘
+      ├─ AttemptEnded ─► Ack (acks.py) ─► finish(acks, claim = freed slots) ─► start those
+      │                                     └─► count_acks (tally.py): stats, log lines
+      ├─ ProgressReported ─► ProgressWriter (progress.py, a thread of its own)
+      ├─ QueueEmpty (burst), StopAsked ─► stopping: Drain (drain.py) until nothing is held
+      └─ attempts that ended unacked ─► confirm_dead
 
-The main thread owns every ``finish``: one round trip acks the attempts that ended and
-claims into the slots they free. The fetcher only fills slots the finishes left empty, so
-an idle worker blocks in the backend and a busy one costs about one round trip per batch
-of jobs. ``InFlight`` keeps the two from holding more than the capacity between them.
+The main thread finishes every attempt that ran: one round trip acks the attempts that
+ended and claims into the slots they free. The fetcher only fills slots the finishes left
+empty, so an idle worker waits in the backend and a busy one costs about one round trip
+per batch of jobs. ``InFlight`` keeps the two from holding more than the capacity between
+them. A job that cannot run is failed at once by the thread that claimed it.
 
-Attempt identity: every event names the *lease token* it belongs to, and ``InFlight`` is
+Attempt identity: every event of an attempt names its *lease token*, and ``InFlight`` is
 keyed by it, so an attempt's outcome is applied to its own lease or, if that lease is no
 longer held, dropped and counted (``stats["stale_outcomes"]``), never to a later lease of
 the same job. An attempt that ended without an ack (cancelled, lease lost, ack rejected)
@@ -35,9 +40,7 @@ from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, TypeVar, assert_never
 
-from pydantic import ValidationError
-
-from sandboxq.acks import ack_for
+from sandboxq.acks import ack_for, refusal_ack
 from sandboxq.backends.base import Ack, Backend, Claimed
 from sandboxq.bounded import call_until
 from sandboxq.dispatch_events import (
@@ -50,15 +53,16 @@ from sandboxq.dispatch_events import (
 from sandboxq.drain import Drain
 from sandboxq.errors import BackendError
 from sandboxq.fetcher import Fetcher
-from sandboxq.heartbeat import Lease, fence_margin_s
+from sandboxq.heartbeat import Lease
 from sandboxq.inflight import Held, InFlight
-from sandboxq.models import Action, AttemptRecord, Outcome, parse_job_options
+from sandboxq.models import Outcome
 from sandboxq.outcomes import ExitPolicy
-from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.pool import Pool
 from sandboxq.progress import ProgressWriter
 from sandboxq.settings import WorkerSettings
 from sandboxq.tally import Unacked, count_acks
+from sandboxq.tasks import CannotRun, options_of, task_for
 
 if TYPE_CHECKING:
     from sandboxq.metrics import WorkerMetrics
@@ -148,42 +152,23 @@ class Dispatcher:
         if self.failure is not None:  # the worker is going down: nothing new starts
             self._give_back([job])
             return
-        s = self._settings
         try:
-            options = parse_job_options(job.options_json)
-        except ValidationError as exc:
-            self._reject(job, f"malformed job options: {exc.errors()[0]['msg']}")
-            return
-        if job.codec == "pickle" and not s.allow_pickle:
-            self._reject(job, "pickle payloads are refused by this worker (allow_pickle=False)")
-            return
-        if job.codec not in ("json", "pickle"):
-            self._reject(job, f"unknown payload codec {job.codec!r}")
+            options = options_of(job, self._settings.allow_pickle)
+        except CannotRun as exc:
+            self._reject(job, str(exc))
             return
         token = job.token
         lease = Lease(job.id, token, 0, job.claimed_at)
         self._inflight.add(Held(job, options, lease))
-        soft = options.soft_timeout_s or s.soft_timeout_s
-        hard = options.hard_timeout_s or s.hard_timeout_s
-        if soft is not None and hard is not None and soft >= hard:
-            soft = None  # a job's own hard timeout below the worker's soft one wins
         events = self.events
 
         def ended(result: AttemptResult) -> None:
             events.put(AttemptEnded(token, result))
 
-        task = Task(
-            job.payload,
-            job.codec,  # type: ignore[arg-type]
-            soft_timeout_s=soft,
-            hard_timeout_s=hard,
-            max_memory_mb=options.max_memory_mb or s.max_memory_mb,
-            job_id=job.id,
-            attempt=job.attempt,
-            on_progress=lambda f, m: events.put(ProgressReported(token, f, m)),
-            # The lease began no earlier than claimed_at: this falls before it can expire.
-            fence_deadline=job.claimed_at + s.lease_s - fence_margin_s(s.lease_s),
-        )
+        def progress(fraction: float, message: str | None) -> None:
+            events.put(ProgressReported(token, fraction, message))
+
+        task = task_for(job, options, self._settings, progress)
         try:
             lease.attempt_token = self._pool.execute(task, ended)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
@@ -203,15 +188,7 @@ class Dispatcher:
     def _reject(self, job: Claimed, cause: str) -> None:
         log.error("job %s cannot run: %s", job.id, cause)
         self._stats["malformed"] += 1
-        record = AttemptRecord(
-            attempt=job.attempt,
-            outcome=Outcome.ERROR,
-            action=Action.FAIL,
-            worker_id=self._id,
-            error=cause,
-            started_ms=int(time.time() * 1000),
-        )
-        self._finish([(job, Ack(job.id, job.token, "fail", record, error=cause))], held=False)
+        self._finish([(job, refusal_ack(job, cause, self._id))], held=False)
 
     # -- acknowledging (main thread) -------------------------------------------------------------
 

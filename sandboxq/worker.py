@@ -1,17 +1,17 @@
 """SandboxWorker: claims jobs under leases and runs them in the sandboxed pool.
 
     SandboxWorker.run() ─┬─ Pool (pool/)            the sandboxed children
-                         ├─ Dispatcher (dispatch.py) fetcher thread: claim → pool;
-                         │                           main thread: acks → finish + claim
+                         ├─ Dispatcher (dispatch.py) fetcher thread (fetcher.py): claim →
+                         │                           pool; main thread: acks → finish + claim
                          ├─ Heartbeat (heartbeat.py) renews leases; a lost one is killed
-                         ├─ Reaper (reaper.py)       recovers other workers' expired leases
+                         ├─ Reaper (reaper.py)       recovers expired leases (a dead worker's jobs)
                          ├─ cancellation watch       a cancelled job's child is killed
                          └─ WorkerMetrics (metrics.py, only with metrics_port) served on
                                                      its own thread; reads the parts above
 
 This module only wires the parts together and owns their lifetime: start, the signals
-that stop it (drain.py runs the graceful stop), and what the worker publishes about
-itself for ``sandboxq info``.
+that stop it (drain.py runs the graceful stop), the hooks the heartbeat and the
+cancellation watch call, and what the worker publishes about itself for ``sandboxq info``.
 
 Lifetime promises: ``run()`` returns within ``stop_timeout_s`` + 1 s of ``stop()`` and
 within 1 s of ``stop(now=True)`` (a second signal), whatever the backend is doing: every
