@@ -111,6 +111,7 @@ class Dispatcher:
         self._deadline = deadline
         self._metrics = metrics
         self._policy = ExitPolicy(exit_codes=settings.exit_codes)
+        #: What the other threads tell the main thread (dispatch_events.py); run() reads it.
         self.events: SimpleQueue[DispatchEvent] = SimpleQueue()
         self.fetcher: Fetcher | None = None
         #: Why the worker failed (one line), or None: set once, by ``fail``.

@@ -34,6 +34,8 @@ IDLE_WAIT_S = 0.5
 
 
 class Fetcher:
+    """Claims on a thread of its own until the worker stops, or a burst finds no work."""
+
     def __init__(
         self,
         worker_id: str,
