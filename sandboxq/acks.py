@@ -4,11 +4,14 @@
                   ── any other outcome ─► ExitPolicy ─► complete (result stored)
                                                       ─► retry (backoff into delayed)
                                                       ─► fail (with the cause)
+    a job that cannot run (tasks.CannotRun) ────────────────► fail (with the cause)
 
 ``lease_lost`` and ``cancelled`` never get here: the worker no longer owns those jobs.
 """
 
 from __future__ import annotations
+
+import time
 
 from sandboxq.backends.base import Ack, Claimed, FinishAction
 from sandboxq.models import Action, AttemptRecord, JobOptions, Outcome
@@ -51,3 +54,16 @@ def ack_for(
     )
     result = attempt.result if action == "complete" else None
     return Ack(job.id, job.token, action, record, result, error, delay)
+
+
+def refusal_ack(job: Claimed, cause: str, worker_id: str) -> Ack:
+    """The ack that fails ``job``, which never ran: it cannot run on this worker."""
+    record = AttemptRecord(
+        attempt=job.attempt,
+        outcome=Outcome.ERROR,
+        action=Action.FAIL,
+        worker_id=worker_id,
+        error=cause,
+        started_ms=int(time.time() * 1000),
+    )
+    return Ack(job.id, job.token, "fail", record, error=cause)

@@ -1,16 +1,21 @@
 """The dispatcher: moves jobs between the backend and the pool, on two threads.
 
-    fetcher thread ── claim(free slots) ──► start: Task(fence = lease) ──► pool
-         │ nothing to claim: the claim blocks (no polling) until a job     │ on_done
-    main thread ◄─────────────── events queue (done, progress, stop) ──────┘
-         └── acks.py (exit policy) ──► finish(acks, claim = freed slots) ──► start the next
+    fetcher thread (fetcher.py) ── claim(free slots) ─► start ─► Task (tasks.py) ─► pool
+                                                          │ cannot run: failed now    │
+    main thread ◄── events (dispatch_events.py) ◄─────────────────────────────────────┘
+      ├─ AttemptEnded ─► Ack (acks.py) ─► finish(acks, claim = freed slots) ─► start those
+      │                                     └─► count_acks (tally.py): stats, log lines
+      ├─ ProgressReported ─► ProgressWriter (progress.py, a thread of its own)
+      ├─ QueueEmpty (burst), StopAsked ─► stopping: Drain (drain.py) until nothing is held
+      └─ attempts that ended unacked ─► confirm_dead
 
-The main thread owns every ``finish``: one round trip acks the attempts that ended and
-claims into the slots they free. The fetcher only fills slots the finishes left empty, so
-an idle worker blocks in the backend and a busy one costs about one round trip per batch
-of jobs. ``InFlight`` keeps the two from holding more than the capacity between them.
+The main thread finishes every attempt that ran: one round trip acks the attempts that
+ended and claims into the slots they free. The fetcher only fills slots the finishes left
+empty, so an idle worker waits in the backend and a busy one costs about one round trip
+per batch of jobs. ``InFlight`` keeps the two from holding more than the capacity between
+them. A job that cannot run is failed at once by the thread that claimed it.
 
-Attempt identity: every event names the *lease token* it belongs to, and ``InFlight`` is
+Attempt identity: every event of an attempt names its *lease token*, and ``InFlight`` is
 keyed by it, so an attempt's outcome is applied to its own lease or, if that lease is no
 longer held, dropped and counted (``stats["stale_outcomes"]``), never to a later lease of
 the same job. An attempt that ended without an ack (cancelled, lease lost, ack rejected)
@@ -33,32 +38,37 @@ import threading
 import time
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar, assert_never
 
-from pydantic import ValidationError
-
-from sandboxq.acks import ack_for
+from sandboxq.acks import ack_for, refusal_ack
 from sandboxq.backends.base import Ack, Backend, Claimed
 from sandboxq.bounded import call_until
+from sandboxq.dispatch_events import (
+    AttemptEnded,
+    DispatchEvent,
+    ProgressReported,
+    QueueEmpty,
+    StopAsked,
+)
 from sandboxq.drain import Drain
 from sandboxq.errors import BackendError
-from sandboxq.heartbeat import Lease, fence_margin_s
+from sandboxq.fetcher import Fetcher
+from sandboxq.heartbeat import Lease
 from sandboxq.inflight import Held, InFlight
-from sandboxq.models import Action, AttemptRecord, JobState, Outcome, parse_job_options
+from sandboxq.models import Outcome
 from sandboxq.outcomes import ExitPolicy
-from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.pool import Pool
 from sandboxq.progress import ProgressWriter
 from sandboxq.settings import WorkerSettings
+from sandboxq.tally import Unacked, count_acks
+from sandboxq.tasks import CannotRun, options_of, task_for
 
 if TYPE_CHECKING:
     from sandboxq.metrics import WorkerMetrics
 
 log = logging.getLogger("sandboxq.worker")
 
-#: How long an idle fetcher blocks in one claim (it also rechecks "stop" this often, so
-#: it stays below the second a stop(now=True) is given).
-IDLE_WAIT_S = 0.5
 #: How often the main thread checks that every part of the worker still lives.
 WATCH_S = 0.25
 
@@ -70,8 +80,6 @@ def one_line(text: str, limit: int = 300) -> str:
 
 
 T = TypeVar("T")
-
-_STAT = {"complete": "completed", "fail": "failed", "retry": "retried", "requeue": "requeued"}
 
 
 class Dispatcher:
@@ -103,14 +111,14 @@ class Dispatcher:
         self._deadline = deadline
         self._metrics = metrics
         self._policy = ExitPolicy(exit_codes=settings.exit_codes)
-        self.events: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
-        self.fetcher: threading.Thread | None = None
+        #: What the other threads tell the main thread (dispatch_events.py); run() reads it.
+        self.events: SimpleQueue[DispatchEvent] = SimpleQueue()
+        self.fetcher: Fetcher | None = None
         #: Why the worker failed (one line), or None: set once, by ``fail``.
         self.failure: str | None = None
-        self._drained = False  # the burst fetcher ended on purpose
         self._next_watch = 0.0
-        # (job id, lease token) of attempts that ended unacked: for confirm_dead
-        self._ended: list[tuple[str, str]] = []
+        # attempts that ended without an ack, for confirm_dead
+        self._unacked: list[Unacked] = []
         #: Writes progress on its own thread (closed by the worker when it stops).
         self.progress = ProgressWriter(backend, worker_id)
         for name in ("stale_outcomes", "confirmed_dead"):
@@ -124,107 +132,46 @@ class Dispatcher:
         self._stop(True)
 
     def start_fetcher(self, burst: bool) -> None:
-        self.fetcher = threading.Thread(
-            target=self._fetch_guarded, args=(burst,), name="sandboxq-fetcher", daemon=True
+        self.fetcher = Fetcher(
+            self._id,
+            self._settings.lease_s,
+            self._backend,
+            self._inflight,
+            self._stopping,
+            burst,
+            start=self._start,
+            give_back=self._give_back,
+            report=self.events.put,
+            fail=self.fail,
         )
         self.fetcher.start()
 
-    def _fetch_guarded(self, burst: bool) -> None:
-        try:
-            self._fetch(burst)
-        except BaseException as exc:
-            log.exception("the fetcher thread crashed")
-            self.fail(f"the fetcher thread died: {exc!r}")
-
-    # -- claiming (fetcher thread) ------------------------------------------------------------
-
-    def _fetch(self, burst: bool) -> None:
-        failures = 0
-        idle = False  # the last claim found nothing
-        while not self._stopping.is_set():
-            self._inflight.wait_for_room()
-            count = self._inflight.reserve()
-            if not count:
-                continue
-            # After an empty claim, block in the backend until a job arrives. In burst mode
-            # a first empty claim returns at once, so the drained check below can end it.
-            wait_s = IDLE_WAIT_S if idle or not burst else 0.0
-            try:
-                claimed = self._backend.claim(self._id, count, self._settings.lease_s, wait_s)
-                failures = 0
-            except BackendError as exc:
-                self._inflight.unreserve(count)
-                failures += 1
-                log.warning("claim failed (%s); retrying", exc)
-                self._stopping.wait(min(2.0, 0.05 * 2**failures))
-                continue
-            if self._stopping.is_set():
-                # A waiting claim can return after stop(): hand those back untouched.
-                self._give_back(claimed)
-            else:
-                for job in claimed:
-                    self._start(job)
-                # Let the pool's thread, just woken to dispatch these, take the GIL now
-                # rather than after this thread's next claim blocks.
-                time.sleep(0)
-            self._inflight.unreserve(count)
-            idle = not claimed
-            if idle and burst and self._queue_is_drained():
-                self._drained = True
-                self.events.put(("drained",))
-                return
-
-    def _queue_is_drained(self) -> bool:
-        if len(self._inflight):
-            return False
-        try:
-            counts = self._backend.counts()
-        except BackendError as exc:  # not drained as far as we know: the next claim waits
-            log.warning("could not count jobs (%s); still working", exc)
-            return False
-        # Another worker's active job may still come back here (a retry, a recovery).
-        waiting = (JobState.WAITING, JobState.DELAYED, JobState.ACTIVE)
-        return not any(counts[state] for state in waiting)
+    # -- starting (fetcher thread, and the main thread for what a finish claims) -----------
 
     def _start(self, job: Claimed) -> None:
         """Hand a claimed job to the pool, or fail it at once if it cannot run."""
         if self.failure is not None:  # the worker is going down: nothing new starts
             self._give_back([job])
             return
-        s = self._settings
         try:
-            options = parse_job_options(job.options_json)
-        except ValidationError as exc:
-            self._reject(job, f"malformed job options: {exc.errors()[0]['msg']}")
-            return
-        if job.codec == "pickle" and not s.allow_pickle:
-            self._reject(job, "pickle payloads are refused by this worker (allow_pickle=False)")
-            return
-        if job.codec not in ("json", "pickle"):
-            self._reject(job, f"unknown payload codec {job.codec!r}")
+            options = options_of(job, self._settings.allow_pickle)
+        except CannotRun as exc:
+            self._reject(job, str(exc))
             return
         token = job.token
         lease = Lease(job.id, token, 0, job.claimed_at)
         self._inflight.add(Held(job, options, lease))
-        soft = options.soft_timeout_s or s.soft_timeout_s
-        hard = options.hard_timeout_s or s.hard_timeout_s
-        if soft is not None and hard is not None and soft >= hard:
-            soft = None  # a job's own hard timeout below the worker's soft one wins
         events = self.events
-        task = Task(
-            job.payload,
-            job.codec,  # type: ignore[arg-type]
-            soft_timeout_s=soft,
-            hard_timeout_s=hard,
-            max_memory_mb=options.max_memory_mb or s.max_memory_mb,
-            job_id=job.id,
-            attempt=job.attempt,
-            on_progress=lambda f, m: events.put(("progress", token, f, m)),
-            # The lease began no earlier than claimed_at: this falls before it can expire.
-            fence_deadline=job.claimed_at + s.lease_s - fence_margin_s(s.lease_s),
-        )
+
+        def ended(result: AttemptResult) -> None:
+            events.put(AttemptEnded(token, result))
+
+        def progress(fraction: float, message: str | None) -> None:
+            events.put(ProgressReported(token, fraction, message))
+
+        task = task_for(job, options, self._settings, progress)
         try:
-            lease.attempt_token = self._pool.execute(task, lambda r: events.put(("done", token, r)))
+            lease.attempt_token = self._pool.execute(task, ended)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
             self._inflight.discard([token])
             self._give_back([job])
@@ -242,15 +189,7 @@ class Dispatcher:
     def _reject(self, job: Claimed, cause: str) -> None:
         log.error("job %s cannot run: %s", job.id, cause)
         self._stats["malformed"] += 1
-        record = AttemptRecord(
-            attempt=job.attempt,
-            outcome=Outcome.ERROR,
-            action=Action.FAIL,
-            worker_id=self._id,
-            error=cause,
-            started_ms=int(time.time() * 1000),
-        )
-        self._finish([(job, Ack(job.id, job.token, "fail", record, error=cause))], held=False)
+        self._finish([(job, refusal_ack(job, cause, self._id))], held=False)
 
     # -- acknowledging (main thread) -------------------------------------------------------------
 
@@ -258,27 +197,10 @@ class Dispatcher:
         """Process events until stopped and nothing is held any more."""
         drain: Drain | None = None
         while True:
-            try:
-                events = [self.events.get(timeout=0.1 if self._stopping.is_set() else WATCH_S)]
-            except Empty:
-                events = []
-            while True:  # take everything already there: their acks share one round trip
-                try:
-                    events.append(self.events.get_nowait())
-                except Empty:
-                    break
-            acks = []
-            for event in events:
-                if event[0] == "done":
-                    if (ack := self._ack_for(event[1], event[2])) is not None:
-                        acks.append(ack)
-                elif event[0] == "progress":
-                    self._on_progress(*event[1:])
-                elif event[0] == "drained":
-                    self._stop()
+            acks = self._handle(self._next_events())
             if acks:
                 self._finish(acks)
-            if self._ended:
+            if self._unacked:
                 self._confirm_dead()
             self._watch()
             if self._stopping.is_set():
@@ -289,22 +211,60 @@ class Dispatcher:
                         self._settings.stop_timeout_s,
                         self._stop_now,
                     )
-                # The fetcher may still be inside a claim: wait for it, so a job it starts
-                # in that moment is drained like the others instead of left active.
-                fetching = self.fetcher is not None and self.fetcher.is_alive()
-                if not len(self._inflight) and not fetching:
-                    return
-                if time.monotonic() > self._deadline():
-                    # Redis hangs, or an attempt never ended: stop anyway. What is still
-                    # held is recovered elsewhere once its lease runs out; a claim still
-                    # under way gives its jobs back (the fetcher sees the stop).
-                    if len(self._inflight):
-                        log.error(
-                            "stopping with %d job(s) not acknowledged: the stop deadline passed",
-                            len(self._inflight),
-                        )
+                if self._may_return():
                     return
                 drain.advance()
+
+    def _next_events(self) -> list[DispatchEvent]:
+        """The next event (waiting ``WATCH_S`` at most, so the watch runs on time), and
+        every event already there after it: their acks share one round trip."""
+        try:
+            events = [self.events.get(timeout=0.1 if self._stopping.is_set() else WATCH_S)]
+        except Empty:
+            events = []
+        while True:
+            try:
+                events.append(self.events.get_nowait())
+            except Empty:
+                return events
+
+    def _handle(self, events: list[DispatchEvent]) -> list[tuple[Claimed, Ack]]:
+        """Act on each event; returns the acks of the attempts that ended."""
+        acks = []
+        for event in events:
+            match event:
+                case AttemptEnded(token, result):
+                    if (ack := self._ack_for(token, result)) is not None:
+                        acks.append(ack)
+                case ProgressReported(token, fraction, message):
+                    self._on_progress(token, fraction, message)
+                case QueueEmpty():
+                    self._stop()
+                case StopAsked():
+                    pass  # it only woke this thread: the stop itself is read from stopping
+                case _:
+                    assert_never(event)
+        return acks
+
+    def _may_return(self) -> bool:
+        """Once stopping: True when nothing is held and no claim is under way, or when the
+        stop deadline has passed."""
+        # The fetcher may still be inside a claim: wait for it, so a job it starts in that
+        # moment is stopped like the others instead of left active.
+        fetching = self.fetcher is not None and self.fetcher.is_alive()
+        if not len(self._inflight) and not fetching:
+            return True
+        if time.monotonic() > self._deadline():
+            # Redis hangs, or an attempt never ended: stop anyway. What is still held is
+            # recovered elsewhere once its lease runs out; a claim still under way gives
+            # its jobs back (the fetcher sees the stop).
+            if len(self._inflight):
+                log.error(
+                    "stopping with %d job(s) not acknowledged: the stop deadline passed",
+                    len(self._inflight),
+                )
+            return True
+        return False
 
     def _watch(self) -> None:
         """Fail the worker if one of its parts died (checked every ``WATCH_S``)."""
@@ -320,7 +280,7 @@ class Dispatcher:
         elif (
             fetcher is not None
             and not fetcher.is_alive()
-            and not self._drained
+            and not fetcher.found_empty
             and not self._stopping.is_set()
         ):
             self.fail("the fetcher thread stopped")
@@ -329,7 +289,7 @@ class Dispatcher:
 
     def _confirm_dead(self) -> None:
         """Tell the backend which unacked attempts have ended: lifts their jobs' fences."""
-        ended, self._ended = self._ended, []
+        ended, self._unacked = self._unacked, []
         try:
             self._call(lambda: self._backend.confirm_dead(self._id, ended))
             self._stats["confirmed_dead"] += len(ended)
@@ -363,7 +323,7 @@ class Dispatcher:
                 "job %s attempt %d: %s; not acknowledged", job.id, job.attempt, attempt.cause
             )
             self._inflight.discard([token])
-            self._ended.append((job.id, token))
+            self._unacked.append(Unacked(job.id, token))
             return None
         if attempt.runtime_s is not None:
             self._inflight.record_runtime(attempt.runtime_s)
@@ -422,46 +382,13 @@ class Dispatcher:
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
             self._inflight.discard(tokens)
-            self._count(acks, accepted, maybe_applied=tries > 0)
+            self._unacked.extend(count_acks(acks, accepted, self._stats, maybe_applied=tries > 0))
             if self._metrics is not None:  # metrics, once per ack batch
                 self._metrics.acked(acks, accepted)
             for job in claimed:
                 self._start(job)
         finally:
             self._inflight.unreserve(refill)
-
-    def _count(
-        self, acks: list[tuple[Claimed, Ack]], accepted: list[bool], maybe_applied: bool = False
-    ) -> None:
-        """Stats, and one log line per job outcome (``maybe_applied``: the acks were sent
-        again after a call without an answer, so a rejection may be of an applied ack).
-
-        The lines of one batch go out as one record: under load a batch holds many jobs,
-        and a record per job (format, write, flush) was a third of this thread's time.
-        The command line's formatter puts its prefix in front of every line.
-        """
-        lines: list[str] | None = [] if log.isEnabledFor(logging.INFO) else None
-        for (job, ack), ok in zip(acks, accepted, strict=True):
-            if not ok and maybe_applied:
-                log.warning(
-                    "job %s: ack rejected when sent again: it may have been applied", job.id
-                )
-                self._ended.append((job.id, job.token))
-                continue
-            if not ok:
-                self._stats["rejected_acks"] += 1
-                log.warning("job %s: ack rejected, the lease was lost; result discarded", job.id)
-                self._ended.append((job.id, job.token))  # its child has ended all the same
-                continue
-            self._stats[_STAT[ack.action]] += 1
-            if lines is not None:
-                cause = f" ({ack.error})" if ack.error else ""
-                outcome = ack.attempt.outcome.value
-                lines.append(
-                    f"job {job.id} attempt {job.attempt}: {outcome} -> {ack.action}{cause}"
-                )
-        if lines:
-            log.info("%s", "\n".join(lines))
 
     def _on_progress(self, token: str, fraction: float, message: str | None) -> None:
         held = self._inflight.get(token)

@@ -24,6 +24,9 @@ MAX_SOFT_GRACE_S = 5.0
 
 
 class Drain:
+    """One graceful stop, begun when the dispatcher's main thread sees it; that thread
+    calls ``advance`` until nothing is held."""
+
     def __init__(
         self,
         pool: Pool,

@@ -1,8 +1,9 @@
 """Lease renewal on its own thread (invariants 2 and 5).
 
     every renew_interval_s:  backend.renew(owned leases)  ── its own connection
-        renewed  ──► pool.extend_fence(token, renew_started + lease_s - margin)
-        rejected ──► on_lost(job): the child is killed (outcome lease_lost), no ack
+        renewed  ──► pool.extend_fence: its attempt's fence moves to
+                     renew_started + lease_s - margin
+        rejected ──► on_lost(lease): the child is killed (outcome lease_lost), no ack
 
 Renewals keep a fixed schedule (one every ``interval_s`` from the start of the last, not
 from its end), and ``on_tick`` (the worker registry refresh, on the main connection) runs

@@ -1,8 +1,9 @@
 """The jobs a worker holds, and the slots it may still fill.
 
-    fetcher thread ── reserve ─► claim ─► add ─┐
+    fetcher thread ── wait_for_room, reserve ─► claim ─► add ─► unreserve
     main thread ── reserve(finishing) ─► finish + claim ─► discard acked, add claimed
-    heartbeat / cancel watch / registry ─────────────► snapshot (leases, job ids)
+                ── get(token) per event of an attempt; discard what ended unacked
+    cancellation watch ── get(token)        heartbeat, registry, drain ── leases, snapshot
 
 Held jobs are keyed by *lease token*, never by job id alone: one worker may hold a job
 again while an outcome of its earlier attempt is still on its way (a cancel followed at

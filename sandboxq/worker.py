@@ -1,17 +1,17 @@
 """SandboxWorker: claims jobs under leases and runs them in the sandboxed pool.
 
     SandboxWorker.run() ─┬─ Pool (pool/)            the sandboxed children
-                         ├─ Dispatcher (dispatch.py) fetcher thread: claim → pool;
-                         │                           main thread: acks → finish + claim
+                         ├─ Dispatcher (dispatch.py) fetcher thread (fetcher.py): claim →
+                         │                           pool; main thread: acks → finish + claim
                          ├─ Heartbeat (heartbeat.py) renews leases; a lost one is killed
-                         ├─ Reaper (reaper.py)       recovers other workers' expired leases
+                         ├─ Reaper (reaper.py)       recovers expired leases (a dead worker's jobs)
                          ├─ cancellation watch       a cancelled job's child is killed
                          └─ WorkerMetrics (metrics.py, only with metrics_port) served on
                                                      its own thread; reads the parts above
 
 This module only wires the parts together and owns their lifetime: start, the signals
-that stop it (drain.py runs the graceful stop), and what the worker publishes about
-itself for ``sandboxq info``.
+that stop it (drain.py runs the graceful stop), the hooks the heartbeat and the
+cancellation watch call, and what the worker publishes about itself for ``sandboxq info``.
 
 Lifetime promises: ``run()`` returns within ``stop_timeout_s`` + 1 s of ``stop()`` and
 within 1 s of ``stop(now=True)`` (a second signal), whatever the backend is doing: every
@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from sandboxq.backends import open_backend
 from sandboxq.bounded import run_until
 from sandboxq.dispatch import Dispatcher
+from sandboxq.dispatch_events import StopAsked
 from sandboxq.errors import BackendError, ConfigError, WorkerFailed
 from sandboxq.heartbeat import Heartbeat, Lease
 from sandboxq.inflight import InFlight
@@ -245,7 +246,7 @@ class SandboxWorker:
         self._stop_at = self._stop_at or at
         self._stopping.set()
         if self._dispatcher is not None:
-            self._dispatcher.events.put(("stop",))
+            self._dispatcher.events.put(StopAsked())
         self._inflight.wake()
 
     def _deadline(self) -> float:

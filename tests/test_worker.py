@@ -128,7 +128,7 @@ def test_unique_job_ids_and_delay(queue: Queue, start_worker: StartWorker) -> No
 
 
 @pytest.mark.timeout(30)
-def test_burst_returns_when_the_queue_is_drained(url: str, queue: Queue, queue_name: str) -> None:
+def test_burst_returns_when_the_queue_is_empty(url: str, queue: Queue, queue_name: str) -> None:
     jobs = queue.enqueue_many([((i,), {}) for i in range(50)])
     worker = SandboxWorker(queue_name, H + "echo", url=url, concurrency=2, lease_s=5)
     worker.run(burst=True)

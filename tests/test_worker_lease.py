@@ -201,7 +201,7 @@ def test_a_dead_heartbeat_stops_the_worker_and_requeues_its_job(
 
 
 @pytest.mark.timeout(60)
-def test_burst_mode_survives_a_backend_error_in_the_drained_check(
+def test_burst_mode_survives_a_backend_error_in_the_empty_check(
     queue_name: str, runs: list[Run]
 ) -> None:
     backend = MemoryBackend.shared(queue_name)

@@ -1,0 +1,129 @@
+"""The fetcher thread: claims jobs into the slots the main thread's finishes left empty.
+
+    wait_for_room ─► reserve(free slots) ─► backend.claim(count, wait_s) ─┬─► start(job) ─► pool
+         ▲                                                  once stopping ├─► give_back
+         └──────────────────────────── unreserve ◄────────────────────────┘
+    burst: an empty claim, nothing held, none waiting/delayed/active ─► QueueEmpty; it ends
+
+An idle fetcher waits inside the backend's claim, which returns as soon as a job arrives
+(no polling), for ``IDLE_WAIT_S`` at most, so it sees a stop in time. A claim that fails
+is tried again after a backoff (2 s at most). In burst mode the first empty claim returns
+at once, so the empty check can end the run; after that it waits like any other.
+``start`` and ``give_back`` are the dispatcher's (dispatch.py); a crash of this thread
+fails the worker (``fail``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sandboxq.backends.base import Backend, Claimed
+from sandboxq.dispatch_events import DispatchEvent, QueueEmpty
+from sandboxq.errors import BackendError
+from sandboxq.inflight import InFlight
+from sandboxq.models import JobState
+
+log = logging.getLogger("sandboxq.worker")
+
+#: How long an idle fetcher blocks in one claim (it also rechecks "stop" this often, so
+#: it stays below the second a stop(now=True) is given).
+IDLE_WAIT_S = 0.5
+
+
+class Fetcher:
+    """Claims on a thread of its own until the worker stops, or a burst finds no work."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        lease_s: float,
+        backend: Backend,
+        inflight: InFlight,
+        stopping: threading.Event,
+        burst: bool,
+        *,
+        start: Callable[[Claimed], None],
+        give_back: Callable[[list[Claimed]], None],
+        report: Callable[[DispatchEvent], None],
+        fail: Callable[[str], None],
+    ) -> None:
+        self._id = worker_id
+        self._lease_s = lease_s
+        self._backend = backend
+        self._inflight = inflight
+        self._stopping = stopping
+        self._burst = burst
+        self._start = start
+        self._give_back = give_back
+        self._report = report
+        self._fail = fail
+        #: The burst fetcher found the queue empty: it ended on purpose.
+        self.found_empty = False
+        self._thread = threading.Thread(target=self._run, name="sandboxq-fetcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            self._fetch()
+        except BaseException as exc:
+            log.exception("the fetcher thread crashed")
+            self._fail(f"the fetcher thread died: {exc!r}")
+
+    def _fetch(self) -> None:
+        failures = 0
+        idle = False  # the last claim found nothing
+        while not self._stopping.is_set():
+            self._inflight.wait_for_room()
+            count = self._inflight.reserve()
+            if not count:
+                continue
+            # After an empty claim, block in the backend until a job arrives. In burst mode
+            # a first empty claim returns at once, so the empty check below can end it.
+            wait_s = IDLE_WAIT_S if idle or not self._burst else 0.0
+            try:
+                claimed = self._backend.claim(self._id, count, self._lease_s, wait_s)
+                failures = 0
+            except BackendError as exc:
+                self._inflight.unreserve(count)
+                failures += 1
+                log.warning("claim failed (%s); retrying", exc)
+                self._stopping.wait(min(2.0, 0.05 * 2**failures))
+                continue
+            if self._stopping.is_set():
+                # A waiting claim can return after stop(): hand those back untouched.
+                self._give_back(claimed)
+            else:
+                for job in claimed:
+                    self._start(job)
+                # Let the pool's thread, just woken to assign these, take the GIL now
+                # rather than after this thread's next claim blocks.
+                time.sleep(0)
+            self._inflight.unreserve(count)
+            idle = not claimed
+            if idle and self._burst and self._queue_is_empty():
+                self.found_empty = True
+                self._report(QueueEmpty())
+                return
+
+    def _queue_is_empty(self) -> bool:
+        if len(self._inflight):
+            return False
+        try:
+            counts = self._backend.counts()
+        except BackendError as exc:  # not empty as far as we know: the next claim waits
+            log.warning("could not count jobs (%s); still working", exc)
+            return False
+        # Another worker's active job may still come back here (a retry, a recovery).
+        waiting = (JobState.WAITING, JobState.DELAYED, JobState.ACTIVE)
+        return not any(counts[state] for state in waiting)
