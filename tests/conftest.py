@@ -11,6 +11,7 @@ from sandboxq import Queue
 from sandboxq.pool.containment import probe
 from sandboxq.testing import processes
 from sandboxq.testing.redis_server import RedisServer
+from sandboxq.testing.workers import BackgroundWorkers
 
 MODE, WHY = probe()
 
@@ -77,6 +78,14 @@ def queue(url: str, queue_name: str) -> Iterator[Queue]:
     q = Queue(queue_name, url=url)
     yield q
     q.close()
+
+
+@pytest.fixture
+def workers() -> Iterator[BackgroundWorkers]:
+    """The test's workers, on threads or as processes (``sandboxq.testing.workers``): every
+    one is stopped at teardown, pass or fail, and teardown errors if one's run() raised."""
+    with BackgroundWorkers() as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)
