@@ -84,7 +84,10 @@ def queue(url: str, queue_name: str) -> Iterator[Queue]:
 def workers() -> Iterator[BackgroundWorkers]:
     """The test's workers, on threads or as processes (``sandboxq.testing.workers``): every
     one is stopped at teardown, pass or fail, and teardown errors if one's run() raised."""
-    with BackgroundWorkers() as running:
+    # Well inside the shortest test timeout (30 s): a worker still running 15 s after
+    # stop(now=True), which promises 1 s, fails its own test at teardown, instead of the
+    # timeout ending the whole run (the suite's timeout_method is "thread").
+    with BackgroundWorkers(join_timeout_s=15) as running:
         yield running
 
 
