@@ -11,6 +11,7 @@ from sandboxq import Queue
 from sandboxq.pool.containment import probe
 from sandboxq.testing import processes
 from sandboxq.testing.redis_server import RedisServer
+from sandboxq.testing.workers import BackgroundWorkers
 
 MODE, WHY = probe()
 
@@ -77,6 +78,17 @@ def queue(url: str, queue_name: str) -> Iterator[Queue]:
     q = Queue(queue_name, url=url)
     yield q
     q.close()
+
+
+@pytest.fixture
+def workers() -> Iterator[BackgroundWorkers]:
+    """The test's workers, on threads or as processes (``sandboxq.testing.workers``): every
+    one is stopped at teardown, pass or fail, and teardown errors if one's run() raised."""
+    # Well inside the shortest test timeout (30 s): a worker still running 15 s after
+    # stop(now=True), which promises 1 s, fails its own test at teardown, instead of the
+    # timeout ending the whole run (the suite's timeout_method is "thread").
+    with BackgroundWorkers(join_timeout_s=15) as running:
+        yield running
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -16,13 +16,6 @@ from sandboxq.models import JobState
 from sandboxq.testing.workers import BackgroundWorkers
 
 H = "sandboxq.testing.handlers:"
-
-
-@pytest.fixture
-def workers() -> Iterator[BackgroundWorkers]:
-    running = BackgroundWorkers()
-    yield running
-    running.stop_all()
 
 
 def run(coro: Awaitable[Any]) -> Any:
@@ -80,23 +73,33 @@ def test_failures_cancel_retry_and_timeouts(
     run(main())
 
 
+class Ticker:
+    """Sleeps ``every_s`` on the event loop, again and again, once started: ``ticks`` says
+    how often it got to run, ``late_s`` the most it ever woke up late (a blocked loop)."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.ticks = 0
+        self.late_s = 0.0
+
+    async def run(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self.every_s)
+            self.late_s = max(self.late_s, time.monotonic() - before - self.every_s)
+            self.ticks += 1
+
+
 def test_a_wait_never_blocks_the_event_loop(url: str, queue_name: str) -> None:
     async def main() -> int:
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
+        ticker = Ticker(0.01)
         async with aio.Queue(queue_name, url) as q:
             job = await q.enqueue()
-            task = asyncio.create_task(ticker())
+            task = asyncio.create_task(ticker.run())
             with pytest.raises(TimeoutError):
                 await job.result(timeout_s=0.5)
             task.cancel()
-        return ticks
+        return ticker.ticks
 
     # 50 ticks would fit in 0.5 s; a blocked loop would manage none until the wait ended
     assert run(main()) >= 10
@@ -158,23 +161,15 @@ def test_sentinel_and_cluster_urls_are_refused_with_the_way_out(queue_name: str)
 
 def test_enqueue_many_of_ten_thousand_yields_to_the_loop(redis_url: str, queue_name: str) -> None:
     async def main() -> float:
-        late = 0.0
-
-        async def ticker() -> None:
-            nonlocal late
-            while True:
-                before = time.monotonic()
-                await asyncio.sleep(0.001)
-                late = max(late, time.monotonic() - before - 0.001)
-
+        ticker = Ticker(0.001)
         async with aio.Queue(queue_name, redis_url) as q:
-            task = asyncio.create_task(ticker())
+            task = asyncio.create_task(ticker.run())
             await asyncio.sleep(0.01)
             jobs = await q.enqueue_many([((i,), {}) for i in range(10_000)])
             task.cancel()
             assert len(jobs) == 10_000
             assert (await q.counts())[JobState.WAITING] == 10_000
-        return late
+        return ticker.late_s
 
     # the bound is bench/'s job (aio_bench.py); this checks only that the loop kept turning
     assert run(main()) < 5.0

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
-from sandboxq import JobNotFound, Queue, SandboxqError
+from sandboxq import Job, JobNotFound, Queue, SandboxqError
 from sandboxq.backends.base import Ack, Claimed
 from sandboxq.models import AttemptRecord, JobState, Outcome
 
@@ -33,33 +34,8 @@ def test_result_of_a_job_that_never_existed_raises_at_once(queue: Queue) -> None
         queue.job("no-such-job").info()
 
 
-@pytest.mark.timeout(30)
-def test_result_of_a_job_removed_by_retention_raises(url: str, queue_name: str) -> None:
-    queue = Queue(queue_name, url=url, retain_completed=0)
-    waited_for, got = queue.enqueue(1), queue.enqueue(2)
-    raised: list[BaseException] = []
-
-    def wait() -> None:
-        try:
-            waited_for.result(timeout_s=20)
-        except BaseException as exc:
-            raised.append(exc)
-
-    waiter = threading.Thread(target=wait)
-    waiter.start()
-    for claimed in queue.backend.claim("w1", 2, 30.0):
-        assert finish(queue, claimed, result=b"1")  # completed, then trimmed at once
-    waiter.join(10)
-    assert not waiter.is_alive(), "result() kept waiting for a job retention removed"
-    assert len(raised) == 1 and isinstance(raised[0], JobNotFound)
-    with pytest.raises(JobNotFound):
-        got.result(timeout_s=20)
-    queue.close()
-
-
-@pytest.mark.timeout(30)
-def test_result_of_a_purged_job_raises(queue: Queue) -> None:
-    job = queue.options(delay_s=600).enqueue(1)
+def raised_while_waiting(job: Job, meanwhile: Callable[[], None], what: str) -> BaseException:
+    """What ``job.result()``, waiting on a thread while ``meanwhile()`` runs, raised."""
     raised: list[BaseException] = []
 
     def wait() -> None:
@@ -70,10 +46,37 @@ def test_result_of_a_purged_job_raises(queue: Queue) -> None:
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    assert queue.backend.purge(JobState.DELAYED) == 1
+    meanwhile()
     waiter.join(10)
-    assert not waiter.is_alive(), "result() kept waiting for a purged job"
-    assert len(raised) == 1 and isinstance(raised[0], JobNotFound)
+    assert not waiter.is_alive(), f"result() kept waiting for {what}"
+    assert len(raised) == 1, raised
+    return raised[0]
+
+
+@pytest.mark.timeout(30)
+def test_result_of_a_job_removed_by_retention_raises(url: str, queue_name: str) -> None:
+    queue = Queue(queue_name, url=url, retain_completed=0)
+    waited_for, got = queue.enqueue(1), queue.enqueue(2)
+
+    def complete_both() -> None:
+        for claimed in queue.backend.claim("w1", 2, 30.0):
+            assert finish(queue, claimed, result=b"1")  # completed, then trimmed at once
+
+    raised = raised_while_waiting(waited_for, complete_both, "a job retention removed")
+    assert isinstance(raised, JobNotFound)
+    with pytest.raises(JobNotFound):
+        got.result(timeout_s=20)
+    queue.close()
+
+
+@pytest.mark.timeout(30)
+def test_result_of_a_purged_job_raises(queue: Queue) -> None:
+    job = queue.options(delay_s=600).enqueue(1)
+
+    def purge() -> None:
+        assert queue.backend.purge(JobState.DELAYED) == 1
+
+    assert isinstance(raised_while_waiting(job, purge, "a purged job"), JobNotFound)
 
 
 @pytest.mark.timeout(30)

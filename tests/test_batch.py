@@ -281,7 +281,7 @@ def interrupt_a_batch(
     try:
         wait_for(lambda: len(started(log)) == 2, 30, "two lines to start")
         for press in range(presses):
-            time.sleep(0.5 if press else 0)
+            time.sleep(0.5 if press else 0)  # the subject: presses half a second apart
             ctrl_c(proc)
         pressed = time.monotonic()
         _, err = proc.communicate(timeout=30)

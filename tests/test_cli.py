@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,22 +90,19 @@ def at(redis_url: str, queue_name: str) -> str:
 
 
 @pytest.fixture
-def queue(redis_url: str, queue_name: str) -> Iterator[Queue]:
-    q = Queue(queue_name, url=redis_url)
-    yield q
-    q.close()
+def url(redis_url: str) -> str:
+    """The command line serves Redis only: the suite's ``queue`` is on it alone here."""
+    return redis_url
 
 
 @pytest.fixture
-def start_worker(queue: Queue) -> Iterator[Callable[..., SandboxWorker]]:
-    """Workers for ``queue`` on threads (one child each unless told); stopped at teardown."""
-    workers = BackgroundWorkers()
+def start_worker(workers: BackgroundWorkers, queue: Queue) -> Callable[..., SandboxWorker]:
+    """Start a worker of ``H + processor`` for ``queue`` on a thread (one child unless told)."""
 
     def start(processor: str, **options: Any) -> SandboxWorker:
         return workers.start(queue, H + processor, **{"concurrency": 1, **options})
 
-    yield start
-    workers.stop_all()
+    return start
 
 
 # -- worker: start-up errors --------------------------------------------------------------
@@ -167,40 +164,29 @@ def test_every_redis_verb_refuses_a_memory_url(queue_name: str) -> None:
 # -- worker: running and stopping ---------------------------------------------------------
 
 
-def spawn_worker(queue_name: str, redis_url: str, log: Path, *flags: str) -> Any:
-    with log.open("w") as stderr:
-        return subprocess.Popen(
-            [*CLI, "worker", queue_name, H + "recorded_sleep", "--url", redis_url, *flags],
-            stderr=stderr,
-        )
+@pytest.fixture
+def spawn_worker(
+    workers: BackgroundWorkers, redis_url: str, queue_name: str
+) -> Callable[..., subprocess.Popen[bytes]]:
+    """``spawn_worker(log, *flags)``: a ``sandboxq worker`` process of ``recorded_sleep`` for
+    the test's queue, logging to ``log``; SIGKILLed at teardown if still running."""
 
+    def spawn(log: Path, *flags: str) -> subprocess.Popen[bytes]:
+        return workers.spawn(queue_name, H + "recorded_sleep", *flags, url=redis_url, log=log)
 
-def end(*procs: Any) -> None:
-    """SIGTERM (a drain), then SIGKILL whatever is still running after a while."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return spawn
 
 
 @pytest.mark.timeout(60)
 def test_worker_logs_each_outcome_and_sigterm_drains_to_a_clean_exit(
-    redis_url: str, queue: Queue, queue_name: str, tmp_path: Path
+    queue: Queue, spawn_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     runs, log = tmp_path / "runs", tmp_path / "worker.log"
-    proc = spawn_worker(queue_name, redis_url, log, "--concurrency", "1")
-    try:
-        job = queue.enqueue(str(runs), "job", 1.5)
-        wait_for(lambda: runs.exists() and "start" in runs.read_text(), 20, "the job to start")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
-    finally:
-        end(proc)
+    proc = spawn_worker(log, "--concurrency", "1")
+    job = queue.enqueue(str(runs), "job", 1.5)
+    wait_for(lambda: runs.exists() and "start" in runs.read_text(), 20, "the job to start")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
     # The drain let the running job finish: it completed, it was not interrupted.
     assert job.info().state is JobState.COMPLETED
     text = log.read_text()
@@ -211,17 +197,14 @@ def test_worker_logs_each_outcome_and_sigterm_drains_to_a_clean_exit(
 
 @pytest.mark.timeout(60)
 def test_every_outcome_gets_its_own_prefixed_line_when_jobs_end_together(
-    redis_url: str, queue: Queue, queue_name: str, tmp_path: Path
+    queue: Queue, spawn_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     """Outcomes acked in one batch are logged as one record; each still reads as a line
     of its own, with time, level and logger in front."""
     runs, log = tmp_path / "runs", tmp_path / "worker.log"
     jobs = queue.enqueue_many([((str(runs), f"k{i}", 0), {}) for i in range(40)])
-    proc = spawn_worker(queue_name, redis_url, log, "--concurrency", "2", "--burst")
-    try:
-        assert proc.wait(30) == 0
-    finally:
-        end(proc)
+    proc = spawn_worker(log, "--concurrency", "2", "--burst")
+    assert proc.wait(30) == 0
     lines = [line for line in log.read_text().splitlines() if "attempt 1: ok -> complete" in line]
     assert sorted(line.split(" job ")[1].split()[0] for line in lines) == sorted(
         job.id for job in jobs
@@ -478,50 +461,47 @@ def test_a_read_verb_with_redis_down_is_one_line(queue_name: str) -> None:
 
 @pytest.mark.timeout(90)
 def test_a_sigkilled_workers_job_is_recovered_and_info_shows_it(
-    sq: Run, at: str, redis_url: str, queue_name: str, tmp_path: Path
+    sq: Run, at: str, spawn_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     runs = tmp_path / "runs"
     flags = ("--lease-s", "1", "--concurrency", "1")
-    workers = [spawn_worker(queue_name, redis_url, tmp_path / f"{n}.log", *flags) for n in "ab"]
-    try:
+    procs = [spawn_worker(tmp_path / f"{n}.log", *flags) for n in "ab"]
 
-        def info() -> dict[str, Any]:
-            code, out, err = sq(f"info {at} --json")
-            assert code == 0, err
-            return dict(json.loads(out))
+    def info() -> dict[str, Any]:
+        code, out, err = sq(f"info {at} --json")
+        assert code == 0, err
+        return dict(json.loads(out))
 
-        def holder() -> Any:
-            for w in info()["workers"]:
-                if any(j["id"] == job_id and j["pid"] for j in w["jobs"]):
-                    return w
-            return None
+    def holder() -> Any:
+        for w in info()["workers"]:
+            if any(j["id"] == job_id and j["pid"] for j in w["jobs"]):
+                return w
+        return None
 
-        wait_for(lambda: len(info()["workers"]) == 2, 30, "both workers to register")
-        proc = cli(f"enqueue {at} --args '{json.dumps([str(runs), 'job', 2.0])}'")
-        assert proc.returncode == 0, proc.stderr
-        job_id = proc.stdout.strip()
-        first = wait_for(holder, 20, "a worker to run the job")
-        victim = next(p for p in workers if p.pid == first["pid"])
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
-        wait_for(
-            lambda: (w := holder()) is not None and w["pid"] != first["pid"],
-            30,
-            "info to show the job running on the other worker",
-        )
-        survivor = next(p for p in workers if p is not victim)
-        wait_for(
-            lambda: [w["pid"] for w in info()["workers"]] == [survivor.pid],
-            10,
-            "the dead worker's registration to expire with its lease",
-        )
-        code, out, _ = sq(f"enqueue {at} --wait --timeout-s 30 --job-id {job_id}")
-        assert code == 0 and out.splitlines() == [job_id, '"job"']
-        data = json.loads(sq(f"job {at} {job_id} --json")[1])
-        assert (data["state"], data["stalls"]) == ("completed", 1)
-        assert [a["outcome"] for a in data["history"]] == ["lease_lost", "ok"]
-    finally:
-        end(*workers)
+    wait_for(lambda: len(info()["workers"]) == 2, 30, "both workers to register")
+    proc = cli(f"enqueue {at} --args '{json.dumps([str(runs), 'job', 2.0])}'")
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    first = wait_for(holder, 20, "a worker to run the job")
+    victim = next(p for p in procs if p.pid == first["pid"])
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    wait_for(
+        lambda: (w := holder()) is not None and w["pid"] != first["pid"],
+        30,
+        "info to show the job running on the other worker",
+    )
+    survivor = next(p for p in procs if p is not victim)
+    wait_for(
+        lambda: [w["pid"] for w in info()["workers"]] == [survivor.pid],
+        10,
+        "the dead worker's registration to expire with its lease",
+    )
+    code, out, _ = sq(f"enqueue {at} --wait --timeout-s 30 --job-id {job_id}")
+    assert code == 0 and out.splitlines() == [job_id, '"job"']
+    data = json.loads(sq(f"job {at} {job_id} --json")[1])
+    assert (data["state"], data["stalls"]) == ("completed", 1)
+    assert [a["outcome"] for a in data["history"]] == ["lease_lost", "ok"]
 
 
 @pytest.mark.timeout(30)

@@ -8,7 +8,6 @@ script or TIME would be refused by the cluster client.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,8 +24,7 @@ from sandboxq.models import JobState
 from sandboxq.testing.contract import BackendContract, MakeBackend
 from sandboxq.testing.redis_cluster import LocalCluster
 from sandboxq.testing.waiting import wait_for
-from sandboxq.testing.workers import child_pid
-from sandboxq.worker import SandboxWorker
+from sandboxq.testing.workers import BackgroundWorkers, child_pid
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -113,43 +111,36 @@ def cluster_queue(cluster: LocalCluster, queue_name: str) -> Iterator[Queue]:
 
 
 def test_a_worker_end_to_end_on_a_cluster(
-    cluster: LocalCluster, cluster_queue: Queue, queue_name: str
+    cluster: LocalCluster, cluster_queue: Queue, workers: BackgroundWorkers
 ) -> None:
     """Results, retries, a delayed job, a cancellation (pub/sub across the cluster) and an
     emptied script cache (NOSCRIPT: every script is loaded again on every master)."""
-    worker = SandboxWorker(
-        queue_name, H + "succeed_after", url=cluster.url, concurrency=2, lease_s=2.0
-    )
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
+    worker = workers.start(cluster_queue, H + "succeed_after", concurrency=2, lease_s=2.0)
+    jobs = cluster_queue.enqueue_many([((0.01, i), {}) for i in range(20)])
+    delayed = cluster_queue.options(delay_s=0.5).enqueue(0, "late")
+    broken = cluster_queue.options(retries=1, backoff_s=0.1).enqueue("not a number")
+    assert [job.result(timeout_s=20) for job in jobs] == list(range(20))
+    assert delayed.result(timeout_s=20) == "late"
+    with pytest.raises(JobFailed) as failed:
+        broken.result(timeout_s=20)
+    assert failed.value.attempts == 2 and "TypeError" in str(failed.value)
+
+    hung = cluster_queue.enqueue(60, "never")
+    wait_for(lambda: child_pid(cluster_queue, hung.id), 10, "the hung job's child")
+    cancelled_at = time.monotonic()
+    assert hung.cancel()
+    wait_for(lambda: worker.stats["cancelled"] == 1, 10, "the cancellation to reach the worker")
+    assert time.monotonic() - cancelled_at < 2.0
+
+    clients = node_clients(cluster)
     try:
-        jobs = cluster_queue.enqueue_many([((0.01, i), {}) for i in range(20)])
-        delayed = cluster_queue.options(delay_s=0.5).enqueue(0, "late")
-        broken = cluster_queue.options(retries=1, backoff_s=0.1).enqueue("not a number")
-        assert [job.result(timeout_s=20) for job in jobs] == list(range(20))
-        assert delayed.result(timeout_s=20) == "late"
-        with pytest.raises(JobFailed) as failed:
-            broken.result(timeout_s=20)
-        assert failed.value.attempts == 2 and "TypeError" in str(failed.value)
-
-        hung = cluster_queue.enqueue(60, "never")
-        wait_for(lambda: child_pid(cluster_queue, hung.id), 10, "the hung job's child")
-        cancelled_at = time.monotonic()
-        assert hung.cancel()
-        wait_for(lambda: worker.stats["cancelled"] == 1, 10, "the cancellation to reach the worker")
-        assert time.monotonic() - cancelled_at < 2.0
-
-        clients = node_clients(cluster)
-        try:
-            for client in clients:
-                client.script_flush()
-        finally:
-            for client in clients:
-                client.close()
-        assert cluster_queue.enqueue(0, "after flush").result(timeout_s=20) == "after flush"
+        for client in clients:
+            client.script_flush()
     finally:
-        worker.stop()
-        thread.join(20)
+        for client in clients:
+            client.close()
+    assert cluster_queue.enqueue(0, "after flush").result(timeout_s=20) == "after flush"
+    workers.stop(worker)
     assert hung.state() is JobState.CANCELLED
     assert worker.stats["lease_lost"] == 0 and worker.stats["rejected_acks"] == 0
 

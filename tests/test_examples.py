@@ -16,12 +16,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from sandboxq.client import Queue
 from sandboxq.models import JobState
+from sandboxq.testing.workers import BackgroundWorkers
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MARKER = "SANDBOXQ_EXAMPLE_RUN"
@@ -179,7 +181,7 @@ def test_service_drains_on_sigterm(redis_url: str, queue_name: str) -> None:
     assert not left_behind(mark), f"the service left processes behind: {left_behind(mark)}"
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
+def _stop(proc: subprocess.Popen[Any]) -> None:
     """SIGTERM; a second one (stop now) if it is still draining after 10 s; then SIGKILL."""
     for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
         if proc.poll() is not None:
@@ -194,7 +196,9 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_fastapi_app_enqueues_and_awaits_results(redis_url: str, queue_name: str) -> None:
+def test_fastapi_app_enqueues_and_awaits_results(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers
+) -> None:
     import httpx
 
     from sandboxq.testing.redis_server import free_port
@@ -208,14 +212,10 @@ def test_fastapi_app_enqueues_and_awaits_results(redis_url: str, queue_name: str
         stderr=subprocess.STDOUT,
         text=True,
     )
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "sandboxq", "worker", queue_name, "jobs_service:render_report",
-         "--concurrency", "1", "--stop-timeout-s", "1"],
-        env=environ,
-        cwd=EXAMPLES,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    # no --url: SANDBOXQ_URL in its environment names the Redis, as for the app
+    worker = workers.spawn(
+        queue_name, "jobs_service:render_report", "--concurrency", "1", "--stop-timeout-s", "1",
+        env=environ, cwd=EXAMPLES,
     )  # fmt: skip
     log: list[str] = []
     try:

@@ -44,13 +44,6 @@ def prometheus() -> Iterator[PrometheusServer]:
         yield server
 
 
-@pytest.fixture
-def workers() -> Iterator[BackgroundWorkers]:
-    running = BackgroundWorkers()
-    yield running
-    running.stop_all()
-
-
 def scrape(address: tuple[str, int]) -> str:
     with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=5) as reply:
         return str(reply.read().decode())
@@ -266,23 +259,22 @@ def stop(proc: subprocess.Popen[str]) -> int:
 
 @pytest.mark.timeout(60)
 def test_worker_command_serves_metrics_from_the_environment_on_a_logged_port(
-    redis_url: str, queue_name: str
+    redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path
 ) -> None:
     env = {**os.environ, "SANDBOXQ_METRICS_PORT": "0", "SANDBOXQ_CONCURRENCY": "1"}
-    proc = subprocess.Popen(
-        [*CLI, "worker", queue_name, ECHO, "--url", redis_url],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
+    log = tmp_path / "worker.log"
+    proc = workers.spawn(queue_name, ECHO, url=redis_url, log=log, env=env)
+    match = wait_for(
+        lambda: re.search(r"metrics on http://(127\.0\.0\.1):(\d+)/metrics", log.read_text()),
+        20,
+        "the metrics address in the worker's log",
     )
-    try:
-        match = read_line(proc.stderr, r"metrics on http://(127\.0\.0\.1):(\d+)/metrics")
-        address = (match[1], int(match[2]))
-        # the gauges that read the pool appear once it has started
-        held = f'sandboxq_held_jobs{{queue="{queue_name}"}} 0.0'
-        wait_for(lambda: held in scrape(address), 20, "the held-jobs gauge")
-    finally:
-        assert stop(proc) == 0
+    address = (match[1], int(match[2]))
+    # the gauges that read the pool appear once it has started
+    held = f'sandboxq_held_jobs{{queue="{queue_name}"}} 0.0'
+    wait_for(lambda: held in scrape(address), 20, "the held-jobs gauge")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
 
 
 @pytest.mark.timeout(60)

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from sandboxq import JobFailed
-from sandboxq.client import Queue
+from sandboxq.client import Job, Queue
 from sandboxq.models import JobState, Outcome
 from sandboxq.testing.cases import CASES, HandlerCase
 from sandboxq.testing.redis_server import free_port
@@ -28,17 +28,23 @@ StartWorker = Callable[..., SandboxWorker]
 # -- the fixtures, used directly ------------------------------------------------------------
 
 
+def run_case(case: HandlerCase, queue: Queue, start_worker: StartWorker) -> Job:
+    """Run ``case`` once, on a worker of one child; its job, once it ended as the case says."""
+    start_worker(case.processor, concurrency=1, **case.worker_options)
+    job = queue.enqueue(*case.args)
+    assert queue.backend.wait_for_finish(job.id, 30) is not None, f"{case.id}: never ended"
+    case.check(job.info().history[-1])
+    return job
+
+
 @pytest.mark.timeout(60)
 def test_every_handler_case_produces_its_outcome(
     sandboxq_misbehaving_handler: HandlerCase, sandboxq_queue: Queue, sandboxq_worker: StartWorker
 ) -> None:
-    case = sandboxq_misbehaving_handler
-    sandboxq_worker(case.processor, concurrency=1, **case.worker_options)
-    job = sandboxq_queue.enqueue(*case.args)
+    job = run_case(sandboxq_misbehaving_handler, sandboxq_queue, sandboxq_worker)
     with pytest.raises(JobFailed) as failed:
-        job.result(timeout_s=30)
-    assert failed.value.outcome == case.outcome
-    case.check(job.info().history[-1])
+        job.result(timeout_s=1)
+    assert failed.value.outcome == sandboxq_misbehaving_handler.outcome
 
 
 @pytest.mark.timeout(60)
@@ -46,11 +52,8 @@ def test_every_handler_case_produces_its_outcome(
 def test_every_contained_handler_returns_and_leaves_nothing(
     sandboxq_contained_handler: HandlerCase, sandboxq_queue: Queue, sandboxq_worker: StartWorker
 ) -> None:
-    case = sandboxq_contained_handler
-    sandboxq_worker(case.processor, concurrency=1, **case.worker_options)
-    job = sandboxq_queue.enqueue(*case.args)
-    job.result(timeout_s=30)
-    case.check(job.info().history[-1])
+    job = run_case(sandboxq_contained_handler, sandboxq_queue, sandboxq_worker)
+    job.result(timeout_s=1)
 
 
 @pytest.mark.timeout(10)
@@ -206,9 +209,10 @@ def test_orphan_check_catches_leaked_processes(
     pytester.makepyfile(leaky=LEAKY)
     pytester.makepyfile(
         test_leaks=f"""
-        import subprocess, sys, time
+        import os, subprocess, sys
         import pytest
         from leaky import SLEEPER
+        from sandboxq.testing.waiting import wait_for
 
         @pytest.mark.sandboxq_no_orphans
         def test_leaks_a_subprocess():
@@ -225,8 +229,10 @@ def test_orphan_check_catches_leaked_processes(
         @pytest.mark.sandboxq_no_orphans
         def test_clean_with_a_hung_job(sandboxq_worker, sandboxq_queue):
             sandboxq_worker("sandboxq.testing.handlers:setsid_grandchild_hang")
-            sandboxq_queue.enqueue()
-            time.sleep(1)
+            pid_file = {str(tmp_path / "grandchild")!r}
+            sandboxq_queue.enqueue(pid_file)
+            # Teardown comes with the job hung mid-run, its setsid grandchild started.
+            wait_for(lambda: os.path.exists(pid_file), 20, "the grandchild to start")
         """
     )
     result = run(pytester, f"--sandboxq-redis-url={redis_url}", "-o", "sandboxq_orphan_grace_s=1")
@@ -243,8 +249,9 @@ def test_orphan_check_catches_leaked_processes(
     assert "test_clean_with_a_hung_job" not in summary
     # The attempt boundary killed the daemon when its job returned: no orphan to report.
     assert "a_daemon_started_by_a_job" not in summary
-    daemon = int((tmp_path / "daemon").read_text())
-    assert not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == "zombie"
+    for pid_file in ("daemon", "grandchild"):
+        pid = int((tmp_path / pid_file).read_text())
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
 
 
 def printed(result: pytest.RunResult) -> tuple[str, str]:

@@ -237,7 +237,7 @@ def test_kill_by_token_ends_that_attempt_only() -> None:
     with Pool(H + "succeed_after", size=1) as pool:
         done: Future[AttemptResult] = Future()
         token = pool.execute(pool.make_task(30), done.set_result)
-        time.sleep(0.2)
+        wait_for(pool.running_pids, 10, "the attempt to run in a child")
         pool.kill(token, Outcome.CANCELLED, "cancelled by a test")
         result = done.result(timeout=5)
         assert result.outcome is Outcome.CANCELLED and result.pid is not None
@@ -286,7 +286,7 @@ def test_short_tasks_wait_behind_an_unexpectedly_long_one_only_up_to_the_pipelin
 def test_shutdown_cancel_interrupts_and_leaves_nothing() -> None:
     pool = Pool(H + "sleep_forever", size=2)
     futures = [pool.submit() for _ in range(4)]
-    time.sleep(0.3)
+    wait_for(lambda: len(pool.running_pids()) == 2, 10, "both children to run a task")
     pids = pool.pids
     pool.shutdown(cancel=True)
     for f in futures:

@@ -19,15 +19,18 @@ from sandboxq.testing.processes import still_running
 
 PARENT = textwrap.dedent(
     """
-    import os, sys, time
+    import sys, time
+    from pathlib import Path
     from sandboxq import Pool
+    from sandboxq.testing.waiting import wait_for
     H = "sandboxq.testing.handlers:"
     pid_file = sys.argv[1]
     pools = [Pool(H + "grandchild_hang", size=2), Pool(H + "setsid_grandchild_hang", size=1)]
     for pool in pools:
         for _ in range(pool.size):
             pool.submit(pid_file)
-    time.sleep(1.0)
+    pids = Path(pid_file)
+    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 3, 20, "3 grandchildren")
     with open(pid_file, "a") as f:
         for pool in pools:
             f.write("".join(f"{pid}\\n" for pid in pool.pids))
@@ -74,7 +77,7 @@ THREADS = textwrap.dedent(
     second = Pool(H + "echo", size=1)
     pids = second.pids
     first.shutdown()                   # that thread exits: the fork server must not care
-    import time; time.sleep(0.3)
+    import time; time.sleep(0.3)       # the subject: a fork server tied to it would die now
     assert second.pids == pids, (second.pids, pids)
     assert second.submit(7).result(timeout=10) == 7
     second.shutdown()

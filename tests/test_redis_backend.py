@@ -116,7 +116,7 @@ def test_stale_token_or_owner_is_rejected_and_changes_nothing(
 def test_late_ack_after_recovery_is_rejected(backend: RedisBackend) -> None:
     backend.enqueue([job("a")])
     [first] = backend.claim("w1", 1, lease_s=0.05)
-    time.sleep(0.1)
+    time.sleep(0.1)  # the subject: the lease runs out on the server's clock
     assert backend.recover_stalled() == [("a", "waiting")]
 
     assert backend.renew("w1", [("a", first.token)], lease_s=30) == ["a"]
@@ -135,7 +135,7 @@ def test_late_ack_after_recovery_is_rejected(backend: RedisBackend) -> None:
 def test_too_many_stalls_fail_the_job_with_a_stated_cause(backend: RedisBackend) -> None:
     backend.enqueue([job("a", options_json='{"max_stalls": 0}')])
     backend.claim("w1", 1, lease_s=0.02)
-    time.sleep(0.05)
+    time.sleep(0.05)  # the subject: the lease runs out on the server's clock
     assert backend.recover_stalled() == [("a", "failed")]
     info = backend.get("a")
     assert info is not None and info.state is JobState.FAILED
@@ -151,7 +151,7 @@ def test_recovery_of_a_vanished_record_fails_it_with_a_cause(
     [claimed] = backend.claim("w1", 1, lease_s=0.02)
     assert backend.record_progress("w1", "a", claimed.token, 0.25, None)
     raw.delete(backend.keys.job("a"))
-    time.sleep(0.05)
+    time.sleep(0.05)  # the subject: the lease runs out on the server's clock
     assert backend.recover_stalled() == [("a", "failed")]
     info = backend.get("a")
     assert info is not None and info.state is JobState.FAILED
@@ -209,7 +209,7 @@ def test_delayed_jobs_are_promoted_when_due(backend: RedisBackend, raw: redis.Re
     assert due is not None and abs(due - (server_ms(raw) + 300)) < 200
     assert [c.id for c in backend.claim("w1", 5, lease_s=30)] == ["now"]
     assert backend.list_jobs(JobState.DELAYED) == ["later"]
-    time.sleep(0.35)
+    time.sleep(0.35)  # the subject: the delay passes on the server's clock
     assert [c.id for c in backend.claim("w1", 5, lease_s=30)] == ["later"]
 
 
@@ -231,7 +231,7 @@ def test_retry_with_backoff_goes_to_delayed(backend: RedisBackend, raw: redis.Re
     info = backend.get("a")
     assert info is not None and info.state is JobState.DELAYED and info.error == "boom"
     assert backend.claim("w1", 1, lease_s=30) == []
-    time.sleep(0.35)
+    time.sleep(0.35)  # the subject: the backoff passes on the server's clock
     [second] = backend.claim("w1", 1, lease_s=30)
     assert second.attempt == 2
 
@@ -286,7 +286,7 @@ def test_retention_by_age(make_backend: MakeBackend) -> None:
     backend.enqueue([job("old"), job("new")])
     old, new = backend.claim("w1", 2, lease_s=30)
     backend.finish("w1", "old", old.token, "complete", record(old))
-    time.sleep(0.1)
+    time.sleep(0.1)  # the subject: "old" outlives its retention on the server's clock
     backend.finish("w1", "new", new.token, "complete", record(new))
     assert backend.list_jobs(JobState.COMPLETED) == ["new"]
 
@@ -320,7 +320,7 @@ def test_an_idle_claim_gets_a_new_job_within_milliseconds(make_backend: MakeBack
     enqueued_at: list[float] = []
 
     def produce() -> None:
-        time.sleep(0.2)
+        time.sleep(0.2)  # the subject: the job comes while the claim is already waiting
         enqueued_at.append(time.monotonic())
         producer.enqueue([job("a")])
 
@@ -364,7 +364,7 @@ def test_wait_for_finish_returns_soon_after_the_job_finishes(backend: RedisBacke
     assert backend.wait_for_finish("a", 0.1) is None
 
     def complete() -> None:
-        time.sleep(0.15)
+        time.sleep(0.15)  # the subject: the job finishes while wait_for_finish waits
         backend.finish("w1", "a", claimed.token, "complete", record(claimed))
 
     thread = threading.Thread(target=complete)
@@ -509,7 +509,7 @@ def test_retry_failed_purge_and_workers(backend: RedisBackend, raw: redis.Redis)
 
     backend.register_worker("w1", {"pid": 1}, ttl_s=30)
     backend.register_worker("w2", {"pid": 2}, ttl_s=0.05)
-    time.sleep(0.1)
+    time.sleep(0.1)  # the subject: w2's registration expires on the server's clock
     assert backend.workers() == [{"pid": 1, "worker_id": "w1"}]
     backend.unregister_worker("w1")
     assert backend.workers() == []

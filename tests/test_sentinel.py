@@ -5,8 +5,6 @@ loaded again on the first NOSCRIPT."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,7 +14,8 @@ from sandboxq import ConfigError, Queue
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.testing.redis_sentinel import LocalSentinel
-from sandboxq.worker import SandboxWorker
+from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,45 +30,42 @@ def sentinel() -> Iterator[LocalSentinel]:
 
 def enqueue_until_accepted(queue: Queue, job_id: str, timeout_s: float = 20) -> str:
     """Enqueue with an explicit id, again after each error: the same job, never twice."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def enqueue() -> str | None:
         try:
             return queue.options(job_id=job_id).enqueue(0.05, job_id).id
         except BackendError:
-            assert time.monotonic() < deadline, "the producer never reached the new master"
-            time.sleep(0.1)
+            return None
+
+    return wait_for(enqueue, timeout_s, "the producer to reach the new master")
 
 
-def test_worker_and_producer_follow_a_failover(sentinel: LocalSentinel, queue_name: str) -> None:
-    worker = SandboxWorker(
+def test_worker_and_producer_follow_a_failover(
+    sentinel: LocalSentinel, queue_name: str, workers: BackgroundWorkers
+) -> None:
+    worker = workers.start(
         queue_name, H + "succeed_after", url=sentinel.url, concurrency=2, lease_s=2.0
     )
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        with Queue(queue_name, url=sentinel.url) as queue:
-            before = [enqueue_until_accepted(queue, f"before-{i}") for i in range(10)]
-            for job_id in before:
-                assert queue.job(job_id).result(timeout_s=20) == job_id
-            master = redis.Redis(port=sentinel.master.port)
-            replica = redis.Redis(port=sentinel.replica.port)
-            try:
-                # Everything so far is on the replica; the scripts are not.
-                assert master.execute_command("WAIT", 1, 5000) == 1
-                sha = queue.backend._scripts.finish.sha  # type: ignore[attr-defined]
-                assert replica.script_exists(sha) == [False]
-            finally:
-                master.close()
-                replica.close()
-            sentinel.kill_master()
-            after = [enqueue_until_accepted(queue, f"after-{i}") for i in range(10)]
-            for job_id in after:
-                assert queue.job(job_id).result(timeout_s=30) == job_id
-            assert all(queue.job(j).state() is JobState.COMPLETED for j in before)
-    finally:
-        worker.stop()
-        thread.join(20)
-    assert not thread.is_alive()
+    with Queue(queue_name, url=sentinel.url) as queue:
+        before = [enqueue_until_accepted(queue, f"before-{i}") for i in range(10)]
+        for job_id in before:
+            assert queue.job(job_id).result(timeout_s=20) == job_id
+        master = redis.Redis(port=sentinel.master.port)
+        replica = redis.Redis(port=sentinel.replica.port)
+        try:
+            # Everything so far is on the replica; the scripts are not.
+            assert master.execute_command("WAIT", 1, 5000) == 1
+            sha = queue.backend._scripts.finish.sha  # type: ignore[attr-defined]
+            assert replica.script_exists(sha) == [False]
+        finally:
+            master.close()
+            replica.close()
+        sentinel.kill_master()
+        after = [enqueue_until_accepted(queue, f"after-{i}") for i in range(10)]
+        for job_id in after:
+            assert queue.job(job_id).result(timeout_s=30) == job_id
+        assert all(queue.job(j).state() is JobState.COMPLETED for j in before)
+    workers.stop(worker)  # raises unless it stops in time
 
 
 def test_sentinel_urls_are_checked(queue_name: str) -> None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,16 +21,13 @@ StartWorker = Callable[..., SandboxWorker]
 
 
 @pytest.fixture
-def start_worker(url: str, queue_name: str) -> Iterator[StartWorker]:
-    """Run workers on background threads; always stopped and joined at teardown."""
-    workers = BackgroundWorkers(join_timeout_s=15)
+def start_worker(workers: BackgroundWorkers, url: str, queue_name: str) -> StartWorker:
+    """Start a worker of ``H + processor`` for the test's queue, on a thread."""
 
     def start(processor: str, **kwargs: Any) -> SandboxWorker:
-        kwargs.setdefault("lease_s", 5.0)
-        return workers.start(queue_name, H + processor, url=url, **kwargs)
+        return workers.start(queue_name, H + processor, url=url, **{"lease_s": 5.0, **kwargs})
 
-    yield start
-    workers.stop_all()
+    return start
 
 
 @pytest.mark.timeout(30)
@@ -128,25 +124,26 @@ def test_unique_job_ids_and_delay(queue: Queue, start_worker: StartWorker) -> No
 
 
 @pytest.mark.timeout(30)
-def test_burst_returns_when_the_queue_is_empty(url: str, queue: Queue, queue_name: str) -> None:
+def test_burst_returns_when_the_queue_is_empty(
+    url: str, queue: Queue, queue_name: str, workers: BackgroundWorkers
+) -> None:
     jobs = queue.enqueue_many([((i,), {}) for i in range(50)])
-    worker = SandboxWorker(queue_name, H + "echo", url=url, concurrency=2, lease_s=5)
-    worker.run(burst=True)
+    worker = workers.burst(queue_name, H + "echo", url=url, concurrency=2, lease_s=5)
     assert worker.stats["completed"] == 50
     assert [j.result(timeout_s=1) for j in jobs] == list(range(50))
 
 
 @pytest.mark.timeout(30)
-def test_pickle_payloads_need_an_explicit_opt_in(url: str, queue_name: str) -> None:
+def test_pickle_payloads_need_an_explicit_opt_in(
+    url: str, queue_name: str, workers: BackgroundWorkers
+) -> None:
     producer = Queue(queue_name, url=url, codec="pickle")
     job = producer.enqueue({1, 2})  # a set: JSON cannot carry it
-    SandboxWorker(queue_name, H + "echo", url=url, concurrency=1, lease_s=5).run(burst=True)
+    workers.burst(queue_name, H + "echo", url=url, concurrency=1, lease_s=5)
     with pytest.raises(JobFailed, match="allow_pickle"):
         job.result(timeout_s=5)
     again = producer.enqueue({3})
-    SandboxWorker(queue_name, H + "echo", url=url, concurrency=1, lease_s=5, allow_pickle=True).run(
-        burst=True
-    )
+    workers.burst(queue_name, H + "echo", url=url, concurrency=1, lease_s=5, allow_pickle=True)
     assert again.result(timeout_s=5) == {3}
     producer.close()
 
@@ -166,18 +163,13 @@ def test_bad_input_fails_early_with_a_clear_error(url: str, queue: Queue, queue_
 
 @pytest.mark.timeout(30)
 def test_graceful_stop_requeues_interrupted_jobs_without_charge(
-    url: str, queue: Queue, queue_name: str
+    queue: Queue, start_worker: StartWorker, workers: BackgroundWorkers
 ) -> None:
-    worker = SandboxWorker(
-        queue_name, H + "sleep_forever", url=url, concurrency=1, lease_s=5, stop_timeout_s=0.3
-    )
-    thread = threading.Thread(target=worker.run)
-    thread.start()
+    worker = start_worker("sleep_forever", concurrency=1, stop_timeout_s=0.3)
     job = queue.enqueue()
     wait_for(lambda: job.state() is JobState.ACTIVE, 10, "the job to start")
     worker.stop()
-    thread.join(10)
-    assert not thread.is_alive()
+    assert workers.join(worker, 10)
     info = job.info()
     assert info.state is JobState.WAITING
     assert info.attempts == 0  # the interrupted attempt was not charged
@@ -191,7 +183,9 @@ def test_a_job_claimed_after_a_long_idle_wait_gets_its_whole_lease(
     """The fence counts from the claim that took the job, not from the start of the idle
     wait before it: a wait longer than the lease must not fence the job on arrival."""
     worker = start_worker("succeed_after", lease_s=0.6)
-    time.sleep(1.5)  # idle: the fetcher blocks in claims longer than the lease
+    # The subject, not a settling wait: the worker idles, its fetcher blocked in claims,
+    # for longer than the lease before the job arrives.
+    time.sleep(1.5)
     job = queue.enqueue(0.3, "done")
     assert job.result(timeout_s=10) == "done"
     assert [h.outcome for h in job.info().history] == [Outcome.OK]

@@ -27,51 +27,17 @@ from sandboxq.models import JobState, Outcome
 from sandboxq.testing.proxy import TcpProxy
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.worker import SandboxWorker
 
 G = "sandboxq.testing.gates:"
 H = "sandboxq.testing.handlers:"
 
 
-class Run:
-    """A worker on a thread of its own; ``error`` is what ``run()`` raised."""
-
-    def __init__(self, worker: SandboxWorker, burst: bool = False) -> None:
-        self.worker = worker
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(burst,), daemon=True)
-        self.thread.start()
-
-    def _run(self, burst: bool) -> None:
-        try:
-            self.worker.run(burst=burst)
-        except BaseException as exc:
-            self.error = exc
-
-    def join(self, timeout_s: float) -> bool:
-        """True if ``run()`` returned within ``timeout_s``."""
-        self.thread.join(timeout_s)
-        return not self.thread.is_alive()
-
-
-@pytest.fixture
-def runs() -> Iterator[list[Run]]:
-    started: list[Run] = []
-    yield started
-    for run in started:
-        run.worker.stop(now=True)
-    for run in started:
-        run.thread.join(20)
-
-
-def start(runs: list[Run], queue: str, processor: str, burst: bool = False, **kw: Any) -> Run:
-    kw.setdefault("concurrency", 1)
-    kw.setdefault("lease_s", 30.0)
-    kw.setdefault("stop_timeout_s", 5.0)
-    url = kw.pop("url", "memory://")
-    run = Run(SandboxWorker(queue, processor, url=url, **kw), burst)
-    runs.append(run)
-    return run
+def start(workers: BackgroundWorkers, queue: str, processor: str, **kw: Any) -> SandboxWorker:
+    """A worker on a thread: one child, a lease no test outlives, on memory:// unless told."""
+    options = {"concurrency": 1, "lease_s": 30.0, "url": "memory://", **kw}
+    return workers.start(queue, processor, **options)
 
 
 def starts(log: Path) -> list[tuple[int, int]]:
@@ -97,7 +63,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.timeout(60)
 def test_an_old_attempts_outcome_never_lands_on_the_new_lease(
-    tmp_path: Path, queue_name: str, runs: list[Run]
+    tmp_path: Path, queue_name: str, workers: BackgroundWorkers
 ) -> None:
     """Cancel, then retry at once, while the worker has not yet handled the cancelled
     attempt's end: that end must not be applied to the lease of the job's next attempt."""
@@ -114,7 +80,7 @@ def test_an_old_attempts_outcome_never_lands_on_the_new_lease(
 
     backend.record_progress = progress_at_the_barrier  # type: ignore[method-assign]
     log, gate = tmp_path / "log", tmp_path / "gate"
-    run = start(runs, queue_name, G + "run_then_wait")
+    worker = start(workers, queue_name, G + "run_then_wait")
     queue = Queue(queue_name)
     job = queue.enqueue(str(log), str(gate))
     assert entered.wait(20), "the first attempt never reported progress"
@@ -131,18 +97,18 @@ def test_an_old_attempts_outcome_never_lands_on_the_new_lease(
     held.set()
     assert job.result(timeout_s=20) == 1
     assert [a.outcome for a in job.info().history] == [Outcome.CANCELLED, Outcome.OK]
-    assert run.worker.stats["cancelled"] == 1 and run.worker.stats["completed"] == 1
+    assert worker.stats["cancelled"] == 1 and worker.stats["completed"] == 1
 
 
 @pytest.mark.timeout(60)
 def test_a_cancel_then_retry_never_runs_beside_the_cancelled_attempt(
-    tmp_path: Path, queue_name: str, runs: list[Run]
+    tmp_path: Path, queue_name: str, workers: BackgroundWorkers
 ) -> None:
     """The cancel message is lost (the owner only learns from its next renewal): the retry
     must not start the job again anywhere while the cancelled child still runs."""
     backend = MemoryBackend.shared(queue_name)
     log, gate = tmp_path / "log", tmp_path / "gate"
-    run = start(runs, queue_name, G + "run_then_wait", lease_s=1.5)
+    worker = start(workers, queue_name, G + "run_then_wait", lease_s=1.5)
     queue = Queue(queue_name)
     job = queue.enqueue(str(log), str(gate))
     [(old_pid, _)] = wait_for(lambda: starts(log), 20, "the first execution")
@@ -154,7 +120,7 @@ def test_a_cancel_then_retry_never_runs_beside_the_cancelled_attempt(
     assert not alive(old_pid), "the retried job was claimed while the cancelled child ran"
     gate.touch()
     assert job.result(timeout_s=20) == 1
-    assert run.worker.stats["cancelled"] + run.worker.stats["lease_lost"] == 1
+    assert worker.stats["cancelled"] + worker.stats["lease_lost"] == 1
 
 
 # -- a worker that never hangs and never sits on jobs ------------------------------------------
@@ -162,18 +128,19 @@ def test_a_cancel_then_retry_never_runs_beside_the_cancelled_attempt(
 
 @pytest.mark.timeout(60)
 def test_a_pool_that_breaks_while_idle_stops_the_worker_and_hands_jobs_back(
-    queue_name: str, runs: list[Run]
+    queue_name: str, workers: BackgroundWorkers
 ) -> None:
     backend = MemoryBackend.shared(queue_name)
-    run = start(runs, queue_name, H + "echo", lease_s=3.0)
-    wait_for(lambda: run.worker._pool is not None, 20, "the pool")
-    assert run.worker._pool is not None
+    worker = start(workers, queue_name, H + "echo", lease_s=3.0)
+    wait_for(lambda: worker._pool is not None, 20, "the pool")
+    assert worker._pool is not None
     wait_for(backend.workers, 20, "the worker to register")
-    run.worker._pool._supervisor._break("children exit before they are ready (forced)")
+    worker._pool._supervisor._break("children exit before they are ready (forced)")
     job = Queue(queue_name).enqueue(1)
-    assert run.join(10), "run() did not return after the pool broke"
-    assert isinstance(run.error, SandboxqError) and "pool" in str(run.error)
-    assert "\n" not in str(run.error)
+    assert workers.join(worker, 10), "run() did not return after the pool broke"
+    error = workers.error(worker)
+    assert isinstance(error, SandboxqError) and "pool" in str(error)
+    assert "\n" not in str(error)
     info = job.info()
     assert (info.state, info.attempts) == (JobState.WAITING, 0)  # handed back, not charged
     assert backend.workers() == []  # deregistered
@@ -181,7 +148,7 @@ def test_a_pool_that_breaks_while_idle_stops_the_worker_and_hands_jobs_back(
 
 @pytest.mark.timeout(60)
 def test_a_dead_heartbeat_stops_the_worker_and_requeues_its_job(
-    tmp_path: Path, queue_name: str, runs: list[Run]
+    tmp_path: Path, queue_name: str, workers: BackgroundWorkers
 ) -> None:
     backend = MemoryBackend.shared(queue_name)
 
@@ -190,10 +157,11 @@ def test_a_dead_heartbeat_stops_the_worker_and_requeues_its_job(
 
     backend.renew = renew_breaks  # type: ignore[method-assign]
     log, gate = tmp_path / "log", tmp_path / "gate"
-    run = start(runs, queue_name, G + "run_then_wait", lease_s=6.0)
+    worker = start(workers, queue_name, G + "run_then_wait", lease_s=6.0)
     job = Queue(queue_name).enqueue(str(log), str(gate))
-    assert run.join(15), "run() did not return after its heartbeat thread died"
-    assert isinstance(run.error, SandboxqError) and "heartbeat" in str(run.error)
+    assert workers.join(worker, 15), "run() did not return after its heartbeat thread died"
+    error = workers.error(worker)
+    assert isinstance(error, SandboxqError) and "heartbeat" in str(error)
     info = job.info()
     assert (info.state, info.attempts) == (JobState.WAITING, 0)
     [(pid, _)] = starts(log)
@@ -202,7 +170,7 @@ def test_a_dead_heartbeat_stops_the_worker_and_requeues_its_job(
 
 @pytest.mark.timeout(60)
 def test_burst_mode_survives_a_backend_error_in_the_empty_check(
-    queue_name: str, runs: list[Run]
+    queue_name: str, workers: BackgroundWorkers
 ) -> None:
     backend = MemoryBackend.shared(queue_name)
     real_counts = backend.counts
@@ -215,9 +183,9 @@ def test_burst_mode_survives_a_backend_error_in_the_empty_check(
 
     backend.counts = counts_once_broken  # type: ignore[method-assign]
     job = Queue(queue_name).enqueue(5)
-    run = start(runs, queue_name, H + "echo", burst=True)
-    assert run.join(20), "run(burst=True) never returned"
-    assert run.error is None and not failures
+    worker = start(workers, queue_name, H + "echo", burst=True)
+    assert workers.join(worker, 20), "run(burst=True) never returned"
+    assert workers.error(worker) is None and not failures
     assert job.result(timeout_s=1) == 5
 
 
@@ -230,11 +198,15 @@ def proxy(redis_server: RedisServer) -> Iterator[TcpProxy]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("second_signal", [False, True])
 def test_stop_returns_in_time_while_redis_hangs(
-    tmp_path: Path, proxy: TcpProxy, queue_name: str, runs: list[Run], second_signal: bool
+    tmp_path: Path,
+    proxy: TcpProxy,
+    queue_name: str,
+    workers: BackgroundWorkers,
+    second_signal: bool,
 ) -> None:
     stop_timeout_s = 1.0
-    run = start(
-        runs,
+    worker = start(
+        workers,
         queue_name,
         G + "run_then_wait",
         url=proxy.url,
@@ -247,14 +219,14 @@ def test_stop_returns_in_time_while_redis_hangs(
     proxy.stall()
     try:
         began = time.monotonic()
-        run.worker.stop()
+        worker.stop()
         if second_signal:
-            run.worker.stop(now=True)
+            worker.stop(now=True)
         # stop_timeout_s + 1 s is the promise; the rest is slack for a loaded machine
         limit = 1.0 if second_signal else stop_timeout_s + 1.0
-        if not run.join(limit + 1.5):  # say where it hangs
+        if not workers.join(worker, limit + 1.5):  # say where it hangs
             faulthandler.dump_traceback(sys.stderr)
-        assert run.join(0), "run() still running with Redis hung"
+        assert workers.join(worker, 0), "run() still running with Redis hung"
         took = time.monotonic() - began
     finally:
         proxy.resume()
@@ -262,14 +234,14 @@ def test_stop_returns_in_time_while_redis_hangs(
     [(pid, _)] = starts(log)
     assert not alive(pid)
     # A claim left behind in the hung connection ends once Redis answers again.
-    dispatcher = run.worker._dispatcher
+    dispatcher = worker._dispatcher
     assert dispatcher is not None and dispatcher.fetcher is not None
     wait_for(lambda: not dispatcher.fetcher.is_alive(), 15, "the fetcher to end")  # type: ignore[union-attr]
 
 
 @pytest.mark.timeout(60)
 def test_jobs_claimed_by_a_finish_whose_reply_was_lost_run_at_once(
-    queue_name: str, runs: list[Run]
+    queue_name: str, workers: BackgroundWorkers
 ) -> None:
     """The finish-and-claim call runs, but its reply never arrives: the job it claimed
     must not sit leased to nobody for a whole lease."""
@@ -287,13 +259,13 @@ def test_jobs_claimed_by_a_finish_whose_reply_was_lost_run_at_once(
     backend.finish_many = reply_lost  # type: ignore[method-assign]
     queue = Queue(queue_name)
     first, second = queue.enqueue(1), queue.enqueue(2)
-    run = start(runs, queue_name, H + "echo", prefetch=0, lease_s=30.0)
+    worker = start(workers, queue_name, H + "echo", prefetch=0, lease_s=30.0)
     assert first.result(timeout_s=20) == 1
     assert second.result(timeout_s=10) == 2  # long before its 30 s lease could run out
     assert lost == [second.id]
     assert second.info().stalls == 0 and len(second.info().history) == 1
     assert len(first.info().history) == 1
-    assert run.worker.stats["completed"] == 1  # the second; the first ack's answer was lost
+    assert worker.stats["completed"] == 1  # the second; the first ack's answer was lost
 
 
 def test_two_leases_of_one_job_are_held_apart(queue_name: str) -> None:

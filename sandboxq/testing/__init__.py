@@ -3,7 +3,8 @@
 
     handlers       misbehaving handlers: hang, spin, hold the GIL, crash, exit, leak memory
     cases          each handler with the settings that provoke it and the outcome it must give
-    workers        SandboxWorkers on background threads, always stopped and joined
+    workers        every worker a test starts (threads, burst runs, `sandboxq worker`
+                   processes), from one factory that always stops them
     waiting        wait_for: poll a condition against a deadline that names what it waits for
     processes      which processes a test left behind
     redis_server   a throwaway redis-server on a free port or a Unix socket

@@ -363,10 +363,9 @@ def _forked(body: Any) -> int:
     return pid
 
 
-def fork_burst(pid_file: str | None = None, count: int = 200, then: str = "return") -> Any:
-    """Forks ``count`` sleeping processes at once (each records its pid), then ends as
-    ``then`` says: all of them are dead before the outcome is reported."""
-    pid_file = _pid_file(pid_file)
+def _fork_sleepers(pid_file: str, count: int) -> None:
+    """Forks ``count`` processes that record their pid in ``pid_file`` and sleep forever;
+    returns once every one has recorded itself."""
 
     def sleeper() -> None:
         _record(pid_file, os.getpid())
@@ -376,6 +375,12 @@ def fork_burst(pid_file: str | None = None, count: int = 200, then: str = "retur
     for _ in range(count):
         _forked(sleeper)
     _wait_lines(pid_file, count)
+
+
+def fork_burst(pid_file: str | None = None, count: int = 200, then: str = "return") -> Any:
+    """Forks ``count`` sleeping processes at once (each records its pid), then ends as
+    ``then`` says: all of them are dead before the outcome is reported."""
+    _fork_sleepers(_pid_file(pid_file), count)
     return _end(then)
 
 
@@ -535,15 +540,7 @@ def leak_then_hold(mb: int, hold_s: float = 0.0) -> int:
 def burst_then_clock(pid_file: str, count: int = 200) -> float:
     """Forks ``count`` sleeping processes, then returns the wall-clock time of its return
     (ok): how long its leftovers take to be gone is measured from there."""
-
-    def sleeper() -> None:
-        _record(pid_file, os.getpid())
-        while True:
-            time.sleep(1)
-
-    for _ in range(count):
-        _forked(sleeper)
-    _wait_lines(pid_file, count)
+    _fork_sleepers(pid_file, count)
     return time.time()
 
 

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from sandboxq.testing.redis_server import free_port
+from sandboxq.testing.redis_server import free_port, terminate
 
 
 class PrometheusNotFound(FileNotFoundError):
@@ -109,13 +109,8 @@ class PrometheusServer:
         return [(r["metric"], float(r["value"][1])) for r in body["data"]["result"]]
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        if self._proc is not None:
+            terminate(self._proc, 10)
         self._proc = None
         if self._log is not None:
             self._log.close()

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sandboxq.testing.redis_server import RedisServer, free_port
+from sandboxq.testing.redis_server import RedisServer, free_port, terminate
 
 
 class LocalSentinel:
@@ -125,13 +125,7 @@ class LocalSentinel:
 
     def close(self) -> None:
         for proc in self._sentinels:
-            if proc.poll() is None:
-                proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            terminate(proc, 5)
         self._sentinels.clear()
         self.replica.close()
         self.master.close()

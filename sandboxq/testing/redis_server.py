@@ -1,7 +1,8 @@
 """A throwaway ``redis-server`` for tests and benchmarks: on a free loopback port, or on a
 Unix socket in a private directory, with its data in a temporary directory removed on
 ``close()``. With ``tls=TlsFiles(...)`` it speaks TLS only (``rediss://``), optionally
-requiring client certificates (mutual TLS)."""
+requiring client certificates (mutual TLS). ``free_port()`` and ``terminate(proc, grace_s)``
+serve every throwaway server of ``sandboxq.testing``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: The binary looked up on PATH when none is named.
 BINARY = "redis-server"
@@ -57,6 +59,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def terminate(proc: subprocess.Popen[Any], grace_s: float) -> None:
+    """End a server the way every throwaway server here ends: SIGTERM (a clean exit), then
+    SIGKILL if it has not exited ``grace_s`` later; reaped either way."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace_s)
 
 
 class RedisServer:
@@ -192,13 +206,8 @@ class RedisServer:
             return False
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        if self.process is not None:
+            terminate(self.process, 5)
         self.process = None
 
     def close(self) -> None:

@@ -22,11 +22,8 @@ def start_worker(url: str, queue_name: str) -> Iterator[StartWorker]:
     workers = BackgroundWorkers(join_timeout_s=20)
 
     def start(processor: str, **kwargs: Any) -> SandboxWorker:
-        kwargs.setdefault("concurrency", 1)
-        kwargs.setdefault("lease_s", 5.0)
-        return workers.start(queue_name, H + processor, url=url, **kwargs)
+        options = {"concurrency": 1, "lease_s": 5.0, **kwargs}
+        return workers.start(queue_name, H + processor, url=url, **options)
 
     yield start
-    died = workers.not_running()
-    workers.stop_all()
-    assert not died, "a worker died while it was served bad input"
+    workers.stop_all(died_of="bad input")

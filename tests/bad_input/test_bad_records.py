@@ -46,9 +46,7 @@ def _surviving(
     """A worker on a thread, for a fixture; at teardown it must still be running."""
     workers = BackgroundWorkers(join_timeout_s=20)
     yield workers.start(queue_name, H + processor, url=url, **options)
-    died = workers.not_running()
-    workers.stop_all()
-    assert not died, "the worker died of a corrupt record"
+    workers.stop_all(died_of="a corrupt record")
 
 
 @pytest.fixture

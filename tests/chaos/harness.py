@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,9 +29,10 @@ from audit import Audit, Tally, audit
 from sandboxq import Queue, codec
 from sandboxq.backends.base import NewJob
 from sandboxq.errors import BackendError
-from sandboxq.models import JobOptions
-from sandboxq.testing.ledger import read_ledger
+from sandboxq.models import JobOptions, Outcome
+from sandboxq.testing.ledger import Execution, read_ledger
 from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers
 
 PROCESSOR = "sandboxq.testing.ledger:ledger_job"
 
@@ -113,30 +113,22 @@ class Fleet:
         self.workers: list[Worker] = []
         self.seen: set[int] = set()
         self._lock = threading.Lock()
+        self._processes = BackgroundWorkers()
 
     def spawn(self, url: str | None = None, *extra: str) -> Worker:
         name = f"w{len(self.workers) + 1}"
         log = self.logs / f"{name}.log"
-        with log.open("ab") as stderr:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "sandboxq",
-                    "worker",
-                    self.queue,
-                    PROCESSOR,
-                    "--url",
-                    url or self.url,
-                    *self.args,
-                    *extra,
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                # Its own process group, as a worker started from a shell has: a test can
-                # stop the group the way a terminal's Ctrl-Z would, and only that worker.
-                start_new_session=True,
-            )
+        proc = self._processes.spawn(
+            self.queue,
+            PROCESSOR,
+            *self.args,
+            *extra,
+            url=url or self.url,
+            log=log,
+            # Its own process group, as a worker started from a shell has: a test can
+            # stop the group the way a terminal's Ctrl-Z would, and only that worker.
+            new_session=True,
+        )
         worker = Worker(name, proc, log)
         with self._lock:
             self.workers.append(worker)
@@ -185,10 +177,7 @@ class Fleet:
     def close(self) -> None:
         """SIGKILL every worker; assert everything they ever started dies with them."""
         self.watch()
-        for worker in self.workers:
-            if worker.proc.poll() is None:
-                worker.proc.kill()
-            worker.proc.wait(10)
+        self._processes.stop_all()
         deadline = time.monotonic() + 5.0
         while (left := sorted(p for p in self.seen if alive(p))) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -203,6 +192,19 @@ def unfinished(ledger: Path, pids: set[int]) -> dict[str, int]:
         for e in runs
         if e.pid in pids and not e.finished
     }
+
+
+def assert_cut_off(
+    scene: Scene, runs: dict[str, list[Execution]], held: dict[str, int], at: float, lease_s: float
+) -> None:
+    """Each job of ``held`` (key -> pid) ran in that pid until less than a lease after ``at``
+    (the wall-clock time of the fault), never to its end, and that first attempt was
+    recorded as a lost lease."""
+    for key, pid in held.items():
+        (cut_off,) = [e for e in runs[key] if e.pid == pid]
+        assert not cut_off.finished and cut_off.last < at + lease_s, cut_off
+        info = scene.queue.backend.get(key)
+        assert info is not None and info.history[0].outcome is Outcome.LEASE_LOST, info
 
 
 # -- fault makers -----------------------------------------------------------------------------

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 from concurrent.futures import Future
 
 import pytest
@@ -14,9 +12,11 @@ from sandboxq import Pool, Queue
 from sandboxq.heartbeat import fence_margin_s
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult
+from sandboxq.testing.processes import still_running
 from sandboxq.testing.proxy import TcpProxy
 from sandboxq.testing.redis_server import RedisServer
-from sandboxq.worker import SandboxWorker
+from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,10 +43,12 @@ def test_a_kill_racing_a_childs_death_does_not_crash_the_supervisor() -> None:
             pid = pool.running_pids()[slow_token]
             pool.kill(slow_token, Outcome.LEASE_LOST, "the lease renewal was rejected")
             os.kill(pid, signal.SIGKILL)
-            time.sleep(0.5)  # the child dies; its channel and sentinel become readable
+            # the child dies (unreaped: this thread reaps): its channel and sentinel are
+            # readable before the supervisor gets to look again
+            wait_for(lambda: not still_running([pid]), 10, "the slow attempt's child to die")
             quick.set_result(result)
 
-        time.sleep(0.5)  # the slow attempt is running
+        wait_for(pool.running_pids, 10, "the slow attempt to run in a child")
         pool.execute(pool.make_task(0.01, "quick"), on_quick_done)
         assert quick.result(timeout=20).outcome is Outcome.OK
         assert victim.result(timeout=20).outcome is Outcome.LEASE_LOST
@@ -57,7 +59,7 @@ def test_a_kill_racing_a_childs_death_does_not_crash_the_supervisor() -> None:
 
 
 def test_a_worker_behind_a_slow_link_keeps_its_leases(
-    redis_server: RedisServer, queue_name: str
+    redis_server: RedisServer, queue_name: str, workers: BackgroundWorkers
 ) -> None:
     """Found with the network chaos test: behind a link with 150 ms of latency each way, a
     worker with a 1.5 s lease fenced its own healthy jobs over and over. Its heartbeat
@@ -70,20 +72,15 @@ def test_a_worker_behind_a_slow_link_keeps_its_leases(
         TcpProxy("127.0.0.1", redis_server.port) as proxy,
         Queue(queue_name, url=redis_server.url) as queue,
     ):
-        worker = SandboxWorker(
+        worker = workers.start(
             queue_name, H + "succeed_after", url=proxy.url, concurrency=2, lease_s=lease
         )
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
-            # Warm up every connection on a fast link: the test is about the steady state.
-            assert queue.enqueue(1.0, "warm").result(timeout_s=20) == "warm"
-            proxy.delay_s = 0.15
-            jobs = [queue.enqueue(3 * lease, i) for i in range(2)]
-            assert [job.result(timeout_s=60) for job in jobs] == [0, 1]
-        finally:
-            worker.stop()
-            thread.join(20)
+        # Warm up every connection on a fast link: the test is about the steady state.
+        assert queue.enqueue(1.0, "warm").result(timeout_s=20) == "warm"
+        proxy.delay_s = 0.15
+        jobs = [queue.enqueue(3 * lease, i) for i in range(2)]
+        assert [job.result(timeout_s=60) for job in jobs] == [0, 1]
+        workers.stop(worker)
         print(f"\nlongest gap between renewals: {worker.heartbeat.max_gap_s:.2f} s")
         assert worker.stats["lease_lost"] == 0, worker.stats
         assert all(job.info().stalls == 0 for job in jobs)

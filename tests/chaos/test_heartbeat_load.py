@@ -4,7 +4,6 @@ long C call for five leases. The parent's renewals must not notice."""
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from harness import PROCESSOR, Scene
 
 from sandboxq.heartbeat import fence_margin_s
 from sandboxq.testing.ledger import read_ledger
-from sandboxq.worker import SandboxWorker
+from sandboxq.testing.workers import BackgroundWorkers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,36 +35,26 @@ def most_at_once(ledger: Path) -> int:
 
 
 def test_leases_hold_while_every_core_is_held_by_gil_holding_children(
-    scene: Scene, record_property: Callable[[str, object], None]
+    scene: Scene, workers: BackgroundWorkers, record_property: Callable[[str, object], None]
 ) -> None:
     """2 x cores children, each in one ``sum(range(n))`` call (GIL held, signal handlers
     blocked) for 5 leases: every job runs once and completes once, no lease lapses, no job
     is recovered as stalled, and the longest gap between two renewals stays well inside
     the lease. The gap is recorded (``max_renewal_gap_s``) and printed."""
     children = 2 * (os.cpu_count() or 2)
-    worker = SandboxWorker(
-        scene.queue.name,
-        PROCESSOR,
-        url=scene.url,
-        concurrency=children,
-        lease_s=LEASE_S,
-        prefetch=0,
+    worker = workers.start(
+        scene.queue, PROCESSOR, concurrency=children, lease_s=LEASE_S, prefetch=0
     )
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
     seconds = 5 * LEASE_S
-    try:
-        producer = scene.producer(
-            children,
-            batch=children,
-            seconds=lambda rng: seconds,
-            step_s=seconds,  # one C call for the whole job
-            busy=True,
-        )
-        result = scene.finish(producer)
-    finally:
-        worker.stop()
-        thread.join(30)
+    producer = scene.producer(
+        children,
+        batch=children,
+        seconds=lambda rng: seconds,
+        step_s=seconds,  # one C call for the whole job
+        busy=True,
+    )
+    result = scene.finish(producer)
+    workers.stop(worker)
     gap = worker.heartbeat.max_gap_s
     record_property("max_renewal_gap_s", round(gap, 3))
     print(f"\nlongest gap between renewals: {gap:.3f} s (lease {LEASE_S} s); {result.line()}")

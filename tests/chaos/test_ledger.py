@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-import time
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,36 +33,34 @@ def test_two_children_running_one_job_at_once_are_caught(tmp_path: Path) -> None
     assert first.key == second.key == "same" and first.pid != second.pid
 
 
+def started(pool: Pool, ledger: Path, key: str, seconds: float) -> tuple[Future[Any], int]:
+    """Submit ledger job ``key``; once it runs: its future and the pid of its child."""
+    future = pool.submit(str(ledger), key, seconds)
+    # The supervisor marks an attempt running just after the child may have started it:
+    # wait for both before asking which pid runs it.
+    wait_for(
+        lambda: key in read_ledger(ledger) and pool.running_pids(), 10, f"the {key} run to start"
+    )
+    (pid,) = pool.running_pids().values()
+    return future, pid
+
+
 def test_a_frozen_execution_that_resumes_is_caught_a_killed_one_is_not(tmp_path: Path) -> None:
     """A frozen child that carries on after another took over its job overlaps it; a child
     killed before the other started does not."""
     ledger = tmp_path / "ledger"
     with Pool(LEDGER_JOB, 2) as pool:
-        frozen = pool.submit(str(ledger), "thawed", 1.0)
-        # The supervisor marks an attempt running just after the child may have started
-        # it: wait for both before asking which pid runs it.
-        wait_for(
-            lambda: "thawed" in read_ledger(ledger) and pool.running_pids(),
-            10,
-            "the first run to start",
-        )
-        (pid,) = pool.running_pids().values()
+        frozen, pid = started(pool, ledger, "thawed", 1.0)
         os.kill(pid, signal.SIGSTOP)
         pool.submit(str(ledger), "thawed", 0.2).result(timeout=20)
         os.kill(pid, signal.SIGCONT)
         frozen.result(timeout=20)
 
-        killed = pool.submit(str(ledger), "killed", 5.0)
-        wait_for(
-            lambda: "killed" in read_ledger(ledger) and pool.running_pids(),
-            10,
-            "the doomed run to start",
-        )
-        (pid,) = pool.running_pids().values()
+        killed, pid = started(pool, ledger, "killed", 5.0)
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(Exception, match="SIGKILL"):
             killed.result(timeout=20)
-        time.sleep(0.05)
+        # The killed child is dead by now: whatever it logged comes before the next run.
         pool.submit(str(ledger), "killed", 0.1).result(timeout=20)
     runs = read_ledger(ledger)
     assert [(a.key, b.key) for a, b in overlaps(runs)] == [("thawed", "thawed")]

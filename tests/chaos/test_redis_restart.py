@@ -44,7 +44,7 @@ def test_redis_killed_and_restarted_loses_no_accepted_job(
     server.stop()
     down_at = time.monotonic()
     before = len(producer.accepted)
-    time.sleep(2.5 * LEASE_S)
+    time.sleep(2.5 * LEASE_S)  # the subject: Redis stays down for longer than the lease
     assert all(w.proc.poll() is None for w in workers), fleet.errors()
     server.start()
     print(f"\nRedis was down {time.monotonic() - down_at:.1f} s")

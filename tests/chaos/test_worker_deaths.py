@@ -8,9 +8,8 @@ import signal
 import time
 
 import pytest
-from harness import Scene, alive, unfinished
+from harness import Scene, alive, assert_cut_off, unfinished
 
-from sandboxq.models import Outcome
 from sandboxq.testing.ledger import read_ledger
 from sandboxq.testing.waiting import wait_for
 
@@ -30,15 +29,16 @@ def test_sigkill_of_worker_parents_kills_their_children_and_loses_nothing(scene:
     held: list[str] = []
     death_s: list[float] = []
     for victim in fleet.workers[:2]:
-        time.sleep(2.0)
         family = victim.family()
-        held += unfinished(scene.ledger, set(family))
+        held += wait_for(
+            lambda f=family: unfinished(scene.ledger, set(f)), 20, f"{victim.name} to run a job"
+        )
         victim.proc.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         victim.proc.wait(10)
         wait_for(lambda f=family: not any(alive(p) for p in f), 10, "the family to die")
         death_s.append(time.monotonic() - killed_at)
-        time.sleep(2.0)
+        time.sleep(2.0)  # the subject: the fleet runs a worker short for more than a lease
         fleet.wait_ready(fleet.spawn(), 2)
     result = scene.finish(producer)
     print(f"\nfamilies dead {[f'{s:.2f}' for s in death_s]} s after the kill; {result.line()}")
@@ -58,10 +58,10 @@ def test_a_worker_frozen_past_its_lease_is_fenced_when_it_thaws(scene: Scene) ->
     fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
     frozen = fleet.start(3, children=2)[0]
     producer = scene.producer(150, batch=15, seconds=lambda rng: rng.uniform(0.2, 0.6))
-    time.sleep(2.0)
+    wait_for(lambda: unfinished(scene.ledger, set(frozen.family())), 20, "the worker to run a job")
     family = frozen.signal_family(signal.SIGSTOP)
     stopped_at = time.time()
-    time.sleep(2 * LEASE_S)
+    time.sleep(2 * LEASE_S)  # the subject: frozen for longer than the lease
     held = unfinished(scene.ledger, set(family))
     # Someone else has taken over (and maybe finished) the frozen worker's jobs.
     wait_for(
@@ -72,7 +72,8 @@ def test_a_worker_frozen_past_its_lease_is_fenced_when_it_thaws(scene: Scene) ->
         "the other workers to take over the frozen jobs",
     )
     frozen.proc.send_signal(signal.SIGCONT)
-    time.sleep(0.5)  # the parent fences first; then the children may wake
+    # The parent fences first (SIGKILL reaches a stopped child); then the rest may wake.
+    wait_for(lambda: not any(alive(p) for p in held.values()), 5, "the parent to fence")
     for pid in family[1:]:
         try:
             os.kill(pid, signal.SIGCONT)
@@ -115,7 +116,7 @@ def test_a_worker_parent_stopped_alone_cannot_let_its_children_outlive_their_lea
     os.killpg(stopped.pid, signal.SIGSTOP)
     stopped_at = time.time()
     try:
-        time.sleep(2 * LEASE_S)
+        time.sleep(2 * LEASE_S)  # the subject: the parent stays stopped past the lease
         # The children fenced themselves while their parent could not.
         assert not any(alive(pid) for pid in held.values()), held
     finally:
@@ -124,11 +125,7 @@ def test_a_worker_parent_stopped_alone_cannot_let_its_children_outlive_their_lea
     result = scene.finish(producer)
     print(f"\n{len(held)} jobs running when the parent stopped; {result.line()}")
     runs = read_ledger(scene.ledger)
-    for key, pid in held.items():
-        (cut_off,) = [e for e in runs[key] if e.pid == pid]
-        assert not cut_off.finished and cut_off.last < stopped_at + LEASE_S, cut_off
-        info = scene.queue.backend.get(key)
-        assert info is not None and info.history[0].outcome is Outcome.LEASE_LOST
+    assert_cut_off(scene, runs, held, stopped_at, LEASE_S)
     assert stopped.proc.poll() is None, fleet.tail(stopped)
     newer = {p.pid for p in stopped.children()}
     assert any(e.started > resumed_at and e.pid in newer for r in runs.values() for e in r)

@@ -216,9 +216,7 @@ def served(redis_url: str, queue_name: str) -> Iterator[SandboxWorker]:
     workers = BackgroundWorkers(join_timeout_s=20)
     yield workers.start(queue_name, H + "echo", url=redis_url, concurrency=1, lease_s=2.0,
                         stall_check_s=0.2)  # fmt: skip
-    died = workers.not_running()
-    workers.stop_all()
-    assert not died, "the worker died of what was written into its queue"
+    workers.stop_all(died_of="what was written into its queue")
 
 
 @settings(SHARED_ACROSS_EXAMPLES, max_examples=150)

@@ -200,9 +200,7 @@ def test_a_claimed_job_over_the_caps_fails_with_the_cap(
         assert len(info.error) < 1000
         assert q.enqueue("beside").result(timeout_s=30) == "beside"
     finally:
-        died = workers.not_running()
-        workers.stop_all()
-    assert not died
+        workers.stop_all(died_of="a job over the caps")
 
 
 def test_a_waiter_never_fetches_a_huge_state_field(raw: redis.Redis, q: Queue) -> None:
