@@ -46,6 +46,26 @@ def check_limits(**limits: object) -> None:
             raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
 
 
+@dataclass(frozen=True)
+class Retention:
+    """What a backend keeps, the same options and defaults for every backend: finished
+    jobs by count (``retain_failed`` for failed and for cancelled ones, each) and by age,
+    and the newest ``max_events`` events."""
+
+    retain_completed: int = 1000
+    retain_failed: int = 10_000
+    retain_s: float = 7 * 24 * 3600
+    max_events: int = 10_000
+
+    def __post_init__(self) -> None:
+        check_limits(
+            retain_completed=self.retain_completed,
+            retain_failed=self.retain_failed,
+            retain_s=self.retain_s,
+            max_events=self.max_events,
+        )
+
+
 # NewJob, Claimed and Ack are made once per job on the hot path: plain slotted dataclasses,
 # read-only by convention, because a frozen one sets every field through
 # object.__setattr__ and costs several times more to build (see pool/attempt.py).
@@ -319,7 +339,7 @@ class Backend(Protocol):
         left). With ``outcome``, only jobs whose last outcome is that one, looking at no
         more than ``PAGE_SCAN`` jobs per call: a page may then come back short with a
         ``next_cursor`` that goes on looking. ``next_cursor`` is None at the end.
-        A job's error is clipped to ``ERROR_CLIP`` characters.
+        At most ``MAX_PAGE`` jobs a page; a job's error is clipped to ``ERROR_CLIP`` bytes.
         """
         ...
 
@@ -334,10 +354,35 @@ class Backend(Protocol):
         ...
 
 
+class FinishOne:
+    """``finish`` as ``finish_many`` of one ack: what every backend does, written once."""
+
+    def finish(
+        self: Backend,
+        worker_id: str,
+        job_id: str,
+        token: str,
+        action: FinishAction,
+        attempt: AttemptRecord,
+        *,
+        result: bytes | None = None,
+        error: str | None = None,
+        retry_delay_s: float = 0.0,
+        claim: int = 0,
+        lease_s: float = 30.0,
+    ) -> FinishResult:
+        ack = Ack(job_id, token, action, attempt, result, error, retry_delay_s)
+        # a rejected ack claims nothing ("nothing changed"): finish_many's own rule
+        accepted, claimed = self.finish_many(worker_id, [ack], claim=claim, lease_s=lease_s)
+        return FinishResult(accepted=accepted[0], claimed=claimed)
+
+
 #: Jobs ``job_page`` looks at per call when it filters by outcome.
 PAGE_SCAN = 1000
-#: Characters of a job's error a page summary carries.
+#: Bytes of a job's error (UTF-8) a page summary carries.
 ERROR_CLIP = 300
+#: Most jobs one ``job_page`` returns, whatever ``limit`` asks for.
+MAX_PAGE = 500
 #: Priorities ``oldest_waiting_ms`` walks, highest first.
 PRIORITY_BANDS = 32
 
@@ -350,7 +395,7 @@ class JobSummary:
     state: str  # a JobState value, or what an edited record holds instead
     attempts: int | None
     outcome: str | None
-    error: str | None  # clipped to ERROR_CLIP characters
+    error: str | None  # clipped to ERROR_CLIP bytes (rules.clip_error)
     created_ms: int | None
     finished_ms: int | None
 

@@ -14,15 +14,15 @@ server does not know (a restarted Redis, an empty script cache) is loaded on the
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from sandboxq.backends.redis.connection import Lane
-from sandboxq.backends.rules import lua_constants
+from sandboxq.backends import rules
+from sandboxq.backends.base import Retention
+from sandboxq.backends.redis.lane import Lane
 
 _LUA = resources.files("sandboxq.backends.redis") / "lua"
 
@@ -34,7 +34,7 @@ def source(name: str) -> str:
     memory backend (rules.py), the common helpers, then the script."""
     common = (_LUA / "common.lua").read_text(encoding="utf-8")
     own = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return f"{lua_constants()}{common}\n-- ---- {name}.lua ----\n{own}"
+    return f"{rules.lua_constants()}{common}\n-- ---- {name}.lua ----\n{own}"
 
 
 def _bulk(value: Arg) -> bytes:
@@ -118,15 +118,14 @@ def raise_errors(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def script_settings(
-    max_events: int, retain_completed: int, retain_failed: int, retain_s: float
-) -> list[Arg]:
+def script_settings(retention: Retention) -> list[Arg]:
     """ARGV 1-4 of every script (lua/common.lua)."""
-    return [int(max_events), int(retain_completed), int(retain_failed), ms_ceil(retain_s)]
-
-
-def ms_ceil(seconds: float) -> int:
-    return max(0, math.ceil(seconds * 1000))
+    return [
+        int(retention.max_events),
+        int(retention.retain_completed),
+        int(retention.retain_failed),
+        rules.ms(retention.retain_s),
+    ]
 
 
 class Scripts:
