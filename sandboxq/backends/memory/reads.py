@@ -110,14 +110,15 @@ class Reads:
                 return None
             progress: Event | None = None
             # Progress is an event only here: the newest one for this job since it was
-            # last put back by hand (as retry_failed clears the stored progress in Redis).
+            # added, or last put back by hand (as retry_failed clears the stored progress
+            # in Redis); an older job of the same id (purged, trimmed) had its own.
             for event in reversed(self._store.events):
                 if event.job_id != job_id:
                     continue
                 if event.kind == "progress":
                     progress = event
                     break
-                if event.kind == "retried" and event.data.get("manual"):
+                if event.kind == "added" or (event.kind == "retried" and event.data.get("manual")):
                     break
             return JobDetail(
                 info=self._info(job),
