@@ -146,11 +146,12 @@ class Backend(Protocol):
     ) -> list[Claimed]:
         """Lease up to ``count`` jobs to ``worker_id`` for ``lease_s`` seconds.
 
-        First promotes due delayed jobs to waiting. Takes the highest priority first, FIFO
-        within a priority. Each claimed job becomes ``active`` with a fresh token, owner
-        ``worker_id``, lease expiry = backend now + ``lease_s``, attempts + 1. Emits
-        ``active``. A record too broken to claim is failed on the spot with a stated cause
-        and skipped.
+        With ``count`` <= 0, returns nothing at once. Otherwise first promotes due delayed
+        jobs to waiting (``rules.PROMOTE_LIMIT`` at most, due time first, then id). Takes
+        the highest priority first, FIFO within a priority. Each claimed job becomes
+        ``active`` with a fresh token, owner ``worker_id``, lease expiry = backend now +
+        ``lease_s``, attempts + 1. Emits ``active``. A record too broken to claim is failed
+        on the spot with a stated cause and skipped.
 
         With ``wait_s`` > 0 and nothing to claim, blocks until a job may be claimable (an
         enqueue, retry, requeue or recovery, or a delayed job falling due) or ``wait_s``
@@ -195,8 +196,10 @@ class Backend(Protocol):
         ``retry``: delayed until now + ``retry_delay_s`` (waiting when 0). ``requeue``: back
         to waiting *without* charging the attempt (attempts - 1; graceful shutdown). Every
         action appends ``attempt`` to the job's history and records its outcome and error.
-        Finished jobs are trimmed by the retention settings. Rejected (``accepted=False``,
-        nothing changed) unless ``(worker_id, token)`` is the job's current lease.
+        A job entering a finished state trims that state by the retention settings
+        (``Retention``: the oldest first, ties by id; ``rules.retention_over``). Rejected
+        (``accepted=False``, nothing changed) unless ``(worker_id, token)`` is the job's
+        current lease.
         """
         ...
 
@@ -227,15 +230,18 @@ class Backend(Protocol):
     def record_progress(
         self, worker_id: str, job_id: str, token: str, fraction: float, message: str | None
     ) -> bool:
-        """Store the job's latest progress and emit ``progress``; owner-checked like ``renew``
-        (False, nothing changed, when the caller no longer owns the job)."""
+        """Store the job's latest progress and emit ``progress`` (an empty ``message`` is
+        none); owner-checked like ``renew`` (False, nothing changed, when the caller no
+        longer owns the job)."""
         ...
 
     def recover_stalled(self) -> list[tuple[str, str]]:
-        """Jobs whose lease expired (backend clock, ``rules.lease_expired``): clear owner
-        and token (late acks and renewals are then rejected), stalls + 1; over the job's
-        ``max_stalls`` → ``failed`` with a stated cause, else back to ``waiting``.
-        Returns ``(job_id, new_state)``. Emits ``stalled``."""
+        """Jobs whose lease expired (backend clock, ``rules.lease_expired``), the earliest
+        expiry first (then by id), ``rules.RECOVER_LIMIT`` at most: clear owner and token
+        (late acks and renewals are then rejected), stalls + 1, the attempt recorded
+        (outcome ``lease_lost``); over the job's ``max_stalls`` → ``failed`` with a stated
+        cause (``rules.STALL_FAIL_TEXT``), else back to ``waiting`` at its old place in
+        line, ready from now. Returns ``(job_id, new_state)``. Emits ``stalled``."""
         ...
 
     def cancel(self, job_id: str) -> bool:
@@ -286,7 +292,9 @@ class Backend(Protocol):
         ...
 
     def list_jobs(self, state: JobState, limit: int = 100) -> list[str]:
-        """Ids of jobs in ``state``; finished states newest first."""
+        """Ids of jobs in ``state``, in the backend's order: waiting in claim order, delayed by
+        due time, active by lease expiry, finished states newest first; ties in time by id
+        (descending where newest first)."""
         ...
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:

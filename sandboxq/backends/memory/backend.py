@@ -103,31 +103,27 @@ class MemoryBackend(FinishOne, Management, Reads, Waits):
             return claimed
 
     def renew(self, worker_id: str, leases: Sequence[tuple[str, str]], lease_s: float) -> list[str]:
-        lost: list[str] = []
-        with self._store.cond:
-            now = now_ms()
-            for job_id, token in leases:
-                job = self._store.owned(worker_id, job_id, token)
-                if job is None:
-                    lost.append(job_id)
-                else:
-                    job.lease_ms = now + rules.lease_ms(lease_s)
-        return lost
+        def extend(job_id: str, token: str, now: int) -> bool:
+            job = self._store.owned(worker_id, job_id, token)
+            if job is not None:
+                job.lease_ms = now + rules.lease_ms(lease_s)
+            return job is not None
+
+        return self._store.per_lease(leases, extend)[1]
 
     def release(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
-        kept: list[str] = []
         store = self._store
-        with store.cond:
-            now = now_ms()
-            for job_id, token in leases:
-                job = store.owned(worker_id, job_id, token)
-                if job is None:
-                    kept.append(job_id)
-                    continue
-                job.attempts = max(0, job.attempts - 1)
-                store.move(job, WAITING, now, keep_place=True)
-                store.emit("released", job_id)
-        return kept
+
+        def hand_back(job_id: str, token: str, now: int) -> bool:
+            job = store.owned(worker_id, job_id, token)
+            if job is None:
+                return False
+            job.attempts = max(0, job.attempts - 1)
+            store.move(job, WAITING, now, keep_place=True)
+            store.emit("released", job_id)
+            return True
+
+        return store.per_lease(leases, hand_back)[1]
 
     def finish_many(
         self,

@@ -125,21 +125,20 @@ class Management:
             return True
 
     def confirm_dead(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
-        lifted: list[str] = []
         store = self._store
-        with store.cond:
-            now = now_ms()
-            for job_id, token in leases:
-                job = store.jobs.get(job_id)
-                if job is None or (job.fence_owner, job.fence_token) != (worker_id, token):
-                    continue
-                job.fence_owner = job.fence_token = None
-                if job.state is DELAYED:  # a fenced retry: claimable from now, not when due
-                    store.move(job, WAITING, now)
-                    job.ready_ms = now
-                store.emit("unfenced", job_id)
-                lifted.append(job_id)
-        return lifted
+
+        def lift(job_id: str, token: str, now: int) -> bool:
+            job = store.jobs.get(job_id)
+            if job is None or (job.fence_owner, job.fence_token) != (worker_id, token):
+                return False
+            job.fence_owner = job.fence_token = None
+            if job.state is DELAYED:  # a fenced retry: claimable from now, not when due
+                store.move(job, WAITING, now)
+                job.ready_ms = now
+            store.emit("unfenced", job_id)
+            return True
+
+        return store.per_lease(leases, lift)[0]
 
     def purge(self, state: JobState) -> int:
         state = rules.purgeable(state)

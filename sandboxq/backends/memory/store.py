@@ -23,7 +23,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sandboxq.backends import rules
@@ -145,6 +145,19 @@ class Store:
         ids[job.id] = None
         for job_id in reversed(after):
             ids[job_id] = None
+
+    def per_lease(
+        self, leases: Sequence[tuple[str, str]], act: Callable[[str, str, int], bool]
+    ) -> tuple[list[str], list[str]]:
+        """``act(job_id, token, now)`` for each lease, under the lock: the ids it acted on,
+        and the others (renew, release, confirm_dead)."""
+        done: list[str] = []
+        others: list[str] = []
+        with self.cond:
+            now = now_ms()
+            for job_id, token in leases:
+                (done if act(job_id, token, now) else others).append(job_id)
+        return done, others
 
     def live(self, seq: int, job_id: str, state: JobState) -> Job | None:
         job = self.jobs.get(job_id)

@@ -1,10 +1,12 @@
 """The Lua scripts, loaded from ``lua/*.lua`` and called with their keys bound once.
 
-Each state change is one script (one atomic call, one round trip). ``lua/common.lua``
-holds the helpers they share (key layout, server time, events, claim, retention) and is
-put in front of every script here, so the scripts stay short and agree on one layout.
+Each state change is one script (one atomic call, one round trip). In front of every
+script go the constants and texts of ``backends.rules`` (as Lua locals, so the memory
+backend and the scripts read one definition), then ``lua/common.lua``, the helpers they
+share (key layout, server time, events, claim, retention), so the scripts stay short and
+agree on one layout.
 
-A call is ``EVALSHA sha 10 <the queue's keys> <ARGV 1-4: retention settings> <args...>``.
+A call is ``EVALSHA sha 11 <the queue's keys> <ARGV 1-4: retention settings> <args...>``.
 Everything before ``<args...>`` is the same on every call of one backend, so it is packed
 into RESP bytes once (``Script.head``); a call packs only its own arguments. A script the
 server does not know (a restarted Redis, an empty script cache) is loaded on the

@@ -33,40 +33,16 @@ module does not import pytest.
 
 from __future__ import annotations
 
+from sandboxq.testing.contract import support
 from sandboxq.testing.contract.admin import AdminContract
 from sandboxq.testing.contract.leases import LeaseContract
 from sandboxq.testing.contract.order import OrderContract
 from sandboxq.testing.contract.pages import PageContract
 from sandboxq.testing.contract.recovery import RecoveryContract
-from sandboxq.testing.contract.support import (
-    LEASE_S,
-    PROMPT_S,
-    SLACK_S,
-    MakeBackend,
-    add,
-    claim_one,
-    finish,
-    in_thread,
-    info,
-    new_job,
-    record,
-)
+from sandboxq.testing.contract.support import *  # noqa: F403  (the helpers, for test modules)
 from sandboxq.testing.contract.waiting import WaitingContract
 
-__all__ = [
-    "LEASE_S",
-    "PROMPT_S",
-    "SLACK_S",
-    "BackendContract",
-    "MakeBackend",
-    "add",
-    "claim_one",
-    "finish",
-    "in_thread",
-    "info",
-    "new_job",
-    "record",
-]
+__all__ = ["BackendContract", *support.__all__]
 
 
 class BackendContract(

@@ -17,6 +17,21 @@ from sandboxq.backends.base import (
 )
 from sandboxq.models import AttemptRecord, JobInfo, JobOptions, Outcome
 
+__all__ = [
+    "LEASE_S",
+    "OUTCOMES",
+    "PROMPT_S",
+    "SLACK_S",
+    "MakeBackend",
+    "add",
+    "claim_one",
+    "finish",
+    "in_thread",
+    "info",
+    "new_job",
+    "record",
+]
+
 MakeBackend = Callable[..., Backend]
 
 #: The lease the tests claim with: long enough to act inside it, short enough to outwait.

@@ -3,7 +3,7 @@
 -- ARGV: 1-4 standard (unused); 5 state, 6 'asc' or 'desc', 7 score to start from
 --       ('-inf' / '+inf' for the first page), 8 jobs at exactly that score already shown,
 --       9 page size, 10 outcome to keep ('' = every job), 11 most jobs to look at,
---       12 characters of error to return.
+--       12 bytes of error to return (base.ERROR_CLIP; rules.clip_error does the same).
 -- Returns: {more (1/0: a job follows the last one looked at), last score, jobs at that
 --          score shown, scanned, then 7 entries per job: id, state, attempts, outcome,
 --          error (its first ARGV[12] bytes), created_ms, finished_ms}.
