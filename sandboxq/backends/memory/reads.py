@@ -55,7 +55,9 @@ class Reads:
     def get_result(self, job_id: str) -> bytes | None:
         with self._store.cond:
             job = self._store.jobs.get(job_id)
-            return job.result if job is not None and job.state is COMPLETED else None
+            if job is None or job.state is not COMPLETED:
+                return None
+            return job.result or None  # an empty result is none (read_result.lua)
 
     def counts(self) -> dict[JobState, int]:
         with self._store.cond:

@@ -3,7 +3,8 @@
     sandboxq.aio.Queue ── enqueue / cancel / retry ──► the same Lua scripts (scripts.py),
                           packed once; concurrent calls sent together (aio_lane.py), and
                           single enqueues of many coroutines joined into one script call
-                       ── get / counts / results ──► redis.asyncio commands (pipelined)
+                       ── get / results ──► read_job.lua, read_result.lua (bounded)
+                       ── counts ──► redis.asyncio commands (pipelined)
                        ── wait_for_finish / events ──► XREAD BLOCK on a client of its own
 
 Nothing here blocks the event loop: every wait is an awaited socket read. The scripts,
@@ -23,7 +24,7 @@ from typing import Any
 import redis.asyncio as aredis
 
 from sandboxq.backends.base import Event, NewJob
-from sandboxq.backends.redis import follow, records
+from sandboxq.backends.redis import follow, reads, records
 from sandboxq.backends.redis.aio_lane import AsyncLane, Coalescer
 from sandboxq.backends.redis.connection import (
     BLOCK_CAP_S,
@@ -130,21 +131,17 @@ class AsyncRedisBackend:
     # -- reading ------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobInfo | None:
+        """As ``RedisBackend.get``: read_job.lua, bounded (invariant 13)."""
         with redis_errors(self.where, f"read job {job_id!r}"):
-            pipe = self._main.pipeline(transaction=False)
-            pipe.hgetall(self.keys.job(job_id))
-            pipe.lrange(self.keys.history(job_id), 0, -1)
-            fields, history = await pipe.execute()
-        if not fields:
-            return None
-        return records.job_info(self.queue, job_id, fields, history)
+            reply = await self._script(self._scripts.read_job, reads.read_job_args(job_id))
+        return reads.job_from_reply(self.queue, self.keys, job_id, reply)
 
     async def get_result(self, job_id: str) -> bytes | None:
+        """As ``RedisBackend.get_result``: read_result.lua, bounded."""
         with redis_errors(self.where, f"read the result of job {job_id!r}"):
-            state, result = await self._main.hmget(self.keys.job(job_id), ["state", "result"])
-        if state != b"completed" or result is None:
-            return None
-        return result if isinstance(result, bytes) else result.encode()
+            args = reads.read_result_args(job_id)
+            reply = await self._script(self._scripts.read_result, args)
+        return reads.result_from_reply(job_id, reply)
 
     async def counts(self) -> dict[JobState, int]:
         with redis_errors(self.where, "count jobs"):

@@ -4,6 +4,8 @@ dashboard's reads (pages.py). Each is one round trip and changes nothing.
     get         read_job.lua: a field or attempt record over the read cap is never sent,
                 only its size (invariant 13: readers trust nothing in Redis)
     get_result  read_result.lua: the same for a result
+                (the asyncio client sends the same scripts and reads their replies with
+                the same functions: read_job_args, job_from_reply, ...)
     counts, list_jobs   ZCARD per state (one pipeline), ZRANGE / ZREVRANGE
 """
 
@@ -29,54 +31,14 @@ class Reads:
     _scripts: Scripts
 
     def get(self, job_id: str) -> JobInfo | None:
-        fields = records.INFO_FIELDS
-        args: list[Arg] = [job_id, records.MAX_FIELD_BYTES, records.MAX_HISTORY, *fields]
         with self._conns.errors(f"read job {job_id!r}"):
-            reply = self._scripts.read_job(args)
-        kind, history_kind = records.text(reply[0]), records.text(reply[1])
-        if kind == "none":
-            return None
-        if kind != "hash":
-            raise BackendError(
-                f"job {job_id!r} in queue {self.queue!r}: its record "
-                f"{self.keys.job(job_id)} holds a {kind}, not a hash (changed by hand?)"
-            )
-        total, sizes, values, history = reply[2:]
-        oversized = {
-            name: int(size)
-            for name, size in zip(fields, sizes, strict=True)
-            if size > records.MAX_FIELD_BYTES
-        }
-        found = {
-            name.encode(): value
-            for name, value in zip(fields, values, strict=True)
-            if value is not None and name not in oversized
-        }
-        damaged = []
-        if history_kind not in ("list", "none"):
-            history_key = self.keys.history(job_id)
-            damaged.append(f"history: {history_key} holds a {history_kind}, not a list")
-        return records.job_info(
-            self.queue,
-            job_id,
-            found,
-            history,
-            oversized=oversized,
-            damaged=damaged,
-            history_total=int(total),
-        )
+            reply = self._scripts.read_job(read_job_args(job_id))
+        return job_from_reply(self.queue, self.keys, job_id, reply)
 
     def get_result(self, job_id: str) -> bytes | None:
         with self._conns.errors(f"read the result of job {job_id!r}"):
-            state, size, result = self._scripts.read_result([job_id, MAX_RESULT_BYTES])
-        if state != b"completed" or not size:
-            return None
-        if size > MAX_RESULT_BYTES:
-            raise SerializationError(
-                f"job {job_id!r}: the result is {records.over_cap(size, MAX_RESULT_BYTES)}"
-                "; it was not read"
-            )
-        return None if result is None else bytes(result)
+            reply = self._scripts.read_result(read_result_args(job_id))
+        return result_from_reply(job_id, reply)
 
     def counts(self) -> dict[JobState, int]:
         with self._conns.errors("count jobs"):
@@ -131,3 +93,67 @@ class Reads:
         """Every queue on this Redis (not only this one), for the dashboard: see pages.py."""
         with self._conns.errors("list the queues"):
             return pages.queue_names(self._conns, budget_s)
+
+
+# -- one job, for the sync and the asyncio client alike --------------------------------------
+
+
+def read_job_args(job_id: str) -> list[Arg]:
+    """read_job.lua's arguments: the job, the read caps, the fields ``JobInfo`` needs."""
+    return [job_id, records.MAX_FIELD_BYTES, records.MAX_HISTORY, *records.INFO_FIELDS]
+
+
+def job_from_reply(queue: str, keys: QueueKeys, job_id: str, reply: Any) -> JobInfo | None:
+    """``JobInfo`` from read_job.lua's reply: None when there is no such job, a
+    ``BackendError`` when its key is not a hash, the oversized or damaged parts listed."""
+    fields = records.INFO_FIELDS
+    kind, history_kind = records.text(reply[0]), records.text(reply[1])
+    if kind == "none":
+        return None
+    if kind != "hash":
+        raise BackendError(
+            f"job {job_id!r} in queue {queue!r}: its record "
+            f"{keys.job(job_id)} holds a {kind}, not a hash (changed by hand?)"
+        )
+    total, sizes, values, history = reply[2:]
+    oversized = {
+        name: int(size)
+        for name, size in zip(fields, sizes, strict=True)
+        if size > records.MAX_FIELD_BYTES
+    }
+    found = {
+        name.encode(): value
+        for name, value in zip(fields, values, strict=True)
+        if value is not None and name not in oversized
+    }
+    damaged = []
+    if history_kind not in ("list", "none"):
+        damaged.append(f"history: {keys.history(job_id)} holds a {history_kind}, not a list")
+    return records.job_info(
+        queue,
+        job_id,
+        found,
+        history,
+        oversized=oversized,
+        damaged=damaged,
+        history_total=int(total),
+    )
+
+
+def read_result_args(job_id: str) -> list[Arg]:
+    """read_result.lua's arguments: the job and the largest result a reader takes in."""
+    return [job_id, MAX_RESULT_BYTES]
+
+
+def result_from_reply(job_id: str, reply: Any) -> bytes | None:
+    """A completed job's encoded result from read_result.lua's reply (None: not completed,
+    or none stored); ``SerializationError`` when it is over the cap."""
+    state, size, result = reply
+    if state != b"completed" or not size:
+        return None
+    if size > MAX_RESULT_BYTES:
+        raise SerializationError(
+            f"job {job_id!r}: the result is {records.over_cap(size, MAX_RESULT_BYTES)}"
+            "; it was not read"
+        )
+    return None if result is None else bytes(result)

@@ -18,6 +18,7 @@ from sandboxq.testing.contract.support import (
     add,
     claim_one,
     finish,
+    info,
     new_job,
     record,
 )
@@ -107,6 +108,12 @@ class OrderContract:
                 continue
             raise AssertionError(f"purge({state!r}) did not refuse")
         assert backend.counts()[JobState.ACTIVE] == 1
+
+    def test_an_empty_result_is_none(self, backend: Backend) -> None:
+        add(backend, "a")
+        assert finish(backend, claim_one(backend), result=b"").accepted
+        assert info(backend, "a").state is JobState.COMPLETED
+        assert backend.get_result("a") is None
 
     def test_an_empty_progress_message_is_none(self, backend: Backend) -> None:
         add(backend, "a")
