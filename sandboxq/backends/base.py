@@ -130,6 +130,10 @@ class FinishResult:
 
 
 class Backend(Protocol):
+    """What a backend is. The backends here subclass it (last among their bases, so their
+    own methods come first): a method one lacks is then an error where it is built, not
+    where it is first called, and they share ``finish``."""
+
     queue: str
 
     def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
@@ -199,9 +203,14 @@ class Backend(Protocol):
         A job entering a finished state trims that state by the retention settings
         (``Retention``: the oldest first, ties by id; ``rules.retention_over``). Rejected
         (``accepted=False``, nothing changed) unless ``(worker_id, token)`` is the job's
-        current lease.
+        current lease, and then nothing is claimed either.
+
+        Every backend's: ``finish_many`` of one ack (a backend subclassing ``Backend``
+        inherits it).
         """
-        ...
+        ack = Ack(job_id, token, action, attempt, result, error, retry_delay_s)
+        accepted, claimed = self.finish_many(worker_id, [ack], claim=claim, lease_s=lease_s)
+        return FinishResult(accepted=accepted[0], claimed=claimed)
 
     def finish_many(
         self,
@@ -360,29 +369,6 @@ class Backend(Protocol):
         """``created_ms`` of the job first in line at each priority, the oldest of those
         (at most ``PRIORITY_BANDS`` priorities looked at); None when nothing waits."""
         ...
-
-
-class FinishOne:
-    """``finish`` as ``finish_many`` of one ack: what every backend does, written once."""
-
-    def finish(
-        self: Backend,
-        worker_id: str,
-        job_id: str,
-        token: str,
-        action: FinishAction,
-        attempt: AttemptRecord,
-        *,
-        result: bytes | None = None,
-        error: str | None = None,
-        retry_delay_s: float = 0.0,
-        claim: int = 0,
-        lease_s: float = 30.0,
-    ) -> FinishResult:
-        ack = Ack(job_id, token, action, attempt, result, error, retry_delay_s)
-        # a rejected ack claims nothing ("nothing changed"): finish_many's own rule
-        accepted, claimed = self.finish_many(worker_id, [ack], claim=claim, lease_s=lease_s)
-        return FinishResult(accepted=accepted[0], claimed=claimed)
 
 
 #: Jobs ``job_page`` looks at per call when it filters by outcome.

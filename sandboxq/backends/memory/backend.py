@@ -13,10 +13,10 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from sandboxq.backends import rules
-from sandboxq.backends.base import Ack, Claimed, FinishOne, NewJob, Retention
+from sandboxq.backends.base import Ack, Backend, Claimed, NewJob, Retention
 from sandboxq.backends.memory.manage import Management
 from sandboxq.backends.memory.reads import Reads
 from sandboxq.backends.memory.store import (
@@ -31,11 +31,8 @@ from sandboxq.backends.memory.store import (
 from sandboxq.backends.memory.waits import Waits
 from sandboxq.models import check_queue_name
 
-if TYPE_CHECKING:
-    from sandboxq.backends.base import Backend
 
-
-class MemoryBackend(FinishOne, Management, Reads, Waits):
+class MemoryBackend(Management, Reads, Waits, Backend):
     """All of one queue's jobs in this process. ``shared(queue)`` is the instance every
     ``memory://`` Queue and worker of the process uses; tests build private instances.
     Options: those of ``base.Retention``."""
@@ -204,7 +201,3 @@ class MemoryBackend(FinishOne, Management, Reads, Waits):
 
     def close(self) -> None:
         """Nothing to release; the jobs stay, since a shared instance outlives any one user."""
-
-
-if TYPE_CHECKING:
-    _conforms: Backend = MemoryBackend("q")

@@ -27,7 +27,7 @@ from typing import Any
 import redis
 
 from sandboxq.backends import rules
-from sandboxq.backends.base import Ack, Claimed, Event, FinishOne, NewJob
+from sandboxq.backends.base import Ack, Backend, Claimed, Event, NewJob
 from sandboxq.backends.redis import listen, records
 from sandboxq.backends.redis.connection import Connections, RedisOptions
 from sandboxq.backends.redis.enqueue import enqueue_calls, enqueued
@@ -50,7 +50,7 @@ def lease_args(head: Sequence[Arg], leases: Sequence[tuple[str, str]]) -> list[A
     return args
 
 
-class RedisBackend(FinishOne, Reads):
+class RedisBackend(Reads, Backend):
     """One queue on one Redis server (or Cluster slot: every key shares the ``{queue}`` tag).
     Options: those of ``connection.RedisOptions``."""
 
