@@ -272,8 +272,9 @@ local function lease_pairs(first)
   end
 end
 
--- A claimed job back in line without charging its attempt (requeue, release): attempts
--- - 1, and its old place (seq), since it was claimed first. Returns the fields to HSET.
+-- A claimed job back in line without charging its attempt (requeue, release): one
+-- attempt fewer, and its old place (seq), since it was claimed first. Returns the fields
+-- to HSET.
 local function back_in_line(key, id)
   local f = redis.call('HMGET', key, 'attempts', 'priority', 'seq')
   redis.call('ZADD', WAITING, waiting_score(f[2], count_or(f[3], nil) or next_seq()), id)
