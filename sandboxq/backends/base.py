@@ -23,47 +23,13 @@ Lease expiry is computed with the backend's own clock (Redis ``TIME``), never th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from sandboxq.errors import ConfigError
 from sandboxq.models import AttemptRecord, JobInfo, JobState
 
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
-
-
-def check_limits(**limits: object) -> None:
-    """Retention and size limits of a backend: non-negative, finite numbers (not bools)."""
-    for name, value in limits.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
-
-
-@dataclass(frozen=True)
-class Retention:
-    """What a backend keeps, the same options and defaults for every backend: finished
-    jobs by count (``retain_failed`` for failed and for cancelled ones, each) and by age,
-    and the newest ``max_events`` events."""
-
-    retain_completed: int = 1000
-    retain_failed: int = 10_000
-    retain_s: float = 7 * 24 * 3600
-    max_events: int = 10_000
-
-    def __post_init__(self) -> None:
-        check_limits(
-            retain_completed=self.retain_completed,
-            retain_failed=self.retain_failed,
-            retain_s=self.retain_s,
-            max_events=self.max_events,
-        )
 
 
 # NewJob, Claimed and Ack are made once per job on the hot path: plain slotted dataclasses,
@@ -201,7 +167,7 @@ class Backend(Protocol):
         to waiting *without* charging the attempt (attempts - 1; graceful shutdown). Every
         action appends ``attempt`` to the job's history and records its outcome and error.
         A job entering a finished state trims that state by the retention settings
-        (``Retention``: the oldest first, ties by id; ``rules.retention_over``). Rejected
+        (``rules.Retention``: the oldest first, ties by id; ``rules.retention_over``). Rejected
         (``accepted=False``, nothing changed) unless ``(worker_id, token)`` is the job's
         current lease, and then nothing is claimed either.
 

@@ -1,4 +1,6 @@
-"""The numbers, words and boundaries both backends must agree on, defined once.
+"""The numbers, words and boundaries both backends must agree on, defined once: what
+they keep (``Retention``, the options every backend takes), the limits of one call, the
+texts they store, and how they read time.
 
     rules.py ──► memory/        imports them
              ├─► redis/*.py      imports them (arguments, checks, replies)
@@ -17,6 +19,7 @@ import json
 import math
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import get_args
 
 from sandboxq.backends.base import FinishAction, NewJob
@@ -49,6 +52,41 @@ STALL_FAIL_TEXT = "stalled %d times: the worker holding its lease stopped renewi
 CANCELLED_TEXT = "cancelled while %s"
 #: The error of a job whose record is too broken to run (``%s``: what is wrong).
 MALFORMED_TEXT = "malformed job record: %s"
+
+
+# -- what a backend keeps ------------------------------------------------------------------
+
+
+def check_limits(**limits: object) -> None:
+    """Retention and size limits of a backend: non-negative, finite numbers (not bools)."""
+    for name, value in limits.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What a backend keeps, the same options and defaults for every backend: finished
+    jobs by count (``retain_failed`` for failed and for cancelled ones, each) and by age,
+    and the newest ``max_events`` events."""
+
+    retain_completed: int = 1000
+    retain_failed: int = 10_000
+    retain_s: float = 7 * 24 * 3600
+    max_events: int = 10_000
+
+    def __post_init__(self) -> None:
+        check_limits(
+            retain_completed=self.retain_completed,
+            retain_failed=self.retain_failed,
+            retain_s=self.retain_s,
+            max_events=self.max_events,
+        )
 
 
 # -- time -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from sandboxq.backends import rules
-from sandboxq.backends.base import Ack, Backend, Claimed, NewJob, Retention
+from sandboxq.backends.base import Ack, Backend, Claimed, NewJob
 from sandboxq.backends.memory.manage import Management
 from sandboxq.backends.memory.reads import Reads
 from sandboxq.backends.memory.store import (
@@ -29,13 +29,14 @@ from sandboxq.backends.memory.store import (
     now_ms,
 )
 from sandboxq.backends.memory.waits import Waits
+from sandboxq.backends.rules import Retention
 from sandboxq.models import check_queue_name
 
 
 class MemoryBackend(Management, Reads, Waits, Backend):
     """All of one queue's jobs in this process. ``shared(queue)`` is the instance every
     ``memory://`` Queue and worker of the process uses; tests build private instances.
-    Options: those of ``base.Retention``."""
+    Options: those of ``rules.Retention``."""
 
     _registry: ClassVar[dict[str, MemoryBackend]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()

@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sandboxq.backends import rules
-from sandboxq.backends.base import Claimed, Event, NewJob, Retention
+from sandboxq.backends.base import Claimed, Event, NewJob
+from sandboxq.backends.rules import Retention
 from sandboxq.models import AttemptRecord, JobOptions, JobState, Outcome
 
 WAITING, DELAYED, ACTIVE = JobState.WAITING, JobState.DELAYED, JobState.ACTIVE

@@ -26,7 +26,6 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisClusterException
 
-from sandboxq.backends.base import Retention
 from sandboxq.backends.redis.lane import ClusterLane, Lane
 from sandboxq.backends.redis.urls import (
     CLUSTER_SCHEMES,
@@ -35,6 +34,7 @@ from sandboxq.backends.redis.urls import (
     client_builder,
     retry,
 )
+from sandboxq.backends.rules import Retention
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.redaction import redact_url as redact
 

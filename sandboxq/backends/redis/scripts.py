@@ -23,7 +23,6 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from sandboxq.backends import rules
-from sandboxq.backends.base import Retention
 from sandboxq.backends.redis.lane import Lane
 
 _LUA = resources.files("sandboxq.backends.redis") / "lua"
@@ -120,7 +119,7 @@ def raise_errors(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def script_settings(retention: Retention) -> list[Arg]:
+def script_settings(retention: rules.Retention) -> list[Arg]:
     """ARGV 1-4 of every script (lua/common.lua)."""
     return [
         int(retention.max_events),
