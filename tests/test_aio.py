@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -121,22 +122,33 @@ BAD: list[tuple[str, Callable[[Any], Any]]] = [
 ]
 
 
-def refusal(call: Callable[[], Any]) -> tuple[type[BaseException], str]:
+def answer(call: Callable[[], Any]) -> tuple[object, ...]:
+    """What a call gave: ("returned", value) or ("raised", type, text)."""
     try:
-        call()
+        return ("returned", call())
     except Exception as exc:
-        return type(exc), str(exc)
-    raise AssertionError("no error")
+        return ("raised", type(exc), str(exc))
 
 
-async def async_refusal(call: Callable[[], Any]) -> tuple[type[BaseException], str]:
+async def async_answer(call: Callable[[], Any]) -> tuple[object, ...]:
+    """``answer`` of a call that may return a coroutine (awaited) or raise at once."""
     try:
         result = call()
-        if asyncio.iscoroutine(result):
-            await result
+        return ("returned", await result if asyncio.iscoroutine(result) else result)
     except Exception as exc:
-        return type(exc), str(exc)
-    raise AssertionError("no error")
+        return ("raised", type(exc), str(exc))
+
+
+def refusal(call: Callable[[], Any]) -> tuple[object, ...]:
+    got = answer(call)
+    assert got[0] == "raised", f"no error: {got}"
+    return got
+
+
+async def async_refusal(call: Callable[[], Any]) -> tuple[object, ...]:
+    got = await async_answer(call)
+    assert got[0] == "raised", f"no error: {got}"
+    return got
 
 
 @pytest.mark.parametrize("what, call", BAD, ids=[what for what, _ in BAD])
@@ -198,3 +210,37 @@ def test_concurrent_enqueues_share_script_calls_and_keep_their_answers(
             assert counts[JobState.WAITING] == 1 + 200 + 1
 
     run(main())
+
+
+def test_the_async_redis_backend_reads_and_waits_as_the_sync_one(
+    redis_url: str, raw: Any, queue_name: str
+) -> None:
+    # Imported here, as sandboxq.aio does: a producer on memory:// loads no Redis client.
+    from sandboxq.backends.redis import RedisBackend
+    from sandboxq.backends.redis.aio import AsyncRedisBackend
+    from sandboxq.backends.redis.keys import QueueKeys
+
+    raw.set(QueueKeys(queue_name).job("broken"), "not a hash")  # changed by hand
+    calls: list[tuple[str, Callable[[Any], Any]]] = [
+        ("a record that is not a hash", lambda b: b.get("broken")),
+        ("its result", lambda b: b.get_result("broken")),
+        ("a job that does not exist", lambda b: b.get("nope")),
+        ("waiting for one", lambda b: b.wait_for_finish("nope", 5.0)),
+        ("waiting for the broken one", lambda b: b.wait_for_finish("broken", 5.0)),
+    ]
+
+    async def answers() -> list[object]:
+        backend = AsyncRedisBackend(redis_url, queue_name)
+        try:
+            return [await async_answer(partial(call, backend)) for _, call in calls]
+        finally:
+            await backend.close()
+
+    sync = RedisBackend(redis_url, queue_name)
+    try:
+        expected = [answer(partial(call, sync)) for _, call in calls]
+    finally:
+        sync.close()
+    started = time.monotonic()
+    assert run(answers()) == expected
+    assert time.monotonic() - started < 2.0  # a job that does not exist is said so at once

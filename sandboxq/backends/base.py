@@ -23,27 +23,13 @@ Lease expiry is computed with the backend's own clock (Redis ``TIME``), never th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from sandboxq.errors import ConfigError
 from sandboxq.models import AttemptRecord, JobInfo, JobState
 
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
-
-
-def check_limits(**limits: object) -> None:
-    """Retention and size limits of a backend: non-negative, finite numbers (not bools)."""
-    for name, value in limits.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
 
 
 # NewJob, Claimed and Ack are made once per job on the hot path: plain slotted dataclasses,
@@ -110,6 +96,10 @@ class FinishResult:
 
 
 class Backend(Protocol):
+    """What a backend is. The backends here subclass it (last among their bases, so their
+    own methods come first): a method one lacks is then an error where it is built, not
+    where it is first called, and they share ``finish``."""
+
     queue: str
 
     def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
@@ -126,11 +116,12 @@ class Backend(Protocol):
     ) -> list[Claimed]:
         """Lease up to ``count`` jobs to ``worker_id`` for ``lease_s`` seconds.
 
-        First promotes due delayed jobs to waiting. Takes the highest priority first, FIFO
-        within a priority. Each claimed job becomes ``active`` with a fresh token, owner
-        ``worker_id``, lease expiry = backend now + ``lease_s``, attempts + 1. Emits
-        ``active``. A record too broken to claim is failed on the spot with a stated cause
-        and skipped.
+        With ``count`` <= 0, returns nothing at once. Otherwise first promotes due delayed
+        jobs to waiting (``rules.PROMOTE_LIMIT`` at most, due time first, then id). Takes
+        the highest priority first, FIFO within a priority. Each claimed job becomes
+        ``active`` with a fresh token, owner ``worker_id``, lease expiry = backend now +
+        ``lease_s``, attempts + 1. Emits ``active``. A record too broken to claim is failed
+        on the spot with a stated cause and skipped.
 
         With ``wait_s`` > 0 and nothing to claim, blocks until a job may be claimable (an
         enqueue, retry, requeue or recovery, or a delayed job falling due) or ``wait_s``
@@ -175,10 +166,17 @@ class Backend(Protocol):
         ``retry``: delayed until now + ``retry_delay_s`` (waiting when 0). ``requeue``: back
         to waiting *without* charging the attempt (attempts - 1; graceful shutdown). Every
         action appends ``attempt`` to the job's history and records its outcome and error.
-        Finished jobs are trimmed by the retention settings. Rejected (``accepted=False``,
-        nothing changed) unless ``(worker_id, token)`` is the job's current lease.
+        A job entering a finished state trims that state by the retention settings
+        (``rules.Retention``: the oldest first, ties by id; ``rules.retention_over``). Rejected
+        (``accepted=False``, nothing changed) unless ``(worker_id, token)`` is the job's
+        current lease, and then nothing is claimed either.
+
+        Every backend's: ``finish_many`` of one ack (a backend subclassing ``Backend``
+        inherits it).
         """
-        ...
+        ack = Ack(job_id, token, action, attempt, result, error, retry_delay_s)
+        accepted, claimed = self.finish_many(worker_id, [ack], claim=claim, lease_s=lease_s)
+        return FinishResult(accepted=accepted[0], claimed=claimed)
 
     def finish_many(
         self,
@@ -207,15 +205,18 @@ class Backend(Protocol):
     def record_progress(
         self, worker_id: str, job_id: str, token: str, fraction: float, message: str | None
     ) -> bool:
-        """Store the job's latest progress and emit ``progress``; owner-checked like ``renew``
-        (False, nothing changed, when the caller no longer owns the job)."""
+        """Store the job's latest progress and emit ``progress`` (an empty ``message`` is
+        none); owner-checked like ``renew`` (False, nothing changed, when the caller no
+        longer owns the job)."""
         ...
 
     def recover_stalled(self) -> list[tuple[str, str]]:
-        """Jobs whose lease expired (backend clock, ``rules.lease_expired``): clear owner
-        and token (late acks and renewals are then rejected), stalls + 1; over the job's
-        ``max_stalls`` → ``failed`` with a stated cause, else back to ``waiting``.
-        Returns ``(job_id, new_state)``. Emits ``stalled``."""
+        """Jobs whose lease expired (backend clock, ``rules.lease_expired``), the earliest
+        expiry first (then by id), ``rules.RECOVER_LIMIT`` at most: clear owner and token
+        (late acks and renewals are then rejected), stalls + 1, the attempt recorded
+        (outcome ``lease_lost``); over the job's ``max_stalls`` → ``failed`` with a stated
+        cause (``rules.STALL_FAIL_TEXT``), else back to ``waiting`` at its old place in
+        line, ready from now. Returns ``(job_id, new_state)``. Emits ``stalled``."""
         ...
 
     def cancel(self, job_id: str) -> bool:
@@ -266,7 +267,9 @@ class Backend(Protocol):
         ...
 
     def list_jobs(self, state: JobState, limit: int = 100) -> list[str]:
-        """Ids of jobs in ``state``; finished states newest first."""
+        """Ids of jobs in ``state``, in the backend's order: waiting in claim order, delayed by
+        due time, active by lease expiry, finished states newest first; ties in time by id
+        (descending where newest first)."""
         ...
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
@@ -319,7 +322,7 @@ class Backend(Protocol):
         left). With ``outcome``, only jobs whose last outcome is that one, looking at no
         more than ``PAGE_SCAN`` jobs per call: a page may then come back short with a
         ``next_cursor`` that goes on looking. ``next_cursor`` is None at the end.
-        A job's error is clipped to ``ERROR_CLIP`` characters.
+        At most ``MAX_PAGE`` jobs a page; a job's error is clipped to ``ERROR_CLIP`` bytes.
         """
         ...
 
@@ -336,8 +339,10 @@ class Backend(Protocol):
 
 #: Jobs ``job_page`` looks at per call when it filters by outcome.
 PAGE_SCAN = 1000
-#: Characters of a job's error a page summary carries.
+#: Bytes of a job's error (UTF-8) a page summary carries.
 ERROR_CLIP = 300
+#: Most jobs one ``job_page`` returns, whatever ``limit`` asks for.
+MAX_PAGE = 500
 #: Priorities ``oldest_waiting_ms`` walks, highest first.
 PRIORITY_BANDS = 32
 
@@ -350,7 +355,7 @@ class JobSummary:
     state: str  # a JobState value, or what an edited record holds instead
     attempts: int | None
     outcome: str | None
-    error: str | None  # clipped to ERROR_CLIP characters
+    error: str | None  # clipped to ERROR_CLIP bytes (rules.clip_error)
     created_ms: int | None
     finished_ms: int | None
 

@@ -1,25 +1,46 @@
-"""The numbers and words both backends must agree on, defined once.
+"""The numbers, words and boundaries both backends must agree on, defined once: what
+they keep (``Retention``, the options every backend takes), the limits of one call, the
+texts they store, and how they read time.
 
-    rules.py ──► memory.py        imports them
-             └─► redis/scripts.py  generates ``lua_constants()`` in front of every script
+    rules.py ──► memory/        imports them
+             ├─► redis/*.py      imports them (arguments, checks, replies)
+             └─► redis/scripts.py generates ``lua_constants()`` in front of every script
 
 The model-based test (tests/test_backend_model.py) drives both backends with the same
 calls and compares every answer: any rule that lived in two places drifted (the stall
 failure text, ``<=`` against ``<`` at lease expiry, rounding seconds to milliseconds), so
-each lives here and nowhere else.
+each lives here and nowhere else. A Lua script that applies one of these rules says which
+(``rules.lease_expired`` and so on) next to the comparison.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import get_args
 
-from sandboxq.models import MAX_PRIORITY
+from sandboxq.backends.base import FinishAction, NewJob
+from sandboxq.errors import ConfigError, JobNotFound
+from sandboxq.models import MAX_PRIORITY, JobOptions, JobState, parse_job_options
 
 #: Attempt records kept per job.
 HISTORY_CAP = 1000
-#: A job's ``max_stalls`` when its record has none.
-DEFAULT_MAX_STALLS = 1
+#: A job's ``max_stalls`` when its record has none: the option's own default.
+DEFAULT_MAX_STALLS: int = JobOptions.model_fields["max_stalls"].default
+#: What ``finish`` may do with an attempt.
+FINISH_ACTIONS: tuple[FinishAction, ...] = get_args(FinishAction)
+
+# Work done per call, so one call (one Lua script on Redis) stays short; what is left is
+# taken by the next call of the same kind.
+#: Due delayed jobs moved to waiting per claim.
+PROMOTE_LIMIT = 200
+#: Finished jobs deleted by retention each time a job enters a finished state.
+TRIM_BUDGET = 100
+#: Expired leases handled per ``recover_stalled``.
+RECOVER_LIMIT = 500
 
 #: The error of an attempt whose lease expired, when the job goes back to waiting
 #: (``%d`` stalls so far, ``%d`` allowed) and when it fails for stalling too often.
@@ -29,6 +50,46 @@ STALL_RETRY_TEXT = (
 STALL_FAIL_TEXT = "stalled %d times: the worker holding its lease stopped renewing it"
 #: The error of a job cancelled while in state ``%s``.
 CANCELLED_TEXT = "cancelled while %s"
+#: The error of a job whose record is too broken to run (``%s``: what is wrong).
+MALFORMED_TEXT = "malformed job record: %s"
+
+
+# -- what a backend keeps ------------------------------------------------------------------
+
+
+def check_limits(**limits: object) -> None:
+    """Retention and size limits of a backend: non-negative, finite numbers (not bools)."""
+    for name, value in limits.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What a backend keeps, the same options and defaults for every backend: finished
+    jobs by count (``retain_failed`` for failed and for cancelled ones, each) and by age,
+    and the newest ``max_events`` events."""
+
+    retain_completed: int = 1000
+    retain_failed: int = 10_000
+    retain_s: float = 7 * 24 * 3600
+    max_events: int = 10_000
+
+    def __post_init__(self) -> None:
+        check_limits(
+            retain_completed=self.retain_completed,
+            retain_failed=self.retain_failed,
+            retain_s=self.retain_s,
+            max_events=self.max_events,
+        )
+
+
+# -- time -------------------------------------------------------------------------------
 
 
 def ms(seconds: float) -> int:
@@ -37,13 +98,14 @@ def ms(seconds: float) -> int:
 
 
 def lease_ms(seconds: float) -> int:
-    """A lease's length in milliseconds: at least one."""
+    """A lease's (or any time-to-live's) length in milliseconds: at least one."""
     return max(1, ms(seconds))
 
 
 def lease_expired(expiry_ms: int, now_ms: int) -> bool:
     """A lease that expires at ``expiry_ms`` has run out at ``now_ms``: strictly after it
-    (recover_stalled.lua's ``ZRANGEBYSCORE -inf (now``)."""
+    (recover_stalled.lua's ``ZRANGEBYSCORE -inf (now``). A worker's registration expires
+    the same way (Redis keeps a key with a TTL up to and including its expiry ms)."""
     return expiry_ms < now_ms
 
 
@@ -51,6 +113,68 @@ def fence_lifted(fenced_until_ms: int, now_ms: int) -> bool:
     """A fence lasts up to and including ``fenced_until_ms`` (the old lease's expiry), and
     lifts when the lease would have been recovered: the same boundary as ``lease_expired``."""
     return lease_expired(fenced_until_ms, now_ms)
+
+
+def retention_over(finished_ms: int, now_ms: int, retain_ms: int) -> bool:
+    """A job finished at ``finished_ms`` is past its retention at ``now_ms``: ``retain_ms``
+    or more ago (common.lua's ``ZRANGEBYSCORE -inf now-retain``), so ``retain_s=0`` keeps
+    no finished job."""
+    return finished_ms <= now_ms - retain_ms
+
+
+# -- checks and texts ---------------------------------------------------------------------
+
+
+def job_options(job_id: str, new: NewJob) -> JobOptions:
+    """A new job's options and priority, checked at enqueue, so a stored job can always be
+    claimed and read."""
+    try:
+        options = parse_job_options(new.options_json)
+    except ValueError as exc:
+        raise ConfigError(f"job {job_id!r}: invalid options: {brief(exc)}") from exc
+    if not -MAX_PRIORITY <= new.priority <= MAX_PRIORITY:
+        raise ConfigError(f"job {job_id!r}: priority {new.priority} is outside ±{MAX_PRIORITY}")
+    return options
+
+
+def check_actions(actions: Iterable[str]) -> None:
+    """Raise ``ConfigError`` for an action ``finish`` does not know (before anything runs)."""
+    for action in actions:
+        if action not in FINISH_ACTIONS:
+            raise ConfigError(f"unknown finish action {action!r}; expected one of {FINISH_ACTIONS}")
+
+
+def purgeable(state: JobState | str) -> JobState:
+    """``state`` as a ``JobState`` that ``purge`` may empty (every one but active)."""
+    state = JobState(state)
+    if state is JobState.ACTIVE:
+        raise ConfigError("active jobs cannot be purged: their workers hold leases; cancel them")
+    return state
+
+
+def job_not_found(queue: str, job_id: str) -> JobNotFound:
+    """What a waiter gets for a job that is not there (never enqueued, trimmed, purged)."""
+    return JobNotFound(f"job {job_id!r} of queue {queue!r} does not exist", job_id=job_id)
+
+
+def clip_error(error: str, limit: int) -> str:
+    """The first ``limit`` bytes of an error's UTF-8, as page.lua's ``string.sub`` cuts it
+    (a character cut in two reads as U+FFFD, as the Redis backend decodes it)."""
+    return error.encode()[:limit].decode("utf-8", errors="replace")
+
+
+def brief(exc: BaseException, limit: int = 300) -> str:
+    """One line of an exception's text, short enough for an error field or event."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def token_base() -> str:
+    """A random base for the lease tokens of one claim; each job's token adds ``.<n>``."""
+    return os.urandom(8).hex()
+
+
+# -- the scripts' copy ------------------------------------------------------------------
 
 
 def _lua(value: object) -> str:
@@ -64,9 +188,12 @@ def lua_constants() -> str:
         "HISTORY_CAP": HISTORY_CAP,
         "MAX_PRIORITY": MAX_PRIORITY,
         "DEFAULT_MAX_STALLS": DEFAULT_MAX_STALLS,
+        "PROMOTE_LIMIT": PROMOTE_LIMIT,
+        "TRIM_BUDGET": TRIM_BUDGET,
         "STALL_RETRY_TEXT": STALL_RETRY_TEXT,
         "STALL_FAIL_TEXT": STALL_FAIL_TEXT,
         "CANCELLED_TEXT": CANCELLED_TEXT,
+        "MALFORMED_TEXT": MALFORMED_TEXT,
     }
     lines = ["-- generated from sandboxq/backends/rules.py: do not edit here"]
     lines += [f"local {name} = {_lua(value)}" for name, value in values.items()]

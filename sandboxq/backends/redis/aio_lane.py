@@ -4,9 +4,10 @@
     coroutine B ─ run(calls) ─┼─► pending ──► flusher task: one write, one reply each
     coroutine C ─ run(calls) ─┘                 └─► each caller's future gets its replies
 
-The asyncio twin of ``connection.Lane``, with one difference that makes concurrency pay:
-calls made while a round trip is in flight wait for it and then go out together, in one
-write on one connection (automatic pipelining). A hundred coroutines enqueueing at once
+The asyncio twin of ``lane.Lane``, with one difference that makes concurrency pay: calls
+made while a round trip is in flight wait for it and then go out together, in one write on
+one connection (automatic pipelining, ``Coalescer``; aio.py coalesces single enqueues into
+one script call the same way). A hundred coroutines enqueueing at once
 cost Redis a few round trips, not a hundred, and the Python side one write and one read
 loop per batch. A lone caller pays one round trip, as before.
 
@@ -18,8 +19,8 @@ have run: never resent here, as in ``Lane``); the next batch reconnects.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
@@ -28,6 +29,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sandboxq.backends.redis.scripts import Script, unknown_scripts
 
 Calls = Sequence[tuple[Script | None, bytes]]
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: Above this many bytes a round trip's commands are written one at a time, yielding to
 #: the event loop between them: one write of a megabyte (10,000 small jobs) held the loop
@@ -35,38 +38,38 @@ Calls = Sequence[tuple[Script | None, bytes]]
 BIG_WRITE = 64 * 1024
 
 
-class AsyncLane:
-    def __init__(self, client: aredis.Redis, timeout_s: float) -> None:
-        pool = client.connection_pool
-        # No socket timeout on the connection itself: redis.asyncio turns it into a task
-        # per write (asyncio.wait_for), a third of a lone enqueue's cost. One deadline
-        # covers the whole round trip instead (_round_trip).
-        kwargs = {**pool.connection_kwargs, "socket_timeout": None}
-        self._make: Any = lambda: pool.connection_class(**kwargs)
-        self._timeout_s = timeout_s
-        self._conn: Any = None  # a redis.asyncio connection (untyped)
-        self._pending: list[tuple[Calls, asyncio.Future[list[Any]]]] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._busy = False  # a round trip is in flight (its sender or the flusher)
+class Coalescer(Generic[T, R]):
+    """Items added while a send is in flight go out together in the next one.
 
-    async def run(self, calls: Calls) -> list[Any]:
-        """Send ``calls`` (with any made meanwhile by other coroutines); their replies.
-        Scripts the server does not know are loaded and sent again; an error reply is
-        raised."""
+    A lone caller sends its item at once, from its own coroutine (no task). Items added
+    meanwhile wait; when the send in flight ends, one flusher task sends them all in one
+    call of ``send``, which answers one result per item (an exception as a value fails
+    only its own item). A failure of the whole send fails each of its items.
+    """
+
+    def __init__(self, send: Callable[[list[T]], Awaitable[list[R | BaseException]]]) -> None:
+        self._send = send
+        self._pending: list[tuple[T, asyncio.Future[R]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._busy = False  # a send is in flight (its caller's or the flusher's)
+
+    async def add(self, item: T) -> R:
         if not self._busy:  # nothing in flight: send from this coroutine, no task needed
             self._busy = True
             try:
-                replies = await self._send(calls)
+                (result,) = await self._send([item])
             finally:
                 self._busy = False
                 self._kick()
-            return _checked(replies)
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._pending.append((calls, future))
+            if isinstance(result, BaseException):
+                raise result
+            return result
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._pending.append((item, future))
         return await future
 
     def _kick(self) -> None:
-        """Send what queued up behind the round trip that just ended, on a task."""
+        """Send what queued up behind the send that just ended, on a task."""
         if self._pending and not self._busy:
             self._busy = True
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
@@ -79,10 +82,9 @@ class AsyncLane:
         finally:
             self._busy = False
 
-    async def _send_batch(self, batch: list[tuple[Calls, asyncio.Future[list[Any]]]]) -> None:
-        flat = [call for calls, _ in batch for call in calls]
+    async def _send_batch(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
-            replies = await self._send(flat)
+            results = await self._send([item for item, _ in batch])
         except Exception as exc:
             for _, future in batch:
                 if not future.done():
@@ -92,15 +94,48 @@ class AsyncLane:
             for _, future in batch:
                 future.cancel()
             raise
-        at = 0
-        for calls, future in batch:
-            mine, at = replies[at : at + len(calls)], at + len(calls)
+        for (_, future), result in zip(batch, results, strict=True):
             if future.done():  # its caller was cancelled meanwhile
                 continue
-            try:
-                future.set_result(_checked(mine))
-            except ResponseError as exc:
-                future.set_exception(exc)
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    async def close(self) -> None:
+        """Wait for what is queued to be sent."""
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.gather(self._flusher, return_exceptions=True)
+
+
+class AsyncLane:
+    def __init__(self, client: aredis.Redis, timeout_s: float) -> None:
+        pool = client.connection_pool
+        # No socket timeout on the connection itself: redis.asyncio turns it into a task
+        # per write (asyncio.wait_for), a third of a lone enqueue's cost. One deadline
+        # covers the whole round trip instead (_round_trip).
+        kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+        self._make: Any = lambda: pool.connection_class(**kwargs)
+        self._timeout_s = timeout_s
+        self._conn: Any = None  # a redis.asyncio connection (untyped)
+        self._calls: Coalescer[Calls, list[Any]] = Coalescer(self._send_many)
+
+    async def run(self, calls: Calls) -> list[Any]:
+        """Send ``calls`` (with any made meanwhile by other coroutines); their replies.
+        Scripts the server does not know are loaded and sent again; an error reply is
+        raised."""
+        return await self._calls.add(calls)
+
+    async def _send_many(self, many: list[Calls]) -> list[list[Any] | BaseException]:
+        """Each caller's calls in one round trip; each caller's replies, or its error reply."""
+        replies = await self._send([call for calls in many for call in calls])
+        results: list[list[Any] | BaseException] = []
+        at = 0
+        for calls in many:
+            mine, at = replies[at : at + len(calls)], at + len(calls)
+            error = next((r for r in mine if isinstance(r, ResponseError)), None)
+            results.append(mine if error is None else error)
+        return results
 
     async def _send(self, calls: Calls) -> list[Any]:
         replies = await self._round_trip([packed for _, packed in calls])
@@ -144,16 +179,7 @@ class AsyncLane:
 
     async def close(self) -> None:
         """Wait for what is queued to be sent, then close the connection."""
-        if self._flusher is not None and not self._flusher.done():
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._calls.close()
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await conn.disconnect()
-
-
-def _checked(replies: list[Any]) -> list[Any]:
-    """``replies``, unless one is an error reply: then that is raised."""
-    for reply in replies:
-        if isinstance(reply, ResponseError):
-            raise reply
-    return replies

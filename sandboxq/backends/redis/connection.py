@@ -1,4 +1,5 @@
-"""The Redis clients of one backend, and the one place Redis errors become ``BackendError``.
+"""The Redis clients of one backend, its options, and the one place Redis errors become
+``BackendError``.
 
 Three clients, each with its own connection pool, so no call queues behind another kind:
 
@@ -8,135 +9,62 @@ Three clients, each with its own connection pool, so no call queues behind anoth
     blocking BLPOP and XREAD BLOCK; its socket timeout exceeds the longest block it is
              asked for, so a quiet queue is not mistaken for a dead server
 
-Where they connect, by URL:
-
-    redis://[[user]:password@]host:port/db, rediss://..., unix:///path?db=N   one server
-    redis+sentinel://[[user]:password@]h1:26379,h2:26379/service[/db]          the master
-        Sentinel names for ``service`` (rediss+sentinel:// for TLS to the data nodes);
-        after a failover each client reconnects to the new master by itself
-    redis+cluster://[[user]:password@]h1:port[,h2:port...]                     a Cluster
-        (rediss+cluster:// for TLS); any reachable node will do, the rest are discovered
-
-TLS (every ``rediss`` scheme) verifies the server's certificate and host name by default,
-against the system's CAs. URL query options, as redis-py names them, change that:
-``ssl_ca_certs=/path/ca.pem`` (the CA that signed the server's certificate),
-``ssl_certfile=...&ssl_keyfile=...`` (a client certificate, for mutual TLS),
-``ssl_cert_reqs=none`` (no verification: say so explicitly). An unknown query option is a
-``ConfigError`` naming it, not a silently ignored typo.
+Each client has a ``Lane`` beside it for the scripts (lane.py); where the clients connect,
+by URL, and with which TLS options, is urls.py's.
 
 Secrets never leave this module in clear: every error names the server by its URL as
 ``sandboxq.redaction.redact_url`` shows it (password and secret query options as ``***``).
-
-The scripts (every state change) do not go through redis-py's per-command machinery: a
-``Lane`` sends commands packed once on connections it keeps itself (see its docstring).
-Every key of a queue shares the ``{queue}`` hash tag, so on a Cluster all of one queue's
-scripts run on the node that serves that slot: its ``ClusterLane`` talks to that node and
-follows the slot if it moves. The redis-py clients route everything else by key.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from functools import partial
-from typing import Any, TypeAlias
-from urllib.parse import parse_qsl, unquote, urlsplit
+from dataclasses import dataclass
 
 import redis
-from redis.backoff import NoBackoff
-from redis.cluster import ClusterNode, RedisCluster
-from redis.connection import URL_QUERY_ARGUMENT_PARSERS
-from redis.exceptions import MovedError, NoPermissionError, RedisClusterException
-from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.cluster import RedisCluster
+from redis.exceptions import NoPermissionError, RedisClusterException
 
+from sandboxq.backends.redis.lane import ClusterLane, Lane
+from sandboxq.backends.redis.urls import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    Client,
+    client_builder,
+    retry,
+)
+from sandboxq.backends.rules import Retention
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.redaction import redact_url as redact
+
+__all__ = [
+    "BLOCK_CAP_S",
+    "CLUSTER_SCHEMES",
+    "SENTINEL_SCHEMES",
+    "Connections",
+    "Lane",
+    "RedisOptions",
+    "redact",
+    "redis_errors",
+]
 
 #: Longest single blocking read; longer waits are made of several.
 BLOCK_CAP_S = 30.0
 
-Client: TypeAlias = "redis.Redis | RedisCluster"
 
-SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+@dataclass(frozen=True)
+class RedisOptions(Retention):
+    """A Redis backend's options (the sync and the asyncio client's alike): what every
+    backend keeps, and how long a reply may take."""
 
+    socket_timeout_s: float = 5.0
 
-#: TLS options a URL may carry (redis-py's names), on every scheme that speaks TLS.
-TLS_OPTIONS = (
-    "ssl_ca_certs",
-    "ssl_ca_path",
-    "ssl_certfile",
-    "ssl_keyfile",
-    "ssl_password",
-    "ssl_cert_reqs",
-    "ssl_check_hostname",
-    "ssl_min_version",
-)
-
-
-def _query_options(query: str, allowed: Sequence[str], scheme: str) -> dict[str, str]:
-    """The query options of a URL, each checked against ``allowed``."""
-    found: dict[str, str] = {}
-    for name, value in parse_qsl(query, keep_blank_values=True):
-        if name not in allowed:
-            tls = ", ".join(TLS_OPTIONS)
-            if scheme in SENTINEL_SCHEMES + CLUSTER_SCHEMES:
-                raise ConfigError(
-                    f"{scheme}:// URLs take no query options but TLS ones ({tls}), got {name!r}"
-                )
-            raise ConfigError(f"unknown option {name!r} in a {scheme}:// URL (TLS options: {tls})")
-        if name.startswith("ssl_") and not scheme.startswith("rediss"):
-            raise ConfigError(f"{name} is a TLS option: use rediss:// (not {scheme}://)")
-        found[name] = value
-    return found
-
-
-def _retry() -> Retry:
-    # One immediate retry covers a pooled connection that died (Redis restarted); more
-    # retries with backoff would turn "Redis is down" into a long hang.
-    return Retry(NoBackoff(), 1)
-
-
-def _nodes(netloc: str, default_port: int) -> list[tuple[str, int]]:
-    """``h1:p1,h2:p2`` (after any ``user:password@``; ``[v6]:port`` too) as (host, port)."""
-    nodes = []
-    for item in netloc.rpartition("@")[2].split(","):
-        item = item.strip()
-        if item.startswith("["):
-            host, _, rest = item[1:].partition("]")
-            port = rest.removeprefix(":")
-        else:
-            host, _, port = item.partition(":")
-        if not host:
-            raise ConfigError(f"missing host in {item!r}")
-        try:
-            nodes.append((host, int(port) if port else default_port))
-        except ValueError:
-            raise ConfigError(f"bad port in {item!r}") from None
-    return nodes
-
-
-def _credentials(netloc: str) -> dict[str, Any]:
-    userinfo, at, _ = netloc.rpartition("@")
-    if not at:
-        return {}
-    user, colon, password = userinfo.partition(":")
-    found: dict[str, Any] = {}
-    if user:
-        found["username"] = unquote(user)
-    if colon:
-        found["password"] = unquote(password)
-    return found
-
-
-def _tls_values(options: dict[str, str]) -> dict[str, Any]:
-    """TLS query options as the client constructors take them."""
-    values: dict[str, Any] = dict(options)
-    if "ssl_check_hostname" in values:
-        values["ssl_check_hostname"] = values["ssl_check_hostname"].lower() in ("1", "true", "yes")
-    return values
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        timeout = self.socket_timeout_s
+        if not (isinstance(timeout, int | float) and timeout > 0):
+            raise ConfigError(f"socket_timeout_s must be positive, got {timeout!r}")
 
 
 def tls_hint(error: str) -> str:
@@ -179,109 +107,6 @@ def redis_errors(
         raise BackendError(f"Redis at {where} failed to {doing}: {detail or exc}") from exc
 
 
-class Lane:
-    """Round trips on connections of ``client``'s kind, with as little Python as possible.
-
-    Why: redis-py's per-command path (pool checkout, retry wrapper, event dispatch,
-    metrics) costs about 100 µs of CPU per command on a 2-core VM, more than the Lua script
-    it runs, and a job costs one or two scripts. A lane takes an idle connection (one per
-    concurrent caller, so the heartbeat never waits behind a claim), writes commands that
-    were packed once, reads the replies with redis-py's parser and puts the connection back.
-
-    A connection that sat idle is checked before use: if the server closed it (a restart),
-    it is reconnected *before* anything is sent. A failure after sending is never retried
-    here, because the script may have run: the caller decides (see the worker's ``_finish``).
-    """
-
-    def __init__(self, client: redis.Redis) -> None:
-        pool = client.connection_pool
-        self._make: Any = lambda: pool.connection_class(**pool.connection_kwargs)
-        self._idle: list[Any] = []  # redis-py connections (untyped)
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def round_trip(self, commands: Sequence[bytes]) -> list[Any]:
-        """Send packed ``commands`` in one write, then read one reply each (a reply that is
-        an error is returned as its exception, so one failed command does not hide the
-        others' replies). Raises redis errors for the connection itself."""
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = self._make()
-        try:
-            stale = conn.can_read(timeout=0)  # a reply nobody read, or data after a hang-up
-        except redis.ConnectionError:  # the server closed it (restart): reconnect below
-            stale = True
-        try:
-            if stale:
-                conn.disconnect()
-            conn.send_packed_command([b"".join(commands)], check_health=False)
-            replies = []
-            for _ in commands:
-                try:
-                    replies.append(conn.read_response())
-                except redis.ResponseError as exc:
-                    replies.append(exc)
-        except BaseException:
-            conn.disconnect()
-            raise
-        with self._lock:
-            if not self._closed:
-                self._idle.append(conn)
-                return replies
-        conn.disconnect()
-        return replies
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.disconnect()
-
-
-class ClusterLane(Lane):
-    """A ``Lane`` to the Redis Cluster node that serves one hash slot (a queue's), following
-    the slot when it moves. A command answered MOVED did not run, so once the slot map is
-    refreshed it is sent again to the new owner; after a connection failure the map is
-    refreshed before the next call (a failover may have promoted a replica)."""
-
-    def __init__(self, cluster: RedisCluster, key: str) -> None:
-        self._cluster = cluster
-        self._key = key
-        self._stale = False
-        super().__init__(self._owner())
-
-    def _owner(self) -> redis.Redis:
-        node = self._cluster.get_node_from_key(self._key)  # type: ignore[no-untyped-call]
-        client: redis.Redis = self._cluster.get_redis_connection(node)
-        return client
-
-    def _follow(self) -> None:
-        """Refresh the slot map and send what comes next to the slot's owner now."""
-        self._cluster.nodes_manager.initialize()
-        pool = self._owner().connection_pool
-        with self._lock:
-            self._make = lambda: pool.connection_class(**pool.connection_kwargs)
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.disconnect()
-
-    def round_trip(self, commands: Sequence[bytes]) -> list[Any]:
-        if self._stale:
-            self._follow()
-            self._stale = False
-        try:
-            replies = super().round_trip(commands)
-            if replies and all(isinstance(reply, MovedError) for reply in replies):
-                self._follow()
-                replies = super().round_trip(commands)
-        except (redis.ConnectionError, redis.TimeoutError):
-            self._stale = True
-            raise
-        return replies
-
-
 class Connections:
     def __init__(
         self,
@@ -299,7 +124,7 @@ class Connections:
         self.cluster = False
         self._closers: list[Callable[[], None]] = []
         try:
-            connect = self._factory(url)
+            connect = self._connector(url)
             with self.errors("connect"):
                 self.main: Client = connect(socket_timeout_s)
                 self.renew: Client = connect(socket_timeout_s)
@@ -319,67 +144,20 @@ class Connections:
         self._closers.append(lane.close)
         return lane
 
-    def _factory(self, url: str) -> Callable[[float], Client]:
+    def _connector(self, url: str) -> Callable[[float], Client]:
         """A function from socket timeout to a new client for ``url``."""
-        build = self._builder(url)
+        build, self.cluster = client_builder(url, self._closers)
 
         def connect(timeout_s: float) -> Client:
             client = build(
                 socket_connect_timeout=min(2.0, timeout_s),
                 socket_timeout=timeout_s,
-                retry=_retry(),
+                retry=retry(),
             )
             self._closers.append(client.close)
             return client
 
         return connect
-
-    def _builder(self, url: str) -> Callable[..., Client]:
-        """A client constructor for ``url`` that takes the socket and retry options."""
-        parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in SENTINEL_SCHEMES + CLUSTER_SCHEMES:
-            # redis-py passes unknown query options on to the connection class, where a
-            # typo (ssl_ca_cert=) fails only at the first command, as a TypeError.
-            _query_options(parts.query, [*URL_QUERY_ARGUMENT_PARSERS, *TLS_OPTIONS], scheme)
-            return partial(redis.Redis.from_url, url, decode_responses=False)
-        tls = _query_options(parts.query, TLS_OPTIONS, scheme)
-        options: dict[str, Any] = {"decode_responses": False, **_credentials(parts.netloc)}
-        if scheme.startswith("rediss"):
-            options["ssl"] = True
-            options.update(_tls_values(tls))
-        if scheme in CLUSTER_SCHEMES:
-            return self._cluster(parts.netloc, parts.path, options)
-        return self._sentinel(parts.netloc, parts.path, options)
-
-    def _cluster(self, netloc: str, path: str, options: dict[str, Any]) -> Callable[..., Client]:
-        if path.strip("/") not in ("", "0"):
-            raise ConfigError(f"a Redis Cluster has only database 0, got {path!r}")
-        nodes = [
-            ClusterNode(host, port)  # type: ignore[no-untyped-call]  # untyped in redis-py
-            for host, port in _nodes(netloc, 6379)
-        ]
-        self.cluster = True
-        return partial(RedisCluster, startup_nodes=nodes, **options)
-
-    def _sentinel(self, netloc: str, path: str, options: dict[str, Any]) -> Callable[..., Client]:
-        service, _, db = path.strip("/").partition("/")
-        if not service:
-            raise ConfigError("a Sentinel URL names the master: host:port,.../service[/db]")
-        try:
-            options["db"] = int(db or 0)
-        except ValueError:
-            raise ConfigError(f"bad database {db!r}") from None
-        # One Sentinel manager (one connection per sentinel) serves all three clients; it
-        # is only asked where the master is, so short timeouts suit it whatever they wait
-        # for. Its own retry too: redis-py's default backs off for seconds on a dead
-        # sentinel, when the next sentinel on the list could answer at once.
-        sockets = {"socket_connect_timeout": 2.0, "socket_timeout": 2.0, "retry": _retry()}
-        manager = Sentinel(  # type: ignore[no-untyped-call]  # untyped in redis-py
-            _nodes(netloc, 26379), sentinel_kwargs=sockets
-        )
-        self._closers.append(manager.close)
-        return partial(manager.master_for, unquote(service), **options)
 
     def errors(self, doing: str) -> AbstractContextManager[None]:
         """Turn any Redis failure inside the block into a ``BackendError`` naming the server

@@ -13,7 +13,7 @@ any of them atomically.
     sq:{q}:wake                LIST   one token per claimable job; idle workers BLPOP it
     sq:{q}:workers             SET    ids of registered workers
     sq:{q}:worker:<id>         STRING a worker's JSON description, with a TTL
-    sq:{q}:cancel              pub/sub channel: ids of cancelled jobs
+    sq:{q}:cancel              pub/sub channel: "<lease token> <job id>" per cancel
 
 Job ids are chosen by users and may contain anything, ``:`` included, so a key built
 from an id is the id appended to a prefix that no other kind of key starts with. (The

@@ -5,7 +5,9 @@
     cancel ── PUBLISH sq:{q}:cancel ──► pub/sub thread ──► watch_cancellations callback
 
 Each wait is one blocking command on the blocking client (or the pub/sub connection), so
-an idle worker costs Redis one parked connection and nothing else.
+an idle worker costs Redis one parked connection and nothing else. What a waiter on the
+events stream reads next, and what a reply means, is decided in follow.py (shared with the
+asyncio client); here the reads are blocking calls.
 """
 
 from __future__ import annotations
@@ -18,23 +20,18 @@ from typing import Any
 
 import redis
 
+from sandboxq.backends import rules
 from sandboxq.backends.base import Event
-from sandboxq.backends.redis import records
+from sandboxq.backends.redis import follow, records
 from sandboxq.backends.redis.connection import BLOCK_CAP_S, Connections
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import pack_command, run
-from sandboxq.errors import BackendError, JobNotFound
+from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 
 log = logging.getLogger(__name__)
 
-FINISH_POLL_S = 0.5  # wait_for_finish re-reads the state this often (events may be trimmed)
 WATCH_TICK_S = 0.1  # how often the cancellation thread checks whether it should stop
-_FINISHED = {s.value.encode(): s for s in JobState if s.finished}
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 def wait_for_wake(conns: Connections, keys: QueueKeys, timeout_s: float) -> None:
@@ -51,13 +48,13 @@ def wait_for_wake(conns: Connections, keys: QueueKeys, timeout_s: float) -> None
 
 def read_events(
     conns: Connections, keys: QueueKeys, after: str, block_s: float | None
-) -> list[tuple[bytes, dict[bytes, bytes]]]:
+) -> follow.Entries:
     """Stream entries after ``after``; with ``block_s``, waits up to that long for one."""
     reply: Any
     if block_s is None:
         reply = conns.main.xread({keys.events: after}, count=1000)
     else:
-        block_ms = _ms(min(block_s, BLOCK_CAP_S))
+        block_ms = rules.lease_ms(min(block_s, BLOCK_CAP_S))
         reply = conns.blocking.xread({keys.events: after}, count=1000, block=block_ms)
     return list(reply[0][1]) if reply else []
 
@@ -69,64 +66,31 @@ def wait_for_finish(
     timeout_s: float,
     read_state: Callable[[], Any],
 ) -> JobState | None:
-    """Follow the events stream from "now" and re-read the job's state (``read_state``,
-    bounded: lua/read_state.lua) whenever an event names it (or every FINISH_POLL_S, in
-    case its event was trimmed before we read it)."""
-    deadline = time.monotonic() + timeout_s
-    wanted = job_id.encode()
+    """``follow.finish_steps``, each read a blocking call; ``read_state`` reads the job's
+    state, bounded (lua/read_state.lua)."""
+
+    def do(step: follow.Step) -> Any:
+        match step:
+            case follow.Read(after=after, block_s=block_s):
+                return read_events(conns, keys, after, block_s)
+            case follow.Newest():
+                return conns.main.xrevrange(keys.events, count=1)
+        return read_state()
+
     with conns.errors(f"wait for job {job_id!r}"):
-        # the stream position is taken before the state is read: no event can slip between
-        newest: Any = conns.main.xrevrange(keys.events, count=1)
-        after = records.text(newest[0][0]) if newest else "0-0"
-        check, checked_at = True, 0.0
-        while True:
-            if check or time.monotonic() - checked_at >= FINISH_POLL_S:
-                raw: Any = read_state()
-                if raw is None:
-                    # never enqueued, trimmed or purged: waiting would be for nothing
-                    raise JobNotFound(
-                        f"job {job_id!r} of queue {keys.queue!r} does not exist", job_id=job_id
-                    )
-                state = _FINISHED.get(raw or b"")
-                checked_at = time.monotonic()
-                if state is not None:
-                    return state
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            entries = read_events(conns, keys, after, min(remaining, FINISH_POLL_S))
-            if entries:
-                after = records.text(entries[-1][0])
-            check = any(fields.get(b"job") == wanted for _, fields in entries)
+        return follow.drive(follow.finish_steps(keys.queue, job_id, timeout_s), do)
 
 
 def events(
     conns: Connections, keys: QueueKeys, since: str | None, block_s: float | None
 ) -> Iterator[Event]:
     """The retained events after ``since``; then, with ``block_s``, new ones as they come,
-    ending once ``block_s`` passes without any."""
-    after = since or "0-0"
-    while True:
-        with conns.errors("read events"):
-            entries = read_events(conns, keys, after, None)
-        if not entries:
-            break
-        for entry_id, fields in entries:
-            after = records.text(entry_id)
-            yield records.event(entry_id, fields)
-    if block_s is None or block_s <= 0:
-        return
-    while True:
-        deadline = time.monotonic() + block_s
-        entries = []
-        while not entries and (remaining := deadline - time.monotonic()) > 0:
-            with conns.errors("wait for events"):
-                entries = read_events(conns, keys, after, remaining)
-        if not entries:
-            return
-        for entry_id, fields in entries:
-            after = records.text(entry_id)
-            yield records.event(entry_id, fields)
+    ending once ``block_s`` passes without any (``follow.EventCursor``)."""
+    cursor = follow.EventCursor(since, block_s)
+    while (read := cursor.next_read()) is not None:
+        with conns.errors(read.doing):
+            entries = read_events(conns, keys, read.after, read.block_s)
+        yield from cursor.took(entries)
 
 
 class CancellationWatch:

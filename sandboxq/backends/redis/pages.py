@@ -17,6 +17,7 @@ from typing import Any
 
 from sandboxq.backends.base import (
     ERROR_CLIP,
+    MAX_PAGE,
     PAGE_SCAN,
     PRIORITY_BANDS,
     JobDetail,
@@ -32,7 +33,6 @@ from sandboxq.models import JobState
 
 # ARGV 1-4 of every script are retention settings; these scripts only read.
 _UNUSED: list[Arg] = [0, 0, 0, 0]
-MAX_PAGE = 500
 
 
 def _cursor(cursor: str | None, desc: bool) -> tuple[str, int]:

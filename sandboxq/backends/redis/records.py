@@ -1,6 +1,6 @@
-"""Translation between sandboxq data and what the scripts read and return: new jobs into
-enqueue.lua's framed argument, job hashes into ``JobInfo``, claim replies into
-``Claimed``, stream entries into ``Event``. Nothing here talks to Redis.
+"""Translation between what the scripts read and return and sandboxq data: job hashes into
+``JobInfo``, claim replies into ``Claimed``, stream entries into ``Event``, worker records
+into dicts (new jobs are framed in enqueue.py). Nothing here talks to Redis.
 
 A record that cannot be read raises ``BackendError`` naming the queue, the job and the
 field, so "why can't I see my job" has an answer too.
@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from sandboxq.backends.base import Claimed, Event, NewJob
+from sandboxq.backends import rules
+from sandboxq.backends.base import Claimed, Event
 from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.backends.rules import brief
 from sandboxq.codec import DEFAULT_MAX_BYTES
-from sandboxq.errors import BackendError, ConfigError
+from sandboxq.errors import BackendError
 from sandboxq.models import (
-    MAX_PRIORITY,
     AttemptRecord,
     JobInfo,
     JobOptions,
@@ -48,8 +48,8 @@ MAX_PAYLOAD_BYTES = DEFAULT_MAX_BYTES
 #: Longest codec name a claimed job may carry.
 MAX_CODEC_BYTES = 32
 
-#: Attempt records read per job, the newest ones.
-MAX_HISTORY = 1000
+#: Attempt records read per job, the newest ones: as many as a job keeps.
+MAX_HISTORY = rules.HISTORY_CAP
 
 #: The job hash fields ``job_info`` reads (never the payload or the result).
 INFO_FIELDS = (
@@ -88,35 +88,6 @@ def over_cap(size: int, cap: int = MAX_FIELD_BYTES) -> str:
 
 #: Entries per claimed job in a claim/finish reply (see lua/claim.lua).
 CLAIM_ROW = 7
-
-#: One job inside enqueue.lua's framed argument: id, payload, codec and opts lengths,
-#: priority, delay ms, max_stalls; then those four byte strings (see lua/enqueue.lua).
-ENQUEUE_HEADER = struct.Struct(">HIHIhqH")
-
-
-def frame_job(job_id: str, job: NewJob) -> bytes:
-    """``job`` as enqueue.lua reads it. Options are validated here, once per distinct
-    string: ``max_stalls`` is stored as its own field because Lua needs it at recovery."""
-    try:
-        max_stalls = parse_job_options(job.options_json).max_stalls
-    except ValueError as exc:
-        raise ConfigError(f"job {job_id!r}: invalid options: {brief(exc)}") from exc
-    if not -MAX_PRIORITY <= job.priority <= MAX_PRIORITY:
-        raise ConfigError(f"job {job_id!r}: priority {job.priority} is outside ±{MAX_PRIORITY}")
-    id_bytes, codec, opts = job_id.encode(), job.codec.encode(), job.options_json.encode()
-    if len(id_bytes) > 0xFFFF or len(job.payload) > 0xFFFFFFFF or len(opts) > 0xFFFFFFFF:
-        raise ConfigError(f"job {job_id!r}: id, payload or options too large for one job")
-    delay_ms = max(0, math.ceil(job.delay_s * 1000))
-    header = ENQUEUE_HEADER.pack(
-        len(id_bytes), len(job.payload), len(codec), len(opts), job.priority, delay_ms, max_stalls
-    )
-    return b"".join((header, id_bytes, job.payload, codec, opts))
-
-
-def brief(exc: BaseException, limit: int = 300) -> str:
-    """One line of an exception's text, short enough for an error field or event."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def text(value: bytes | str) -> str:

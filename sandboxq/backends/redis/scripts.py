@@ -1,10 +1,12 @@
 """The Lua scripts, loaded from ``lua/*.lua`` and called with their keys bound once.
 
-Each state change is one script (one atomic call, one round trip). ``lua/common.lua``
-holds the helpers they share (key layout, server time, events, claim, retention) and is
-put in front of every script here, so the scripts stay short and agree on one layout.
+Each state change is one script (one atomic call, one round trip). In front of every
+script go the constants and texts of ``backends.rules`` (as Lua locals, so the memory
+backend and the scripts read one definition), then ``lua/common.lua``, the helpers they
+share (key layout, server time, events, claim, retention), so the scripts stay short and
+agree on one layout.
 
-A call is ``EVALSHA sha 10 <the queue's keys> <ARGV 1-4: retention settings> <args...>``.
+A call is ``EVALSHA sha 11 <the queue's keys> <ARGV 1-4: retention settings> <args...>``.
 Everything before ``<args...>`` is the same on every call of one backend, so it is packed
 into RESP bytes once (``Script.head``); a call packs only its own arguments. A script the
 server does not know (a restarted Redis, an empty script cache) is loaded on the
@@ -14,15 +16,14 @@ server does not know (a restarted Redis, an empty script cache) is loaded on the
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from sandboxq.backends.redis.connection import Lane
-from sandboxq.backends.rules import lua_constants
+from sandboxq.backends import rules
+from sandboxq.backends.redis.lane import Lane
 
 _LUA = resources.files("sandboxq.backends.redis") / "lua"
 
@@ -34,7 +35,7 @@ def source(name: str) -> str:
     memory backend (rules.py), the common helpers, then the script."""
     common = (_LUA / "common.lua").read_text(encoding="utf-8")
     own = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return f"{lua_constants()}{common}\n-- ---- {name}.lua ----\n{own}"
+    return f"{rules.lua_constants()}{common}\n-- ---- {name}.lua ----\n{own}"
 
 
 def _bulk(value: Arg) -> bytes:
@@ -118,15 +119,14 @@ def raise_errors(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def script_settings(
-    max_events: int, retain_completed: int, retain_failed: int, retain_s: float
-) -> list[Arg]:
+def script_settings(retention: rules.Retention) -> list[Arg]:
     """ARGV 1-4 of every script (lua/common.lua)."""
-    return [int(max_events), int(retain_completed), int(retain_failed), ms_ceil(retain_s)]
-
-
-def ms_ceil(seconds: float) -> int:
-    return max(0, math.ceil(seconds * 1000))
+    return [
+        int(retention.max_events),
+        int(retention.retain_completed),
+        int(retention.retain_failed),
+        rules.ms(retention.retain_s),
+    ]
 
 
 class Scripts:

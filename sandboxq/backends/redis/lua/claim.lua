@@ -1,7 +1,9 @@
--- claim.lua: promote due delayed jobs, then lease up to `count` waiting jobs.
+-- claim.lua: promote due delayed jobs (PROMOTE_LIMIT at most), then lease up to `count`
+-- waiting jobs.
 -- KEYS: the standard list (common.lua).
--- ARGV: 1-4 standard; 5 worker id, 6 count, 7 lease ms, 8 token base (random per call,
---       made unique per job by a suffix).
+-- ARGV: 1-4 standard; 5 worker id, 6 count (> 0: a claim of none never gets here), 7 lease
+--       ms (rules.lease_ms), 8 token base (random per call, rules.token_base; made unique
+--       per job by the suffix ".<n>").
 -- Returns: {wait_ms, then 7 entries per claimed job: id, token, payload, codec, opts,
 --          attempt, waited ms}. wait_ms, when nothing was claimed, is how long until the
 --          next delayed job falls due (-1: none), so an idle worker blocks exactly that

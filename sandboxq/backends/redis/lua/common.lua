@@ -1,7 +1,8 @@
 -- common.lua: helpers shared by every sandboxq script. scripts.py puts this file in
 -- front of each script, so a script is still one atomic call with one round trip.
 -- In front of this file scripts.py puts the constants generated from rules.py
--- (HISTORY_CAP, MAX_PRIORITY, DEFAULT_MAX_STALLS and the stall and cancel texts).
+-- (HISTORY_CAP, MAX_PRIORITY, DEFAULT_MAX_STALLS, PROMOTE_LIMIT, TRIM_BUDGET and the
+-- stall, cancel and malformed-record texts): the memory backend reads the same ones.
 --
 -- KEYS, the same list in the same order for every script (keys.py: QueueKeys.script_keys).
 -- All of them carry the queue's hash tag, so every script runs on one Cluster slot.
@@ -28,10 +29,10 @@ local MAX_EVENTS = ARGV[1]
 local RETAIN_COMPLETED, RETAIN_FAILED = tonumber(ARGV[2]), tonumber(ARGV[3])
 local RETAIN_MS = tonumber(ARGV[4])
 
-local PRIORITY_SPAN = 1099511627776 -- 2^40: priorities within +-1000 keep scores exact
+-- 2^40: with |priority| <= MAX_PRIORITY (< 2^10) and seq < 2^40, every score is below
+-- 2^53 and so exact as a double
+local PRIORITY_SPAN = 1099511627776
 local WAKE_CAP = 1000 -- more tokens than this would only wake workers with nothing to do
-local PROMOTE_LIMIT = 200 -- due delayed jobs moved per call, so one call stays short
-local TRIM_BUDGET = 100 -- finished jobs deleted per call by retention
 
 -- Integers go to Redis as '%d' strings: Lua's own number formatting would turn a
 -- millisecond timestamp or a packed score into an exponent form and lose digits.
@@ -120,9 +121,10 @@ local function drop_job(id)
   redis.call('DEL', PREFIX .. id, HISTORY .. id)
 end
 
--- Retention: keep at most `keep` jobs in a finished set and none older than RETAIN_MS,
--- deleting the trimmed jobs' hash and history. Bounded work per call; every finish
--- calls it again, so the set converges.
+-- Retention: keep at most `keep` jobs in a finished set and none finished RETAIN_MS or
+-- more ago (rules.retention_over), deleting the trimmed jobs' hash and history, oldest
+-- first (ties by id, the sorted set's order). Bounded work per call (TRIM_BUDGET);
+-- every job entering the set calls it again, so the set converges.
 local function trim_finished(zset, keep, now)
   local budget = TRIM_BUDGET
   local excess = redis.call('ZCARD', zset) - keep
@@ -157,7 +159,7 @@ local function fail_malformed(id, reason, now, bad_field)
     if value then redis.call('HSET', key, 'bad_' .. bad_field, value) end
     redis.call('HSET', key, bad_field, FIELD_DEFAULTS[bad_field])
   end
-  local err = 'malformed job record: ' .. reason
+  local err = string.format(MALFORMED_TEXT, reason)
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', DELAYED, id)
   redis.call('ZREM', ACTIVE, id)
@@ -190,8 +192,9 @@ local function claim_problem(key)
   return nil, f
 end
 
--- Move due delayed jobs to waiting (bounded per call). A due job takes a new sequence
--- number: it queues behind the jobs already waiting at its priority.
+-- Move due delayed jobs to waiting (PROMOTE_LIMIT per call), due time first, then id.
+-- A due job takes a new sequence number: it queues behind the jobs already waiting at its
+-- priority. Its ready_ms was set to its due time when it was delayed.
 local function promote_due(now)
   local due = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', int(now), 'LIMIT', 0, PROMOTE_LIMIT)
   if #due == 0 then return end
@@ -258,5 +261,23 @@ end
 local function owns(key, worker, token)
   local f = hmget(key, 'owner', 'token', 'state')
   return f ~= nil and f[1] == worker and f[2] == token and f[3] == 'active'
+end
+
+-- The (job id, token) pairs of ARGV from index `first` on, for `for id, token in ...`.
+local function lease_pairs(first)
+  local i = first - 2
+  return function()
+    i = i + 2
+    if ARGV[i] ~= nil then return ARGV[i], ARGV[i + 1] end
+  end
+end
+
+-- A claimed job back in line without charging its attempt (requeue, release): one
+-- attempt fewer, and its old place (seq), since it was claimed first. Returns the fields
+-- to HSET.
+local function back_in_line(key, id)
+  local f = redis.call('HMGET', key, 'attempts', 'priority', 'seq')
+  redis.call('ZADD', WAITING, waiting_score(f[2], count_or(f[3], nil) or next_seq()), id)
+  return 'state', 'waiting', 'attempts', int(math.max(count_or(f[1], 1) - 1, 0))
 end
 

@@ -3,13 +3,16 @@
 -- ARGV: 1-4 standard; 5 the number of jobs; 6 the jobs, framed back to back (one argument
 --       instead of seven per job: argument encoding was most of the cost of a big batch).
 --       Each job is a big-endian header  >I2 id length, I4 payload length, I2 codec length,
---       I4 opts length, i2 priority (-1000..1000), i8 delay ms (0: waiting now),
---       I2 max_stalls  followed by the id, payload, codec and opts bytes.
---       (backend.py ENQUEUE_HEADER writes the same layout.)
+--       I4 opts length, i2 priority (within +-MAX_PRIORITY), i8 delay ms (rules.ms; 0:
+--       waiting now), I2 max_stalls  followed by the id, payload, codec and opts bytes
+--       (records.py: ENQUEUE_HEADER and frame_job write the layout; rules.job_options has
+--       checked the options and priority).
 -- Returns: one integer per job, in order: 1 created, 0 the id already existed.
--- Upholds: ids are unique while retained (a duplicate never overwrites a live job);
--- due times come from the server clock (invariant 2); every new job pushes one wake token
--- so an idle worker notices it within milliseconds without polling.
+-- Upholds: ids are unique while retained (a duplicate never overwrites a live job, and
+-- changes nothing but using up a sequence number); due times come from the server clock
+-- (invariant 2), ready_ms is when the job becomes claimable (now, or its due time); every
+-- new job, waiting or delayed, pushes a wake token so an idle worker notices it within
+-- milliseconds without polling (a delayed one re-reads the next due time).
 
 local now = now_ms()
 local count = tonumber(ARGV[5])
@@ -49,6 +52,5 @@ for j = 1, count do
     created[j] = 1
   end
 end
--- A delayed job wakes a worker too: it re-reads the next due time and sleeps until then.
 wake(added)
 return created

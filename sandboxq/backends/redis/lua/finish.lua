@@ -65,11 +65,7 @@ local function finish_one(base)
     wake(1)
   else
     -- requeue: the attempt is not charged, and the job keeps its place in line
-    local f = redis.call('HMGET', key, 'attempts', 'priority', 'seq')
-    local attempts = math.max(count_or(f[1], 1) - 1, 0)
-    local seq = count_or(f[3], nil) or next_seq()
-    set('state', 'waiting', 'attempts', int(attempts))
-    redis.call('ZADD', WAITING, waiting_score(f[2], seq), id)
+    set(back_in_line(key, id))
     emit('requeued', id, 'outcome', outcome)
     wake(1)
   end

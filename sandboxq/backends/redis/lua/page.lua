@@ -3,12 +3,14 @@
 -- ARGV: 1-4 standard (unused); 5 state, 6 'asc' or 'desc', 7 score to start from
 --       ('-inf' / '+inf' for the first page), 8 jobs at exactly that score already shown,
 --       9 page size, 10 outcome to keep ('' = every job), 11 most jobs to look at,
---       12 characters of error to return.
--- Returns: {more (1/0), last score, jobs at that score shown, scanned, then 7 entries per
---          job: id, state, attempts, outcome, error (clipped), created_ms, finished_ms}.
+--       12 bytes of error to return (base.ERROR_CLIP; rules.clip_error does the same).
+-- Returns: {more (1/0: a job follows the last one looked at), last score, jobs at that
+--          score shown, scanned, then 7 entries per job: id, state, attempts, outcome,
+--          error (its first ARGV[12] bytes), created_ms, finished_ms}.
 -- Upholds: bounded work whatever the queue's size: a ZSET range from a score (O(log N +
 -- scanned)), never a scan of every job; the cursor is (score, ties shown), so jobs that
--- leave the set between pages do not shift the next page. Writes nothing.
+-- leave the set between pages do not shift the next page. Ties in score are in member
+-- (id) order, as the memory backend orders them. Writes nothing.
 
 local sets = {waiting = WAITING, delayed = DELAYED, active = ACTIVE, completed = COMPLETED,
   failed = FAILED, cancelled = CANCELLED}
@@ -54,6 +56,15 @@ while found < limit and scanned < budget do
     break
   end
   if stop then break end
+end
+if more == 1 then -- stopped by the page size or the scan budget: is there anything after?
+  local next_one
+  if desc then
+    next_one = redis.call('ZREVRANGEBYSCORE', zset, score, '-inf', 'LIMIT', ties, 1)
+  else
+    next_one = redis.call('ZRANGEBYSCORE', zset, score, '+inf', 'LIMIT', ties, 1)
+  end
+  if #next_one == 0 then more = 0 end
 end
 local out = {more, score, ties, scanned}
 for i = 1, #rows do out[#out + 1] = rows[i] end

@@ -1,12 +1,15 @@
 -- recover_stalled.lua: take back jobs whose lease expired (the owner stopped renewing).
 -- KEYS: the standard list (common.lua).
--- ARGV: 1-4 standard; 5 max jobs handled in this call.
--- Returns: a flat list of job id, new state ('waiting' or 'failed') pairs.
--- Upholds: invariant 3 (a dead worker's jobs come back: waiting again, or failed with a
--- stated cause after max_stalls), invariant 1 (owner and token are cleared, so the old
--- owner's late renew or ack is rejected), invariant 2 (expiry judged by server TIME).
+-- ARGV: 1-4 standard; 5 max jobs handled in this call (rules.RECOVER_LIMIT).
+-- Returns: a flat list of job id, new state ('waiting' or 'failed') pairs, the earliest
+--          expiry first (ties by id).
+-- Upholds: invariant 3 (a dead worker's jobs come back: waiting again at their old place
+-- in line and ready from now, or failed with a stated cause after max_stalls), invariant 1
+-- (owner and token are cleared, so the old owner's late renew or ack is rejected),
+-- invariant 2 (expiry judged by server TIME). Each stalled attempt is recorded.
 
 local now = now_ms()
+-- expired strictly before now (rules.lease_expired)
 local expired = redis.call('ZRANGEBYSCORE', ACTIVE, '-inf', '(' .. int(now),
   'LIMIT', 0, tonumber(ARGV[5]))
 local out = {}

@@ -9,16 +9,12 @@
 local worker = ARGV[5]
 local kept = {}
 local released = 0
-for i = 6, #ARGV, 2 do
-  local id = ARGV[i]
+for id, token in lease_pairs(6) do
   local key = PREFIX .. id
-  if owns(key, worker, ARGV[i + 1]) then
+  if owns(key, worker, token) then
     redis.call('ZREM', ACTIVE, id)
-    local f = redis.call('HMGET', key, 'attempts', 'priority', 'seq')
-    local seq = tonumber(f[3]) or next_seq()
     redis.call('HDEL', key, 'owner', 'token')
-    redis.call('HSET', key, 'state', 'waiting', 'attempts', int(math.max((tonumber(f[1]) or 1) - 1, 0)))
-    redis.call('ZADD', WAITING, waiting_score(f[2], seq), id)
+    redis.call('HSET', key, back_in_line(key, id))
     emit('released', id)
     released = released + 1
   else

@@ -9,9 +9,8 @@
 local worker = ARGV[5]
 local expiry = int(now_ms() + tonumber(ARGV[6]))
 local lost = {}
-for i = 7, #ARGV, 2 do
-  local id = ARGV[i]
-  if owns(PREFIX .. id, worker, ARGV[i + 1]) and redis.call('ZSCORE', ACTIVE, id) then
+for id, token in lease_pairs(7) do
+  if owns(PREFIX .. id, worker, token) and redis.call('ZSCORE', ACTIVE, id) then
     redis.call('ZADD', ACTIVE, expiry, id)
   else
     lost[#lost + 1] = id

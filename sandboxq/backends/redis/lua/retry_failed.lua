@@ -1,7 +1,7 @@
 -- retry_failed.lua: put a failed or cancelled job back in line, attempts reset.
 -- KEYS: the standard list (common.lua).
 -- ARGV: 1-4 standard; 5 job id.
--- Returns: 1 requeued, 0 unknown or not failed/cancelled.
+-- Returns: 1 put back (waiting, or delayed while fenced), 0 unknown or not failed/cancelled.
 -- Upholds: invariant 3 (the job's history is kept; only its counters restart), the
 -- unique-id rule (the same record is reused, never duplicated) and invariant 1 across a
 -- hand-over: a job cancelled while active whose owner has not confirmed its child dead
@@ -18,9 +18,10 @@ redis.call('ZREM', CANCELLED, id)
 redis.call('HDEL', key, 'finished_ms', 'outcome', 'error', 'result', 'owner', 'token',
   'progress', 'progress_message')
 local until_ms = tonumber(f[4])
-if f[3] and until_ms and until_ms >= now then
-  redis.call('HSET', key, 'state', 'delayed', 'attempts', '0', 'stalls', '0')
-  -- due the first millisecond the fence is lifted (rules.fence_lifted: strictly after)
+if f[3] and until_ms and not (until_ms < now) then -- fenced (rules.fence_lifted)
+  -- due, and so ready, the first millisecond the fence is lifted
+  redis.call('HSET', key, 'state', 'delayed', 'attempts', '0', 'stalls', '0',
+    'ready_ms', int(until_ms + 1))
   redis.call('ZADD', DELAYED, int(until_ms + 1), id)
   emit('retried', id, 'manual', '1', 'fenced_until_ms', int(until_ms))
   wake(1) -- an idle worker re-reads the next due time
@@ -29,7 +30,7 @@ end
 redis.call('HDEL', key, 'fence_owner', 'fence_token', 'fenced_until_ms')
 local seq = next_seq()
 redis.call('HSET', key, 'state', 'waiting', 'attempts', '0', 'stalls', '0', 'seq', int(seq),
-  'ready_ms', int(now_ms()))
+  'ready_ms', int(now))
 redis.call('ZADD', WAITING, waiting_score(f[2], seq), id)
 emit('retried', id, 'manual', '1')
 wake(1)

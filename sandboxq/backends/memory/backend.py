@@ -1,0 +1,204 @@
+"""``MemoryBackend``: the in-process backend's producer and worker calls (enqueue, claim,
+renew, release, finish, progress) and its worker registry, composed with the rest.
+
+    MemoryBackend ─┬─ store.Store   the jobs and their transitions, one lock (cond)
+                   ├─ manage.py     recover_stalled, cancel, retry_failed, confirm_dead, purge
+                   ├─ reads.py      get, counts, list_jobs and the dashboard's pages
+                   └─ waits.py      wait_for_finish, events, watch_cancellations
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from sandboxq.backends import rules
+from sandboxq.backends.base import Ack, Backend, Claimed, NewJob
+from sandboxq.backends.memory.manage import Management
+from sandboxq.backends.memory.reads import Reads
+from sandboxq.backends.memory.store import (
+    COMPLETED,
+    DELAYED,
+    FAILED,
+    WAITING,
+    Job,
+    Store,
+    now_ms,
+)
+from sandboxq.backends.memory.waits import Waits
+from sandboxq.backends.rules import Retention
+from sandboxq.models import check_queue_name
+
+
+class MemoryBackend(Management, Reads, Waits, Backend):
+    """All of one queue's jobs in this process. ``shared(queue)`` is the instance every
+    ``memory://`` Queue and worker of the process uses; tests build private instances.
+    Options: those of ``rules.Retention``."""
+
+    _registry: ClassVar[dict[str, MemoryBackend]] = {}
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, queue: str, **options: Any) -> None:
+        self.queue = check_queue_name(queue)
+        self._store = Store(Retention(**options))
+        self._workers: dict[str, tuple[dict[str, Any], int]] = {}
+
+    @classmethod
+    def shared(cls, queue: str, **options: Any) -> MemoryBackend:
+        """The process-wide backend for ``queue``. Options apply when it is first created;
+        later callers get that instance as it is, since jobs already live in it."""
+        with cls._registry_lock:
+            backend = cls._registry.get(queue)
+            if backend is None:
+                backend = cls._registry[queue] = cls(queue, **options)
+            elif options:
+                cls(queue, **options)  # a misspelt or invalid option is an error all the same
+            return backend
+
+    # -- producers ---------------------------------------------------------------------------
+
+    def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]:
+        # Validate the whole batch first, so a bad job adds none of it.
+        ids = [new.job_id or uuid.uuid4().hex for new in jobs]
+        pairs = zip(jobs, ids, strict=True)
+        checked = [(new, job_id, rules.job_options(job_id, new)) for new, job_id in pairs]
+        added: list[tuple[str, bool]] = []
+        store = self._store
+        with store.cond:
+            now = now_ms()
+            for new, job_id, options in checked:
+                if job_id in store.jobs:
+                    added.append((job_id, False))
+                    continue
+                job = store.jobs[job_id] = Job(new, job_id, options, now)
+                job.due_ms = now + rules.ms(new.delay_s)
+                store.move(job, DELAYED if job.due_ms > now else WAITING, now)
+                store.emit("added", job_id)
+                added.append((job_id, True))
+        return added
+
+    # -- leases ------------------------------------------------------------------------------
+
+    def claim(
+        self, worker_id: str, count: int, lease_s: float, wait_s: float = 0.0
+    ) -> list[Claimed]:
+        if count <= 0:  # nothing asked for: nothing promoted, nothing waited for
+            return []
+        deadline = time.monotonic() + wait_s
+        store = self._store
+        with store.cond:
+            while not (claimed := store.claim(worker_id, count, lease_s, now_ms())):
+                left = deadline - time.monotonic()
+                due_ms = store.next_due_ms()
+                if due_ms is not None:
+                    left = min(left, (due_ms - now_ms()) / 1000)
+                if left <= 0:
+                    break
+                store.cond.wait(left)
+            return claimed
+
+    def renew(self, worker_id: str, leases: Sequence[tuple[str, str]], lease_s: float) -> list[str]:
+        def extend(job_id: str, token: str, now: int) -> bool:
+            job = self._store.owned(worker_id, job_id, token)
+            if job is not None:
+                job.lease_ms = now + rules.lease_ms(lease_s)
+            return job is not None
+
+        return self._store.per_lease(leases, extend)[1]
+
+    def release(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        store = self._store
+
+        def hand_back(job_id: str, token: str, now: int) -> bool:
+            job = store.owned(worker_id, job_id, token)
+            if job is None:
+                return False
+            job.attempts = max(0, job.attempts - 1)
+            store.move(job, WAITING, now, keep_place=True)
+            store.emit("released", job_id)
+            return True
+
+        return store.per_lease(leases, hand_back)[1]
+
+    def finish_many(
+        self,
+        worker_id: str,
+        acks: Sequence[Ack],
+        *,
+        claim: int = 0,
+        lease_s: float = 30.0,
+        token_base: str | None = None,
+        replay_of: str | None = None,
+    ) -> tuple[list[bool], list[Claimed]]:
+        rules.check_actions(ack.action for ack in acks)
+        store = self._store
+        with store.cond:
+            now = now_ms()
+            replayed = store.replay(worker_id, replay_of) if replay_of else []
+            accepted = [self._finish_one(worker_id, ack, now) for ack in acks]
+            count = claim - len(replayed)
+            if (len(acks) == 1 and not accepted[0]) or count <= 0:
+                return accepted, replayed
+            return accepted, replayed + store.claim(worker_id, count, lease_s, now, token_base)
+
+    def _finish_one(self, worker_id: str, ack: Ack, now: int) -> bool:
+        store, job_id, action = self._store, ack.job_id, ack.action
+        job = store.owned(worker_id, job_id, ack.token)
+        if job is None:
+            return False
+        store.record(job, ack.attempt, ack.error)
+        outcome = ack.attempt.outcome.value
+        if action == "complete":
+            job.result = ack.result
+            store.move(job, COMPLETED, now)
+            store.emit("completed", job_id, outcome=outcome)
+        elif action == "fail":
+            store.move(job, FAILED, now)
+            store.emit("failed", job_id, outcome=outcome, error=ack.error or "")
+        elif action == "retry":
+            job.due_ms = now + rules.ms(ack.retry_delay_s)
+            store.move(job, DELAYED if job.due_ms > now else WAITING, now)
+            delay_ms = str(job.due_ms - now)
+            store.emit("retried", job_id, outcome=outcome, error=ack.error or "", delay_ms=delay_ms)
+        else:  # requeue: interrupted by a shutdown, not by the job, so it is not charged
+            job.attempts = max(0, job.attempts - 1)
+            store.move(job, WAITING, now, keep_place=True)
+            store.emit("requeued", job_id, outcome=outcome)
+        return True
+
+    def record_progress(
+        self, worker_id: str, job_id: str, token: str, fraction: float, message: str | None
+    ) -> bool:
+        with self._store.cond:
+            if self._store.owned(worker_id, job_id, token) is None:
+                return False
+            data = {"fraction": repr(float(fraction))}
+            if message:  # an empty message is none (progress.lua)
+                data["message"] = message
+            self._store.emit("progress", job_id, **data)
+            return True
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        with self._store.cond:
+            until = now_ms() + rules.lease_ms(ttl_s)
+            self._workers[worker_id] = ({**info, "worker_id": worker_id}, until)
+
+    def unregister_worker(self, worker_id: str) -> None:
+        with self._store.cond:
+            self._workers.pop(worker_id, None)
+
+    def workers(self) -> list[dict[str, Any]]:
+        with self._store.cond:
+            now = now_ms()
+            for worker_id, (_, until) in list(self._workers.items()):
+                if rules.lease_expired(until, now):
+                    del self._workers[worker_id]
+            return [dict(self._workers[w][0]) for w in sorted(self._workers)]
+
+    def close(self) -> None:
+        """Nothing to release; the jobs stay, since a shared instance outlives any one user."""

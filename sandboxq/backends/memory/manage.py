@@ -1,0 +1,158 @@
+"""The memory backend's changes that do not come from a job's own worker: stalled
+recovery, cancel (and the fence it leaves), manual retry, the old owner's confirmation that
+a cancelled attempt ended, and purge. Each mirrors its Lua script step by step
+(recover_stalled.lua, cancel.lua, retry_failed.lua, confirm_dead.lua, purge.lua).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from sandboxq.backends import rules
+from sandboxq.backends.memory.store import (
+    ACTIVE,
+    CANCELLED,
+    DELAYED,
+    FAILED,
+    WAITING,
+    Job,
+    Store,
+    now_ms,
+)
+from sandboxq.models import Action, AttemptRecord, JobState, Outcome
+
+log = logging.getLogger("sandboxq.backends.memory")
+
+
+class Management:
+    _store: Store
+
+    def recover_stalled(self) -> list[tuple[str, str]]:
+        recovered: list[tuple[str, str]] = []
+        store = self._store
+        with store.cond:
+            now = now_ms()
+            # in lease order (the oldest expiry first), as recover_stalled.lua takes them
+            active = store.ordered(ACTIVE)
+            expired = [job for job in active if rules.lease_expired(job.lease_ms, now)]
+            for job in expired[: rules.RECOVER_LIMIT]:
+                state = self._stalled(job, now)
+                recovered.append((job.id, state.value))
+        return recovered
+
+    def _stalled(self, job: Job, now: int) -> JobState:
+        store = self._store
+        job.stalls += 1
+        limit = job.options.max_stalls
+        state = FAILED if job.stalls > limit else WAITING
+        if state is FAILED:
+            cause = rules.STALL_FAIL_TEXT % job.stalls
+        else:
+            cause = rules.STALL_RETRY_TEXT % (job.stalls, limit)
+        # The owner is gone and its late finish will be rejected: this is the only
+        # record of the attempt, so "why did my job die" still has an answer.
+        attempt = AttemptRecord(
+            attempt=job.attempts,
+            outcome=Outcome.LEASE_LOST,
+            action=Action.FAIL if state is FAILED else Action.RETRY,
+            worker_id=job.owner,
+            ended_ms=now,
+            error=cause,
+        )
+        store.record(job, attempt, cause)
+        store.move(job, state, now, keep_place=True)  # it was first in line once
+        if state is WAITING:
+            job.ready_ms = now  # ready again from now, as a retried job is
+        store.emit("stalled", job.id, state=state.value, stalls=str(job.stalls))
+        if state is FAILED:
+            store.emit("failed", job.id, outcome=Outcome.LEASE_LOST.value, error=cause)
+        return state
+
+    def cancel(self, job_id: str) -> bool:
+        store = self._store
+        with store.cond:
+            job = store.jobs.get(job_id)
+            if job is None or job.state.finished:
+                return False
+            now, was = now_ms(), job.state.value
+            cause = rules.CANCELLED_TEXT % was
+            token = job.token
+            if job.state is ACTIVE:
+                # The fence: the revoked lease may still be running until its owner
+                # confirms it dead or the lease runs out (retry_failed honours it).
+                job.fence_owner, job.fence_token = job.owner, job.token
+                job.fenced_until_ms = job.lease_ms
+                record = AttemptRecord(
+                    attempt=job.attempts,
+                    outcome=Outcome.CANCELLED,
+                    worker_id=job.owner,
+                    ended_ms=now,
+                    error=cause,
+                )
+                store.record(job, record, cause)
+            job.outcome, job.error = Outcome.CANCELLED, cause
+            store.move(job, CANCELLED, now)  # clears owner and token: the lease is revoked
+            store.emit("cancelled", job_id, **{"from": was})
+            watchers = list(store.watchers)
+        # Outside the lock: a callback that calls back into the backend must not deadlock.
+        for callback in watchers:
+            try:
+                callback(job_id, token)
+            except Exception:
+                log.exception("cancellation callback %r failed for job %s", callback, job_id)
+        return True
+
+    def retry_failed(self, job_id: str) -> bool:
+        store = self._store
+        with store.cond:
+            job = store.jobs.get(job_id)
+            if job is None or job.state not in (FAILED, CANCELLED):
+                return False
+            # Stalls restart too: a job failed for stalling would otherwise fail again at
+            # its very next stall. The history stays; the last attempt's verdict goes.
+            job.attempts = job.stalls = 0
+            job.result = job.outcome = job.error = None
+            now = now_ms()
+            if job.fenced(now):
+                job.due_ms = job.fenced_until_ms + 1  # the first millisecond it is lifted
+                store.move(job, DELAYED, now)
+                store.emit("retried", job_id, manual="1", fenced_until_ms=str(job.fenced_until_ms))
+                return True
+            job.fence_owner = job.fence_token = None
+            store.move(job, WAITING, now)
+            store.emit("retried", job_id, manual="1")
+            return True
+
+    def confirm_dead(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+        store = self._store
+
+        def lift(job_id: str, token: str, now: int) -> bool:
+            job = store.jobs.get(job_id)
+            if job is None or (job.fence_owner, job.fence_token) != (worker_id, token):
+                return False
+            job.fence_owner = job.fence_token = None
+            if job.state is DELAYED:  # a fenced retry: claimable from now, not when due
+                store.move(job, WAITING, now)
+                job.ready_ms = now
+            store.emit("unfenced", job_id)
+            return True
+
+        return store.per_lease(leases, lift)[0]
+
+    def purge(self, state: JobState) -> int:
+        state = rules.purgeable(state)
+        store = self._store
+        with store.cond:
+            now = now_ms()
+            # a job cancelled while running keeps its fence: see Backend.purge
+            ids = [i for i in store.by_state[state] if not store.jobs[i].fenced(now)]
+            for job_id in ids:
+                store.delete(job_id)
+            # the heaps skip deleted entries lazily; emptied at once when nothing was kept
+            if state is WAITING and not store.by_state[state]:
+                store.waiting.clear()
+            elif state is DELAYED and not store.by_state[state]:
+                store.delayed.clear()
+            store.cond.notify_all()  # wait_for_finish on a purged job returns now
+            return len(ids)

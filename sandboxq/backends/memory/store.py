@@ -1,0 +1,266 @@
+"""The memory backend's jobs and their state transitions, under one lock.
+
+    enqueue ──► waiting heap (-priority, seq)     delayed heap (due_ms, id, seq)
+                   │ claim (promotes due jobs first)   ▲ retry with a delay
+                   ▼                                    │
+                active (owner, token, lease_ms) ── finish / recover_stalled / cancel
+                   ▼
+                completed | failed | cancelled   (trimmed by count and age on entry)
+
+Everything here runs with ``Store.cond`` held. Every order a reader can see is the
+Redis backend's, so code tested on one behaves the same on the other: waiting by
+(-priority, seq), delayed by (due_ms, id), active by (lease_ms, id), finished by
+(finished_ms, id), the job id breaking ties as a sorted set's member does.
+
+The heaps are pruned lazily: an entry is live only while its ``seq`` is the job's current
+one, so cancelling, purging or trimming a job never has to search a heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sandboxq.backends import rules
+from sandboxq.backends.base import Claimed, Event, NewJob
+from sandboxq.backends.rules import Retention
+from sandboxq.models import AttemptRecord, JobOptions, JobState, Outcome
+
+WAITING, DELAYED, ACTIVE = JobState.WAITING, JobState.DELAYED, JobState.ACTIVE
+COMPLETED, FAILED, CANCELLED = JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED
+FINISHED = (COMPLETED, FAILED, CANCELLED)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class Job:
+    new: NewJob  # payload, codec, options and priority as enqueued (frozen)
+    id: str
+    options: JobOptions
+    created_ms: int
+    state: JobState = WAITING
+    seq: int = 0  # the seq of the job's live heap entry; a new one on every (re-)entry
+    due_ms: int = 0
+    ready_ms: int = 0  # when it last became claimable (enqueued, due, retried, recovered)
+    attempts: int = 0
+    stalls: int = 0
+    owner: str | None = None
+    token: str | None = None
+    lease_ms: int = 0
+    # the fence a cancel leaves (base.Backend.cancel): the revoked lease and its expiry
+    fence_owner: str | None = None
+    fence_token: str | None = None
+    fenced_until_ms: int = 0
+    finished_ms: int | None = None
+    outcome: Outcome | None = None
+    error: str | None = None
+    result: bytes | None = None
+    history: list[AttemptRecord] = field(default_factory=list)
+
+    def order(self) -> tuple[int, int | str]:
+        """The job's place in its state's order (unique within the state)."""
+        if self.state is WAITING:
+            return (-self.new.priority, self.seq)
+        if self.state is DELAYED:
+            return (self.due_ms, self.id)
+        if self.state is ACTIVE:
+            return (self.lease_ms, self.id)
+        return (self.finished_ms or 0, self.id)
+
+    def fenced(self, now: int) -> bool:
+        """Cancelled while running, and its old owner has neither confirmed the child dead
+        nor let the old lease run out."""
+        return self.fence_token is not None and not rules.fence_lifted(self.fenced_until_ms, now)
+
+
+class Store:
+    """All of one queue's jobs, the heaps that order them and the events stream."""
+
+    def __init__(self, retention: Retention) -> None:
+        # Cancelled jobs count against the failed limit: both are jobs that did not succeed.
+        self.retain = {
+            COMPLETED: retention.retain_completed,
+            FAILED: retention.retain_failed,
+            CANCELLED: retention.retain_failed,
+        }
+        self.retain_ms = rules.ms(retention.retain_s)
+        self.cond = threading.Condition()
+        self.jobs: dict[str, Job] = {}
+        # Ids per state. Finished states are kept in (finished_ms, id) order: oldest first
+        # is what retention trims, and what list_jobs reverses for "newest first".
+        self.by_state: dict[JobState, dict[str, None]] = {state: {} for state in JobState}
+        self.waiting: list[tuple[int, int, str]] = []
+        self.delayed: list[tuple[int, str, int]] = []
+        self._seq = itertools.count(1)
+        self.events: deque[Event] = deque(maxlen=retention.max_events)
+        self.last_event = 0
+        self.watchers: list[Callable[[str, str | None], None]] = []
+
+    def emit(self, kind: str, job_id: str, **data: str) -> None:
+        """Every state change emits an event, and emitting notifies *all* waiters: waiting
+        claims, ``wait_for_finish`` and ``events`` share the condition, so waking only some
+        could wake the wrong ones; each re-checks its own predicate instead."""
+        self.last_event += 1
+        self.events.append(Event(str(self.last_event), kind, job_id, data))
+        self.cond.notify_all()
+
+    def move(self, job: Job, state: JobState, now: int, keep_place: bool = False) -> None:
+        """Put ``job`` in ``state``. Waiting takes a new place in line unless ``keep_place``
+        (its old entry left the heap when it was claimed); a finished state trims."""
+        self.by_state[job.state].pop(job.id, None)
+        if state is DELAYED:
+            job.ready_ms = job.due_ms
+        elif state is WAITING and not keep_place and job.state is not DELAYED:
+            job.ready_ms = now
+        job.state = state
+        if state is not ACTIVE:
+            job.owner = job.token = None
+        job.finished_ms = now if state.finished else None
+        if state.finished:
+            self._enter_finished(job)
+            self.trim(state, now)
+            return
+        self.by_state[state][job.id] = None
+        if state is WAITING:
+            job.seq = job.seq if keep_place else next(self._seq)
+            heapq.heappush(self.waiting, (-job.new.priority, job.seq, job.id))
+        elif state is DELAYED:
+            job.seq = next(self._seq)
+            heapq.heappush(self.delayed, (job.due_ms, job.id, job.seq))
+
+    def _enter_finished(self, job: Job) -> None:
+        # Nearly always the newest: only jobs of the same millisecond with a greater id
+        # (or a clock stepped back) step aside, so the set stays in (finished_ms, id) order.
+        ids, key, after = self.by_state[job.state], job.order(), []
+        while ids and self.jobs[last := next(reversed(ids))].order() > key:
+            ids.popitem()
+            after.append(last)
+        ids[job.id] = None
+        for job_id in reversed(after):
+            ids[job_id] = None
+
+    def per_lease(
+        self, leases: Sequence[tuple[str, str]], act: Callable[[str, str, int], bool]
+    ) -> tuple[list[str], list[str]]:
+        """``act(job_id, token, now)`` for each lease, under the lock: the ids it acted on,
+        and the others (renew, release, confirm_dead)."""
+        done: list[str] = []
+        others: list[str] = []
+        with self.cond:
+            now = now_ms()
+            for job_id, token in leases:
+                (done if act(job_id, token, now) else others).append(job_id)
+        return done, others
+
+    def live(self, seq: int, job_id: str, state: JobState) -> Job | None:
+        job = self.jobs.get(job_id)
+        return job if job is not None and job.state is state and job.seq == seq else None
+
+    def owned(self, worker_id: str, job_id: str, token: str) -> Job | None:
+        job = self.jobs.get(job_id)
+        if job is None or job.state is not ACTIVE or (job.owner, job.token) != (worker_id, token):
+            return None
+        return job
+
+    def ordered(self, state: JobState) -> list[Job]:
+        """The jobs in ``state``, in its order (see the module docstring)."""
+        jobs = [self.jobs[i] for i in self.by_state[state]]
+        return jobs if state.finished else sorted(jobs, key=Job.order)
+
+    def next_due_ms(self) -> int | None:
+        while self.delayed:
+            due_ms, job_id, seq = self.delayed[0]
+            if self.live(seq, job_id, DELAYED) is not None:
+                return due_ms
+            heapq.heappop(self.delayed)
+        return None
+
+    def promote(self, now: int) -> None:
+        """Due delayed jobs to waiting, ``PROMOTE_LIMIT`` at most, as claim.lua does."""
+        for _ in range(rules.PROMOTE_LIMIT):
+            due_ms = self.next_due_ms()
+            if due_ms is None or due_ms > now:
+                return
+            job = self.jobs[heapq.heappop(self.delayed)[1]]
+            job.fence_owner = job.fence_token = None  # a fenced retry falls due: fence over
+            self.move(job, WAITING, now)
+
+    def claim(
+        self, worker_id: str, count: int, lease_s: float, now: int, token_base: str | None = None
+    ) -> list[Claimed]:
+        claimed_at = time.monotonic()
+        base = token_base or rules.token_base()
+        self.promote(now)
+        claimed: list[Claimed] = []
+        while len(claimed) < count and self.waiting:
+            _, seq, job_id = heapq.heappop(self.waiting)
+            job = self.live(seq, job_id, WAITING)
+            if job is None:
+                continue
+            job.attempts += 1
+            job.owner, job.token = worker_id, f"{base}.{len(claimed) + 1}"
+            job.lease_ms = now + rules.lease_ms(lease_s)
+            self.move(job, ACTIVE, now)
+            self.emit("active", job.id, worker=worker_id, attempt=str(job.attempts))
+            claimed.append(self.claimed(job, claimed_at, now))
+        return claimed
+
+    @staticmethod
+    def claimed(job: Job, claimed_at: float, now: int | None = None) -> Claimed:
+        """``job`` as its claimer sees it (``now``: the claim's time, for how long it
+        waited since it was ready; None on a replay, which is no new claim)."""
+        new = job.new
+        assert job.token is not None
+        waited_s = None if now is None else max(0, now - (job.ready_ms or job.created_ms)) / 1000
+        return Claimed(
+            job.id,
+            job.token,
+            new.payload,
+            new.codec,
+            new.options_json,
+            job.attempts,
+            claimed_at,
+            waited_s,
+        )
+
+    def replay(self, worker_id: str, token_base: str) -> list[Claimed]:
+        """The jobs an earlier call with ``token_base`` claimed that the caller still owns."""
+        prefix, claimed_at = token_base + ".", time.monotonic()
+        return [
+            self.claimed(job, claimed_at)
+            for job in self.ordered(ACTIVE)
+            if job.owner == worker_id and (job.token or "").startswith(prefix)
+        ]
+
+    def record(self, job: Job, attempt: AttemptRecord, error: str | None) -> None:
+        job.history.append(attempt)
+        del job.history[: -rules.HISTORY_CAP]
+        job.outcome, job.error = attempt.outcome, error or None
+
+    def delete(self, job_id: str) -> None:
+        job = self.jobs.pop(job_id)
+        del self.by_state[job.state][job_id]
+
+    def trim(self, state: JobState, now: int) -> None:
+        """Retention of one finished state, as common.lua's ``trim_finished``: the oldest
+        over the count, then those past the age, ``TRIM_BUDGET`` at most."""
+        ids = self.by_state[state]
+        budget = rules.TRIM_BUDGET
+        excess = min(budget, len(ids) - self.retain[state])
+        for job_id in list(itertools.islice(ids, max(0, excess))):
+            self.delete(job_id)
+        budget -= max(0, excess)
+        while budget > 0 and ids:
+            oldest = self.jobs[next(iter(ids))]
+            if not rules.retention_over(oldest.finished_ms or 0, now, self.retain_ms):
+                break
+            self.delete(oldest.id)
+            budget -= 1

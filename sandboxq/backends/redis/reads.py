@@ -1,0 +1,159 @@
+"""The Redis backend's readers: a job's record and result, counts, ids per state, and the
+dashboard's reads (pages.py). Each is one round trip and changes nothing.
+
+    get         read_job.lua: a field or attempt record over the read cap is never sent,
+                only its size (invariant 13: readers trust nothing in Redis)
+    get_result  read_result.lua: the same for a result
+                (the asyncio client sends the same scripts and reads their replies with
+                the same functions: read_job_args, job_from_reply, ...)
+    counts, list_jobs   ZCARD per state (one pipeline), ZRANGE / ZREVRANGE
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sandboxq.backends.base import JobDetail, JobPage
+from sandboxq.backends.redis import pages, records
+from sandboxq.backends.redis.connection import Connections
+from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.backends.redis.scripts import Arg, Scripts
+from sandboxq.codec import DEFAULT_MAX_BYTES as MAX_RESULT_BYTES
+from sandboxq.errors import BackendError, SerializationError
+from sandboxq.models import JobInfo, JobState
+
+
+class Reads:
+    queue: str
+    keys: QueueKeys
+    _conns: Connections
+    _scripts: Scripts
+
+    def get(self, job_id: str) -> JobInfo | None:
+        with self._conns.errors(f"read job {job_id!r}"):
+            reply = self._scripts.read_job(read_job_args(job_id))
+        return job_from_reply(self.queue, self.keys, job_id, reply)
+
+    def get_result(self, job_id: str) -> bytes | None:
+        with self._conns.errors(f"read the result of job {job_id!r}"):
+            reply = self._scripts.read_result(read_result_args(job_id))
+        return result_from_reply(job_id, reply)
+
+    def counts(self) -> dict[JobState, int]:
+        with self._conns.errors("count jobs"):
+            pipe = self._conns.main.pipeline(transaction=False)
+            for state in JobState:
+                pipe.zcard(self.keys.state_set(state))
+            sizes = pipe.execute()
+        return {state: int(n) for state, n in zip(JobState, sizes, strict=True)}
+
+    def list_jobs(self, state: JobState, limit: int = 100) -> list[str]:
+        state = JobState(state)
+        if limit <= 0:
+            return []
+        key = self.keys.state_set(state)
+        ids: Any
+        with self._conns.errors(f"list {state.value} jobs"):
+            if state.finished:
+                ids = self._conns.main.zrevrange(key, 0, limit - 1)
+            else:
+                ids = self._conns.main.zrange(key, 0, limit - 1)
+        return [records.text(job_id) for job_id in ids]
+
+    # -- reads for the dashboard (pages.py) ---------------------------------------------------
+
+    @functools.cached_property
+    def _pages(self) -> pages.Pages:
+        return pages.Pages(self.keys, self._conns.main_lane)
+
+    def job_page(
+        self,
+        state: JobState,
+        cursor: str | None = None,
+        limit: int = 50,
+        outcome: str | None = None,
+    ) -> JobPage:
+        with self._conns.errors(f"read a page of {JobState(state).value} jobs"):
+            return self._pages.job_page(state, cursor, limit, outcome)
+
+    def job_detail(self, job_id: str) -> JobDetail | None:
+        with self._conns.errors(f"read job {job_id!r}"):
+            pipe = self._conns.main.pipeline(transaction=False)
+            pipe.hgetall(self.keys.job(job_id))
+            pipe.lrange(self.keys.history(job_id), 0, -1)
+            fields, history = pipe.execute()
+        return pages.job_detail(self.queue, job_id, fields, history)
+
+    def oldest_waiting_ms(self) -> int | None:
+        with self._conns.errors("read the oldest waiting job"):
+            return self._pages.oldest_waiting_ms()
+
+    def queue_names(self, budget_s: float = 2.0) -> list[str]:
+        """Every queue on this Redis (not only this one), for the dashboard: see pages.py."""
+        with self._conns.errors("list the queues"):
+            return pages.queue_names(self._conns, budget_s)
+
+
+# -- one job, for the sync and the asyncio client alike --------------------------------------
+
+
+def read_job_args(job_id: str) -> list[Arg]:
+    """read_job.lua's arguments: the job, the read caps, the fields ``JobInfo`` needs."""
+    return [job_id, records.MAX_FIELD_BYTES, records.MAX_HISTORY, *records.INFO_FIELDS]
+
+
+def job_from_reply(queue: str, keys: QueueKeys, job_id: str, reply: Any) -> JobInfo | None:
+    """``JobInfo`` from read_job.lua's reply: None when there is no such job, a
+    ``BackendError`` when its key is not a hash, the oversized or damaged parts listed."""
+    fields = records.INFO_FIELDS
+    kind, history_kind = records.text(reply[0]), records.text(reply[1])
+    if kind == "none":
+        return None
+    if kind != "hash":
+        raise BackendError(
+            f"job {job_id!r} in queue {queue!r}: its record "
+            f"{keys.job(job_id)} holds a {kind}, not a hash (changed by hand?)"
+        )
+    total, sizes, values, history = reply[2:]
+    oversized = {
+        name: int(size)
+        for name, size in zip(fields, sizes, strict=True)
+        if size > records.MAX_FIELD_BYTES
+    }
+    found = {
+        name.encode(): value
+        for name, value in zip(fields, values, strict=True)
+        if value is not None and name not in oversized
+    }
+    damaged = []
+    if history_kind not in ("list", "none"):
+        damaged.append(f"history: {keys.history(job_id)} holds a {history_kind}, not a list")
+    return records.job_info(
+        queue,
+        job_id,
+        found,
+        history,
+        oversized=oversized,
+        damaged=damaged,
+        history_total=int(total),
+    )
+
+
+def read_result_args(job_id: str) -> list[Arg]:
+    """read_result.lua's arguments: the job and the largest result a reader takes in."""
+    return [job_id, MAX_RESULT_BYTES]
+
+
+def result_from_reply(job_id: str, reply: Any) -> bytes | None:
+    """A completed job's encoded result from read_result.lua's reply (None: not completed,
+    or none stored); ``SerializationError`` when it is over the cap."""
+    state, size, result = reply
+    if state != b"completed" or not size:
+        return None
+    if size > MAX_RESULT_BYTES:
+        raise SerializationError(
+            f"job {job_id!r}: the result is {records.over_cap(size, MAX_RESULT_BYTES)}"
+            "; it was not read"
+        )
+    return None if result is None else bytes(result)
