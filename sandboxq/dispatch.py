@@ -224,7 +224,7 @@ class Dispatcher:
             fence_deadline=job.claimed_at + s.lease_s - fence_margin_s(s.lease_s),
         )
         try:
-            lease.attempt_token = self._pool.execute(task, lambda r: events.put(("done", token, r)))
+            lease.task_id = self._pool.execute(task, lambda r: events.put(("done", token, r)))
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
             self._inflight.discard([token])
             self._give_back([job])

@@ -197,29 +197,29 @@ class Pool:
     def execute(self, task: Task, on_done: Callable[[AttemptResult], None]) -> int:
         """Queue one attempt; ``on_done`` is called once, on the supervisor thread.
 
-        Returns the attempt's token, which ``kill`` takes.
+        Returns the attempt's task id, which ``kill`` takes.
         """
         return self._supervisor.submit(task, on_done)
 
-    def kill(self, token: int, outcome: Outcome, detail: str) -> None:
-        """End attempt ``token`` now with ``outcome``; kills its child's tree if it runs."""
-        self._supervisor.command("kill", token, outcome, detail)
+    def kill(self, task_id: int, outcome: Outcome, detail: str) -> None:
+        """End attempt ``task_id`` now with ``outcome``; kills its child's tree if it runs."""
+        self._supervisor.command("kill", task_id, outcome, detail)
 
-    def extend_fence(self, token: int, deadline: float) -> None:
-        """Move attempt ``token``'s fence deadline (``time.monotonic()``) later."""
-        self._supervisor.command("fence", token, deadline)
+    def extend_fence(self, task_id: int, deadline: float) -> None:
+        """Move attempt ``task_id``'s fence deadline (``time.monotonic()``) later."""
+        self._supervisor.command("fence", task_id, deadline)
 
-    def soft_stop(self, token: int) -> None:
-        """Send attempt ``token`` its soft-timeout signal now (``SoftTimeout`` in the handler);
+    def soft_stop(self, task_id: int) -> None:
+        """Send attempt ``task_id`` its soft-timeout signal now (``SoftTimeout`` in the handler);
         however it ends after that, its outcome is ``interrupted`` (a shutdown, not a fault)."""
-        self._supervisor.command("soft", token)
+        self._supervisor.command("soft", task_id)
 
-    def release_unstarted(self, outcome: Outcome, detail: str) -> None:
+    def end_unstarted(self, outcome: Outcome, detail: str) -> None:
         """End every attempt not yet handed to a child with ``outcome``, without running it."""
-        self._supervisor.command("release", outcome, detail)
+        self._supervisor.command("end_unstarted", outcome, detail)
 
     def running_pids(self) -> dict[int, int]:
-        """Attempt token → pid of the child running it, right now."""
+        """Task id → pid of the child running it, right now."""
         return self._supervisor.running_pids()
 
     def shutdown(self, wait: bool = True, *, cancel: bool = False) -> None:
@@ -227,7 +227,7 @@ class Pool:
         self._supervisor.close(cancel=cancel)
         if wait:
             self._supervisor.join()
-            self._supervisor.release()
+            self._supervisor.close_wake_pipe()
         _live_pools.discard(self)
 
     def __enter__(self) -> Pool:

@@ -17,9 +17,9 @@ kill lands within a millisecond or two of its deadline. A child runs one attempt
 Pending tasks go to idle children first; while jobs are short (``PIPELINE_BELOW_S``) a few
 more are queued in busy children's channels, and a queued task starts when its child
 finishes the one before (its deadline clock starts then, not at dispatch). The child
-records each task's token as it starts it (``Child.started``), so a task withdrawn while
+records each task's task_id as it starts it (``Child.started``), so a task withdrawn while
 queued never starts, and one a child died before starting goes back to pending, uncharged.
-A kill names an attempt token, and the supervisor is the only thread that dispatches, so a
+A kill names an attempt task_id, and the supervisor is the only thread that dispatches, so a
 kill can never hit the next job a reused child picked up.
 
 Every process an attempt starts dies with the attempt (``kill.sweep``, the child's own
@@ -47,7 +47,8 @@ from sandboxq.pool import commands, launch, server
 from sandboxq.pool.attempt import Task
 from sandboxq.pool.channel import BadMessage, Channel
 from sandboxq.pool.child import SHARED_SIZE, child_main
-from sandboxq.pool.children import (
+from sandboxq.pool.containment import Containment
+from sandboxq.pool.handles import (
     Attempt,
     Child,
     OnDone,
@@ -57,7 +58,6 @@ from sandboxq.pool.children import (
     now_ms,
     readable,
 )
-from sandboxq.pool.containment import Containment
 from sandboxq.pool.kill import descendants, kill_tree
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, Run
@@ -110,7 +110,7 @@ class Supervisor:
         self._keep_strays = keep_strays
         self._max_growth_mb = max_child_growth_mb
         self._contain = containment or Containment("process_tree", "", ChildSetup())
-        self._tokens = itertools.count(1)
+        self._task_ids = itertools.count(1)
         self._commands: deque[tuple[Any, ...]] = deque()
         self._pending: deque[Attempt] = deque()
         self._children: list[Child] = []
@@ -143,13 +143,13 @@ class Supervisor:
             raise self.broken
         if self._closing:
             raise RuntimeError("cannot submit to a pool that is shutting down")
-        token = next(self._tokens)
-        self.command("run", Attempt(token, task, on_done))
-        return token
+        task_id = next(self._task_ids)
+        self.command("run", Attempt(task_id, task, on_done))
+        return task_id
 
     def running_pids(self) -> dict[int, int]:
-        """Attempt token → child pid for what runs now (a snapshot, for status displays)."""
-        return {c.running.token: c.pid for c in list(self._children) if c.running is not None}
+        """Attempt task_id → child pid for what runs now (a snapshot, for status displays)."""
+        return {c.running.task_id: c.pid for c in list(self._children) if c.running is not None}
 
     def child_states(self) -> dict[str, list[int]]:
         """Child pids by state: starting (not ready yet), busy, idle (a snapshot, for metrics)."""
@@ -170,7 +170,7 @@ class Supervisor:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
-    def release(self) -> None:
+    def close_wake_pipe(self) -> None:
         """Close the wake pipe, once the thread has stopped (after ``join``)."""
         if self._closed and self._wake_r >= 0:
             os.close(self._wake_r)
@@ -183,8 +183,8 @@ class Supervisor:
 
     def command(self, *command: Any) -> None:
         """Queue a command for the supervisor thread (``Pool`` documents each kind):
-        ``("kill", token, outcome, detail)``, ``("fence", token, deadline)``,
-        ``("soft", token)``, ``("release", outcome, detail)``, ``("close", cancel)``."""
+        ``("kill", task_id, outcome, detail)``, ``("fence", task_id, deadline)``,
+        ``("soft", task_id)``, ``("end_unstarted", outcome, detail)``, ``("close", cancel)``."""
         self._commands.append(command)
         # One wake byte per batch of commands: the supervisor clears the flag before
         # draining the deque, so a command appended while it is set is always seen.
@@ -213,7 +213,7 @@ class Supervisor:
                 while self._replace > 0 and not self._closing:
                     self._replace -= 1
                     self._spawn()
-                self._dispatch()
+                self._assign()
                 timeout = self._next_event(time.monotonic())
                 for key, _ in self._selector.select(timeout):
                     key.data(key.fileobj)
@@ -243,12 +243,12 @@ class Supervisor:
             if kind == "run":
                 self._pending.append(rest[0])
             elif kind == "kill":
-                commands.kill(self._children, self._pending, self._drain, *rest)
+                commands.kill(self._children, self._pending, self._collect, *rest)
             elif kind == "fence":
                 commands.extend_fence(self._children, self._pending, *rest)
             elif kind == "soft":
                 commands.soft_stop(self._children, rest[0])
-            elif kind == "release":
+            elif kind == "end_unstarted":
                 while self._pending:
                     self._pending.popleft().settle(rest[0], None, detail=rest[1])
             elif kind == "close" and rest[0]:
@@ -256,13 +256,21 @@ class Supervisor:
 
     def _spawn(self) -> None:
         channel, child_end = Channel.pair(max_frame=self._max_result_bytes + FRAME_SLACK)
-        soft_token = self._ctx.RawValue("q", 0)
+        soft = self._ctx.RawValue("q", 0)
         fence = self._ctx.RawValue("d", 0.0)
         shared = self._ctx.RawArray("q", SHARED_SIZE)
         group, setup = self._contain.new_child()
         process = self._ctx.Process(
             target=child_main,
-            args=(child_end, self._processor, soft_token, fence, self._keep_strays, shared, setup),
+            args=(
+                child_end,
+                self._processor,
+                soft,
+                fence,
+                self._keep_strays,
+                shared,
+                setup,
+            ),
             name="sandboxq-child",
         )
         try:
@@ -277,7 +285,7 @@ class Supervisor:
         self.spawned += 1
         child_end.close()
         self._follow_server()
-        child = Child(process, channel, soft_token, fence, shared)
+        child = Child(process, channel, soft, fence, shared)
         child.group = group
         self._children.append(child)
         self._selector.register(channel, selectors.EVENT_READ, lambda _: self._on_messages(child))
@@ -325,7 +333,7 @@ class Supervisor:
 
     # -- dispatch: idle children first; while jobs are short, queue a few more in each ----
 
-    def _dispatch(self) -> None:
+    def _assign(self) -> None:
         while self._pending and self._idle:
             self._send(self._idle.pop(), 1)
         if self._pending and self._recent_job_s < PIPELINE_BELOW_S:
@@ -370,7 +378,7 @@ class Supervisor:
             return
         runs = [
             Run(
-                a.token,
+                a.task_id,
                 a.task.payload,
                 a.task.codec,
                 self._max_result_bytes,
@@ -427,7 +435,7 @@ class Supervisor:
         run = child.running
         kind = type(msg)  # most frequent first: this runs once or twice per job
         if kind is Finished or kind is Failed:
-            if run is None or run.token != msg.token or run.kill_outcome is not None:
+            if run is None or run.task_id != msg.task_id or run.kill_outcome is not None:
                 return  # stale, or being killed: the kill decides the outcome
             child.running = None
             now, at_ms = time.monotonic(), now_ms()  # once: the end of this, the start of next
@@ -444,7 +452,7 @@ class Supervisor:
             self._advance(child, now, at_ms)
             child.sync_fence()
         elif kind is Progress:
-            if run and run.token == msg.token and run.task.on_progress:
+            if run and run.task_id == msg.task_id and run.task.on_progress:
                 call(run.task.on_progress, msg.fraction, msg.message)
         elif kind is Ready:
             child.ready = True
@@ -468,7 +476,7 @@ class Supervisor:
         else:
             self._idle.append(child)
 
-    def _drain(self, child: Child) -> None:
+    def _collect(self, child: Child) -> None:
         """Read what a child already sent: a finished attempt is never mistaken for a hung one."""
         while not child.conn.closed and readable(child.conn):
             self._on_messages(child)
@@ -492,7 +500,7 @@ class Supervisor:
             self._on_server_death()  # it explains this death (and handles this exit)
             return
         if not child.conn.closed:
-            self._drain(child)
+            self._collect(child)
         self._selector.unregister(child.process.sentinel)
         if not child.conn.closed:
             self._selector.unregister(child.conn)
@@ -510,7 +518,7 @@ class Supervisor:
         server.forget(child.pid)
         if run is not None:
             self._settle_death(child, run, exitcode)
-        self._contain.release(child.group)  # after: its OOM-kill counter names the outcome
+        self._contain.remove(child.group)  # after: its OOM-kill counter names the outcome
         # Queued attempts never started: back to the front of the line, in order.
         for attempt in reversed(child.queued):
             if attempt.kill_outcome is not None:
@@ -566,7 +574,7 @@ class Supervisor:
                 continue
             # Read what it already sent first: an attempt that returned before its deadline
             # is reported as it ended, whatever the deadline would have made of it.
-            self._drain(child)
+            self._collect(child)
             if child.running is not run:
                 continue
             if run.hard_deadline is not None and now >= run.hard_deadline:

@@ -65,12 +65,12 @@ class Attempt:
         "started",
         "started_ms",
         "task",
-        "token",
+        "task_id",
         "tree",
     )
 
-    def __init__(self, token: int, task: Task, on_done: OnDone) -> None:
-        self.token = token
+    def __init__(self, task_id: int, task: Task, on_done: OnDone) -> None:
+        self.task_id = task_id
         self.task = task
         self.on_done = on_done
         self.started = 0.0
@@ -107,7 +107,7 @@ class Attempt:
         if now is None:
             now = time.monotonic()
         result = AttemptResult(
-            self.token,
+            self.task_id,
             outcome,
             pid=pid,
             started_ms=self.started_ms,
@@ -151,15 +151,15 @@ class Child:
         "running",
         "server_died",
         "shared",
-        "soft_token",
+        "soft_task_id",
     )
 
     def __init__(
-        self, process: Any, conn: Channel, soft_token: Any, fence: Any, shared: Any
+        self, process: Any, conn: Channel, soft_task_id: Any, fence: Any, shared: Any
     ) -> None:
         self.process = process
         self.conn = conn
-        self.soft_token = soft_token  # shared: which attempt the soft signal is meant for
+        self.soft_task_id = soft_task_id  # shared: which attempt the soft signal is meant for
         self.fence = fence  # shared: the running attempt's fence deadline, for its guard
         self.shared = shared  # shared: the task it started last, the tasks withdrawn (child.py)
         self.pid: int = process.pid
@@ -210,7 +210,7 @@ class Child:
 
     def started(self, run: Attempt) -> bool:
         """Whether the child started ``run`` (read once it is dead or stopped)."""
-        return bool(self.shared[STARTED] == run.token)
+        return bool(self.shared[STARTED] == run.task_id)
 
     def withdraw(self, attempt: Attempt) -> bool:
         """Take a task back from the child's channel before it starts: True if it will
@@ -218,10 +218,10 @@ class Child:
         if not stop(self.pid):
             return False
         try:
-            if self.shared[STARTED] == attempt.token:
+            if self.shared[STARTED] == attempt.task_id:
                 return False
             count = self.shared[WITHDRAWN]
-            self.shared[2 + count % WITHDRAWN_RING] = attempt.token
+            self.shared[2 + count % WITHDRAWN_RING] = attempt.task_id
             self.shared[WITHDRAWN] = count + 1
             return True
         finally:
@@ -229,9 +229,9 @@ class Child:
 
     def signal_soft(self, run: Attempt) -> None:
         run.soft_sent = True
-        # The child raises SoftTimeout only if it still runs this token, so the signal
+        # The child raises SoftTimeout only if it still runs this task, so the signal
         # can never land in the next task it took from its channel.
-        self.soft_token.value = run.token
+        self.soft_task_id.value = run.task_id
         try:
             os.kill(self.pid, SIGSOFT)
         except ProcessLookupError:
