@@ -16,8 +16,8 @@ import pytest
 
 from sandboxq import AttemptFailed, ConfigError, Pool, ProcessorError, SerializationError
 from sandboxq.models import Outcome
+from sandboxq.pool.assign import PIPELINE_DEPTH
 from sandboxq.pool.attempt import AttemptResult
-from sandboxq.pool.supervisor import PIPELINE_DEPTH
 from sandboxq.testing.waiting import wait_for
 
 H = "sandboxq.testing.handlers:"

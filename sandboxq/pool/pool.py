@@ -25,6 +25,7 @@ from sandboxq import codec
 from sandboxq.errors import PoolBroken, SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.commands import EndUnstarted, Fence, Kill, Soft
 from sandboxq.pool.containment import detect
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.supervisor import Supervisor
@@ -203,20 +204,20 @@ class Pool:
 
     def kill(self, task_id: int, outcome: Outcome, detail: str) -> None:
         """End attempt ``task_id`` now with ``outcome``; kills its child's tree if it runs."""
-        self._supervisor.command("kill", task_id, outcome, detail)
+        self._supervisor.command(Kill(task_id, outcome, detail))
 
     def extend_fence(self, task_id: int, deadline: float) -> None:
         """Move attempt ``task_id``'s fence deadline (``time.monotonic()``) later."""
-        self._supervisor.command("fence", task_id, deadline)
+        self._supervisor.command(Fence(task_id, deadline))
 
     def soft_stop(self, task_id: int) -> None:
         """Send attempt ``task_id`` its soft-timeout signal now (``SoftTimeout`` in the handler);
         however it ends after that, its outcome is ``interrupted`` (a shutdown, not a fault)."""
-        self._supervisor.command("soft", task_id)
+        self._supervisor.command(Soft(task_id))
 
     def end_unstarted(self, outcome: Outcome, detail: str) -> None:
         """End every attempt not yet handed to a child with ``outcome``, without running it."""
-        self._supervisor.command("end_unstarted", outcome, detail)
+        self._supervisor.command(EndUnstarted(outcome, detail))
 
     def running_pids(self) -> dict[int, int]:
         """Task id → pid of the child running it, right now."""
