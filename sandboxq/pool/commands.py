@@ -34,35 +34,50 @@ from sandboxq.pool.handles import Attempt, Child
 
 @dataclass(frozen=True, slots=True)
 class Submit:
+    """Run ``attempt`` (``Pool.execute``)."""
+
     attempt: Attempt
 
 
 @dataclass(frozen=True, slots=True)
-class Kill:
+class _ForTask:
+    """A command about one attempt, named by its task id."""
+
     task_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Kill(_ForTask):
+    """End the attempt now with ``outcome`` (``Pool.kill``)."""
+
     outcome: Outcome
     detail: str
 
 
 @dataclass(frozen=True, slots=True)
-class Fence:
-    task_id: int
-    deadline: float  # time.monotonic()
+class Fence(_ForTask):
+    """Move the attempt's fence deadline, a ``time.monotonic()`` (``Pool.extend_fence``)."""
+
+    deadline: float
 
 
 @dataclass(frozen=True, slots=True)
-class Soft:
-    task_id: int
+class Soft(_ForTask):
+    """Soft-signal the attempt now; it ends as interrupted (``Pool.soft_stop``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class EndUnstarted:
+    """End every attempt not yet sent to a child with ``outcome`` (``Pool.end_unstarted``)."""
+
     outcome: Outcome
     detail: str
 
 
 @dataclass(frozen=True, slots=True)
 class Close:
+    """The pool is shutting down; ``cancel``: end every attempt (``Pool.shutdown``)."""
+
     cancel: bool
 
 

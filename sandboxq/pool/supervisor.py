@@ -9,8 +9,9 @@
         │ Finished/Failed    │ exit code → outcome │ died: its attempts │ read the pipe, then
         │ (undecodable: that │ (never started:     │ interrupted, fresh │ soft signal, tree
         │ child's error)     │ back to pending)    │ server + children  │ kill, memory sample
-        ▼                    ▼                     ▼                    ▼ (deadlines.py)
-    on_done(AttemptResult) ── then: assign pending tasks to children (assign.py)
+        ▼                    ▼ (deaths.py)         ▼                    ▼ (deadlines.py)
+    on_done(AttemptResult) ── then: replacement children (spawn.py), and pending tasks
+                              assigned to children (assign.py)
 
 Nothing polls: the select timeout is the nearest soft/hard/fence deadline or memory
 sample, so a kill lands within a millisecond or two of its deadline. A child runs one
