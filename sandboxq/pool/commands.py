@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,15 +107,15 @@ class Mailbox:
             except OSError:  # the supervisor has exited and closed the pipe
                 pass
 
-    def take(self) -> Iterator[Command]:
-        """The commands queued so far, in order (the supervisor thread, once woken)."""
+    def take(self) -> deque[Command]:
+        """Consume the wake byte and return the queue, for the supervisor thread to pop
+        from the left until empty (commands put meanwhile are taken in the same turn)."""
         try:
             os.read(self.fd, 4096)
         except (BlockingIOError, OSError):
             pass
         self._woken = False
-        while self.queue:
-            yield self.queue.popleft()
+        return self.queue
 
     def shut(self) -> None:
         """The supervisor thread is done: no more wake bytes."""

@@ -127,7 +127,7 @@ class Supervisor:
         if self._closing:
             raise RuntimeError("cannot submit to a pool that is shutting down")
         task_id = next(self._task_ids)
-        self.command(Submit(Attempt(task_id, task, on_done, self._live)))
+        self._mail.put(Submit(Attempt(task_id, task, on_done, self._live)))
         return task_id
 
     def running_pids(self) -> dict[int, int]:
@@ -202,8 +202,9 @@ class Supervisor:
         return any(c.running is not None or c.queued for c in self._children)
 
     def _on_wake(self, _fd: Any) -> None:
-        for command in self._mail.take():
-            commands.run(command, self._live, self._pending, self._children, self._collect)
+        queue, live, pending, collect = self._mail.take(), self._live, self._pending, self._collect
+        while queue:
+            commands.run(queue.popleft(), live, pending, self._children, collect)
 
     def _spawn(self) -> None:
         try:
