@@ -3,13 +3,14 @@ attempt wherever it is: pending (not yet sent), queued in a busy child's channel
 
     Submit(attempt)             indexed by its task id, then pending
     Kill(task_id, outcome)      pending → settled now; queued → withdrawn (never starts) and
-                                settled; running → its child's tree is killed, the death
-                                settles it
+                                settled, or, if the child started it meanwhile, killed once
+                                the parent sees it running; running → its child's tree is
+                                killed, the death settles it
     Fence(task_id, deadline)    moves the fence deadline (and the running child's guard)
     Soft(task_id)               the soft signal now; however it ends, it is ``interrupted``
-    EndUnstarted(outcome)       every pending attempt ends so, never run
-    Close(cancel)               (the supervisor stops taking submits first) with ``cancel``,
-                                every attempt ends as ``interrupted``
+    EndUnstarted(outcome)       every pending attempt ends with ``outcome``, never run
+    Close(cancel)               put once submits are refused; with ``cancel``, every attempt
+                                ends as ``interrupted``
 
 Any thread puts a command in the supervisor's ``Mailbox`` (a deque, and one byte on a
 wake pipe the supervisor's select watches); the supervisor thread runs them in order

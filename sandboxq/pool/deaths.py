@@ -3,11 +3,13 @@
     the child died (its sentinel) ──► bury(): kill what it left (its group, else its tree,
                                       and the orphans below the fork server), then
         running attempt: started? → settled with the outcome its death explains
-                                    (death_outcome: our kill's reason, the CPU limit, an
-                                    exit code, the fence guard, else a crash)
+                                    (our kill's reason, an OOM kill in its group, the CPU
+                                    limit, an exit code, the fence guard, else a crash)
                          not started → back to the front of pending, uncharged
         queued attempts: never started → back to pending, in order (one killed while
                                     queued ends with its kill's outcome)
+    the fork server died ──► server_died(): every child died with it; each attempt is
+                             interrupted, not charged, and each child buried as above
     the pool stops ──► stop_all(): channels closed, a grace to exit, then every tree
                        killed; what still ran ends as its (cancelling) kill says
 
@@ -33,8 +35,8 @@ from sandboxq.pool.kill import descendants
 
 log = logging.getLogger("sandboxq.pool")
 
-#: How long a child gets to exit once its death is seen (or, at shutdown, once its channel
-#: is closed) before it is killed.
+#: How long the supervisor waits for a child whose sentinel fired to be reaped, and, at
+#: shutdown, for children to exit on their own once their channels are closed.
 EXIT_GRACE_S = 1.0
 
 

@@ -3,10 +3,12 @@
     parent ── Run ──────────────────────────►  child
     parent ◄── Ready | Progress | Finished | Failed ──  child
 
-``Ready`` is sent once, after the child has imported its processor. A child runs one
-``Run`` at a time and answers it with exactly one ``Finished`` or ``Failed`` (or by dying).
-Every message carries the attempt's ``task_id`` so the parent can drop a stale message
-instead of crediting it to the wrong attempt.
+``Ready`` is sent once, after the child has imported its processor. The parent may send
+several ``Run`` ahead (queued in the channel while jobs are short); the child runs one at
+a time and answers each with exactly one ``Finished`` or ``Failed`` (or by dying), except
+one the parent withdrew before it started, which it skips without a word. Every message
+about an attempt (all but ``Ready``) carries its ``task_id``, so the parent can drop a
+stale message instead of crediting it to the wrong attempt.
 """
 
 from __future__ import annotations

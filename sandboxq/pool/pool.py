@@ -64,7 +64,8 @@ class Pool:
     Each attempt gets a soft timeout (``SoftTimeout`` raised in the handler), a hard timeout
     (the child's whole process tree is killed) and an optional memory limit. A failed
     attempt's future raises ``AttemptFailed`` whose ``.outcome`` names how it ended.
-    Leaving the ``with`` block waits for submitted work, then stops every child.
+    Leaving the ``with`` block waits for submitted work, then stops every child (after an
+    exception in the block, what has not ended yet ends as ``interrupted``).
 
     Whatever an attempt starts is killed before its outcome is reported; ``keep_strays=True``
     lets processes a handler started outlive its attempt (a helper kept across jobs on
@@ -198,7 +199,8 @@ class Pool:
     def execute(self, task: Task, on_done: Callable[[AttemptResult], None]) -> int:
         """Queue one attempt; ``on_done`` is called once, on the supervisor thread.
 
-        Returns the attempt's task id, which ``kill`` takes.
+        Returns the attempt's task id, which ``kill``, ``extend_fence`` and ``soft_stop``
+        take.
         """
         return self._supervisor.submit(task, on_done)
 
@@ -207,7 +209,7 @@ class Pool:
         self._supervisor.command(Kill(task_id, outcome, detail))
 
     def extend_fence(self, task_id: int, deadline: float) -> None:
-        """Move attempt ``task_id``'s fence deadline (``time.monotonic()``) later."""
+        """Move attempt ``task_id``'s fence deadline to ``deadline`` (``time.monotonic()``)."""
         self._supervisor.command(Fence(task_id, deadline))
 
     def soft_stop(self, task_id: int) -> None:

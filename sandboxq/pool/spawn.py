@@ -2,13 +2,14 @@
 
     spawn() ──► a channel pair, the shared values (soft-signal target, fence deadline,
                 started/withdrawn tasks), a control group in a cgroup mode
-            ──► Process(child_main) started through the fork server (launch.py), and
-                registered (server.py) before an orphan sweep can see it
+            ──► Process(child_main) started (launch.py; through the fork server with the
+                forkserver start method) and registered (server.py) before an orphan
+                sweep can see it
     follow_server() ──► after each start: the fork server's pidfd joins the select; one
                 that was replaced before its death was seen has died
 
-The supervisor owns what happens when the fork server dies (its ``on_server_death``):
-this module only notices it.
+What a fork server's death does to the children is the supervisor's (its
+``on_server_death``, then deaths.py): this module only notices the death.
 """
 
 from __future__ import annotations
