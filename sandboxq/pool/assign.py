@@ -79,19 +79,17 @@ class Assigner:
                 detail = "the lease expired before the job started"
                 attempt.settle(Outcome.LEASE_LOST, None, detail=detail)
             else:
+                attempt.child = child
                 batch.append(attempt)
         if not batch:
             if child.running is None:
                 idle.append(child)
             return
         max_bytes = self._max_result_bytes
-        runs = []
-        for a in batch:
-            task = a.task
-            runs.append(
-                Run(a.task_id, task.payload, task.codec, max_bytes, task.job_id, task.attempt)
-            )
-            a.child = child
+        runs = [
+            Run(a.task_id, a.task.payload, a.task.codec, max_bytes, a.task.job_id, a.task.attempt)
+            for a in batch
+        ]
         try:
             child.conn.send(*runs)
         except OSError:  # it just died; its sentinel will tell us how

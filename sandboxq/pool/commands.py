@@ -138,10 +138,12 @@ def run(
     collect: Callable[[Child], Any],
 ) -> None:
     """Do what ``command`` says (on the supervisor thread)."""
-    match command:  # most frequent first: a Submit comes with every job
-        case Submit(attempt):
-            live[attempt.task_id] = attempt
-            pending.append(attempt)
+    match command:
+        case Submit():
+            # First, and without a sub-pattern: a Submit comes with every job, and in
+            # Python 3.11 capturing its field costs more than the rest of its handling.
+            live[command.attempt.task_id] = command.attempt
+            pending.append(command.attempt)
         case Kill(task_id, outcome, detail):
             if (found := live.get(task_id)) is not None:
                 kill(found, pending, collect, outcome, detail)

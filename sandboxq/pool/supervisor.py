@@ -175,6 +175,7 @@ class Supervisor:
                     self._spawn()
             finally:
                 self._spawned.set()
+            collect, memory_every = self._collect, self._memory_every
             while not (
                 self._closing and not self._mail.queue and not self._pending and not self._busy()
             ):
@@ -188,9 +189,7 @@ class Supervisor:
                 timeout = deadlines.wait_s(self._children, time.monotonic())
                 for key, _ in self._selector.select(timeout):
                     key.data(key.fileobj)
-                deadlines.enforce(
-                    self._children, time.monotonic(), self._collect, self._memory_every
-                )
+                deadlines.enforce(self._children, time.monotonic(), collect, memory_every)
         except BaseException as exc:
             log.exception("pool supervisor crashed")
             self.broken = PoolBroken(f"the pool supervisor crashed: {exc!r}")
