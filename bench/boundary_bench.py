@@ -144,10 +144,10 @@ def bench_forkserver(quick: bool = False) -> dict[str, Any]:
                 assert str(result.outcome) == "interrupted", result.cause
                 assert pool.submit("echo", i).result(timeout=30) == i
                 next_job_ms.append((time.perf_counter() - t0) * 1000)
-                while pool._supervisor._server is not None and len(pool.pids) < pool.size:
+                while pool._supervisor._spawner._watch is not None and len(pool.pids) < pool.size:
                     time.sleep(0.01)
                 # Spaced out so the pool never sees three deaths a minute (it would break).
-                pool._supervisor._server._deaths.clear()  # type: ignore[union-attr]
+                pool._supervisor._spawner._watch._deaths.clear()  # type: ignore[union-attr]
     return {
         "figures": [
             _fig("fork server SIGKILL → attempt interrupted, median", interrupted_ms, "ms", 100),

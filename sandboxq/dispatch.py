@@ -171,7 +171,7 @@ class Dispatcher:
 
         task = task_for(job, options, self._settings, progress)
         try:
-            lease.attempt_token = self._pool.execute(task, ended)
+            lease.task_id = self._pool.execute(task, ended)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
             self._inflight.discard([token])
             self._give_back([job])

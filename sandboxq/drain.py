@@ -41,7 +41,7 @@ class Drain:
         now = time.monotonic()
         self._kill_at = now + stop_timeout_s
         self._soft_at = self._kill_at - min(MAX_SOFT_GRACE_S, stop_timeout_s / 2)
-        pool.release_unstarted(Outcome.INTERRUPTED, "the worker is stopping")
+        pool.end_unstarted(Outcome.INTERRUPTED, "the worker is stopping")
         self.advance()
 
     def advance(self) -> None:
@@ -49,7 +49,7 @@ class Drain:
         now = time.monotonic()
         if self._stop_now.is_set() or now >= self._kill_at:
             for held in self._held():
-                self._pool.kill(held.lease.attempt_token, Outcome.INTERRUPTED, "the worker stopped")
+                self._pool.kill(held.lease.task_id, Outcome.INTERRUPTED, "the worker stopped")
         elif now >= self._soft_at:
             for held in self._held():
-                self._pool.soft_stop(held.lease.attempt_token)
+                self._pool.soft_stop(held.lease.task_id)

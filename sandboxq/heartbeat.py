@@ -48,12 +48,12 @@ def fence_margin_s(lease_s: float) -> float:
 class Lease:
     """A job this worker owns: its lease token and the pool attempt running it."""
 
-    __slots__ = ("attempt_token", "job_id", "lease_token", "renewed_at")
+    __slots__ = ("job_id", "lease_token", "renewed_at", "task_id")
 
-    def __init__(self, job_id: str, lease_token: str, attempt_token: int, renewed_at: float):
+    def __init__(self, job_id: str, lease_token: str, task_id: int, renewed_at: float):
         self.job_id = job_id
         self.lease_token = lease_token
-        self.attempt_token = attempt_token
+        self.task_id = task_id
         self.renewed_at = renewed_at  # monotonic time just before the claim/renew call
 
 
@@ -181,5 +181,5 @@ class Heartbeat:
                     self._on_lost(lease, "the lease renewal was rejected")
                 else:
                     lease.renewed_at = started
-                    self._extend_fence(lease.attempt_token, fence)
+                    self._extend_fence(lease.task_id, fence)
         return True

@@ -323,14 +323,14 @@ class SandboxWorker:
 
     def _lease_lost(self, lease: Lease, why: str) -> None:
         assert self._pool is not None
-        self._pool.kill(lease.attempt_token, Outcome.LEASE_LOST, why)
+        self._pool.kill(lease.task_id, Outcome.LEASE_LOST, why)
 
     def _on_cancel(self, job_id: str, lease_token: str | None) -> None:
         # Only the attempt of the revoked lease: a later lease of the same job, claimed
         # after that attempt ended, is not what the user cancelled.
         held = self._inflight.get(lease_token) if lease_token is not None else None
         if held is not None and self._pool is not None:
-            self._pool.kill(held.lease.attempt_token, Outcome.CANCELLED, "cancelled by a user")
+            self._pool.kill(held.lease.task_id, Outcome.CANCELLED, "cancelled by a user")
 
     def _register(self, raise_errors: bool = False) -> None:
         """Publish this worker and its current jobs (``sandboxq info``); refreshed by the
@@ -339,7 +339,7 @@ class SandboxWorker:
         now = time.monotonic()
         jobs: list[dict[str, Any]] = []
         for held in self._inflight.snapshot():
-            pid = pids.get(held.lease.attempt_token)
+            pid = pids.get(held.lease.task_id)
             jobs.append(
                 {
                     "id": held.job.id,

@@ -83,12 +83,12 @@ def test_daemonised_grandchild_dies_with_a_parent_side_kill(
 ) -> None:
     pid_file = tmp_path / "pids"
     done: Future[tuple[AttemptResult, list[int]]] = Future()
-    token = daemon_pool.execute(
+    task_id = daemon_pool.execute(
         daemon_pool.make_task(str(pid_file), "hang"),
         lambda r: done.set_result((r, still_running(recorded(pid_file)))),
     )
     wait_for(lambda: recorded(pid_file), 10, "the daemon to start")
-    daemon_pool.kill(token, outcome, "killed by the test")
+    daemon_pool.kill(task_id, outcome, "killed by the test")
     result, left = done.result(timeout=10)
     assert result.outcome is outcome
     assert not left, f"the daemon outlived its killed attempt: {left}"
@@ -126,13 +126,13 @@ def test_fork_burst_of_200_is_dead_when_the_outcome_is_reported(
     pid_file = tmp_path / "pids"
     with Pool(H + "fork_burst", size=1, containment=containment) as pool:
         done: Future[tuple[AttemptResult, list[int]]] = Future()
-        token = pool.execute(
+        task_id = pool.execute(
             pool.make_task(str(pid_file), 200, then),
             lambda r: done.set_result((r, still_running(recorded(pid_file)))),
         )
         if then == "hang":  # killed once the whole burst runs (the hard deadline's path)
             wait_for(lambda: len(recorded(pid_file)) >= 200, 30, "the burst")
-            pool.kill(token, Outcome.CANCELLED, "killed by the test")
+            pool.kill(task_id, Outcome.CANCELLED, "killed by the test")
         result, left = done.result(timeout=30)
         assert result.outcome is (Outcome.OK if then == "return" else Outcome.CANCELLED)
         assert len(recorded(pid_file)) == 200

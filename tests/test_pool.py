@@ -16,8 +16,8 @@ import pytest
 
 from sandboxq import AttemptFailed, ConfigError, Pool, ProcessorError, SerializationError
 from sandboxq.models import Outcome
+from sandboxq.pool.assign import PIPELINE_DEPTH
 from sandboxq.pool.attempt import AttemptResult
-from sandboxq.pool.supervisor import PIPELINE_DEPTH
 from sandboxq.testing.waiting import wait_for
 
 H = "sandboxq.testing.handlers:"
@@ -233,20 +233,20 @@ def test_max_jobs_per_child_recycles_children() -> None:
 
 
 @pytest.mark.timeout(30)
-def test_kill_by_token_ends_that_attempt_only() -> None:
+def test_kill_by_task_id_ends_that_attempt_only() -> None:
     with Pool(H + "succeed_after", size=1) as pool:
         done: Future[AttemptResult] = Future()
-        token = pool.execute(pool.make_task(30), done.set_result)
+        task_id = pool.execute(pool.make_task(30), done.set_result)
         wait_for(pool.running_pids, 10, "the attempt to run in a child")
-        pool.kill(token, Outcome.CANCELLED, "cancelled by a test")
+        pool.kill(task_id, Outcome.CANCELLED, "cancelled by a test")
         result = done.result(timeout=5)
         assert result.outcome is Outcome.CANCELLED and result.pid is not None
         # A kill for an attempt that already ended must not touch the next one.
         first: Future[AttemptResult] = Future()
-        token = pool.execute(pool.make_task(0, "first"), first.set_result)
+        task_id = pool.execute(pool.make_task(0, "first"), first.set_result)
         assert first.result(timeout=10).outcome is Outcome.OK
         later = pool.submit(0.3, "second")
-        pool.kill(token, Outcome.CANCELLED, "stale kill")
+        pool.kill(task_id, Outcome.CANCELLED, "stale kill")
         assert later.result(timeout=10) == "second"
 
 
@@ -255,8 +255,8 @@ def test_kill_of_a_queued_attempt_never_runs_it() -> None:
     with Pool(H + "succeed_after", size=1) as pool:
         busy = pool.submit(0.5, "busy")
         queued: Future[AttemptResult] = Future()
-        token = pool.execute(pool.make_task(0, "queued"), queued.set_result)
-        pool.kill(token, Outcome.CANCELLED, "cancelled while queued")
+        task_id = pool.execute(pool.make_task(0, "queued"), queued.set_result)
+        pool.kill(task_id, Outcome.CANCELLED, "cancelled while queued")
         result = queued.result(timeout=5)
         assert result.outcome is Outcome.CANCELLED and result.pid is None
         assert busy.result(timeout=5) == "busy"

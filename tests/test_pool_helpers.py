@@ -57,11 +57,11 @@ def test_fork_server_death_interrupts_without_blame_and_the_pool_recovers(
         assert server.pid() not in (None, dead)
         assert not set(old) & set(pool.pids)
         assert pool._supervisor.broken is None
-        pool.kill(pool_token(pool), Outcome.CANCELLED, "done")
+        pool.kill(running_task_id(pool), Outcome.CANCELLED, "done")
         assert third.result(timeout=10).outcome is Outcome.CANCELLED
 
 
-def pool_token(pool: Pool) -> int:
+def running_task_id(pool: Pool) -> int:
     return next(iter(pool.running_pids()))
 
 

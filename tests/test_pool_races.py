@@ -102,10 +102,10 @@ def test_a_task_cancelled_while_queued_behind_a_busy_child_never_starts(tmp_path
             run(pool, "echo", i).result(timeout=10)
         child = pool.pids[0]
         blocker = run(pool, "wait_on_fifo", str(fifo))
-        token, queued = execute(pool, "mark_started", str(marker))
+        task_id, queued = execute(pool, "mark_started", str(marker))
         children = pool._supervisor._children
         wait_for(lambda: any(c.queued for c in children), 10, "the task to be queued")
-        pool.kill(token, Outcome.CANCELLED, "cancelled while queued")
+        pool.kill(task_id, Outcome.CANCELLED, "cancelled while queued")
         # Withdrawn, it ends at once, while the task ahead of it still runs (the kill is
         # asynchronous: the barrier opens only once it has been applied).
         assert queued.result(timeout=10).outcome is Outcome.CANCELLED

@@ -1,1 +1,12 @@
-"""The sandboxed child pool: children, their supervisor, and process-tree kills."""
+"""The sandboxed child pool: children, their supervisor, and process-tree kills.
+
+pool.py         the public ``Pool`` (``submit``, ``execute``, ``kill``, ``shutdown``)
+supervisor.py   the thread that owns every child and runs each attempt to its end, with
+                commands.py (what other threads ask of it), assign.py (which task goes
+                to which child), deadlines.py, deaths.py (a child is gone: how its
+                attempts end) and spawn.py (starting children, the fork server)
+handles.py      the parent's records: ``Attempt``, ``Child``
+messages.py channel.py   what crosses a child's pipe, and the pipe
+child.py        the child's own main loop (runs in the child)
+kill.py server.py containment.py cgroups.py limits.py   kills, orphans, control groups
+"""

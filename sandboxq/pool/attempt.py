@@ -38,7 +38,7 @@ class Task:
 
 @dataclass(slots=True)
 class AttemptResult:
-    token: int
+    task_id: int
     outcome: Outcome
     result: bytes | None = None  # encoded, when the outcome is ok
     pid: int | None = None

@@ -150,8 +150,8 @@ class Group:
         try:
             _write(path, value)
         except FileNotFoundError:
-            # Already removed (its child died and was released first, as when the fork
-            # server dies under it): an empty group has nothing to freeze or thaw.
+            # Already removed (its child died and the group was removed first, as when the
+            # fork server dies under it): an empty group has nothing to freeze or thaw.
             pass
 
     def empty(self) -> bool:

@@ -56,10 +56,10 @@ def _remote_error(e: Any) -> bool:
 #: What each message's fields must be: a well-formed pickle of the wrong shape is refused
 #: here rather than failing later inside a callback.
 _WELL_FORMED = {
-    messages.Finished: lambda m: type(m.token) is int and type(m.result) is bytes,
-    messages.Failed: lambda m: type(m.token) is int and _remote_error(m.error),
+    messages.Finished: lambda m: type(m.task_id) is int and type(m.result) is bytes,
+    messages.Failed: lambda m: type(m.task_id) is int and _remote_error(m.error),
     messages.Progress: lambda m: (
-        type(m.token) is int
+        type(m.task_id) is int
         and type(m.fraction) is float
         and (m.message is None or type(m.message) is str)
     ),

@@ -61,9 +61,9 @@ FENCE_CHECK_S = 0.05
 #: How long the fence guard sleeps while no deadline is set, or between looks at a far one
 #: (the parent may move it, or start an attempt with an earlier one).
 GUARD_IDLE_S = 0.25
-#: The ``shared`` array between parent and child: [0] the token of the task the child
+#: The ``shared`` array between parent and child: [0] the id of the task the child
 #: started last (written before it runs anything of it), [1] how many tasks the parent
-#: has withdrawn, [2:] a ring of their tokens. A withdrawn task is skipped, never run.
+#: has withdrawn, [2:] a ring of their task ids. A withdrawn task is skipped, never run.
 STARTED, WITHDRAWN = 0, 1
 WITHDRAWN_RING = 64
 SHARED_SIZE = 2 + WITHDRAWN_RING
@@ -75,12 +75,12 @@ MAX_PROGRESS_MESSAGE = 4096
 class JobContext:
     """What a handler can learn and say about the job it runs (``current_job()``)."""
 
-    __slots__ = ("_conn", "_lock", "armed", "attempt", "job_id", "token")
+    __slots__ = ("_conn", "_lock", "armed", "attempt", "job_id", "task_id")
 
     def __init__(self, conn: Channel, lock: threading.Lock, run: Run) -> None:
         self._conn = conn
         self._lock = lock
-        self.token = run.token
+        self.task_id = run.task_id
         self.job_id = run.job_id
         self.attempt = run.attempt
         self.armed = False  # True only while the processor itself runs
@@ -102,7 +102,7 @@ class JobContext:
                 raise TypeError(f"progress message must be a str or None, got {message!r}")
             message = str.__str__(said)[:MAX_PROGRESS_MESSAGE]  # a plain str, not a subclass
         with self._lock:
-            self._conn.send(Progress(self.token, value, message))
+            self._conn.send(Progress(self.task_id, value, message))
 
 
 _current: JobContext | None = None
@@ -115,14 +115,14 @@ def current_job() -> JobContext:
     return _current
 
 
-_soft_token: Any = None  # shared with the parent: the token the soft signal is meant for
+_soft_task_id: Any = None  # shared with the parent: which task the soft signal is meant for
 
 
 def _on_soft_timeout(signum: int, frame: FrameType | None) -> None:
     job = _current
-    if job is not None and job.armed and _soft_token.value == job.token:
+    if job is not None and job.armed and _soft_task_id.value == job.task_id:
         job.armed = False  # once per attempt
-        raise SoftTimeout(f"soft timeout of job {job.job_id or job.token}")
+        raise SoftTimeout(f"soft timeout of job {job.job_id or job.task_id}")
 
 
 def describe(exc: BaseException) -> RemoteError:
@@ -170,8 +170,8 @@ def run_one(
     if shared is not None:
         # First "started", then the check: the parent withdraws a task only while this
         # process is stopped (SIGSTOP), so it either sees it started or we see the mark.
-        shared[STARTED] = run.token
-        if shared[WITHDRAWN] and run.token in shared[2:]:
+        shared[STARTED] = run.task_id
+        if shared[WITHDRAWN] and run.task_id in shared[2:]:
             return  # withdrawn while it waited in our channel: never started, no reply
     job = _current = JobContext(conn, lock, run)
     reply: Finished | Failed
@@ -183,12 +183,12 @@ def run_one(
         finally:
             job.armed = False
         result = codec.encode(run.codec, value, what="result", max_bytes=run.max_result_bytes)
-        reply = Finished(run.token, result)
+        reply = Finished(run.task_id, result)
     except SystemExit as exc:
         _exit_now(exc)
         raise  # unreachable: _exit_now never returns
     except BaseException as exc:  # a handler may raise anything; one job fails, not the child
-        reply = Failed(run.token, describe(exc))
+        reply = Failed(run.task_id, describe(exc))
     finally:
         _current = None
     if not keep_strays:
@@ -213,17 +213,17 @@ def _guard_fence(fence: Any) -> None:
 def child_main(
     sock: socket.socket,
     processor_path: str,
-    soft_token: Any,
+    soft_task_id: Any,
     fence: Any,
     keep_strays: bool = False,
     shared: Any = None,
     setup: limits.ChildSetup | None = None,
 ) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
-    global _soft_token
+    global _soft_task_id
     setup = setup or limits.ChildSetup()
     limits.enter(setup)  # first: its control group and rlimits cover all that follows
-    _soft_token = soft_token
+    _soft_task_id = soft_task_id
     conn = Channel(sock)
     os.setsid()  # own session and process group: one killpg takes the whole tree
     linux.become_subreaper()  # whatever the handler starts stays below us: see sweep

@@ -1,93 +1,204 @@
-"""What the supervisor's commands do to an attempt, wherever it is: pending (not yet sent),
-queued in a busy child's channel, or running.
+"""The commands other threads send the supervisor thread, and what each one does to an
+attempt wherever it is: pending (not yet sent), queued in a busy child's channel, or running.
 
-    kill(token)   pending → settled now; queued → withdrawn (never starts) and settled;
-                  running → its child's tree is killed, the death settles it
-    fence(token)  moves the fence deadline (and the running child's guard)
-    soft(token)   the soft signal now; however it ends, it is ``interrupted``
-    cancel_all    every attempt ends as ``interrupted`` (a cancelling close)
+    Submit(attempt)             indexed by its task id, then pending
+    Kill(task_id, outcome)      pending → settled now; queued → withdrawn (never starts) and
+                                settled, or, if the child started it meanwhile, killed once
+                                the parent sees it running; running → its child's tree is
+                                killed, the death settles it
+    Fence(task_id, deadline)    moves the fence deadline (and the running child's guard)
+    Soft(task_id)               the soft signal now; however it ends, it is ``interrupted``
+    EndUnstarted(outcome)       every pending attempt ends with ``outcome``, never run
+    Close(cancel)               put once submits are refused; with ``cancel``, every attempt
+                                ends as ``interrupted``
 
-Runs on the supervisor thread only. An attempt that ends here reports itself
-(``Attempt.settle``); ``drain`` reads what a child already sent, so an attempt that
-returned is not killed.
+Any thread puts a command in the supervisor's ``Mailbox`` (a deque, and one byte on a
+wake pipe the supervisor's select watches); the supervisor thread runs them in order
+(``run``), so a task's ``Kill`` always comes after its ``Submit``. A command finds its
+attempt by task id in the supervisor's index of attempts not yet settled; an id that is
+not there has ended already, and the command does nothing. An attempt that ends here
+reports itself (``Attempt.settle``); ``collect`` reads what a child already sent, so an
+attempt that returned is not killed.
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from sandboxq.models import Outcome
-from sandboxq.pool.children import Attempt, Child
+from sandboxq.pool.handles import Attempt, Child
 
 
-def find(children: Iterable[Child], pending: deque[Attempt], token: int) -> Attempt | None:
-    for child in children:
-        if child.running is not None and child.running.token == token:
-            return child.running
-        for attempt in child.queued:
-            if attempt.token == token:
-                return attempt
-    for attempt in pending:
-        if attempt.token == token:
-            return attempt
-    return None
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Run ``attempt`` (``Pool.execute``)."""
+
+    attempt: Attempt
 
 
-def soft_stop(children: Iterable[Child], token: int) -> None:
-    for child in children:
-        run = child.running
-        if run is not None and run.token == token:
-            run.soft_outcome = Outcome.INTERRUPTED
-            if not run.soft_sent:
-                child.signal_soft(run)
+@dataclass(frozen=True, slots=True)
+class _ForTask:
+    """A command about one attempt, named by its task id."""
+
+    task_id: int
 
 
-def extend_fence(
-    children: list[Child], pending: deque[Attempt], token: int, deadline: float
+@dataclass(frozen=True, slots=True)
+class Kill(_ForTask):
+    """End the attempt now with ``outcome`` (``Pool.kill``)."""
+
+    outcome: Outcome
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fence(_ForTask):
+    """Move the attempt's fence deadline, a ``time.monotonic()`` (``Pool.extend_fence``)."""
+
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Soft(_ForTask):
+    """Soft-signal the attempt now; it ends as interrupted (``Pool.soft_stop``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndUnstarted:
+    """End every attempt not yet sent to a child with ``outcome`` (``Pool.end_unstarted``)."""
+
+    outcome: Outcome
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """The pool is shutting down; ``cancel``: end every attempt (``Pool.shutdown``)."""
+
+    cancel: bool
+
+
+Command = Submit | Kill | Fence | Soft | EndUnstarted | Close
+
+
+class Mailbox:
+    """Commands from any thread to the supervisor thread: a deque, and a wake pipe whose
+    read end (``fd``) is in the supervisor's select."""
+
+    def __init__(self) -> None:
+        self.queue: deque[Command] = deque()
+        self.fd, self._wake_w = os.pipe()
+        os.set_blocking(self.fd, False)
+        self._woken = False
+        self._shut = False
+
+    def put(self, command: Command) -> None:
+        """Queue ``command`` and wake the supervisor (any thread)."""
+        self.queue.append(command)
+        # One wake byte per batch of commands: the supervisor clears the flag before
+        # taking from the deque, so a command appended while it is set is always seen.
+        if not self._woken and not self._shut:
+            self._woken = True
+            try:
+                os.write(self._wake_w, b"\0")
+            except OSError:  # the supervisor has exited and closed the pipe
+                pass
+
+    def take(self) -> deque[Command]:
+        """Consume the wake byte and return the queue, for the supervisor thread to pop
+        from the left until empty (commands put meanwhile are taken in the same turn)."""
+        try:
+            os.read(self.fd, 4096)
+        except (BlockingIOError, OSError):
+            pass
+        self._woken = False
+        return self.queue
+
+    def shut(self) -> None:
+        """The supervisor thread is done: no more wake bytes."""
+        self._shut = True
+
+    def close(self) -> None:
+        """Close the wake pipe, once the supervisor thread has stopped."""
+        if self._shut and self.fd >= 0:
+            os.close(self.fd)
+            os.close(self._wake_w)
+            self.fd = self._wake_w = -1
+
+
+def run(
+    command: Command,
+    live: dict[int, Attempt],
+    pending: deque[Attempt],
+    children: Iterable[Child],
+    collect: Callable[[Child], Any],
 ) -> None:
-    attempt = find(children, pending, token)
-    if attempt is None:
-        return
-    attempt.fence_deadline = deadline
-    for child in children:
-        if child.running is attempt:
-            child.sync_fence()
+    """Do what ``command`` says (on the supervisor thread)."""
+    match command:
+        case Submit():
+            # First, and without a sub-pattern: a Submit comes with every job, and in
+            # Python 3.11 capturing its field costs more than the rest of its handling.
+            live[command.attempt.task_id] = command.attempt
+            pending.append(command.attempt)
+        case Kill(task_id, outcome, detail):
+            if (found := live.get(task_id)) is not None:
+                kill(found, pending, collect, outcome, detail)
+        case Fence(task_id, deadline):
+            if (found := live.get(task_id)) is not None:
+                extend_fence(found, deadline)
+        case Soft(task_id):
+            if (found := live.get(task_id)) is not None:
+                soft_stop(found)
+        case EndUnstarted(outcome, detail):
+            while pending:
+                pending.popleft().settle(outcome, None, detail=detail)
+        case Close(cancel):
+            if cancel:
+                cancel_all(children, pending)
 
 
 def kill(
-    children: list[Child],
+    attempt: Attempt,
     pending: deque[Attempt],
-    drain: Callable[[Child], Any],
-    token: int,
+    collect: Callable[[Child], Any],
     outcome: Outcome,
     detail: str,
 ) -> None:
-    for child in children:
-        if child.running is not None and child.running.token == token:
-            drain(child)
-        run = child.running
-        if run is not None and run.token == token:
-            if run.kill_outcome is None:
-                child.kill(outcome, detail)
-            return
-        for attempt in child.queued:
-            if attempt.token == token:
-                if child.withdraw(attempt):
-                    child.queued.remove(attempt)
-                    attempt.settle(outcome, None, detail=detail)
-                else:  # it has started: killed as soon as the parent sees it running
-                    attempt.kill_outcome, attempt.kill_detail = outcome, detail
-                return
-    for attempt in pending:
-        if attempt.token == token:
-            pending.remove(attempt)
-            attempt.settle(outcome, None, detail=detail)
-            return
+    child = attempt.child
+    if child is None:
+        pending.remove(attempt)
+        attempt.settle(outcome, None, detail=detail)
+    elif child.running is attempt:
+        collect(child)
+        if child.running is attempt and attempt.kill_outcome is None:
+            child.kill(outcome, detail)
+    elif child.withdraw(attempt):
+        child.queued.remove(attempt)
+        attempt.settle(outcome, None, detail=detail)
+    else:  # it has started: killed as soon as the parent sees it running
+        attempt.kill_outcome, attempt.kill_detail = outcome, detail
 
 
-def cancel_all(children: list[Child], pending: deque[Attempt]) -> None:
+def extend_fence(attempt: Attempt, deadline: float) -> None:
+    attempt.fence_deadline = deadline
+    child = attempt.child
+    if child is not None and child.running is attempt:
+        child.sync_fence()
+
+
+def soft_stop(attempt: Attempt) -> None:
+    child = attempt.child
+    if child is not None and child.running is attempt:
+        attempt.soft_outcome = Outcome.INTERRUPTED
+        if not attempt.soft_sent:
+            child.signal_soft(attempt)
+
+
+def cancel_all(children: Iterable[Child], pending: deque[Attempt]) -> None:
     why = "the pool was shut down"
     while pending:
         pending.popleft().settle(Outcome.INTERRUPTED, None, detail=why)

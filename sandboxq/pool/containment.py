@@ -7,7 +7,7 @@
                      cgroup: the same, but no fallback: an error instead
                      process_tree: no groups at all
     supervisor: spawn ──► new_child() ──► (Group | None, ChildSetup for the child)
-                child replaced ──► release(group)   (removed once its processes exited)
+                child replaced ──► remove(group)    (now, or once its processes exited)
                 close ──► close()                   (every group of this pool removed)
 
 Modes, and what each defends:
@@ -60,7 +60,7 @@ class Containment:
         self._pool_dirs = dict(pool_dirs or {})
         self._max_processes = max_processes
         self._numbers = itertools.count(1)
-        self._draining: list[Group] = []
+        self._lingering: list[Group] = []
 
     @property
     def cgroups(self) -> bool:
@@ -79,20 +79,20 @@ class Containment:
         setup = replace(self._setup, procs_files=group.procs_files, pids_current=pids_current)
         return group, setup
 
-    def release(self, group: Group | None) -> None:
+    def remove(self, group: Group | None) -> None:
         """The group's child is gone: kill what is left, remove it now or once it empties."""
         if group is not None and not group.remove():
-            self._draining.append(group)
+            self._lingering.append(group)
 
     def tidy(self) -> None:
-        """Remove released groups whose processes have exited since."""
-        self._draining = [g for g in self._draining if not g.remove()]
+        """Remove the groups ``remove`` left behind whose processes have exited since."""
+        self._lingering = [g for g in self._lingering if not g.remove()]
 
     def close(self) -> None:
         """Remove every group of this pool (killing what is still inside)."""
         if self.cgroups and not cgroups.remove_tree(self._pool_dirs, CLOSE_WAIT_S):
             log.warning("control groups of this pool could not all be removed: %s", self._pool_dirs)
-        self._draining.clear()
+        self._lingering.clear()
 
 
 # -- detection -------------------------------------------------------------------------------

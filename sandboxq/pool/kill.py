@@ -3,8 +3,11 @@
 ``sweep`` is the one place a tree is killed, whoever asks: the supervisor at a deadline or
 kill (the child and its tree), the child itself after every attempt (its own tree, then it
 reaps), the supervisor after a child died on its own (the orphans it left, now below the
-fork server), and the fork server when the worker died (everything below it). A kill by
-control group, where the machine allows one, replaces ``sweep``'s body and nothing else.
+fork server), and the fork server when the worker died (everything below it). Where each
+child has a control group of its own (containment.py), the group is killed instead of the
+child's tree: the supervisor's kills go to ``cgroups.Group.kill`` (every process in the
+group, wherever it moved in the tree), and the child empties its group after each attempt
+(``limits.wrap``) before its own sweep. The orphan sweeps still walk trees here.
 
 How a sweep cannot be outrun: every process found is sent SIGSTOP, and the tree is walked
 again until a walk finds nothing new. A stopped process cannot fork (a fork in progress

@@ -3,10 +3,12 @@
     parent ── Run ──────────────────────────►  child
     parent ◄── Ready | Progress | Finished | Failed ──  child
 
-``Ready`` is sent once, after the child has imported its processor. A child runs one
-``Run`` at a time and answers it with exactly one ``Finished`` or ``Failed`` (or by dying).
-Every message carries the attempt's ``token`` so the parent can drop a stale message
-instead of crediting it to the wrong attempt.
+``Ready`` is sent once, after the child has imported its processor. The parent may send
+several ``Run`` ahead (queued in the channel while jobs are short); the child runs one at
+a time and answers each with exactly one ``Finished`` or ``Failed`` (or by dying), except
+one the parent withdrew before it started, which it skips without a word. Every message
+about an attempt (all but ``Ready``) carries its ``task_id``, so the parent can drop a
+stale message instead of crediting it to the wrong attempt.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def _message(cls: type) -> type:
 @_message
 @dataclass(frozen=True, slots=True)
 class Run(_Message):
-    token: int
+    task_id: int
     payload: bytes  # encoded [args, kwargs]
     codec: CodecName
     max_result_bytes: int
@@ -59,7 +61,7 @@ class Ready(_Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class Progress(_Message):
-    token: int
+    task_id: int
     fraction: float
     message: str | None
 
@@ -67,7 +69,7 @@ class Progress(_Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class Finished(_Message):
-    token: int
+    task_id: int
     result: bytes  # encoded with the Run's codec
 
 
@@ -85,7 +87,7 @@ class RemoteError(_Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class Failed(_Message):
-    token: int
+    task_id: int
     error: RemoteError
 
 

@@ -24,6 +24,7 @@ from sandboxq import codec
 from sandboxq.errors import PoolBroken, SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.commands import EndUnstarted, Fence, Kill, Soft
 from sandboxq.pool.containment import detect
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.supervisor import Supervisor
@@ -62,7 +63,8 @@ class Pool:
     Each attempt gets a soft timeout (``SoftTimeout`` raised in the handler), a hard timeout
     (the child's whole process tree is killed) and an optional memory limit. A failed
     attempt's future raises ``AttemptFailed`` whose ``.outcome`` names how it ended.
-    Leaving the ``with`` block waits for submitted work, then stops every child.
+    Leaving the ``with`` block waits for submitted work, then stops every child (after an
+    exception in the block, what has not ended yet ends as ``interrupted``).
 
     Whatever an attempt starts is killed before its outcome is reported; ``keep_strays=True``
     lets processes a handler started outlive its attempt (a helper kept across jobs on
@@ -176,29 +178,30 @@ class Pool:
     def execute(self, task: Task, on_done: Callable[[AttemptResult], None]) -> int:
         """Queue one attempt; ``on_done`` is called once, on the supervisor thread.
 
-        Returns the attempt's token, which ``kill`` takes.
+        Returns the attempt's task id, which ``kill``, ``extend_fence`` and ``soft_stop``
+        take.
         """
         return self._supervisor.submit(task, on_done)
 
-    def kill(self, token: int, outcome: Outcome, detail: str) -> None:
-        """End attempt ``token`` now with ``outcome``; kills its child's tree if it runs."""
-        self._supervisor.command("kill", token, outcome, detail)
+    def kill(self, task_id: int, outcome: Outcome, detail: str) -> None:
+        """End attempt ``task_id`` now with ``outcome``; kills its child's tree if it runs."""
+        self._supervisor.command(Kill(task_id, outcome, detail))
 
-    def extend_fence(self, token: int, deadline: float) -> None:
-        """Move attempt ``token``'s fence deadline (``time.monotonic()``) later."""
-        self._supervisor.command("fence", token, deadline)
+    def extend_fence(self, task_id: int, deadline: float) -> None:
+        """Move attempt ``task_id``'s fence deadline to ``deadline`` (``time.monotonic()``)."""
+        self._supervisor.command(Fence(task_id, deadline))
 
-    def soft_stop(self, token: int) -> None:
-        """Send attempt ``token`` its soft-timeout signal now (``SoftTimeout`` in the handler);
+    def soft_stop(self, task_id: int) -> None:
+        """Send attempt ``task_id`` its soft-timeout signal now (``SoftTimeout`` in the handler);
         however it ends after that, its outcome is ``interrupted`` (a shutdown, not a fault)."""
-        self._supervisor.command("soft", token)
+        self._supervisor.command(Soft(task_id))
 
-    def release_unstarted(self, outcome: Outcome, detail: str) -> None:
+    def end_unstarted(self, outcome: Outcome, detail: str) -> None:
         """End every attempt not yet handed to a child with ``outcome``, without running it."""
-        self._supervisor.command("release", outcome, detail)
+        self._supervisor.command(EndUnstarted(outcome, detail))
 
     def running_pids(self) -> dict[int, int]:
-        """Attempt token → pid of the child running it, right now."""
+        """Task id → pid of the child running it, right now."""
         return self._supervisor.running_pids()
 
     def shutdown(self, wait: bool = True, *, cancel: bool = False) -> None:
@@ -206,7 +209,7 @@ class Pool:
         self._supervisor.close(cancel=cancel)
         if wait:
             self._supervisor.join()
-            self._supervisor.release()
+            self._supervisor.close_wake_pipe()
         _live_pools.discard(self)
 
     def __enter__(self) -> Pool:

@@ -421,7 +421,7 @@ def progress_undecodable() -> None:
     job = current_job()
     only_here = type("OnlyInTheChild", (), {"__module__": __name__})
     globals()["OnlyInTheChild"] = only_here
-    job._conn.send(Progress(job.token, 0.5, only_here()))
+    job._conn.send(Progress(job.task_id, 0.5, only_here()))
     sleep_forever()
 
 

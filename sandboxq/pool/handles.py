@@ -1,6 +1,7 @@
-"""The supervisor's records: one ``Attempt`` per submitted task, one ``Child`` per process,
-what can be done to a child (soft signal, tree kill, memory sample), and how an attempt
-ended when its child died (``death_outcome``).
+"""The supervisor's records: one ``Attempt`` per submitted task, one ``Child`` per process
+(the parent's handle on it; the child's own loop is child.py), what can be done to a
+child (soft signal, tree kill, withdrawing a queued task, memory sample), and how an
+attempt that answered is settled (``Child.finish``).
 
 Deadlines are ``time.monotonic()`` values; they are set when an attempt *starts* (is handed
 to an idle child, or becomes the running one after its predecessor in the channel ends).
@@ -11,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -20,11 +20,12 @@ from typing import Any
 import psutil
 
 from sandboxq.models import Outcome
-from sandboxq.pool.attempt import AttemptResult, Task, signal_name
+from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import FENCE_CHECK_S, SIGSOFT, STARTED, WITHDRAWN, WITHDRAWN_RING
+from sandboxq.pool.child import SIGSOFT, STARTED, WITHDRAWN, WITHDRAWN_RING
 from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
+from sandboxq.pool.messages import Failed, Finished
 
 OnDone = Callable[[AttemptResult], None]
 log = logging.getLogger("sandboxq.pool")
@@ -48,14 +49,22 @@ def now_ms() -> int:
 
 
 class Attempt:
-    """One submitted attempt: pending, then queued in a child, then running (deadlines in
-    ``time.monotonic()``, set when it starts)."""
+    """One submitted attempt: pending, then sent to a child: running at once if the child
+    was idle, else queued in its channel until the one before it ends (deadlines in
+    ``time.monotonic()``, set when it starts running).
+
+    ``child`` is the child it was sent to (None while pending). ``live`` is the
+    supervisor's index of the attempts not yet settled, by task id: the supervisor adds
+    an attempt when it takes the submit, ``settle`` removes it.
+    """
 
     __slots__ = (
+        "child",
         "fence_deadline",
         "hard_deadline",
         "kill_detail",
         "kill_outcome",
+        "live",
         "memory_check_at",
         "on_done",
         "rss_base",
@@ -65,14 +74,16 @@ class Attempt:
         "started",
         "started_ms",
         "task",
-        "token",
+        "task_id",
         "tree",
     )
 
-    def __init__(self, token: int, task: Task, on_done: OnDone) -> None:
-        self.token = token
+    def __init__(self, task_id: int, task: Task, on_done: OnDone, live: dict[int, Attempt]) -> None:
+        self.task_id = task_id
         self.task = task
         self.on_done = on_done
+        self.live = live
+        self.child: Child | None = None
         self.started = 0.0
         self.started_ms: int | None = None
         self.soft_deadline: float | None = None
@@ -104,10 +115,11 @@ class Attempt:
     ) -> None:
         """Report how this attempt ended to its ``on_done`` (``now`` / ``at_ms``: the
         moment, when the caller already read the clocks)."""
+        self.live.pop(self.task_id, None)
         if now is None:
             now = time.monotonic()
         result = AttemptResult(
-            self.token,
+            self.task_id,
             outcome,
             pid=pid,
             started_ms=self.started_ms,
@@ -151,15 +163,15 @@ class Child:
         "running",
         "server_died",
         "shared",
-        "soft_token",
+        "soft_task_id",
     )
 
     def __init__(
-        self, process: Any, conn: Channel, soft_token: Any, fence: Any, shared: Any
+        self, process: Any, conn: Channel, soft_task_id: Any, fence: Any, shared: Any
     ) -> None:
         self.process = process
         self.conn = conn
-        self.soft_token = soft_token  # shared: which attempt the soft signal is meant for
+        self.soft_task_id = soft_task_id  # shared: which attempt the soft signal is meant for
         self.fence = fence  # shared: the running attempt's fence deadline, for its guard
         self.shared = shared  # shared: the task it started last, the tasks withdrawn (child.py)
         self.pid: int = process.pid
@@ -198,6 +210,25 @@ class Child:
             self.group.limit_memory(int(limit * MB) if limit else None)
             run.memory_check_at = None
 
+    def finish(
+        self, run: Attempt, msg: Finished | Failed, max_growth_mb: float | None
+    ) -> tuple[float, int]:
+        """The running ``run`` answered with ``msg``: settle it as the child reported (or
+        as its soft signal decided) and count it. Returns when it ended (monotonic, and
+        epoch ms), read once: the end of this attempt is the start of the next."""
+        self.running = None
+        now, at_ms = time.monotonic(), now_ms()
+        if isinstance(msg, Finished):
+            outcome = run.soft_outcome if run.soft_sent else Outcome.OK
+            run.settle(outcome, self.pid, now, at_ms, result=msg.result)
+        else:
+            outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
+            run.settle(outcome, self.pid, now, at_ms, error=msg.error)
+        self.jobs_done += 1
+        if run.task.max_memory_mb is not None or max_growth_mb is not None:
+            self.check_after(run, max_growth_mb)
+        return now, at_ms
+
     def check_after(self, run: Attempt, max_growth_mb: float | None) -> None:
         """After ``run``: a child over that attempt's limit, or grown by more than
         ``max_growth_mb`` since it started, is replaced before it takes another task."""
@@ -210,7 +241,7 @@ class Child:
 
     def started(self, run: Attempt) -> bool:
         """Whether the child started ``run`` (read once it is dead or stopped)."""
-        return bool(self.shared[STARTED] == run.token)
+        return bool(self.shared[STARTED] == run.task_id)
 
     def withdraw(self, attempt: Attempt) -> bool:
         """Take a task back from the child's channel before it starts: True if it will
@@ -218,10 +249,10 @@ class Child:
         if not stop(self.pid):
             return False
         try:
-            if self.shared[STARTED] == attempt.token:
+            if self.shared[STARTED] == attempt.task_id:
                 return False
             count = self.shared[WITHDRAWN]
-            self.shared[2 + count % WITHDRAWN_RING] = attempt.token
+            self.shared[2 + count % WITHDRAWN_RING] = attempt.task_id
             self.shared[WITHDRAWN] = count + 1
             return True
         finally:
@@ -229,9 +260,9 @@ class Child:
 
     def signal_soft(self, run: Attempt) -> None:
         run.soft_sent = True
-        # The child raises SoftTimeout only if it still runs this token, so the signal
+        # The child raises SoftTimeout only if it still runs this task, so the signal
         # can never land in the next task it took from its channel.
-        self.soft_token.value = run.token
+        self.soft_task_id.value = run.task_id
         try:
             os.kill(self.pid, SIGSOFT)
         except ProcessLookupError:
@@ -245,6 +276,15 @@ class Child:
             run.kill_outcome, run.kill_detail = Outcome.INTERRUPTED, why
         self.server_died = True
         self.kill_all(run.tree if run else ())
+
+    def refuse(self, error: Exception) -> None:
+        """The child sent what cannot be decoded (``error``): its fault alone. Kill it; its
+        running attempt ends as an error that says why."""
+        run = self.running
+        if run is not None and run.kill_outcome is None:
+            self.kill(Outcome.ERROR, f"a message from the child could not be decoded ({error})")
+        else:
+            kill_tree(self.pid)
 
     def kill(self, outcome: Outcome, detail: str, *, thaw: bool = True) -> None:
         """Kill the tree running ``self.running``, which then ends with ``outcome``
@@ -287,36 +327,3 @@ class Child:
                 f"{run.task.max_memory_mb:g} MB"
             )
         return None
-
-
-def kill_overshoot_s(run: Attempt, outcome: Outcome, now: float) -> float | None:
-    """How late the deadline kill that ended ``run`` with ``outcome`` landed, reaped at
-    ``now`` (None: not a deadline kill). The fence's kill is often the child's own guard,
-    which fires up to FENCE_CHECK_S early on purpose: that counts as on time (0). A lease
-    lost earlier than that (a rejected renewal) had no deadline to be late for."""
-    if outcome is Outcome.HARD_TIMEOUT and run.hard_deadline is not None:
-        return max(0.0, now - run.hard_deadline)
-    fence = run.fence_deadline
-    if outcome is Outcome.LEASE_LOST and fence is not None and now + FENCE_CHECK_S >= fence:
-        return max(0.0, now - fence)
-    return None
-
-
-def death_outcome(
-    run: Attempt, exitcode: int | None
-) -> tuple[Outcome, str, int | None, int | None]:
-    """How ``run`` ended when its child died with ``exitcode`` (multiprocess's: negative for
-    a signal): its outcome, why in words, and the exit code or the signal."""
-    signum = -exitcode if exitcode is not None and exitcode < 0 else None
-    code = exitcode if exitcode is not None and exitcode >= 0 else None
-    fence = run.fence_deadline
-    if run.kill_outcome is not None:  # we killed it, and said why
-        return run.kill_outcome, run.kill_detail or str(run.kill_outcome), code, signum
-    if signum == signal.SIGXCPU:
-        return Outcome.CPU_LIMIT, "the attempt used up its CPU time (cpu_time_s)", code, signum
-    if code is not None:
-        return Outcome.EXIT, f"the handler exited with code {code}", code, signum
-    if signum == signal.SIGKILL and fence and time.monotonic() + FENCE_CHECK_S >= fence:
-        # the child's own fence guard: the parent had not renewed the lease in time
-        return Outcome.LEASE_LOST, "the lease could not be renewed in time", code, signum
-    return Outcome.CRASHED, f"the child was killed by {signal_name(signum or 0)}", code, signum

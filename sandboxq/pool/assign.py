@@ -1,0 +1,104 @@
+"""Assignment: which pending task goes to which child, and when a busy child gets more.
+
+    pending ──► an idle child, one task: it starts now (its deadlines start with it)
+            └─► while attempts average under PIPELINE_BELOW_S, a few more tasks queued in
+                each busy child's channel, several in one write; a queued task starts
+                when its child finishes the one before, and its deadlines start then
+
+Waking a sleeping child costs the parent tens of microseconds, which dominates short jobs,
+so while jobs are short busy children get tasks queued ahead. For longer jobs that cost is
+noise, and a task queued behind a long job would wait while another child sits idle, so
+longer jobs only go to idle children. A task whose fence deadline passed while it was
+pending ends as ``lease_lost`` instead of being sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from sandboxq.models import Outcome
+from sandboxq.pool.handles import Attempt, Child
+from sandboxq.pool.messages import Run
+
+#: Queue tasks in a busy child's channel only while attempts average less than this...
+PIPELINE_BELOW_S = 0.005
+#: ...about this much expected work per child (so a task never waits long behind the
+#: ones queued before it), and never more than PIPELINE_DEPTH tasks.
+PIPELINE_WORK_S = 0.002
+PIPELINE_DEPTH = 32
+
+
+class Assigner:
+    """Sends pending tasks to children; keeps the moving average of attempt durations
+    that decides whether busy children get tasks queued ahead."""
+
+    def __init__(
+        self, max_jobs_per_child: int | None, max_result_bytes: int, memory_every_s: float
+    ) -> None:
+        self._limit = max_jobs_per_child
+        self._max_result_bytes = max_result_bytes
+        self._memory_every = memory_every_s
+        self.recent_job_s = 1.0
+
+    def observe(self, runtime_s: float) -> None:
+        """Fold one attempt's duration into the moving average."""
+        self.recent_job_s += (runtime_s - self.recent_job_s) * 0.2
+
+    def assign(self, pending: deque[Attempt], idle: list[Child], children: list[Child]) -> None:
+        """Idle children first; while jobs are short, top up the busy ones' channels."""
+        while pending and idle:
+            self.send(idle.pop(), 1, pending, idle)
+        if pending and self.recent_job_s < PIPELINE_BELOW_S:
+            ahead = int(PIPELINE_WORK_S / max(self.recent_job_s, 1e-9))
+            depth = max(1, min(PIPELINE_DEPTH, ahead))
+            refill = max(1, depth // 2)
+            limit = self._limit
+            for child in children:
+                run = child.running
+                if run is None or run.kill_outcome is not None or child.recycle:
+                    continue
+                room = depth - len(child.queued)
+                if limit is not None:
+                    room = min(room, limit - child.assigned())
+                # Top up in batches: one write carries several tasks.
+                if room >= refill or (room > 0 and len(pending) <= room):
+                    self.send(child, room, pending, idle)
+                if not pending:
+                    return
+
+    def send(self, child: Child, count: int, pending: deque[Attempt], idle: list[Child]) -> None:
+        """Send up to ``count`` pending tasks to ``child`` in one write: the first starts now
+        if the child was idle (else it goes back to ``idle`` when none was left to send);
+        the rest queue in its channel."""
+        now = time.monotonic()
+        batch: list[Attempt] = []
+        while len(batch) < count and pending:
+            attempt = pending.popleft()
+            if attempt.fence_deadline is not None and now >= attempt.fence_deadline:
+                detail = "the lease expired before the job started"
+                attempt.settle(Outcome.LEASE_LOST, None, detail=detail)
+            else:
+                attempt.child = child
+                batch.append(attempt)
+        if not batch:
+            if child.running is None:
+                idle.append(child)
+            return
+        max_bytes = self._max_result_bytes
+        runs = [
+            Run(a.task_id, a.task.payload, a.task.codec, max_bytes, a.task.job_id, a.task.attempt)
+            for a in batch
+        ]
+        try:
+            child.conn.send(*runs)
+        except OSError:  # it just died; its sentinel will tell us how
+            for a in batch:
+                a.child = None
+            pending.extendleft(reversed(batch))
+            return
+        if child.running is None:
+            first = child.running = batch.pop(0)
+            child.begin(first, now, self._memory_every)
+            child.sync_fence()
+        child.queued.extend(batch)

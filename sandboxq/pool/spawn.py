@@ -1,0 +1,117 @@
+"""Starting pool children, and following the fork server they are forked from.
+
+    spawn() ──► a channel pair, the shared values (soft-signal target, fence deadline,
+                started/withdrawn tasks), a control group in a cgroup mode
+            ──► Process(child_main) started (launch.py; through the fork server with the
+                forkserver start method) and registered (server.py) before an orphan
+                sweep can see it
+    follow_server() ──► after each start: the fork server's pidfd joins the select; one
+                that was replaced before its death was seen has died
+
+What a fork server's death does to the children is the supervisor's (its
+``on_server_death``, then deaths.py): this module only notices the death.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sandboxq.pool import launch, server
+from sandboxq.pool.channel import Channel
+from sandboxq.pool.child import SHARED_SIZE, child_main
+from sandboxq.pool.containment import Containment
+from sandboxq.pool.handles import Child
+
+#: Tries to start one child before the pool is broken.
+LAUNCH_TRIES = 4
+#: A child's frame may exceed the result cap by this much (the message around the result,
+#: an error's traceback); anything larger is a bad message, refused before it is read.
+FRAME_SLACK = 4 * 1024 * 1024
+
+
+class Spawner:
+    """Starts the children of one pool and watches their fork server (``forkserver`` start
+    method only) from the supervisor's select."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        processor: str,
+        *,
+        max_result_bytes: int,
+        keep_strays: bool,
+        containment: Containment,
+        selector: selectors.BaseSelector,
+        on_server_death: Callable[[], None],
+    ) -> None:
+        self._ctx = ctx
+        self._processor = processor
+        self._max_frame = max_result_bytes + FRAME_SLACK
+        self._keep_strays = keep_strays
+        self._contain = containment
+        self._selector = selector
+        self._on_server_death = on_server_death
+        self._watch = server.Watch() if ctx.get_start_method() == "forkserver" else None
+
+    def spawn(self) -> Child:
+        """Start one child (not ready yet: it sends ``Ready`` once its processor is
+        imported). Raises ``OSError`` when none could be started."""
+        channel, child_end = Channel.pair(max_frame=self._max_frame)
+        soft = self._ctx.RawValue("q", 0)
+        fence = self._ctx.RawValue("d", 0.0)
+        shared = self._ctx.RawArray("q", SHARED_SIZE)
+        group, setup = self._contain.new_child()
+        process = self._ctx.Process(
+            target=child_main,
+            args=(child_end, self._processor, soft, fence, self._keep_strays, shared, setup),
+            name="sandboxq-child",
+        )
+        try:
+            with server.spawning():
+                launch.start_retrying(process, LAUNCH_TRIES)
+                server.register(process.pid)
+        except OSError:
+            channel.close()
+            raise
+        finally:
+            child_end.close()
+        child = Child(process, channel, soft, fence, shared)
+        child.group = group
+        return child
+
+    def follow_server(self) -> None:
+        """Watch the fork server the last child came from (a new one after a death)."""
+        watch = self._watch
+        if watch is None:
+            return
+        if watch.fd is not None and server.pid() != watch.pid:
+            self._on_server_death()  # replaced before its death was seen: it died
+        if (fd := watch.follow()) is not None:
+            self._selector.register(fd, selectors.EVENT_READ, self._on_server_event)
+
+    def _on_server_event(self, _fd: Any) -> None:
+        # A select batch can still hold the event of a pidfd already handled (through a
+        # child's exit) and closed, its number now reused: only a dead server counts.
+        if self.server_dead():
+            self._on_server_death()
+
+    def server_dead(self, wait_s: float = 0.0) -> bool:
+        """Whether the watched fork server has died (waiting up to ``wait_s`` to see it)."""
+        return self._watch is not None and self._watch.is_dead(wait_s)
+
+    def server_lost(self) -> tuple[int | None, str, int] | None:
+        """Stop watching the dead fork server: its pid, how it ended, and how many times
+        the fork server died within ``server.DEATH_WINDOW_S`` (None: not watching one)."""
+        watch = self._watch
+        if watch is None or watch.fd is None:
+            return None
+        self._selector.unregister(watch.fd)
+        dead, how = watch.pid, watch.how()
+        return dead, how, watch.died(time.monotonic())
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
