@@ -37,11 +37,11 @@ def test_a_kill_racing_a_childs_death_does_not_crash_the_supervisor() -> None:
     try:
         victim: Future[AttemptResult] = Future()
         quick: Future[AttemptResult] = Future()
-        slow_token = pool.execute(pool.make_task(60, "slow"), victim.set_result)
+        slow_task_id = pool.execute(pool.make_task(60, "slow"), victim.set_result)
 
         def on_quick_done(result: AttemptResult) -> None:  # runs on the supervisor thread
-            pid = pool.running_pids()[slow_token]
-            pool.kill(slow_token, Outcome.LEASE_LOST, "the lease renewal was rejected")
+            pid = pool.running_pids()[slow_task_id]
+            pool.kill(slow_task_id, Outcome.LEASE_LOST, "the lease renewal was rejected")
             os.kill(pid, signal.SIGKILL)
             # the child dies (unreaped: this thread reaps): its channel and sentinel are
             # readable before the supervisor gets to look again
