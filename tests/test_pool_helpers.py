@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
+import multiprocess
 import pytest
 
 from sandboxq import Pool
 from sandboxq.errors import PoolBroken
 from sandboxq.models import Outcome
-from sandboxq.pool import server
+from sandboxq.pool import launch, server
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.server import MAX_DEATHS
 from sandboxq.testing.waiting import wait_for
@@ -161,3 +165,45 @@ def test_a_helper_the_processor_module_starts_at_import_is_not_an_orphan(
                 os.kill(int(line.split()[1]), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def blocked_in(thread: threading.Thread, function: str) -> bool:
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.timeout(30)
+def test_a_fork_server_dying_mid_launch_is_retried() -> None:
+    """The fork server dies after it took a launch request and before it sent the new pid
+    back (multiprocess raises EOFError there, not OSError): the launch is tried again
+    through a fresh fork server instead of crashing the thread that starts children."""
+    ctx = multiprocess.get_context("forkserver")
+    warm = ctx.Process(target=time.sleep, args=(0,))
+    launch.start(warm)  # a fork server is running
+    warm.join()
+    dead = server.pid()
+    assert dead is not None
+    os.kill(dead, signal.SIGSTOP)  # it accepts nothing more until it is killed
+    process = ctx.Process(target=time.sleep, args=(0,))
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            launch.start_retrying(process, 4)
+        except BaseException as exc:
+            failed.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    wait_for(lambda: blocked_in(starter, "read_signed"), 10, "the launch to wait for a pid")
+    os.kill(dead, signal.SIGKILL)
+    starter.join(10)
+    assert not starter.is_alive()
+    assert failed == []
+    process.join(10)
+    assert process.exitcode == 0
+    assert server.pid() not in (None, dead)

@@ -45,7 +45,8 @@ def start(process: Any) -> None:
 
 def start_retrying(process: Any, tries: int) -> None:
     """``start``, tried ``tries`` times: a fork server that just died refuses the first
-    connections until multiprocess sees it gone and starts a fresh one."""
+    connections until multiprocess sees it gone and starts a fresh one. Raises
+    ``OSError`` when every try failed."""
     for attempt in range(tries):
         try:
             # multiprocess *warns* when it relaunches a dead resource tracker; that is the
@@ -56,7 +57,11 @@ def start_retrying(process: Any, tries: int) -> None:
             for warning in said:
                 logging.getLogger("sandboxq.pool").warning("starting a child: %s", warning.message)
             return
-        except OSError:
+        except (OSError, EOFError) as exc:
+            # A fork server that dies while it forks this child closes the connection
+            # before it sends the new pid: multiprocess raises EOFError, not OSError.
             if attempt == tries - 1:
+                if isinstance(exc, EOFError):
+                    raise OSError(f"the fork server closed the connection: {exc}") from exc
                 raise
             time.sleep(0.02 * (attempt + 1))
