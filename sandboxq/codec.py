@@ -14,7 +14,7 @@ Tuples arrive as lists. Anything else is refused with an error naming where it s
 (and ``{1: a, "1": b}`` into two equal keys, one of them lost), so non-string keys are
 refused too, and a value that does arrive is the value that was sent.
 
-Reading what is stored (invariant 13): a record in a shared Redis says which codec its
+Reading what is stored (design invariant 13): a record in a shared Redis says which codec its
 payload uses, and anyone who can write to that Redis can say "pickle". So a reader never
 takes the record's word for it: ``decode_stored`` is the one path every reader of stored
 payloads goes through (``Job.result``, ``sandboxq job``, ``enqueue --wait``, any later

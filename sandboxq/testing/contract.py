@@ -302,7 +302,7 @@ class BackendContract:
         assert backend.get_result(job_id) is None
         assert backend.list_jobs(JobState.FAILED) == [job_id]
 
-    # -- ownership (invariant 1) -------------------------------------------------------------
+    # -- ownership (design invariant 1) ------------------------------------------------------
 
     def test_wrong_token_or_worker_is_rejected_and_changes_nothing(self, backend: Backend) -> None:
         job_id = add(backend)

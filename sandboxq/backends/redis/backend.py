@@ -178,7 +178,7 @@ class RedisBackend:
 
     def _usable(self, worker_id: str, flat: Sequence[Any], sent: float) -> list[Claimed]:
         """The claimed jobs whose options validate; each other one is failed with the cause
-        (invariant 7: one bad record fails one job, never the claim)."""
+        (design invariant 7: one bad record fails one job, never the claim)."""
         usable: list[Claimed] = []
         for job, problem in records.claimed_rows(flat, sent):
             if problem is None:

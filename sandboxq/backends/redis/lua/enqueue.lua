@@ -8,7 +8,7 @@
 --       (backend.py ENQUEUE_HEADER writes the same layout.)
 -- Returns: one integer per job, in order: 1 created, 0 the id already existed.
 -- Upholds: ids are unique while retained (a duplicate never overwrites a live job);
--- due times come from the server clock (invariant 2); every new job pushes one wake token
+-- due times come from the server clock (design invariant 2); every new job pushes one wake token
 -- so an idle worker notices it within milliseconds without polling.
 
 local now = now_ms()
