@@ -253,7 +253,7 @@ class Backend(Protocol):
         """Put a failed or cancelled job back to waiting with its attempts reset (False:
         unknown, or neither failed nor cancelled).
 
-        Fenced hand-over (design invariant 1): a job cancelled while active whose fence is still up
+        Fenced hand-over (design invariant 12): a job cancelled while active whose fence is still up
         (see ``cancel``) goes to ``delayed`` instead, due the first millisecond after the old
         lease's expiry, unless its old owner's ``confirm_dead`` lifts the fence sooner."""
         ...
