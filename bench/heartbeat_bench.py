@@ -1,4 +1,4 @@
-"""Heartbeat renewal gaps while every core is held by GIL-holding children (invariant 5).
+"""Heartbeat renewal gaps while every core is held by GIL-holding children (design invariant 5).
 
     python bench/heartbeat_bench.py [--json OUT] [--url URL] [--lease-s S] [--quick]
 

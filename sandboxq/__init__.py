@@ -1,6 +1,12 @@
 """sandboxq: a job queue for CPU-heavy work whose handlers run in sandboxed child processes.
 
-Names are imported lazily so a producer that only enqueues never loads process machinery.
+The errors and the enums are imported at once; ``Queue``, ``Job``, ``Pool``,
+``SandboxWorker`` and ``current_job`` only when first used, so a producer that only
+enqueues never loads process machinery.
+
+The design (architecture, one job's path from enqueue to ack, the invariants, the Redis
+model, the containment modes, the outcomes) is in docs/design.md; a comment that says
+"design invariant N" refers to invariant N there.
 """
 
 from __future__ import annotations

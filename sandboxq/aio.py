@@ -4,13 +4,16 @@
         job = await q.options(hard_timeout_s=30).enqueue("a.png")
         value = await job.result(timeout_s=60)
 
-    Queue ── JobMaker (client.py: the same checks, options and NewJob as the sync API)
-          ── AsyncRedisBackend (backends/redis/aio.py: redis.asyncio, the same Lua scripts)
+    Queue(client.Producer) ── JobMaker (the same checks, options and NewJob as the sync API)
+          ── AsyncRedisBackend (backends/redis/aio.py: redis.asyncio, the same Lua scripts;
+             redis://, rediss://, unix:// only: Sentinel and Cluster producers use the
+             synchronous Queue)
           ── or memory://: the process's MemoryBackend; its blocking waits run in threads
 
 Validation, errors and the meaning of every argument are the synchronous API's, by
-calling its functions (``client.py``), so the two cannot drift apart. Nothing here blocks
-the event loop on Redis: a wait for a result is an awaited ``XREAD BLOCK``.
+sharing its base class and calling its functions (``client.py``), so the two cannot drift
+apart. Nothing here blocks the event loop on Redis: a wait for a result is an awaited
+``XREAD BLOCK``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,15 @@
-"""The producer API: ``Queue`` (enqueue, counts, events) and ``Job`` (state, result, cancel).
+"""The producer API: ``Queue`` (enqueue, enqueue_many, options, job, counts, events) and
+``Job`` (info, state, result, cancel, retry).
 
-Importing this module loads no process machinery: producers only need a backend. The
-checks and conversions that do no I/O (arguments, options, building a ``NewJob``, a
-finished record into a value or ``JobFailed``) are module functions that ``sandboxq.aio``
-calls too, so both APIs refuse and answer alike.
+    Queue.enqueue ── JobMaker.new_job (codec.encode_call, options) ──► Backend.enqueue
+    Job.result ── Backend.wait_for_finish ──► finished_value: the value (codec.decode_stored,
+                  only with the queue's allowed codecs), or JobFailed; JobNotFound at once
+
+Importing this module loads no process machinery: producers only need a backend. What
+``sandboxq.aio`` shares with it lives here, so both APIs refuse and answer alike:
+``Producer`` (the name, the codec, the codecs results are read with, the ``options``
+view), ``JobMaker`` (calls and options into ``NewJob`` records) and the module functions
+that do no I/O (checks of arguments, a finished record into a value or ``JobFailed``).
 """
 
 from __future__ import annotations

@@ -14,13 +14,14 @@ Tuples arrive as lists. Anything else is refused with an error naming where it s
 (and ``{1: a, "1": b}`` into two equal keys, one of them lost), so non-string keys are
 refused too, and a value that does arrive is the value that was sent.
 
-Reading what is stored (invariant 13): a record in a shared Redis says which codec its
+Reading what is stored (design invariant 13): a record in a shared Redis says which codec its
 payload uses, and anyone who can write to that Redis can say "pickle". So a reader never
 takes the record's word for it: ``decode_stored`` is the one path every reader of stored
-payloads goes through (``Job.result``, ``sandboxq job``, ``enqueue --wait``, any later
-reader such as a dashboard or an asyncio client). It decodes only with a codec the
-reader opted into (``reader_codecs``), refuses anything else with ``CodecRefused`` before
-a byte is decoded, and refuses payloads over the size cap the same way.
+payloads goes through (``Job.result`` and the asyncio ``AsyncJob.result``, ``sandboxq job``
+and ``enqueue --wait`` through ``client.py``; ``sandboxq run``'s results; the dashboard).
+It decodes only with a codec the reader opted into (``reader_codecs``), refuses anything
+else with ``CodecRefused`` before a byte is decoded, and refuses payloads over the size
+cap the same way.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A graceful stop (invariant 9), step by step, over the jobs still running.
+"""A graceful stop (design invariant 9), step by step, over the jobs still running.
 
     stop() ─► begin: no more claims; attempts not yet in a child end `interrupted`
           ─► until a grace before stop_timeout_s: running jobs may finish normally

@@ -1,24 +1,32 @@
-"""The exception tree. Every error sandboxq raises derives from ``SandboxqError``.
+"""The exception tree. Every error of sandboxq's own (settings, a job, a worker, a pool, a
+backend, a stored record) derives from ``SandboxqError``; a call made wrongly gets what
+Python would raise (``current_job().progress(2)``: ValueError; ``Pool.submit`` after
+``shutdown``: RuntimeError, as in ``concurrent.futures``).
 
     SandboxqError
     ├── ConfigError            invalid settings or job options (also a ValueError)
-    ├── ProcessorError         "pkg.mod:fn" cannot be imported or is not callable
-    ├── SerializationError     a payload cannot be encoded/decoded, or is too large
+    ├── ProcessorError         "pkg.mod:fn" cannot be imported or is not callable, or its
+    │                          import hung (also an ImportError)
+    ├── SerializationError     a payload cannot be encoded/decoded, or is too large (also a
+    │   │                      TypeError)
     │   └── CodecRefused       a stored record claims a codec its reader did not opt into
     ├── AttemptFailed          one attempt ended other than ``ok`` (outcome, pid, exitcode,
-    │                          signal, remote traceback)
+    │                          signal, remote traceback): what ``Pool.submit``'s future raises
     ├── JobFailed              a job ended ``failed`` or ``cancelled`` (its last attempt's cause)
     ├── JobNotFound            the job does not exist (never enqueued, trimmed, purged)
-    ├── PoolBroken             the pool cannot start children at all
     ├── WorkerFailed           a part of a worker died; it handed its jobs back and stopped
+    ├── PoolBroken             the pool cannot serve: children die before they are ready, its
+    │                          fork server keeps dying, or its supervisor thread crashed
     └── BackendError           the backend is unreachable or answered something unexpected
 
     SoftTimeout                raised *inside a handler* at the soft deadline; derives from
                                ``Exception`` (not from SandboxqError) so ``except Exception``
                                cleanup in user code sees it and ``finally`` blocks run.
 
-Errors keep their fields when pickled: they travel from child to parent over the pipe and
-from worker to producer inside job records.
+Errors keep their fields when pickled: one raised in a child (the ``SerializationError`` of
+a result too large to send) crosses the pipe to the parent whole, as the ``__cause__`` of
+the attempt's ``AttemptFailed``. Job records store an attempt's cause as text, and the
+producer builds ``JobFailed`` from it.
 """
 
 from __future__ import annotations

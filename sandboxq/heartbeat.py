@@ -1,4 +1,4 @@
-"""Lease renewal on its own thread (invariants 2 and 5).
+"""Lease renewal on its own thread (design invariants 2 and 5).
 
     every renew_interval_s:  backend.renew(owned leases)  ── its own connection
         renewed  ──► pool.extend_fence: its attempt's fence moves to

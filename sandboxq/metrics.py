@@ -1,11 +1,13 @@
 """A worker's Prometheus metrics, recorded in its parent process only, served when asked.
 
     dispatcher (main thread) ── attempt_ended / acked, per ack batch ──► counters, histograms
-    scrape (HTTP thread) ── collect() ──► those, plus gauges read from snapshots:
+                             ── stale_dropped: an outcome whose lease is no longer held
+    scrape (HTTP thread) ── collect() ──► those, the containment mode, and what ``bind``
+    gave the worker's parts to read (worker.py ``_bind_metrics``), as snapshots:
         pool.child_states()  children by state, their RSS (pool/kill.py)
         inflight             held jobs
         heartbeat.renewed_at lease renewal age
-        stats / reaper / pool.restarts   rejected acks, stale results, recoveries, restarts
+        stats["rejected_acks"] / reaper.recovered / pool.restarts   counters
 
 Children never touch any of this: it lives in the worker's parent and reads the pool's
 bookkeeping. Each ``WorkerMetrics`` has its own ``CollectorRegistry``, so several workers

@@ -1,8 +1,12 @@
-"""Data that crosses module boundaries: outcomes, job options, job and attempt records.
+"""Data that crosses module boundaries: outcomes, actions, job states, job options, job and
+attempt records; and the checks every entry point shares (queue names, job ids, timeouts,
+numbers that must really be numbers).
 
 Units: durations are float seconds named ``*_s``; stored timestamps are int milliseconds
-named ``*_ms`` (the backend's clock). Every model is frozen and rejects unknown fields, so
-a misspelt option is an error instead of a silently ignored setting.
+named ``*_ms``: a job's (``created_ms``, ``finished_ms``) from the backend's clock, an
+attempt's (``started_ms``, ``ended_ms``) from the clock of the worker that ran it. Every
+model is frozen and rejects unknown fields, so a misspelt option is an error instead of a
+silently ignored setting.
 """
 
 from __future__ import annotations

@@ -1,11 +1,16 @@
 """The exit policy: what happens to a job after each outcome.
 
-    outcome ──► action (complete / retry / fail) ──► retry only while attempts remain
-       exit(N) ──► the exit_codes map; unknown codes fail
+    outcome ──► actions (DEFAULT_ACTIONS) ──► complete / retry / fail
+       exit(N) ──► the exit_codes map; unmapped codes fail
+    retry, once the attempt number is past ``retries`` ──► fail
+    retry ──► backoff_s(base, attempt): base, 2 x base, 4 x base... capped at MAX_BACKOFF_S
 
-Defaults follow design.md's outcome table. ``lease_lost``, ``cancelled`` and
+The defaults are the outcome table of docs/design.md (and of the README). A worker builds
+its policy from ``exit_codes`` alone (``SandboxWorker(exit_codes=...)``, ``--exit-code``);
+every other outcome keeps its default action. ``lease_lost``, ``cancelled`` and
 ``interrupted`` never reach the policy: a worker that lost its lease does not ack, a
-cancelled job is already final, and an interrupted job is requeued without charge.
+cancelled job is already final, and an interrupted job is requeued without charge
+(acks.py).
 """
 
 from __future__ import annotations

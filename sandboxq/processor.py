@@ -3,8 +3,9 @@
 Two callers, two ways:
 
     parent (Pool, SandboxWorker) ── resolve_within(path, timeout_s)
-        the import runs on a daemon thread; the caller waits at most timeout_s, then
-        gets a ProcessorError. A module that hangs at import (a network call, a lock,
+        the import runs on a daemon thread; the caller waits at most timeout_s
+        (import_timeout_s, else $SANDBOXQ_IMPORT_TIMEOUT_S, else 60 s), then gets a
+        ProcessorError. A module that hangs at import (a network call, a lock,
         input()) can neither hang the worker's start nor the CLI: the thread is left
         behind, blocked, and a later call waits on that same import instead of
         starting another. The module is only added to the fork server's preload list

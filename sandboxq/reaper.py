@@ -1,4 +1,4 @@
-"""Stalled-job recovery (invariant 3): any live worker re-queues jobs whose lease expired.
+"""Stalled-job recovery (design invariant 3): any live worker re-queues jobs whose lease expired.
 
 A worker that died (SIGKILL, lost machine) stops renewing; once its leases expire on the
 backend's clock, the next check puts those jobs back in the queue (or fails them after

@@ -1,4 +1,4 @@
-"""The attempt boundary (invariant 10), in process-tree mode: whatever an attempt starts is
+"""The attempt boundary (design invariant 10), in process-tree mode: whatever an attempt starts is
 dead before its outcome is reported and before its child takes another task, whatever the
 outcome. Each test runs a hostile handler of the catalogue through the real Pool and looks
 at the processes it recorded *from inside the outcome callback*, so "dead before it is

@@ -1,4 +1,4 @@
-"""The pool outlives its own helpers (invariant 11): the fork server and the resource
+"""The pool outlives its own helpers (design invariant 11): the fork server and the resource
 tracker may be SIGKILLed at any moment. The pool notices at once, starts a fresh fork
 server and fresh children, and charges no handler: the attempts that were running end
 as ``interrupted`` with a cause that names what died, never as an exit code the handler

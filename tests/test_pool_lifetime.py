@@ -1,4 +1,4 @@
-"""No orphans (invariant 4): when the parent is SIGKILLed, every child and grandchild dies
+"""No orphans (design invariant 4): when the parent is SIGKILLed, every child and grandchild dies
 within about a second. Each test runs the parent as a separate Python process, so the
 fork server it starts is its own."""
 

@@ -92,7 +92,7 @@ def test_every_key_of_a_queue_shares_one_hash_tag(
     assert len(slots) == 1
 
 
-# -- ownership (invariant 1) ------------------------------------------------------------------
+# -- ownership (design invariant 1) -----------------------------------------------------------
 
 
 def test_stale_token_or_owner_is_rejected_and_changes_nothing(
@@ -375,7 +375,7 @@ def test_wait_for_finish_returns_soon_after_the_job_finishes(backend: RedisBacke
     assert time.monotonic() - started < 0.4
 
 
-# -- broken records (invariant 7) -----------------------------------------------------------
+# -- broken records (design invariant 7) ----------------------------------------------------
 
 
 def _break_payload(raw: redis.Redis, key: str) -> None:

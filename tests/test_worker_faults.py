@@ -32,7 +32,7 @@ def executions(log_file: Path) -> dict[str, list[tuple[str, int, float]]]:
 
 
 def assert_never_concurrent(log_file: Path) -> None:
-    """No two children ever ran the same job at the same time (invariant 1)."""
+    """No two children ever ran the same job at the same time (design invariant 1)."""
     for key, events in executions(log_file).items():
         open_runs: set[int] = set()
         for kind, pid, _at in sorted(events, key=lambda e: e[2]):
@@ -78,7 +78,7 @@ def url(redis_url: str) -> str:
 def test_sigkill_of_a_worker_parent_recovers_its_job(
     redis_url: str, queue: Queue, queue_name: str, tmp_path: Path, workers: BackgroundWorkers
 ) -> None:
-    """Invariants 3 and 4: the dead worker's children die with it, and its job completes on
+    """Design invariants 3 and 4: the dead worker's children die with it, and its job completes on
     another worker about one lease after the kill."""
     runs = tmp_path / "runs"
     lease = 1.5
@@ -114,7 +114,7 @@ def test_sigkill_of_a_worker_parent_recovers_its_job(
 def test_a_worker_stopped_past_its_lease_is_fenced_when_it_resumes(
     redis_url: str, queue: Queue, queue_name: str, tmp_path: Path, workers: BackgroundWorkers
 ) -> None:
-    """Invariants 1 and 2: worker A is frozen (parent and children) past its lease; B
+    """Design invariants 1 and 2: worker A is frozen (parent and children) past its lease; B
     recovers and completes the job. When A resumes, its child is killed and it does not
     ack: the job completes exactly once, by B."""
     runs = tmp_path / "runs"
@@ -154,7 +154,7 @@ def test_a_worker_stopped_past_its_lease_is_fenced_when_it_resumes(
 
 @pytest.mark.timeout(90)
 def test_redis_down_longer_than_a_lease_then_back(queue_name: str, tmp_path: Path) -> None:
-    """Invariants 2 and 3: the worker fences its running jobs, survives, reconnects, and
+    """Design invariants 2 and 3: the worker fences its running jobs, survives, reconnects, and
     every job ends completed (or failed with a cause); nothing is lost."""
     runs = tmp_path / "runs"
     with (
@@ -186,7 +186,7 @@ def test_redis_down_longer_than_a_lease_then_back(queue_name: str, tmp_path: Pat
 def test_leases_are_renewed_while_every_core_is_held_by_gil_holding_children(
     redis_url: str, queue: Queue, queue_name: str, workers: BackgroundWorkers
 ) -> None:
-    """Invariant 5: jobs 5x longer than the lease, in children that hold the GIL inside C
+    """Design invariant 5: jobs 5x longer than the lease, in children that hold the GIL inside C
     calls on every core, run once and complete once; no lease lapses."""
     lease = 1.0
     cores = os.cpu_count() or 2
@@ -215,7 +215,7 @@ def test_leases_are_renewed_while_every_core_is_held_by_gil_holding_children(
 def test_corrupt_records_fail_that_job_with_a_cause_and_the_worker_goes_on(
     redis_url: str, queue: Queue, queue_name: str, workers: BackgroundWorkers
 ) -> None:
-    """Invariant 7: records corrupted by hand in Redis fail their own job, with a stated
+    """Design invariant 7: records corrupted by hand in Redis fail their own job, with a stated
     cause; the worker keeps serving everything else."""
     import redis
 
@@ -250,7 +250,7 @@ def test_corrupt_records_fail_that_job_with_a_cause_and_the_worker_goes_on(
 def test_sigterm_drains_and_a_second_signal_stops_now(
     redis_url: str, queue: Queue, queue_name: str, tmp_path: Path, workers: BackgroundWorkers
 ) -> None:
-    """Invariant 9 through a real process and real signals: SIGTERM lets a running job
+    """Design invariant 9 through a real process and real signals: SIGTERM lets a running job
     finish and exits 0; on a long job, a second SIGTERM requeues it uncharged at once."""
     runs = tmp_path / "runs"
 

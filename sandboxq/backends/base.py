@@ -14,7 +14,7 @@ Job lifecycle (states are ``JobState`` values):
                                        │  ── finish(retry, delay) ──► delayed
                                        └─ cancel ──► cancelled  (also from waiting/delayed)
 
-Ownership (invariant 1): ``claim`` gives each job a fresh lease token and an owner (the
+Ownership (design invariant 1): ``claim`` gives each job a fresh lease token and an owner (the
 worker id); ``renew`` and ``finish`` change a job only when the caller passes the owner
 and token of its *current* lease. Anything else is rejected and changes nothing, so a
 worker that lost its lease can neither resurrect the job nor extend another owner's lease.
@@ -53,7 +53,7 @@ class Claimed:
 
     ``claimed_at`` is ``time.monotonic()`` just before the request that claimed it was sent:
     the lease cannot have started earlier, so the caller's own deadline for it (the fence,
-    invariant 2) counts from there and always falls before the backend's.
+    design invariant 2) counts from there and always falls before the backend's.
     """
 
     id: str
@@ -254,7 +254,7 @@ class Backend(Protocol):
         """Put a failed or cancelled job back to waiting with its attempts reset (False:
         unknown, or neither failed nor cancelled).
 
-        Fenced hand-over (invariant 1): a job cancelled while active whose fence is still up
+        Fenced hand-over (design invariant 12): a job cancelled while active whose fence is still up
         (see ``cancel``) goes to ``delayed`` instead, due the first millisecond after the old
         lease's expiry, unless its old owner's ``confirm_dead`` lifts the fence sooner."""
         ...

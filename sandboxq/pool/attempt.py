@@ -32,7 +32,7 @@ class Task:
     attempt: int = 1
     on_progress: Callable[[float, str | None], None] | None = None
     #: ``time.monotonic()`` by which the attempt must end unless ``Pool.extend_fence`` moves
-    #: it: a worker's lease that was not renewed in time (self-fencing, invariant 2).
+    #: it: a worker's lease that was not renewed in time (self-fencing, design invariant 2).
     fence_deadline: float | None = None
 
 

@@ -13,7 +13,8 @@ nothing leaves a group on its own. The group is frozen first so a fork bomb cann
 processes while they are being listed (v2 with ``cgroup.kill`` does all this in one write).
 
 Groups are named after the pool's owner (pid and start time, so a reused pid is told
-apart): a later pool removes the groups of owners that are gone (``remove_stale``).
+apart): a later pool removes the groups of owners that are gone (``stale_owners`` finds them,
+then ``remove_tree``; see ``containment.py``).
 """
 
 from __future__ import annotations

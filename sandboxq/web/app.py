@@ -2,8 +2,9 @@
 
     browser ──GET──► page endpoints (sync, in the threadpool) ──► backend reads ──► HTML
             ──GET /events──► SSE: the hub's fan-out (hub.py), filtered by queue / job
-            ──POST /login, /action──► auth.py checks ──► backend.retry_failed / cancel /
-                                                         purge, logged ──► 303 back
+            ──POST /action──► auth.py checks ──► backend.retry_failed / cancel / purge,
+                                                 logged ──► 303 back
+            ──POST /login, /logout──► the session cookie set (auth.py) or deleted ──► 303
 
 Links are built from the request's ``root_path``, so the app works under any mount
 point (``app.mount("/admin/queues", create_app(url))``). Every response carries a strict

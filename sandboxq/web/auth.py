@@ -3,8 +3,8 @@
     no token (or read_only)  ── every action refused: the dashboard only shows
     Authorization: Bearer T  ── a script's request; T compared in constant time
     POST /login (form: T)    ── cookie  <sid>.<mac>  HttpOnly, SameSite=Strict, Path=<mount>
-    POST /action             ── authenticated, same Origin (Sec-Fetch-Site), and with a
-                                cookie session also its CSRF field = HMAC(key, "csrf:" + sid)
+    POST /action             ── authenticated, same origin (Sec-Fetch-Site, Origin), and with
+                                a cookie session also its CSRF field = HMAC(key, "csrf:" + sid)
 
 The cookie never holds the token: it holds a random session id and an HMAC of it keyed by
 the token, so a stolen cookie cannot be turned into the token, and changing the token

@@ -1,4 +1,4 @@
-"""Fixtures of the bad-input suite (invariant 7: bad input gets a clear error, never a
+"""Fixtures of the bad-input suite (design invariant 7: bad input gets a clear error, never a
 dead worker): workers on background threads that must survive. The ``url`` and ``queue``
 fixtures (both backends) come from the suite's conftest."""
 

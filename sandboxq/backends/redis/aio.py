@@ -131,7 +131,7 @@ class AsyncRedisBackend:
     # -- reading ------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobInfo | None:
-        """As ``RedisBackend.get``: read_job.lua, bounded (invariant 13)."""
+        """As ``RedisBackend.get``: read_job.lua, bounded (design invariant 13)."""
         with redis_errors(self.where, f"read job {job_id!r}"):
             reply = await self._script(self._scripts.read_job, reads.read_job_args(job_id))
         return reads.job_from_reply(self.queue, self.keys, job_id, reply)

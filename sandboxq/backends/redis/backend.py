@@ -100,7 +100,7 @@ class RedisBackend(Reads, Backend):
 
     def _usable(self, worker_id: str, flat: Sequence[Any], sent: float) -> list[Claimed]:
         """The claimed jobs whose options validate; each other one is failed with the cause
-        (invariant 7: one bad record fails one job, never the claim)."""
+        (design invariant 7: one bad record fails one job, never the claim)."""
         usable: list[Claimed] = []
         for job, problem in records.claimed_rows(flat, sent):
             if problem is None:
@@ -127,7 +127,7 @@ class RedisBackend(Reads, Backend):
         return usable
 
     def renew(self, worker_id: str, leases: Sequence[tuple[str, str]], lease_s: float) -> list[str]:
-        # on a connection of its own: a busy claim loop cannot delay it (invariant 5)
+        # on a connection of its own: a busy claim loop cannot delay it (design invariant 5)
         head: list[Arg] = [worker_id, rules.lease_ms(lease_s)]
         lane = self._conns.renew_lane
         return self._per_lease(self._scripts.renew, head, leases, "renew leases", lane)

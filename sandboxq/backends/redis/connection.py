@@ -5,7 +5,7 @@ Three clients, each with its own connection pool, so no call queues behind anoth
 
     main     enqueue, claim, finish, reads, pub/sub for cancellations
     renew    the heartbeat's renewals only: a big enqueue or a slow read on the main pool
-             must never delay a lease renewal (invariant 5)
+             must never delay a lease renewal (design invariant 5)
     blocking BLPOP and XREAD BLOCK; its socket timeout exceeds the longest block it is
              asked for, so a quiet queue is not mistaken for a dead server
 

@@ -2,7 +2,7 @@
 dashboard's reads (pages.py). Each is one round trip and changes nothing.
 
     get         read_job.lua: a field or attempt record over the read cap is never sent,
-                only its size (invariant 13: readers trust nothing in Redis)
+                only its size (design invariant 13: readers trust nothing in Redis)
     get_result  read_result.lua: the same for a result
                 (the asyncio client sends the same scripts and reads their replies with
                 the same functions: read_job_args, job_from_reply, ...)

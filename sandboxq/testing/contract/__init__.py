@@ -18,7 +18,7 @@ and ``backend``, which is ``make_backend()``::
 The suite is a package, one module per concern (each a mixin ``BackendContract`` combines):
 
     support    the lease the tests claim with, the waits they allow, helpers
-    leases     enqueue, claim, finish, retry, release; ownership (invariant 1)
+    leases     enqueue, claim, finish, retry, release; ownership (design invariant 1)
     recovery   renewal, stalled recovery, cancellation and its fence, a lost reply
     waiting    waking claims, wait_for_finish, events
     admin      counts, listing, manual retry, purge, retention, workers

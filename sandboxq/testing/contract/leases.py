@@ -1,5 +1,5 @@
 """The contract of enqueue, claim, finish, retry and release, and of ownership
-(invariant 1): who may end an attempt, and what each action leaves behind."""
+(design invariant 1): who may end an attempt, and what each action leaves behind."""
 
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ class LeaseContract:
         assert backend.get_result(job_id) is None
         assert backend.list_jobs(JobState.FAILED) == [job_id]
 
-    # -- ownership (invariant 1) -------------------------------------------------------------
+    # -- ownership (design invariant 1) ------------------------------------------------------
 
     def test_wrong_token_or_worker_is_rejected_and_changes_nothing(self, backend: Backend) -> None:
         job_id = add(backend)

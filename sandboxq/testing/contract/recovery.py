@@ -1,5 +1,5 @@
 """The contract of leases over time: renewal, stalled recovery, cancellation and the fence
-a cancelled attempt leaves (invariant 12), and a finish sent again after a lost reply."""
+a cancelled attempt leaves (design invariant 12), and a finish sent again after a lost reply."""
 
 from __future__ import annotations
 

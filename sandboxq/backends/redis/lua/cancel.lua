@@ -2,7 +2,7 @@
 -- KEYS: the standard list (common.lua).
 -- ARGV: 1-4 standard; 5 job id, 6 cancel channel (PUBLISH target).
 -- Returns: 1 cancelled, 0 unknown or already finished.
--- Upholds: invariant 1 (the lease is revoked: owner and token cleared, so the owner's
+-- Upholds: design invariant 1 (the lease is revoked: owner and token cleared, so the owner's
 -- renewals and acks are rejected and it fences itself); the PUBLISH ("<token> <id>", the
 -- token empty when no lease was held) lets the owner kill that attempt's child within
 -- milliseconds, and never a later attempt of the same job. A cancelled active job keeps

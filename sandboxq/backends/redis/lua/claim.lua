@@ -9,9 +9,9 @@
 --          next delayed job falls due (-1: none), so an idle worker blocks exactly that
 --          long at most. "waited ms" is how long the job waited since it was ready
 --          (ready_ms: enqueued, due or retried; created_ms for older records).
--- Upholds: invariant 1 (fresh token and owner per lease; highest priority first, FIFO
--- within a priority), invariant 2 (expiry = server TIME + lease), invariant 7 (a broken
--- record fails that one job with a stated cause and the claim goes on).
+-- Upholds: design invariants 1 (fresh token and owner per lease; highest priority first,
+-- FIFO within a priority), 2 (expiry = server TIME + lease) and 7 (a broken record fails
+-- that one job with a stated cause and the claim goes on).
 
 local now = now_ms()
 local out = claim_jobs(ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], now)

@@ -18,7 +18,7 @@
 -- completed set, jobs kept in the failed (and cancelled) set, max age of finished jobs ms.
 -- Script-specific arguments start at ARGV[5].
 --
--- Time: every timestamp is computed here from TIME (invariant 2: the server's clock,
+-- Time: every timestamp is computed here from TIME (design invariant 2: the server's clock,
 -- never a client's). Redis 7 replicates a script's effects, so TIME followed by writes
 -- is safe on replicas and in the AOF.
 
@@ -144,7 +144,7 @@ local function trim_finished(zset, keep, now)
   end
 end
 
--- Invariant 7: a record too broken to run fails that one job with a stated cause.
+-- Design invariant 7: a record too broken to run fails that one job with a stated cause.
 -- A key of the wrong type is replaced by a hash that says why; an unreadable field
 -- ('opts' or 'attempts') moves to 'bad_<field>' and gets its default, so `get` shows
 -- the failure instead of raising.
@@ -213,8 +213,8 @@ local function promote_due(now)
   end
 end
 
--- Lease up to `count` waiting jobs (invariant 1: a fresh token per claim, owner = worker;
--- invariant 2: expiry from the server clock). Returns a flat list of
+-- Lease up to `count` waiting jobs (design invariant 1: a fresh token per claim, owner = worker;
+-- design invariant 2: expiry from the server clock). Returns a flat list of
 -- id, token, payload, codec, opts, attempt, wait ms for each claimed job.
 local function claim_jobs(worker, count, lease_ms, token_base, now)
   promote_due(now)
@@ -257,7 +257,7 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
   return out
 end
 
--- The caller's lease is the job's current lease (invariant 1).
+-- The caller's lease is the job's current lease (design invariant 1).
 local function owns(key, worker, token)
   local f = hmget(key, 'owner', 'token', 'state')
   return f ~= nil and f[1] == worker and f[2] == token and f[3] == 'active'

@@ -3,7 +3,7 @@
 -- ARGV: 1-4 standard; 5 worker id, then pairs: job id, token of the ended attempt.
 -- Returns: the ids whose fence this lifted (others: no fence, or another lease's; nothing
 --          changed for those).
--- Upholds: invariant 1 across a hand-over (cancel.lua, retry_failed.lua): only the owner
+-- Upholds: design invariant 12 across a hand-over (cancel.lua, retry_failed.lua): only the owner
 -- of the fenced lease, with its token, lifts the fence; a job retried meanwhile (delayed
 -- until the fence) becomes claimable now instead of when the old lease would have expired,
 -- ready from now (its wait is counted from here) and behind the jobs already waiting.

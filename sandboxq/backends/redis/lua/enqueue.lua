@@ -10,7 +10,7 @@
 -- Returns: one integer per job, in order: 1 created, 0 the id already existed.
 -- Upholds: ids are unique while retained (a duplicate never overwrites a live job, and
 -- changes nothing but using up a sequence number); due times come from the server clock
--- (invariant 2), ready_ms is when the job becomes claimable (now, or its due time); every
+-- (design invariant 2), ready_ms is when the job becomes claimable (now, or its due time); every
 -- new job, waiting or delayed, pushes a wake token so an idle worker notices it within
 -- milliseconds without polling (a delayed one re-reads the next due time).
 

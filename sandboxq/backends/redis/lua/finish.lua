@@ -10,8 +10,8 @@
 --          claim.lua}. A single rejected ack claims nothing ("nothing changed"). With
 --          replay_of, the jobs still leased to the worker under tokens "<replay_of>.<n>"
 --          come first among the claimed (a scan of the active set: only on that rare path).
--- Upholds: invariant 1 (only the current owner + token may end an attempt: a late ack
--- after recovery or cancellation is rejected and changes nothing), invariant 3 (every job
+-- Upholds: design invariant 1 (only the current owner + token may end an attempt: a late ack
+-- after recovery or cancellation is rejected and changes nothing), design invariant 3 (every job
 -- leaves active for a stated state; history keeps the attempt), bounded memory (retention).
 
 local worker = ARGV[5]

@@ -2,7 +2,7 @@
 -- KEYS: the standard list (common.lua); uses job prefix and events.
 -- ARGV: 1-4 standard; 5 worker id, 6 job id, 7 token, 8 fraction, 9 message ('' = none).
 -- Returns: 1 stored, 0 the caller no longer owns the job (nothing changed).
--- Upholds: invariant 1 (only the current owner + token writes to the job).
+-- Upholds: design invariant 1 (only the current owner + token writes to the job).
 
 local id = ARGV[6]
 local key = PREFIX .. id

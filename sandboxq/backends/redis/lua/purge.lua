@@ -5,7 +5,7 @@
 -- Returns: {deleted, kept}: jobs this call deleted, and fenced jobs it left in place (the
 --          caller repeats, past the kept ones, while a call looks at `limit` jobs).
 -- Upholds: active jobs are never purged (their owner still holds a lease on them); and
--- invariant 12 across a hand-over: a job cancelled while running keeps its fence
+-- design invariant 12 across a hand-over: a job cancelled while running keeps its fence
 -- (cancel.lua) until its old owner confirms the child dead or the old lease runs out, so
 -- its id cannot be enqueued afresh and run beside a child that may still live.
 

@@ -6,7 +6,7 @@
 --           {size of each field}, {each field's value; false if absent or over the cap},
 --           {the newest attempt records; an integer (its size) for one over the cap}}
 --           Only the types when the job key is not a hash.
--- Upholds: invariant 13 (readers trust nothing in Redis): a record someone rewrote by
+-- Upholds: design invariant 13 (readers trust nothing in Redis): a record someone rewrote by
 -- hand costs a reader at most the cap per field, however large it was made; and the
 -- whole read is one atomic snapshot in one round trip.
 

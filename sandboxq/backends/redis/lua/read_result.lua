@@ -4,7 +4,7 @@
 -- Returns: {state (false if none), size of the result, the result (false if the job is
 --           not completed, has none, or it is over the cap)}; {false, 0, false} when the
 --           job key is not a hash.
--- Upholds: invariant 13 (readers trust nothing in Redis): a result made huge by hand is
+-- Upholds: design invariant 13 (readers trust nothing in Redis): a result made huge by hand is
 -- never sent to a reader, which reports its size and the cap instead.
 
 local key = PREFIX .. ARGV[5]

@@ -3,7 +3,7 @@
 -- ARGV: 1-4 standard; 5 job id; 6 the longest state a reader takes in.
 -- Returns: the state, or false when the job does not exist; an error naming the problem
 --          when its key is not a hash, it has no state, or its state is over the cap.
--- Upholds: invariant 13 (readers trust nothing in Redis): a waiter re-reads the state on
+-- Upholds: design invariant 13 (readers trust nothing in Redis): a waiter re-reads the state on
 -- every event, so a state made huge by hand must cost it nothing but this error.
 
 local key = PREFIX .. ARGV[5]

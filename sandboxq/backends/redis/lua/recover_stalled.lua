@@ -3,10 +3,10 @@
 -- ARGV: 1-4 standard; 5 max jobs handled in this call (rules.RECOVER_LIMIT).
 -- Returns: a flat list of job id, new state ('waiting' or 'failed') pairs, the earliest
 --          expiry first (ties by id).
--- Upholds: invariant 3 (a dead worker's jobs come back: waiting again at their old place
--- in line and ready from now, or failed with a stated cause after max_stalls), invariant 1
+-- Upholds: design invariant 3 (a dead worker's jobs come back: waiting again at their old place
+-- in line and ready from now, or failed with a stated cause after max_stalls), design invariant 1
 -- (owner and token are cleared, so the old owner's late renew or ack is rejected),
--- invariant 2 (expiry judged by server TIME). Each stalled attempt is recorded.
+-- design invariant 2 (expiry judged by server TIME). Each stalled attempt is recorded.
 
 local now = now_ms()
 -- expired strictly before now (rules.lease_expired)
@@ -22,7 +22,7 @@ for _, id in ipairs(expired) do
   if current == 'completed' or current == 'failed' or current == 'cancelled' then
     -- a stale entry: the job moved on (every such move leaves the set; this one did not)
   elseif current ~= 'active' then
-    -- nowhere else to go: failing it is the only way it is not lost (invariant 3)
+    -- nowhere else to go: failing it is the only way it is not lost (design invariant 3)
     local why
     if not f then
       why = 'the job key is not a hash'

@@ -2,7 +2,7 @@
 -- KEYS: the standard list (common.lua).
 -- ARGV: 1-4 standard; 5 worker id, then pairs: job id, token.
 -- Returns: the ids that were NOT released (the caller no longer owns them).
--- Upholds: invariant 1 (owner + token checked) and invariant 9 (a worker that stops hands
+-- Upholds: design invariants 1 (owner + token checked) and 9 (a worker that stops hands
 -- back what it had not started: waiting again at its old place in line, the attempt
 -- uncharged and no attempt record, because nothing ran).
 

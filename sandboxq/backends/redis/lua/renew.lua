@@ -2,8 +2,8 @@
 -- KEYS: the standard list (common.lua); uses job prefix and active.
 -- ARGV: 1-4 standard; 5 worker id, 6 lease ms, then pairs: job id, token.
 -- Returns: the ids that were NOT renewed (lost, recovered, cancelled or finished).
--- Upholds: invariant 1 (only the current owner with the current token extends a lease,
--- never another owner's) and invariant 2 (expiry = server TIME + lease). A lease that
+-- Upholds: design invariant 1 (only the current owner with the current token extends a lease,
+-- never another owner's) and design invariant 2 (expiry = server TIME + lease). A lease that
 -- expired but was not recovered yet is still the caller's, so it is extended.
 
 local worker = ARGV[5]
