@@ -15,14 +15,14 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sandboxq.backends import REDIS_SCHEMES
 from sandboxq.errors import ConfigError
+from sandboxq.metrics import MetricsServer
 from sandboxq.models import JobState, check_queue_name
 
 log = logging.getLogger("sandboxq.exporter")
@@ -60,8 +60,7 @@ class QueueExporter(Collector):
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._http: MetricsServer | None = None
         self.address: tuple[str, int] | None = None
 
     def queues(self) -> list[str]:
@@ -101,18 +100,13 @@ class QueueExporter(Collector):
         yield workers
 
     def serve(self, port: int, host: str = "127.0.0.1") -> tuple[str, int]:
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
-        bound = self._server.server_address
-        self.address = (str(bound[0]), int(bound[1]))
+        self._http = MetricsServer(self.registry, port, host)
+        self.address = self._http.address
         log.info("queue metrics on http://%s:%d/metrics", *self.address)
         return self.address
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
         self._conns.close()

@@ -130,8 +130,7 @@ class WorkerMetrics:
         self.overshoots: dict[str, _Histogram] = {}
         self.stale = 0
         self._sources: dict[str, Callable[..., Any]] = {}
-        self._server: Any = None
-        self._server_thread: threading.Thread | None = None
+        self._http: MetricsServer | None = None
         #: (host, port) the metrics are served on, once ``serve`` has run.
         self.address: tuple[str, int] | None = None
         self.registry.register(_Collector(self))
@@ -194,20 +193,29 @@ class WorkerMetrics:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> tuple[str, int]:
         """Serve ``/metrics`` on ``host:port`` (0: a free port) on a daemon thread."""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
-        self._server, self._server_thread = server, thread
-        bound = server.server_address
-        self.address = (str(bound[0]), int(bound[1]))
+        self._http = MetricsServer(self.registry, port, host)
+        self.address = self._http.address
         return self.address
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._server_thread is not None:
-            self._server_thread.join()
-            self._server_thread = None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+
+class MetricsServer:
+    """``/metrics`` of one registry on ``host:port`` (0: a free port), served by
+    prometheus_client on a daemon thread: a worker's metrics and the exporter's gauges."""
+
+    def __init__(self, registry: CollectorRegistry, port: int, host: str) -> None:
+        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        bound = self._server.server_address
+        self.address = (str(bound[0]), int(bound[1]))
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
 
 
 class _Collector(Collector):
