@@ -164,9 +164,7 @@ SECTIONS = {"throughput": bench_throughput, "kill": bench_kill}
 
 def main() -> None:
     figures.run_sections(
-        __file__,
-        {name: lambda args, fn=fn: fn(args.quick) for name, fn in SECTIONS.items()},
-        HERE / "results" / "containment.json",
+        __file__, figures.quick_only(SECTIONS), HERE / "results" / "containment.json"
     )
 
 

@@ -146,6 +146,11 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
 Section = Callable[[argparse.Namespace], dict[str, Any]]
 
 
+def quick_only(sections: Mapping[str, Callable[[bool], dict[str, Any]]]) -> dict[str, Section]:
+    """Sections whose only option is ``--quick``, in the form ``run_sections`` takes."""
+    return {name: (lambda args, fn=fn: fn(args.quick)) for name, fn in sections.items()}
+
+
 def run_sections(
     script: str,
     sections: Mapping[str, Section],

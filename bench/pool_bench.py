@@ -199,11 +199,7 @@ SECTIONS = {"kill": bench_kill, "replace": bench_replace, "throughput": bench_th
 
 
 def main() -> None:
-    figures.run_sections(
-        __file__,
-        {name: lambda args, fn=fn: fn(args.quick) for name, fn in SECTIONS.items()},
-        HERE / "results" / "pool.json",
-    )
+    figures.run_sections(__file__, figures.quick_only(SECTIONS), HERE / "results" / "pool.json")
 
 
 if __name__ == "__main__":
