@@ -3,10 +3,10 @@
     python bench/metrics_bench.py [--runs N] [--jobs N] [--json OUT] [--url URL]
                                   [--back-to-back]
 
-Each run drains the same number of no-op jobs twice, once with metrics served and once
+Each run works through the same number of no-op jobs twice, once with metrics served and once
 without, at the same time on two queues (``--back-to-back``: one after the other, in
 alternating order), with real ``sandboxq worker`` processes; a scraper reads the
-metrics every second during the "on" drains, as Prometheus would. The worker parent's
+metrics every second during the "on" runs, as Prometheus would. The worker parent's
 CPU per job is measured too: a no-op worker is bound by it. Also the recording cost
 alone: the CPU the dispatcher spends per job in ``WorkerMetrics`` (attempt_ended, and
 one acked per batch), and the CPU of one scrape of a worker with two children.
@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import figures  # noqa: E402
-from queue_bench import _remaining, drain_rate, stop, worker  # noqa: E402
+from queue_bench import _remaining, backlog_rate, stop, worker  # noqa: E402
 
 from sandboxq import Queue  # noqa: E402
 from sandboxq.backends.base import Ack, Claimed  # noqa: E402
@@ -54,8 +54,8 @@ def scrape_while(port: int, done: threading.Event) -> None:
                 r.read()
 
 
-def drain(url: str, n: int, metrics: bool) -> tuple[float, float]:
-    """Jobs/s draining ``n`` no-op jobs, and the worker parent's CPU per job in us."""
+def run_backlog(url: str, n: int, metrics: bool) -> tuple[float, float]:
+    """Jobs/s working through ``n`` no-op jobs, and the worker parent's CPU per job in us."""
     name = f"mb-{uuid.uuid4().hex[:8]}"
     q = Queue(name, url=url)
     q.enqueue_many([((i,), {}) for i in range(n)])
@@ -78,7 +78,7 @@ def drain(url: str, n: int, metrics: bool) -> tuple[float, float]:
             started.set()
 
         threading.Thread(target=sample_start, daemon=True).start()
-        rate = drain_rate(q, n)
+        rate = backlog_rate(q, n)
         started.wait(10)
         cpu1 = parent.cpu_times()
         busy_s = (cpu1.user - cpu[0].user) + (cpu1.system - cpu[0].system)
@@ -90,7 +90,7 @@ def drain(url: str, n: int, metrics: bool) -> tuple[float, float]:
 
 
 def together(url: str, n: int, order: tuple[bool, bool]) -> dict[bool, tuple[float, float]]:
-    """Both drains at the same time, on two queues: on a shared machine whose load swings
+    """Both runs at the same time, on two queues: on a shared machine whose load swings
     by 2x within seconds, only workers running side by side see the same conditions.
 
     The one started first gets ahead: two identical workers side by side differed by 5 to
@@ -98,7 +98,7 @@ def together(url: str, n: int, order: tuple[bool, bool]) -> dict[bool, tuple[flo
     results: dict[bool, tuple[float, float]] = {}
 
     def one(metrics: bool) -> None:
-        results[metrics] = drain(url, n, metrics)
+        results[metrics] = run_backlog(url, n, metrics)
 
     threads = [threading.Thread(target=one, args=(m,)) for m in order]
     for thread in threads:
@@ -106,7 +106,7 @@ def together(url: str, n: int, order: tuple[bool, bool]) -> dict[bool, tuple[flo
     for thread in threads:
         thread.join()
     if len(results) != 2:
-        raise RuntimeError("a drain failed (see above)")
+        raise RuntimeError("a backlog run failed (see above)")
     return results
 
 
@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument(
         "--back-to-back",
         action="store_true",
-        help="drain one after the other (default: both at once, so both see the same load)",
+        help="run one after the other (default: both at once, so both see the same load)",
     )
     args = parser.parse_args()
     if args.quick:
@@ -166,11 +166,11 @@ def main() -> None:
     cpu_on: list[float] = []
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(RedisServer()).url
-        drain(url, 2000, metrics=False)  # warm-up: imports, fork server, Redis scripts
+        run_backlog(url, 2000, metrics=False)  # warm-up: imports, fork server, Redis scripts
         for i in range(args.runs):
             order = (False, True) if i % 2 == 0 else (True, False)
             if args.back_to_back:
-                results = {metrics: drain(url, args.jobs, metrics) for metrics in order}
+                results = {metrics: run_backlog(url, args.jobs, metrics) for metrics in order}
             else:
                 results = together(url, args.jobs, order)
             off.append(results[False][0])

@@ -76,9 +76,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-#: How finely the start of a drain is found (its end is read off the server: see below).
+#: How finely the start of a backlog's run is found (its end is read off the server: see below).
 POLL_S = 0.02
-#: How often the end of a drain is checked for. Each check is a round trip that takes
+#: How often the end of a backlog's run is checked for. Each check is a round trip that takes
 #: CPU from the worker under test (2 cores in all): rarely, since it costs no precision.
 END_CHECK_S = 0.25
 
@@ -95,7 +95,7 @@ def _server_ms(r: redis.Redis) -> float:
     return seconds * 1000 + micros / 1000
 
 
-def drain_rate(q: Queue, n: int, timeout_s: float = 120) -> float:
+def backlog_rate(q: Queue, n: int, timeout_s: float = 120) -> float:
     """Jobs/s at which a worker works through ``n`` jobs already in the queue: from the
     first check that sees jobs finished to the moment the last one finished. The worker's
     start-up and the producer's enqueue (measured on its own) are not in it.
@@ -114,7 +114,7 @@ def drain_rate(q: Queue, n: int, timeout_s: float = 120) -> float:
         t0 = _server_ms(r)
         while now_left := _remaining(q):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"not drained: {now_left} jobs left")
+                raise TimeoutError(f"backlog not done: {now_left} jobs left")
             time.sleep(END_CHECK_S)
         ((_, last_ms),) = r.zrange(backend.keys.completed, -1, -1, withscores=True)
         return left / ((last_ms - t0) / 1000)
@@ -133,7 +133,7 @@ def noop_throughput(url: str, n: int = 20000, concurrency: int = 2) -> dict[str,
     try:
         parent = psutil.Process(w.pid)
         cpu0 = parent.cpu_times()
-        rate = drain_rate(q, n)
+        rate = backlog_rate(q, n)
         cpu1 = parent.cpu_times()
         busy_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
         return {
@@ -235,7 +235,7 @@ def cpu_efficiency(url: str, n: int = 80, ms: float = 50) -> float:
     q.enqueue_many([((ms,), {}) for _ in range(n)])
     w = worker(url, name, "bench_jobs:cpu")
     try:
-        rate = drain_rate(q, n)
+        rate = backlog_rate(q, n)
     finally:
         stop(w)
         q.close()
@@ -280,7 +280,7 @@ def redis_bytes_per_job(url: str, n: int = RETAINED) -> dict[str, float]:
         q.enqueue_many([((i,), {}) for i in range(n)])
         w = worker(url, name, "bench_jobs:noop")
         try:
-            drain_rate(q, n)
+            backlog_rate(q, n)
         finally:
             stop(w)  # its registration goes with it
         assert q.counts()[JobState.COMPLETED] == n

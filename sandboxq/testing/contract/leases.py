@@ -95,11 +95,11 @@ class LeaseContract:
         assert len(backend.claim("w0", 3, 5.0)) == 3
         got: dict[str, list[str]] = {f"w{i}": [] for i in range(1, 5)}
 
-        def drain(worker_id: str) -> None:
+        def claim_all(worker_id: str) -> None:
             while batch := backend.claim(worker_id, 2, 5.0):
                 got[worker_id].extend(c.id for c in batch)
 
-        threads = [threading.Thread(target=drain, args=(w,)) for w in got]
+        threads = [threading.Thread(target=claim_all, args=(w,)) for w in got]
         for thread in threads:
             thread.start()
         for thread in threads:
