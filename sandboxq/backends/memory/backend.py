@@ -201,4 +201,4 @@ class MemoryBackend(Management, Reads, Waits, Backend):
             return [dict(self._workers[w][0]) for w in sorted(self._workers)]
 
     def close(self) -> None:
-        """Nothing to release; the jobs stay, since a shared instance outlives any one user."""
+        """Nothing to close; the jobs stay, since a shared instance outlives any one user."""
