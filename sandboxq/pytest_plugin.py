@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -31,6 +31,7 @@ import pytest
 if TYPE_CHECKING:
     from sandboxq.client import Queue
     from sandboxq.testing.cases import HandlerCase
+    from sandboxq.testing.workers import StartWorker
     from sandboxq.worker import SandboxWorker
 
 #: Names an existing Redis to use instead of starting one (like --sandboxq-redis-url).
@@ -38,8 +39,6 @@ URL_ENV = "SANDBOXQ_TEST_REDIS_URL"
 #: How long processes a test started may take to die after its teardown (ini option
 #: sandboxq_orphan_grace_s).
 ORPHAN_GRACE_S = 5.0
-
-StartWorker = Callable[..., "SandboxWorker"]
 
 _SNAPSHOT = pytest.StashKey[dict[int, str]]()
 _HANDLER_FIXTURES = {

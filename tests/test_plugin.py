@@ -6,7 +6,6 @@ orphan check, a missing redis-server, the options and environment variable."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -17,12 +16,11 @@ from sandboxq.client import Job, Queue
 from sandboxq.models import JobState, Outcome
 from sandboxq.testing.cases import CASES, HandlerCase
 from sandboxq.testing.redis_server import free_port
-from sandboxq.worker import SandboxWorker
+from sandboxq.testing.workers import StartWorker
 
 pytest_plugins = ["pytester"]
 
 H = "sandboxq.testing.handlers:"
-StartWorker = Callable[..., SandboxWorker]
 
 
 # -- the fixtures, used directly ------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,13 +10,10 @@ import pytest
 from sandboxq import ConfigError, JobFailed, ProcessorError, Queue, SerializationError
 from sandboxq.models import JobState, Outcome
 from sandboxq.testing.waiting import wait_for
-from sandboxq.testing.workers import BackgroundWorkers, child_pid
+from sandboxq.testing.workers import BackgroundWorkers, StartWorker, child_pid
 from sandboxq.worker import SandboxWorker
 
 H = "sandboxq.testing.handlers:"
-
-
-StartWorker = Callable[..., SandboxWorker]
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -33,6 +33,10 @@ from sandboxq.errors import SandboxqError
 from sandboxq.worker import SandboxWorker
 
 #: Defaults suited to a test on a small machine; any of them can be overridden.
+#: What the ``start_worker`` fixtures give a test: build and start a worker from a
+#: processor path and settings.
+StartWorker = Callable[..., SandboxWorker]
+
 TEST_DEFAULTS: dict[str, Any] = {"concurrency": 2, "lease_s": 10.0, "stop_timeout_s": 5.0}
 
 #: The ``sandboxq`` command line, run by this interpreter.

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from sandboxq.testing.workers import BackgroundWorkers
+from sandboxq.testing.workers import BackgroundWorkers, StartWorker
 from sandboxq.worker import SandboxWorker
 
-from .support import H, StartWorker
+from .support import H
 
 
 @pytest.fixture

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from hypothesis import HealthCheck, settings
-
-from sandboxq.worker import SandboxWorker
 
 H = "sandboxq.testing.handlers:"
 
@@ -18,5 +14,3 @@ SHARED_ACROSS_EXAMPLES = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-StartWorker = Callable[..., SandboxWorker]

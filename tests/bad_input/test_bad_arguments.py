@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from sandboxq import JobFailed, Queue, SerializationError
 from sandboxq.models import JobState
 from sandboxq.testing.handlers import echo
+from sandboxq.testing.workers import StartWorker
 
-from .support import SHARED_ACROSS_EXAMPLES, StartWorker
+from .support import SHARED_ACROSS_EXAMPLES
 
 pytestmark = pytest.mark.timeout(120)
 

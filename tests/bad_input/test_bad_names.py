@@ -17,8 +17,9 @@ from redis.crc import key_slot
 
 from sandboxq import ConfigError, Queue, SandboxqError
 from sandboxq.models import JobState
+from sandboxq.testing.workers import StartWorker
 
-from .support import SHARED_ACROSS_EXAMPLES, StartWorker
+from .support import SHARED_ACROSS_EXAMPLES
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from sandboxq import ConfigError, Pool, Queue
 from sandboxq.models import JobOptions
+from sandboxq.testing.workers import StartWorker
 from sandboxq.worker import SandboxWorker
 
-from .support import SHARED_ACROSS_EXAMPLES, H, StartWorker
+from .support import SHARED_ACROSS_EXAMPLES, H
 
 pytestmark = pytest.mark.timeout(120)
 
