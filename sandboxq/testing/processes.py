@@ -50,15 +50,23 @@ def descendants() -> dict[int, str]:
     return found
 
 
-def survivors(before: dict[int, str] | set[int], grace_s: float = 5.0) -> dict[int, str]:
-    """Descendants that were not in ``before`` and are still alive after ``grace_s``.
+def survivors(
+    before: dict[int, str] | set[int], grace_s: float = 5.0, ignoring: Iterable[str] = ()
+) -> dict[int, str]:
+    """Descendants that were not in ``before`` and are still alive after ``grace_s``,
+    except those whose command line contains one of ``ignoring``.
 
     The grace covers processes already being killed or reaped when the test ended; it is
     only spent when something is still there, so a clean test pays nothing.
     """
+    ignoring = tuple(ignoring)
     deadline = time.monotonic() + grace_s
     while True:
-        left = {pid: cmd for pid, cmd in descendants().items() if pid not in before}
+        left = {
+            pid: cmd
+            for pid, cmd in descendants().items()
+            if pid not in before and not any(name in cmd for name in ignoring)
+        }
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)

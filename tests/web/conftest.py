@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,12 +17,5 @@ def no_leaked_processes() -> Iterator[None]:
     before = processes.descendants()
     yield
     gc.collect()
-
-    def leaked() -> dict[int, str]:
-        now = processes.descendants().items()
-        return {pid: cmd for pid, cmd in now if pid not in before and "chrom" not in cmd}
-
-    deadline = time.monotonic() + 3.0
-    while (left := leaked()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    left = processes.survivors(before, grace_s=3.0, ignoring=("chrom",))
     assert not left, "processes outlived the test:\n" + processes.describe(left)
