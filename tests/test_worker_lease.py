@@ -112,8 +112,8 @@ def test_a_cancel_then_retry_never_runs_beside_the_cancelled_attempt(
     queue = Queue(queue_name)
     job = queue.enqueue(str(log), str(gate))
     [(old_pid, _)] = wait_for(lambda: starts(log), 20, "the first execution")
-    with backend._cond:
-        backend._watchers.clear()  # the cancel message is lost
+    with backend._store.cond:
+        backend._store.watchers.clear()  # the cancel message is lost
     assert job.cancel() and queue.backend.retry_failed(job.id)
     # Whenever the job is claimed again, the cancelled child must already be dead.
     wait_for(lambda: job.state() is JobState.ACTIVE, 20, "the job to be claimed again")
