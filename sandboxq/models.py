@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
 from sandboxq.errors import ConfigError
 
@@ -135,22 +136,54 @@ def check_timeouts(soft_timeout_s: float | None, hard_timeout_s: float | None) -
         )
 
 
+def setting_field(default: Any, description: str, *, none: str | None = None, **bounds: Any) -> Any:
+    """A setting's field: its default, bounds and one-line help; ``none`` says what None
+    means where None is allowed (shown as the default in the CLI help and the README)."""
+    extra: JsonDict | None = {"none": none} if none is not None else None
+    return Field(default, description=description, json_schema_extra=extra, **bounds)
+
+
 class JobOptions(_Frozen):
     """Per-job options; ``None`` means "use the worker's default"."""
 
-    job_id: str | None = Field(default=None, min_length=1, max_length=MAX_JOB_ID)
-    soft_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
-    hard_timeout_s: Annotated[float | None, NUMBER_ONLY] = None
-    retries: Annotated[int | None, NUMBER_ONLY] = Field(default=None, ge=0, le=1000)
-    backoff_s: Annotated[float, NUMBER_ONLY] = Field(
-        default=1.0, ge=0, le=7 * 24 * 3600, allow_inf_nan=False
+    job_id: str | None = setting_field(
+        None,
+        "a unique id: a job with this id is not added twice",
+        none="a new one",
+        min_length=1,
+        max_length=MAX_JOB_ID,
     )
-    priority: Annotated[int, NUMBER_ONLY] = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
-    delay_s: Annotated[float, NUMBER_ONLY] = Field(
-        default=0.0, ge=0, le=365 * 24 * 3600, allow_inf_nan=False
+    soft_timeout_s: Annotated[float | None, NUMBER_ONLY] = setting_field(
+        None, "this job's soft timeout", none="the worker's"
     )
-    max_memory_mb: Annotated[float | None, NUMBER_ONLY] = None
-    max_stalls: Annotated[int, NUMBER_ONLY] = Field(default=1, ge=0, le=1000)
+    hard_timeout_s: Annotated[float | None, NUMBER_ONLY] = setting_field(
+        None, "this job's hard timeout", none="the worker's"
+    )
+    retries: Annotated[int | None, NUMBER_ONLY] = setting_field(
+        None, "retries after a failed attempt", none="the worker's", ge=0, le=1000
+    )
+    backoff_s: Annotated[float, NUMBER_ONLY] = setting_field(
+        1.0,
+        "the first retry's delay, doubled for each one after it",
+        ge=0,
+        le=7 * 24 * 3600,
+        allow_inf_nan=False,
+    )
+    priority: Annotated[int, NUMBER_ONLY] = setting_field(
+        0,
+        f"higher runs first ({-MAX_PRIORITY}..{MAX_PRIORITY})",
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+    )
+    delay_s: Annotated[float, NUMBER_ONLY] = setting_field(
+        0.0, "run no sooner than this from now", ge=0, le=365 * 24 * 3600, allow_inf_nan=False
+    )
+    max_memory_mb: Annotated[float | None, NUMBER_ONLY] = setting_field(
+        None, "this job's memory limit", none="the worker's"
+    )
+    max_stalls: Annotated[int, NUMBER_ONLY] = setting_field(
+        1, "stalls (expired leases) before the job fails", ge=0, le=1000
+    )
 
     @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
     @classmethod

@@ -42,11 +42,10 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from pydantic.config import JsonDict
 
 from sandboxq.codec import DEFAULT_MAX_BYTES
 from sandboxq.errors import ConfigError
-from sandboxq.models import NUMBER_ONLY, Action, check_timeouts
+from sandboxq.models import NUMBER_ONLY, Action, check_timeouts, setting_field
 
 StartMethod = Literal["forkserver", "spawn"]
 #: How children are contained (README "Containment"): control groups where the machine
@@ -198,13 +197,6 @@ class _Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def _setting(default: Any, description: str, *, none: str | None = None, **bounds: Any) -> Any:
-    """A setting's field: its default, bounds and one-line help; ``none`` says what None
-    means where None is allowed (shown as the default in the CLI help and the README)."""
-    extra: JsonDict | None = {"none": none} if none is not None else None
-    return Field(default, description=description, json_schema_extra=extra, **bounds)
-
-
 def _positive_finite(value: float | None) -> float | None:
     if value is not None and (not math.isfinite(value) or value <= 0):
         raise ValueError(f"must be a positive, finite number, got {value!r}")
@@ -237,39 +229,39 @@ Children = Annotated[int, NUMBER_ONLY, ONE_PER_CPU, Field(ge=1, le=1024)]
 class ContainmentSettings(_Settings):
     """What the pool and the worker share about containing a child (README "Containment")."""
 
-    containment: ContainmentSetting = _setting(
+    containment: ContainmentSetting = setting_field(
         "auto",
         "control groups where writable, else process_tree (auto); groups or an error "
         "(cgroup); never groups (process_tree)",
     )
-    max_processes: CountOrNone = _setting(
+    max_processes: CountOrNone = setting_field(
         DEFAULT_MAX_PROCESSES,
         "pids limit of a child's control group, threads included (cgroup modes only)",
         none="no limit",
         ge=1,
         le=4_194_304,
     )
-    cpu_time_s: Limit = _setting(
+    cpu_time_s: Limit = setting_field(
         None,
         "CPU time per attempt (RLIMIT_CPU, whole seconds rounded up): outcome cpu_limit",
         none="no limit",
         le=MAX_INTERVAL_S,
     )
-    max_open_files: CountOrNone = _setting(
+    max_open_files: CountOrNone = setting_field(
         None, "RLIMIT_NOFILE of a child", none="inherited", ge=16, le=2**20
     )
-    max_file_size_mb: Limit = _setting(
+    max_file_size_mb: Limit = setting_field(
         None, "RLIMIT_FSIZE of a child: a larger write fails (EFBIG)", none="no limit"
     )
     # RLIMIT_AS: address space is not memory; OpenBLAS reserves a buffer of it per thread
-    max_address_space_mb: Limit = _setting(
+    max_address_space_mb: Limit = setting_field(
         None, "RLIMIT_AS of a child; opt-in only: it breaks numpy/OpenBLAS", none="no limit"
     )
-    core_dumps: Switch = _setting(False, "let children write core files (for debugging)")
-    keep_strays: Switch = _setting(
+    core_dumps: Switch = setting_field(False, "let children write core files (for debugging)")
+    keep_strays: Switch = setting_field(
         False, "let processes an attempt started outlive it (they end with their child)"
     )
-    max_child_growth_mb: Limit = _setting(
+    max_child_growth_mb: Limit = setting_field(
         None,
         "replace a child whose resident memory grew by more than this since it started",
         none="never",
@@ -280,25 +272,25 @@ class ChildSettings(ContainmentSettings):
     """What the pool and the worker share: the processor, how its children start, and an
     attempt's limits (a job's own options win over these in the worker)."""
 
-    processor: str = _setting(..., "the handler, as package.module:function", min_length=3)
-    soft_timeout_s: Limit = _setting(
+    processor: str = setting_field(..., "the handler, as package.module:function", min_length=3)
+    soft_timeout_s: Limit = setting_field(
         None, "an attempt's soft timeout: SoftTimeout raised in the handler", none="none"
     )
-    hard_timeout_s: Limit = _setting(
+    hard_timeout_s: Limit = setting_field(
         None, "an attempt's hard timeout: the child's process tree killed", none="none"
     )
-    max_memory_mb: Limit = _setting(
+    max_memory_mb: Limit = setting_field(
         None,
         "the most an attempt's process tree may grow: outcome memory_limit",
         none="no limit",
     )
-    max_jobs_per_child: CountOrNone = _setting(
+    max_jobs_per_child: CountOrNone = setting_field(
         None, "replace a child after this many attempts", none="never", ge=1
     )
-    start_method: StartMethod = _setting(
+    start_method: StartMethod = setting_field(
         "forkserver", "how children start: forkserver (the processor preloaded) or spawn"
     )
-    import_timeout_s: Annotated[float | None, NUMBER_ONLY] = _setting(
+    import_timeout_s: Annotated[float | None, NUMBER_ONLY] = setting_field(
         None,
         "how long importing the processor may take",
         none="$SANDBOXQ_IMPORT_TIMEOUT_S, else 60",
@@ -321,13 +313,13 @@ class ChildSettings(ContainmentSettings):
 class PoolSettings(ChildSettings):
     """``Pool``'s keywords: the shared settings and what only a bare pool has."""
 
-    size: Children = _setting(
+    size: Children = setting_field(
         None, "children running attempts at once", none="one per CPU", validate_default=True
     )
-    max_result_bytes: Count = _setting(
+    max_result_bytes: Count = setting_field(
         DEFAULT_MAX_BYTES, "the largest result a child may send back", ge=1
     )
-    memory_check_interval_s: Number = _setting(
+    memory_check_interval_s: Number = setting_field(
         0.05, "how often a child's tree memory is sampled (process_tree mode)", gt=0, le=60
     )
 
@@ -336,57 +328,59 @@ class WorkerSettings(ChildSettings):
     """``SandboxWorker``'s keywords, ``sandboxq worker``'s flags and ``SANDBOXQ_*``
     variables: the shared settings and what only a worker has."""
 
-    queue: str = _setting(..., "the queue to work on", min_length=1)
-    url: str | None = _setting(None, "the backend's URL", none="$SANDBOXQ_URL, else memory://")
-    concurrency: Children = _setting(
+    queue: str = setting_field(..., "the queue to work on", min_length=1)
+    url: str | None = setting_field(None, "the backend's URL", none="$SANDBOXQ_URL, else memory://")
+    concurrency: Children = setting_field(
         None, "children running jobs at once", none="one per CPU", validate_default=True
     )
-    lease_s: Number = _setting(
+    lease_s: Number = setting_field(
         30.0,
         "how long a claim holds a job unless renewed (then it is recovered elsewhere)",
         ge=0.3,
         le=24 * 3600,
         allow_inf_nan=False,
     )
-    renew_interval_s: Limit = _setting(
+    renew_interval_s: Limit = setting_field(
         None, "how often held leases are renewed", none="lease_s / 3", ge=0.01
     )
-    stall_check_s: Limit = _setting(
+    stall_check_s: Limit = setting_field(
         None,
         "how often expired leases (of any worker) are looked for and recovered",
         none="min(lease_s / 2, 5)",
         ge=0.01,
         le=MAX_INTERVAL_S,
     )
-    retries: Count = _setting(0, "retries after a failed attempt", ge=0, le=1000)
-    exit_codes: Annotated[dict[ExitCode, Action], NONE_IS_EMPTY] = _setting(
+    retries: Count = setting_field(0, "retries after a failed attempt", ge=0, le=1000)
+    exit_codes: Annotated[dict[ExitCode, Action], NONE_IS_EMPTY] = setting_field(
         None,
         "map a handler's exit code to complete, retry or fail",
         none="unknown codes fail",
         validate_default=True,
     )
-    prefetch: CountOrNone = _setting(
+    prefetch: CountOrNone = setting_field(
         None, "jobs claimed beyond the children", none="adaptive", ge=0, le=1000
     )
-    stop_timeout_s: Number = _setting(
+    stop_timeout_s: Number = setting_field(
         30.0,
         "how long a drain (SIGTERM, Ctrl-C) lets running jobs finish before they are killed",
         ge=0,
         allow_inf_nan=False,
     )
-    allow_pickle: Switch = _setting(
+    allow_pickle: Switch = setting_field(
         False, "accept pickle payloads (only if every writer to the queue is trusted)"
     )
     # Prometheus metrics (sandboxq/metrics.py). Loopback unless a host says otherwise: no
     # port opened on every interface.
-    metrics_port: CountOrNone = _setting(
+    metrics_port: CountOrNone = setting_field(
         None,
         "serve Prometheus metrics on this port (0: a free one, logged)",
         none="off",
         ge=0,
         le=65535,
     )
-    metrics_host: str = _setting("127.0.0.1", "the address metrics are served on", min_length=1)
+    metrics_host: str = setting_field(
+        "127.0.0.1", "the address metrics are served on", min_length=1
+    )
 
     @model_validator(mode="after")
     def _renew_within_lease(self) -> WorkerSettings:

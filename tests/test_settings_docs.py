@@ -1,7 +1,8 @@
 """Each setting is stated once, as a field of its settings model; everything that names a
 setting again is held equal to the field here: the keywords of ``Pool`` and
-``SandboxWorker``, the README's tables and variables, and the flags of ``sandboxq worker``
-and ``sandboxq run``. A setting added in one place and not the others fails here.
+``SandboxWorker``, the README's tables and variables, and the flags of ``sandboxq worker``,
+``sandboxq run`` and ``sandboxq enqueue``. A setting added in one place and not the others
+fails here.
 """
 
 from __future__ import annotations
@@ -104,12 +105,14 @@ def _flags(verb: str) -> set[str]:
     return {option for a in sub._actions for option in a.option_strings} - {"-h", "--help"}
 
 
-def test_the_readme_shows_the_flags_of_worker_and_run() -> None:
+def test_the_readme_shows_the_flags_of_worker_run_and_enqueue() -> None:
     [row] = re.findall(r"^\| `sandboxq worker QUEUE PROCESSOR ([^`]*)`", README, re.M)
     # --url: every verb that reaches Redis takes it, as the README says above the table
     assert set(re.findall(r"--[a-z-]+", row)) == _flags("worker") - {"--url"}
     [usage] = re.findall(r"^sandboxq run PROCESSOR INPUT.jsonl (.*?)```", README, re.M | re.S)
     assert set(re.findall(r"--[a-z-]+", usage)) <= _flags("run")
+    [row] = re.findall(r"^\| `sandboxq enqueue QUEUE ([^`]*)`", README, re.M)
+    assert set(re.findall(r"--[a-z-]+", row)) == _flags("enqueue") - {"--url", "--json"}
 
 
 def test_a_flag_wins_over_its_variable_which_wins_over_the_default(

@@ -19,13 +19,17 @@ from sandboxq.cli.options import (
     Exit,
     add_allow_pickle,
     add_json,
+    add_setting_flags,
     add_url,
     open_queue,
     parse_json,
+    setting_flags,
 )
 from sandboxq.errors import JobFailed
+from sandboxq.models import JobOptions
 
-#: The flags that become JobOptions (the rest take the queue's defaults).
+#: The JobOptions that have a flag, made from the model's fields (the rest take the
+#: queue's defaults).
 JOB_OPTIONS = ("job_id", "soft_timeout_s", "hard_timeout_s", "retries", "priority", "delay_s")
 
 
@@ -38,12 +42,7 @@ def add_parser(verbs: Any) -> None:
     e.add_argument("queue")
     e.add_argument("--args", metavar="JSON", help="positional arguments, a JSON array")
     e.add_argument("--kwargs", metavar="JSON", help="keyword arguments, a JSON object")
-    e.add_argument("--job-id", help="a unique id: a job with this id is not added twice")
-    e.add_argument("--soft-timeout-s", type=float, help="overrides the worker's")
-    e.add_argument("--hard-timeout-s", type=float, help="overrides the worker's")
-    e.add_argument("--retries", type=int, help="overrides the worker's")
-    e.add_argument("--priority", type=int, help="higher runs first (-1000..1000, default 0)")
-    e.add_argument("--delay-s", type=float, help="run no sooner than this from now")
+    add_setting_flags(e, JobOptions, JOB_OPTIONS)
     add_url(e)
     e.add_argument("--wait", action="store_true", help="wait for the job and print its result")
     e.add_argument("--timeout-s", type=float, help="with --wait: give up after this long")
@@ -55,7 +54,7 @@ def add_parser(verbs: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     call_args = parse_json("--args", args.args, list, '[1, "two"]')
     call_kwargs = parse_json("--kwargs", args.kwargs, dict, '{"size": 256}')
-    options = {name: value for name in JOB_OPTIONS if (value := getattr(args, name)) is not None}
+    options = {k: v for k, v in setting_flags(args, JOB_OPTIONS).items() if v is not None}
     with open_queue(args) as queue:
         target = queue.options(**options) if options else queue
         job = target.enqueue(*call_args, **call_kwargs)
