@@ -127,7 +127,8 @@ class WorkerFailed(SandboxqError):
 
 
 class PoolBroken(SandboxqError):
-    """Children die before they are ready, again and again: the pool cannot serve."""
+    """The pool cannot serve: children die before they are ready, again and again, its fork
+    server keeps dying, or its supervisor thread crashed."""
 
 
 class BackendError(SandboxqError):

@@ -11,7 +11,7 @@ once by a retry, or its own stall recovery after a freeze), and that outcome mus
 its own lease or none, never the new one.
 
 Slots are reserved under the lock *before* a claim goes out, so the fetcher and the main
-thread never hold more than ``capacity()`` jobs between them, whichever claims first.
+thread never hold more than ``_capacity()`` jobs between them, whichever claims first.
 """
 
 from __future__ import annotations

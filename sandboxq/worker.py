@@ -151,9 +151,9 @@ class SandboxWorker:
         self.metrics_address: tuple[str, int] | None = None
 
     def run(self, burst: bool = False) -> None:
-        """Work until stopped; with ``burst``, return once no job is waiting or delayed and
-        nothing is in flight. Raises ``BackendError`` at once if the backend cannot be
-        reached when it starts."""
+        """Work until stopped; with ``burst``, return once nothing is held here and no job
+        of the queue is waiting, delayed or active. Raises ``BackendError`` at once if the
+        backend cannot be reached when it starts."""
         s = self.settings
         # An unreachable backend fails the start before any child exists, and nothing
         # that failed to start is left running.

@@ -1,8 +1,9 @@
 """The Backend protocol: where jobs live, and the contract every backend keeps.
 
 One backend instance serves one queue. Every method is synchronous and thread-safe: the
-worker calls ``renew`` from its heartbeat thread while its claim loop calls ``claim`` and
-``finish``. The contract suite in ``sandboxq.testing.contract`` runs against every backend.
+worker calls ``renew`` from its heartbeat thread while its fetcher thread calls ``claim``
+and its main thread ``finish``. The contract suite in ``sandboxq.testing.contract`` runs
+against every backend.
 
 Job lifecycle (states are ``JobState`` values):
 
@@ -71,7 +72,7 @@ class Claimed:
 class Event:
     id: str  # position in the stream, usable as ``since``
     kind: str  # added, active, progress, completed, failed, retried, requeued, released,
-    # stalled, cancelled
+    # stalled, cancelled, unfenced
     job_id: str
     data: dict[str, str] = field(default_factory=dict)
 

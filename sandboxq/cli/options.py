@@ -165,7 +165,8 @@ def flag_help(name: str, field: FieldInfo, repeatable: bool = False) -> str:
 
 def own_first(model: type[BaseModel]) -> tuple[str, ...]:
     """``model``'s settings, those it declares first, then each base's, nearest first: the
-    settings particular to a worker lead its ``--help`` and the README's table."""
+    settings particular to a worker lead its ``--help`` (the README's table is ordered
+    by settings_table.py's own ``LAYERS``)."""
     declared = (vars(cls).get("__annotations__", {}) for cls in model.__mro__)
     return tuple(dict.fromkeys(n for names in declared for n in names if n in model.model_fields))
 

@@ -3,7 +3,7 @@
     create_app(url) ──► a Starlette app: standalone (``sandboxq dashboard``) or mounted in
                         a FastAPI / Starlette service (``app.mount("/admin/queues", ...)``)
 
-    app.py    routes, the app's state, actions      views.py  the pages' HTML
+    app.py    routes, actions, security headers     views.py  the pages' HTML
     hub.py    one events reader, SSE fan-out         html.py   escaping, links, layout
     state.py  backends, the queues shown, the hub     auth.py   token, cookie, CSRF, Origin
     static/   app.js and style.css (no CDN)

@@ -30,7 +30,7 @@ class Lane:
 
     A connection that sat idle is checked before use: if the server closed it (a restart),
     it is reconnected *before* anything is sent. A failure after sending is never retried
-    here, because the script may have run: the caller decides (see the worker's ``_finish``).
+    here, because the script may have run: the caller decides (see ``Dispatcher._finish``).
     """
 
     def __init__(self, client: redis.Redis) -> None:

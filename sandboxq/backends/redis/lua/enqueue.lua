@@ -5,7 +5,7 @@
 --       Each job is a big-endian header  >I2 id length, I4 payload length, I2 codec length,
 --       I4 opts length, i2 priority (within +-MAX_PRIORITY), i8 delay ms (rules.ms; 0:
 --       waiting now), I2 max_stalls  followed by the id, payload, codec and opts bytes
---       (records.py: ENQUEUE_HEADER and frame_job write the layout; rules.job_options has
+--       (enqueue.py: ENQUEUE_HEADER and frame_job write the layout; rules.job_options has
 --       checked the options and priority).
 -- Returns: one integer per job, in order: 1 created, 0 the id already existed.
 -- Upholds: ids are unique while retained (a duplicate never overwrites a live job, and
