@@ -316,7 +316,7 @@ def test_events_parse_and_block(backend: RedisBackend) -> None:
 
 def test_an_idle_claim_gets_a_new_job_within_milliseconds(make_backend: MakeBackend) -> None:
     worker, producer = make_backend(), make_backend()
-    assert worker.claim("w1", 1, lease_s=30) == []  # clears any wake token
+    assert worker.claim("w1", 1, lease_s=30) == []  # clears any wake entry
     enqueued_at: list[float] = []
 
     def produce() -> None:
@@ -334,7 +334,7 @@ def test_an_idle_claim_gets_a_new_job_within_milliseconds(make_backend: MakeBack
 
 
 def test_idle_wait_blocks_instead_of_spinning(backend: RedisBackend) -> None:
-    # a busy period leaves wake tokens behind; once the queue drains they must not make
+    # a busy period leaves wake entries behind; once the queue is empty they must not make
     # idle workers spin
     backend.enqueue([job() for _ in range(50)])
     [current] = backend.claim("w1", 1, lease_s=30)
@@ -351,7 +351,7 @@ def test_idle_wait_blocks_instead_of_spinning(backend: RedisBackend) -> None:
 
 def test_an_idle_claim_takes_a_delayed_job_when_it_falls_due(backend: RedisBackend) -> None:
     backend.enqueue([job("a", delay_s=0.3)])
-    backend.claim("w1", 1, lease_s=30, wait_s=0.01)  # consumes the enqueue's wake token
+    backend.claim("w1", 1, lease_s=30, wait_s=0.01)  # consumes the enqueue's wake entry
     started = time.monotonic()
     claimed = backend.claim("w1", 1, lease_s=30, wait_s=5)
     assert 0.15 < time.monotonic() - started < 1.0

@@ -10,7 +10,7 @@ any of them atomically.
     sq:{q}:completed|failed|cancelled  ZSET  finished ms (retention and listing)
     sq:{q}:seq                 STRING sequence counter for FIFO order
     sq:{q}:events              STREAM job events, capped (MAXLEN ~)
-    sq:{q}:wake                LIST   one token per claimable job; idle workers BLPOP it
+    sq:{q}:wake                LIST   one entry per claimable job; idle workers BLPOP it
     sq:{q}:workers             SET    ids of registered workers
     sq:{q}:worker:<id>         STRING a worker's JSON description, with a TTL
     sq:{q}:cancel              pub/sub channel: "<lease token> <job id>" per cancel

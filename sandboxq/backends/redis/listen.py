@@ -35,7 +35,7 @@ WATCH_TICK_S = 0.1  # how often the cancellation thread checks whether it should
 
 
 def wait_for_wake(conns: Connections, keys: QueueKeys, timeout_s: float) -> None:
-    """BLPOP one wake token, for at most ``timeout_s``.
+    """BLPOP one wake entry, for at most ``timeout_s``.
 
     The claim that follows is a separate round trip on purpose: pipelined behind the BLPOP
     it would run on the server the moment a token arrives even if this process were frozen

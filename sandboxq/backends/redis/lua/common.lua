@@ -11,7 +11,7 @@
 --   3 delayed ZSET    score = due ms (server clock)
 --   4 active ZSET     score = lease expiry ms (server clock)
 --   5 completed ZSET  6 failed ZSET  7 cancelled ZSET    score = finished ms
---   8 seq counter     9 events STREAM    10 wake LIST (one token per claimable job)
+--   8 seq counter     9 events STREAM    10 wake LIST (one entry per claimable job)
 --  11 history prefix  sq:{q}:history:  (attempt records LIST = prefix..id; an id may hold
 --                     ':', so no key built from an id may extend another one: keys.py)
 -- ARGV 1-4, the same for every script: max events kept in the stream, jobs kept in the
@@ -32,7 +32,7 @@ local RETAIN_MS = tonumber(ARGV[4])
 -- 2^40: with |priority| <= MAX_PRIORITY (< 2^10) and seq < 2^40, every score is below
 -- 2^53 and so exact as a double
 local PRIORITY_SPAN = 1099511627776
-local WAKE_CAP = 1000 -- more tokens than this would only wake workers with nothing to do
+local WAKE_CAP = 1000 -- more entries than this would only wake workers with nothing to do
 
 -- Integers go to Redis as '%d' strings: Lua's own number formatting would turn a
 -- millisecond timestamp or a packed score into an exponent form and lose digits.
@@ -83,9 +83,9 @@ end
 local function wake(n)
   if n <= 0 then return end
   n = math.min(n, WAKE_CAP)
-  local tokens = {}
-  for i = 1, n do tokens[i] = '1' end
-  if redis.call('LPUSH', WAKE, unpack(tokens)) > WAKE_CAP then
+  local entries = {}
+  for i = 1, n do entries[i] = '1' end
+  if redis.call('LPUSH', WAKE, unpack(entries)) > WAKE_CAP then
     redis.call('LTRIM', WAKE, 0, WAKE_CAP - 1)
   end
 end
@@ -244,8 +244,8 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
       out[i + 7] = int(math.max(0, now - (tonumber(f[6]) or tonumber(f[7]) or now)))
     end
   end
-  -- Nothing left to claim: drop stale wake tokens so idle workers block instead of
-  -- waking once per token. With delayed jobs pending, keep a few: a worker that read
+  -- Nothing left to claim: drop stale wake entries so idle workers block instead of
+  -- waking once per entry. With delayed jobs pending, keep a few: a worker that read
   -- the next due time just before a new delayed job arrived must still wake to re-read.
   if redis.call('ZCARD', WAITING) == 0 then
     if redis.call('ZCARD', DELAYED) == 0 then

@@ -11,7 +11,7 @@
 -- Upholds: ids are unique while retained (a duplicate never overwrites a live job, and
 -- changes nothing but using up a sequence number); due times come from the server clock
 -- (design invariant 2), ready_ms is when the job becomes claimable (now, or its due time); every
--- new job, waiting or delayed, pushes a wake token so an idle worker notices it within
+-- new job, waiting or delayed, pushes a wake entry so an idle worker notices it within
 -- milliseconds without polling (a delayed one re-reads the next due time).
 
 local now = now_ms()
