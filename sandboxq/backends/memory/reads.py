@@ -8,7 +8,6 @@ clipping and cursor rule (a page starts right after the last job of the page bef
 
 from __future__ import annotations
 
-import itertools
 import json
 
 from sandboxq.backends import rules
@@ -66,10 +65,10 @@ class Reads:
     def list_jobs(self, state: JobState, limit: int = 100) -> list[str]:
         state = JobState(state)
         with self._store.cond:
-            if state.finished:  # kept in order: newest first without sorting
-                ids = reversed(self._store.by_state[state])
-                return list(itertools.islice(ids, max(0, limit)))
-            return [job.id for job in self._store.ordered(state)[: max(0, limit)]]
+            ordered = self._store.ordered(state)
+            if state.finished:  # newest first
+                ordered.reverse()
+            return [job.id for job in ordered[: max(0, limit)]]
 
     # -- reads for the dashboard -------------------------------------------------------------
 

@@ -94,9 +94,12 @@ class Store:
         self.retain_ms = rules.ms(retention.retain_s)
         self.cond = threading.Condition()
         self.jobs: dict[str, Job] = {}
-        # Ids per state. Finished states are kept in (finished_ms, id) order: oldest first
-        # is what retention trims, and what list_jobs reverses for "newest first".
+        # Ids per state, and for each finished state a heap of (finished_ms, id): retention
+        # trims the oldest first. Keeping the ids themselves in that order cost a no-op
+        # worker about a sixth of its throughput (jobs finishing in the same millisecond
+        # stepped aside for each other); readers sort instead, far less often.
         self.by_state: dict[JobState, dict[str, None]] = {state: {} for state in JobState}
+        self.finished: dict[JobState, list[tuple[int, str]]] = {state: [] for state in FINISHED}
         self.waiting: list[tuple[int, int, str]] = []
         self.delayed: list[tuple[int, str, int]] = []
         self._seq = itertools.count(1)
@@ -123,8 +126,9 @@ class Store:
         job.state = state
         if state is not ACTIVE:
             job.owner = job.token = None
-        job.finished_ms = now if state.finished else None
-        if state.finished:
+        finished = state in FINISHED
+        job.finished_ms = now if finished else None
+        if finished:
             self._enter_finished(job)
             self.trim(state, now)
             return
@@ -137,15 +141,24 @@ class Store:
             heapq.heappush(self.delayed, (job.due_ms, job.id, job.seq))
 
     def _enter_finished(self, job: Job) -> None:
-        # Nearly always the newest: only jobs of the same millisecond with a greater id
-        # (or a clock stepped back) step aside, so the set stays in (finished_ms, id) order.
-        ids, key, after = self.by_state[job.state], job.order(), []
-        while ids and self.jobs[last := next(reversed(ids))].order() > key:
-            ids.popitem()
-            after.append(last)
+        ids, heap = self.by_state[job.state], self.finished[job.state]
         ids[job.id] = None
-        for job_id in reversed(after):
-            ids[job_id] = None
+        heapq.heappush(heap, (job.finished_ms or 0, job.id))
+        if len(heap) > 2 * len(ids) + 64:  # entries of jobs that left (retried, purged)
+            heap[:] = [(self.jobs[i].finished_ms or 0, i) for i in ids]
+            heapq.heapify(heap)
+
+    def _oldest(self, state: JobState) -> Job | None:
+        """The oldest job in a finished state, by (finished_ms, id); heap entries of jobs
+        that have left it since are dropped on the way."""
+        heap, ids = self.finished[state], self.by_state[state]
+        while heap:
+            finished_ms, job_id = heap[0]
+            job = self.jobs.get(job_id)
+            if job is not None and job_id in ids and job.finished_ms == finished_ms:
+                return job
+            heapq.heappop(heap)
+        return None
 
     def per_lease(
         self, leases: Sequence[tuple[str, str]], act: Callable[[str, str, int], bool]
@@ -172,8 +185,7 @@ class Store:
 
     def ordered(self, state: JobState) -> list[Job]:
         """The jobs in ``state``, in its order (see the module docstring)."""
-        jobs = [self.jobs[i] for i in self.by_state[state]]
-        return jobs if state.finished else sorted(jobs, key=Job.order)
+        return sorted((self.jobs[i] for i in self.by_state[state]), key=Job.order)
 
     def next_due_ms(self) -> int | None:
         while self.delayed:
@@ -252,15 +264,14 @@ class Store:
     def trim(self, state: JobState, now: int) -> None:
         """Retention of one finished state, as common.lua's ``trim_finished``: the oldest
         over the count, then those past the age, ``TRIM_BUDGET`` at most."""
-        ids = self.by_state[state]
-        budget = rules.TRIM_BUDGET
-        excess = min(budget, len(ids) - self.retain[state])
-        for job_id in list(itertools.islice(ids, max(0, excess))):
-            self.delete(job_id)
-        budget -= max(0, excess)
-        while budget > 0 and ids:
-            oldest = self.jobs[next(iter(ids))]
-            if not rules.retention_over(oldest.finished_ms or 0, now, self.retain_ms):
+        excess = max(0, min(rules.TRIM_BUDGET, len(self.by_state[state]) - self.retain[state]))
+        budget = rules.TRIM_BUDGET - excess
+        while (oldest := self._oldest(state)) is not None:
+            if excess:
+                excess -= 1
+            elif budget and rules.retention_over(oldest.finished_ms or 0, now, self.retain_ms):
+                budget -= 1
+            else:
                 break
+            heapq.heappop(self.finished[state])
             self.delete(oldest.id)
-            budget -= 1

@@ -55,6 +55,27 @@ class OrderContract:
         assert backend.list_jobs(JobState.COMPLETED) == ["c", "b"]
         assert backend.get("a") is None
 
+    def test_a_job_failed_again_after_a_retry_is_kept_by_its_new_finish(
+        self, make_backend: MakeBackend
+    ) -> None:
+        backend = make_backend(retain_failed=2)
+
+        def fail_next() -> None:
+            claimed = claim_one(backend)
+            assert finish(backend, claimed, "fail", error="boom").accepted
+            time.sleep(0.002)  # the next finish falls in a later millisecond
+
+        for job_id in ("a", "b"):
+            add(backend, job_id)
+            fail_next()
+        assert backend.retry_failed("a")
+        fail_next()  # a, again: now newer than b
+        add(backend, "c")
+        fail_next()
+        # retention drops the oldest finish, b's, never a by its first failure
+        assert backend.list_jobs(JobState.FAILED) == ["c", "a"]
+        assert backend.get("b") is None
+
     def test_expired_leases_are_recovered_earliest_expiry_first(self, backend: Backend) -> None:
         add(backend, "a")
         add(backend, "b")
