@@ -17,7 +17,7 @@ import os
 import statistics
 import sys
 import time
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +28,6 @@ import figures  # noqa: E402
 
 BURST = 200
 HARD_S = 2.0
-
-
-def _rate(submit: Any, n: int) -> float:
-    t0 = time.perf_counter()
-    futures = [submit(i) for i in range(n)]
-    wait(futures)
-    for f in futures:
-        f.result()
-    return n / (time.perf_counter() - t0)
 
 
 def _cpu_s(pids: list[int]) -> float:
@@ -63,11 +54,11 @@ def bench_throughput(quick: bool = False) -> dict[str, Any]:
     for _ in range(runs):
         for setting in ("auto", "process_tree"):
             with Pool("bench_jobs:noop", size=2, containment=setting) as pool:  # type: ignore[arg-type]
-                _rate(pool.submit, 2000)
+                figures.submit_rate(pool.submit, 2000)
                 modes[setting] = pool.containment
                 children, parent0 = pool.pids, time.process_time()
                 children0 = _cpu_s(children)
-                rates.setdefault(setting, []).append(_rate(pool.submit, n))
+                rates.setdefault(setting, []).append(figures.submit_rate(pool.submit, n))
                 used = time.process_time() - parent0 + _cpu_s(children) - children0
                 cpu_us.setdefault(setting, []).append(used / n * 1e6)
     out: dict[str, Any] = {"jobs": n, "modes": modes, "figures": []}

@@ -19,7 +19,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,16 @@ def collect(data: Any) -> list[dict[str, Any]]:
         if key != "figures":
             found += collect(value)
     return found
+
+
+def submit_rate(submit: Callable[[int], Future[Any]], n: int) -> float:
+    """Jobs/s of ``n`` tasks handed to ``submit`` at once, until every result is in."""
+    t0 = time.perf_counter()
+    futures = [submit(i) for i in range(n)]
+    wait(futures)
+    for f in futures:
+        f.result()
+    return n / (time.perf_counter() - t0)
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:

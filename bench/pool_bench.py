@@ -15,7 +15,7 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -146,15 +146,6 @@ def bench_replace(quick: bool = False) -> dict[str, Any]:
     }
 
 
-def _rate(submit: Any, n: int) -> float:
-    t0 = time.perf_counter()
-    futures = [submit(i) for i in range(n)]
-    wait(futures)
-    for f in futures:
-        f.result()
-    return n / (time.perf_counter() - t0)
-
-
 def bench_throughput(quick: bool = False) -> dict[str, Any]:
     """No-op jobs, 2 children, all submitted at once; peers measured in the same run.
 
@@ -168,21 +159,25 @@ def bench_throughput(quick: bool = False) -> dict[str, Any]:
     n, runs = (5000, 2) if quick else (20000, 5)
     results: dict[str, list[float]] = {"sandboxq": [], "ProcessPoolExecutor": []}
     with Pool("bench_jobs:noop", size=2) as pool:
-        _rate(pool.submit, 2000)
+        figures.submit_rate(pool.submit, 2000)
         for _ in range(runs):
-            results["sandboxq"].append(_rate(pool.submit, n))
+            results["sandboxq"].append(figures.submit_rate(pool.submit, n))
     with ProcessPoolExecutor(2, initializer=os.setsid) as ppe:
-        _rate(lambda i: ppe.submit(noop, i), 2000)
+        figures.submit_rate(lambda i: ppe.submit(noop, i), 2000)
         for _ in range(runs):
-            results["ProcessPoolExecutor"].append(_rate(lambda i: ppe.submit(noop, i), n))
+            results["ProcessPoolExecutor"].append(
+                figures.submit_rate(lambda i: ppe.submit(noop, i), n)
+            )
     try:
         import pebble
 
         results["pebble"] = []
         with pebble.ProcessPool(max_workers=2, initializer=os.setsid) as pp:
-            _rate(lambda i: pp.schedule(noop, args=(i,)), 2000)
+            figures.submit_rate(lambda i: pp.schedule(noop, args=(i,)), 2000)
             for _ in range(runs):
-                results["pebble"].append(_rate(lambda i: pp.schedule(noop, args=(i,)), n))
+                results["pebble"].append(
+                    figures.submit_rate(lambda i: pp.schedule(noop, args=(i,)), n)
+                )
     except ImportError:
         pass
     out: dict[str, Any] = {"jobs": n, "figures": []}
