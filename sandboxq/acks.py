@@ -58,12 +58,5 @@ def ack_for(
 
 def refusal_ack(job: Claimed, cause: str, worker_id: str) -> Ack:
     """The ack that fails ``job``, which never ran: it cannot run on this worker."""
-    record = AttemptRecord(
-        attempt=job.attempt,
-        outcome=Outcome.ERROR,
-        action=Action.FAIL,
-        worker_id=worker_id,
-        error=cause,
-        started_ms=int(time.time() * 1000),
-    )
+    record = AttemptRecord.refused(job.attempt, worker_id, cause, int(time.time() * 1000))
     return Ack(job.id, job.token, "fail", record, error=cause)

@@ -217,6 +217,21 @@ class AttemptRecord(_Frozen):
     ended_ms: int | None = None
     error: str | None = None
 
+    @classmethod
+    def refused(
+        cls, attempt: int, worker_id: str, cause: str, started_ms: int | None = None
+    ) -> AttemptRecord:
+        """A job that could not run at all (a malformed record, options or codec this
+        worker cannot take): the attempt fails with ``cause``, nothing was started."""
+        return cls(
+            attempt=attempt,
+            outcome=Outcome.ERROR,
+            action=Action.FAIL,
+            worker_id=worker_id,
+            started_ms=started_ms,
+            error=cause,
+        )
+
 
 class JobInfo(_Frozen):
     """A job as a user sees it (``job.info()``)."""

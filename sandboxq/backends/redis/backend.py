@@ -35,7 +35,7 @@ from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.lane import Lane
 from sandboxq.backends.redis.reads import Reads
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
-from sandboxq.models import Action, AttemptRecord, JobState, Outcome, check_queue_name
+from sandboxq.models import AttemptRecord, JobState, check_queue_name
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +107,7 @@ class RedisBackend(Reads, Backend):
                 usable.append(job)
                 continue
             cause = rules.MALFORMED_TEXT % problem
-            record = AttemptRecord(
-                attempt=job.attempt,
-                outcome=Outcome.ERROR,
-                action=Action.FAIL,
-                worker_id=worker_id,
-                error=cause,
-            )
+            record = AttemptRecord.refused(job.attempt, worker_id, cause)
             args: list[Arg] = [
                 worker_id,
                 job.id,
