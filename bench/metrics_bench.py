@@ -36,8 +36,8 @@ from queue_bench import _remaining, backlog_rate, stop, worker  # noqa: E402
 
 from sandboxq import Queue  # noqa: E402
 from sandboxq.backends.base import Ack, Claimed  # noqa: E402
-from sandboxq.metrics import WorkerMetrics  # noqa: E402
 from sandboxq.models import AttemptRecord, Outcome  # noqa: E402
+from sandboxq.observe.metrics import WorkerMetrics  # noqa: E402
 from sandboxq.pool.attempt import AttemptResult  # noqa: E402
 from sandboxq.pool.kill import tree_rss  # noqa: E402
 from sandboxq.pool.pool import Pool  # noqa: E402

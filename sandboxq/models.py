@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import time
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -28,6 +29,12 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from sandboxq.errors import ConfigError
+
+
+def now_ms() -> int:
+    """This machine's wall clock in integer milliseconds, as timestamps are stored."""
+    return time.time_ns() // 1_000_000
+
 
 #: Priorities are packed with a sequence number into one exact float score in Redis.
 MAX_PRIORITY = 1000

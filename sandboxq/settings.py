@@ -369,7 +369,7 @@ class WorkerSettings(ChildSettings):
     allow_pickle: Switch = setting_field(
         False, "accept pickle payloads (only if every writer to the queue is trusted)"
     )
-    # Prometheus metrics (sandboxq/metrics.py). Loopback unless a host says otherwise: no
+    # Prometheus metrics (sandboxq/observe/metrics.py). Loopback unless a host says otherwise: no
     # port opened on every interface.
     metrics_port: CountOrNone = setting_field(
         None,

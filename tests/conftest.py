@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -14,6 +15,11 @@ from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.workers import BackgroundWorkers
 
 MODE, WHY = probe()
+
+# The project's own test bench (tests/support) holds processors too: every process a
+# test starts (`sandboxq worker`, a script) finds it, whatever its working directory.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
 
 
 def pytest_report_header() -> str:

@@ -363,7 +363,7 @@ class BackendsAgree(RuleBasedStateMachine):
             assert [h.outcome for h in mem.history] == job.history
         # Orders and pages agree where the two backends' clocks cannot make them differ:
         # waiting is ordered by sequence, and jobs finish in distinct milliseconds. (Ties
-        # in due time or lease expiry are the contract's: sandboxq.testing.contract.order.)
+        # in due time or lease expiry are the contract's: tests.support.contract.order.)
         for state in (JobState.WAITING, *FINISHED):
             self.both("list_jobs", state)
             pages = [backend.job_page(state, limit=2) for backend in (self.memory, self.redis)]

@@ -21,8 +21,8 @@ import pytest
 
 from sandboxq.cli import main
 from sandboxq.cli.batch import parse_line
-from sandboxq.cli.render import number_ranges
 from sandboxq.testing.waiting import wait_for
+from sandboxq.text import number_ranges
 
 H = "sandboxq.testing.handlers:"
 CLI = [sys.executable, "-m", "sandboxq"]

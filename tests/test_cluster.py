@@ -21,10 +21,10 @@ from sandboxq.backends.base import Backend
 from sandboxq.backends.redis.backend import RedisBackend
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
-from sandboxq.testing.contract import BackendContract, MakeBackend
-from sandboxq.testing.redis_cluster import LocalCluster
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers, child_pid
+from tests.support.contract import BackendContract, MakeBackend
+from tests.support.redis_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,4 @@
-"""The backend contract (``sandboxq.testing.contract``) against every backend, and what only
+"""The backend contract (``tests.support.contract``) against every backend, and what only
 the in-memory backend can show."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from sandboxq.backends.base import Backend, NewJob
 from sandboxq.backends.memory import MemoryBackend
 from sandboxq.errors import ConfigError
 from sandboxq.models import JobState
-from sandboxq.testing.contract import BackendContract, MakeBackend
+from tests.support.contract import BackendContract, MakeBackend
 
 pytestmark = pytest.mark.timeout(15)
 

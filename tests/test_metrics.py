@@ -28,12 +28,12 @@ from prometheus_client import generate_latest
 
 from sandboxq import Queue
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.exporter import EXPORTER_SERIES, QueueExporter
-from sandboxq.metrics import WORKER_SERIES, WorkerMetrics
-from sandboxq.testing.prometheus_server import PrometheusServer
+from sandboxq.observe.exporter import EXPORTER_SERIES, QueueExporter
+from sandboxq.observe.metrics import WORKER_SERIES, WorkerMetrics
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.worker import SandboxWorker
+from tests.support.prometheus_server import PrometheusServer
 
 ECHO = "sandboxq.testing.handlers:echo"
 

@@ -13,9 +13,9 @@ import redis
 from sandboxq import ConfigError, Queue
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
-from sandboxq.testing.redis_sentinel import LocalSentinel
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
+from tests.support.redis_sentinel import LocalSentinel
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,7 +1,7 @@
 """One lease, one attempt: the races of a worker's hand-overs, each forced by the test.
 
 Every race here is forced with something the test controls: a handler waiting on a file
-(``sandboxq.testing.gates``), a backend call held at a barrier (a wrapper on the real
+(``tests.support.gates``), a backend call held at a barrier (a wrapper on the real
 backend instance that waits on an ``Event`` and then calls through), a stalled TCP proxy
 in front of a real redis-server. Nothing sleeps to make a race happen.
 """
@@ -24,13 +24,13 @@ from sandboxq.backends.base import NewJob
 from sandboxq.backends.memory import MemoryBackend
 from sandboxq.errors import BackendError, SandboxqError
 from sandboxq.models import JobState, Outcome
-from sandboxq.testing.proxy import TcpProxy
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.worker import SandboxWorker
+from tests.support.proxy import TcpProxy
 
-G = "sandboxq.testing.gates:"
+G = "tests.support.gates:"
 H = "sandboxq.testing.handlers:"
 
 
@@ -272,10 +272,10 @@ def test_two_leases_of_one_job_are_held_apart(queue_name: str) -> None:
     """A worker may hold a job again while its earlier attempt is still being killed (its
     own stall recovery after a freeze): each lease keeps its own entry, the heartbeat
     renews each on its own, and the rejected old one condemns only itself."""
-    from sandboxq.heartbeat import Heartbeat
-    from sandboxq.heartbeat import Lease as HeldLease
-    from sandboxq.inflight import Held, InFlight
     from sandboxq.models import JobOptions
+    from sandboxq.worker.heartbeat import Heartbeat
+    from sandboxq.worker.heartbeat import Lease as HeldLease
+    from sandboxq.worker.inflight import Held, InFlight
 
     backend = MemoryBackend(queue_name)
     backend.enqueue([NewJob(b"[[], {}]", job_id="j")])

@@ -2,7 +2,7 @@
 
 One backend instance serves one queue. Every method is synchronous and thread-safe: the
 worker calls ``renew`` from its heartbeat thread while its fetcher thread calls ``claim``
-and its main thread ``finish``. The contract suite in ``sandboxq.testing.contract`` runs
+and its main thread ``finish``. The contract suite in ``tests.support.contract`` runs
 against every backend.
 
 Job lifecycle (states are ``JobState`` values):

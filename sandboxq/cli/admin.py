@@ -20,6 +20,7 @@ import signal
 from collections.abc import Collection
 from typing import Any
 
+from sandboxq import text
 from sandboxq.backends.base import Backend
 from sandboxq.cli import render
 from sandboxq.cli.options import (
@@ -33,7 +34,7 @@ from sandboxq.cli.options import (
 )
 from sandboxq.client import read_result
 from sandboxq.errors import BackendError, ConfigError, SerializationError
-from sandboxq.models import JobInfo, JobState
+from sandboxq.models import JobInfo, JobState, now_ms
 
 STATES = [state.value for state in JobState]
 
@@ -71,7 +72,7 @@ def add_parsers(verbs: Any) -> None:
 
 def info_data(backend: Backend) -> dict[str, Any]:
     counts = backend.counts()
-    now = render.now_ms()
+    now = now_ms()
     workers = []
     for record in backend.workers():
         lease_s = float(record.get("lease_s") or 0)
@@ -107,7 +108,7 @@ def info(args: argparse.Namespace) -> int:
     if args.json:
         render.print_json(data)
         return EXIT_OK
-    out, now = render.stdout(), render.now_ms()
+    out, now = render.stdout(), now_ms()
     counts = data["counts"]
     out.print(render.table(f"queue {data['queue']}", list(counts), [list(counts.values())]))
     workers = data["workers"]
@@ -121,7 +122,7 @@ def info(args: argparse.Namespace) -> int:
             w["pid"],
             w["concurrency"],
             len(w["jobs"]),
-            render.ago(w["started_ms"], now),
+            text.ago(w["started_ms"], now),
             w["containment"] or "",
         )
         for w in workers
@@ -146,7 +147,7 @@ def info(args: argparse.Namespace) -> int:
 
 
 def _lease_left(seconds: float) -> str:
-    return render.duration(seconds) if seconds > 0 else "expired: the worker stopped renewing"
+    return text.duration(seconds) if seconds > 0 else "expired: the worker stopped renewing"
 
 
 # -- jobs and job -------------------------------------------------------------------------
@@ -201,8 +202,8 @@ def jobs(args: argparse.Namespace) -> int:
                 r["state"],
                 r.get("attempts"),
                 r.get("outcome"),
-                render.when(r.get("finished_ms")),
-                render.clip(r.get("error"), 200),
+                text.when(r.get("finished_ms")),
+                text.clip(r.get("error"), 200),
             )
             for r in rows
         ],
@@ -255,8 +256,8 @@ def job(args: argparse.Namespace) -> int:
         ("attempts", f"{data['attempts']} (stalls: {data['stalls']})"),
         ("outcome", data["outcome"]),
         ("error", data["error"]),
-        ("created", render.when(data["created_ms"])),
-        ("finished", render.when(data["finished_ms"])),
+        ("created", text.when(data["created_ms"])),
+        ("finished", text.when(data["finished_ms"])),
         ("options", json.dumps({k: v for k, v in data["options"].items() if v is not None})),
     ]
     if "result" in data:
@@ -273,7 +274,7 @@ def job(args: argparse.Namespace) -> int:
             a["worker_id"],
             a["pid"],
             _ended_by(a),
-            render.when(a["started_ms"], date=False),
+            text.when(a["started_ms"], date=False),
             _took(a),
             a["error"],
         )
@@ -305,7 +306,7 @@ def _ended_by(attempt: dict[str, Any]) -> str:
 
 def _took(attempt: dict[str, Any]) -> str:
     start, end = attempt.get("started_ms"), attempt.get("ended_ms")
-    return render.duration((end - start) / 1000) if start and end else ""
+    return text.duration((end - start) / 1000) if start and end else ""
 
 
 # -- retry, cancel, purge -----------------------------------------------------------------

@@ -26,6 +26,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from sandboxq import text
 from sandboxq.cli import render
 from sandboxq.models import Outcome
 
@@ -126,11 +127,11 @@ class BatchView:
             return
         ran = total - self.tally.count(MALFORMED, NOT_RUN)
         rate = f", {ran / elapsed:.1f} jobs/s" if elapsed > 0 and ran else ""
-        title = f"{total} line(s) of {source} in {render.duration(elapsed)}{rate}"
+        title = f"{total} line(s) of {source} in {text.duration(elapsed)}{rate}"
         if interrupted:
             title += " (stopped early)"
         rows = [
-            (outcome, len(lines), render.clip(render.number_ranges(lines), 60))
+            (outcome, len(lines), text.clip(text.number_ranges(lines), 60))
             for outcome, lines in sorted(self.tally.lines.items(), key=_order)
             if lines
         ]
@@ -140,7 +141,7 @@ class BatchView:
         if not_run:
             self.console.print(
                 f"[yellow]{len(not_run)} line(s) did not run: "
-                f"{render.clip(render.number_ranges(not_run), 200)}[/]"
+                f"{text.clip(text.number_ranges(not_run), 200)}[/]"
             )
 
 

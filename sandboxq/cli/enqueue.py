@@ -11,6 +11,7 @@ import argparse
 import json
 from typing import Any
 
+from sandboxq import text
 from sandboxq.cli import render
 from sandboxq.cli.options import (
     EXIT_FAILED,
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             raise Exit(
                 f"job {job.id} failed after {exc.attempts} attempt(s): "
-                f"{render.clip(exc.error or exc.outcome, 500)}",
+                f"{text.clip(exc.error or exc.outcome, 500)}",
                 EXIT_FAILED,
             ) from None
         except TimeoutError:

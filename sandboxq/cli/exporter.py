@@ -37,7 +37,7 @@ def add_parser(verbs: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sandboxq.exporter import QueueExporter
+    from sandboxq.observe.exporter import QueueExporter
 
     exporter = QueueExporter(shared_url(args.url), args.queue)
     stop = threading.Event()

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from sandboxq.models import Outcome
+from sandboxq.models import Outcome, now_ms
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
@@ -42,10 +42,6 @@ def call(fn: Callable[..., None], *args: Any) -> None:
 
 def readable(channel: Channel) -> bool:
     return bool(select.select([channel], [], [], 0)[0])
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Attempt:

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from sandboxq.cli.render import clip, duration, now_ms, when
+from sandboxq.models import now_ms
+from sandboxq.text import clip, duration, when
 
 __all__ = ["Safe", "clip", "duration", "esc", "now_ms", "when"]
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from sandboxq.backends.base import Backend, Event
 from sandboxq.errors import SandboxqError
+from sandboxq.models import now_ms
 
 log = logging.getLogger("sandboxq.web")
 
@@ -141,7 +142,7 @@ class Hub:
         self._after: dict[str, str | None] = {}
         self._seq = 0
         self._recent: deque[dict[str, Any]] = deque(maxlen=REPLAY)
-        self.started_ms = time.time_ns() // 1_000_000
+        self.started_ms = now_ms()
         self.dropped = 0  # clients dropped for falling behind, since start
 
     # -- subscribers (on the event loop) --------------------------------------------------
@@ -221,7 +222,7 @@ class Hub:
         with self._lock:
             if self._thread is not None or self._stop.is_set():
                 return
-            self.started_ms = time.time_ns() // 1_000_000
+            self.started_ms = now_ms()
             self._thread = threading.Thread(
                 target=self._run, name="sandboxq-dashboard-events", daemon=True
             )
@@ -267,7 +268,7 @@ class Hub:
         for event in backend.events(self._after[queue], block_s):
             news = True
             self._after[queue] = event.id
-            at_ms = event_ms(event) or time.time_ns() // 1_000_000
+            at_ms = event_ms(event) or now_ms()
             if (outcome := outcome_of(event)) is not None:
                 self.throughput.add(queue, outcome, at_ms)
             self._publish(queue, event)
@@ -278,7 +279,7 @@ class Hub:
     def _backfill(self, queue: str, backend: Backend) -> None:
         """Count the retained events of the last WINDOW_MIN minutes; send on those that
         came after the hub started (a page read before may be waiting for them)."""
-        now = time.time_ns() // 1_000_000
+        now = now_ms()
         since_ms = now - WINDOW_MIN * 60_000
         after: str | None = None
         probe = next(iter(backend.events(None, None)), None)

@@ -19,7 +19,7 @@ from pathlib import Path
 from sandboxq import Queue
 from sandboxq.errors import BackendError
 from sandboxq.models import Action, JobInfo, JobState
-from sandboxq.testing.ledger import Execution, describe, overlaps, read_ledger
+from tests.support.ledger import Execution, describe, overlaps, read_ledger
 
 FINISHED_KINDS = ("completed", "failed", "cancelled")
 

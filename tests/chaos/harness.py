@@ -2,7 +2,7 @@
 makers, producers, and the Scene that holds one test's world.
 
     Producer ── enqueue (explicit ids: a retry after an error is idempotent) ──► Redis
-    Fleet: `sandboxq worker` processes ── ledger_job ──► ledger file (sandboxq.testing.ledger)
+    Fleet: `sandboxq worker` processes ── ledger_job ──► ledger file (tests.support.ledger)
     ChildKiller ── SIGKILL a random ready child every lo..hi s ──► Fleet
     ForkServerKiller ── SIGKILL a worker's fork server now and then ──► Fleet
     Scene.finish() ── every accepted job ended ──► audit.audit() (the verdict)
@@ -30,11 +30,11 @@ from sandboxq import Queue, codec
 from sandboxq.backends.base import NewJob
 from sandboxq.errors import BackendError
 from sandboxq.models import JobOptions, Outcome
-from sandboxq.testing.ledger import Execution, read_ledger
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
+from tests.support.ledger import Execution, read_ledger
 
-PROCESSOR = "sandboxq.testing.ledger:ledger_job"
+PROCESSOR = "tests.support.ledger:ledger_job"
 
 
 def alive(pid: int) -> bool:

@@ -35,9 +35,9 @@ from harness import ChildKiller, Fleet, Scene, alive
 
 from sandboxq.errors import BackendError
 from sandboxq.models import JobOptions, JobState
-from sandboxq.testing.proxy import TcpProxy
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
+from tests.support.proxy import TcpProxy
 
 #: Over minutes, a child is killed every 0.2 s: a job may be hit many times, so it gets
 #: many retries, at once (the chaos tests' exponential backoff would grow to minutes).

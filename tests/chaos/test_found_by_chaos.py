@@ -9,14 +9,14 @@ from concurrent.futures import Future
 import pytest
 
 from sandboxq import Pool, Queue
-from sandboxq.heartbeat import fence_margin_s
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.testing.processes import still_running
-from sandboxq.testing.proxy import TcpProxy
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
+from sandboxq.worker.heartbeat import fence_margin_s
+from tests.support.proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(60)
 

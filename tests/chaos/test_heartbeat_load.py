@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from harness import PROCESSOR, Scene
 
-from sandboxq.heartbeat import fence_margin_s
-from sandboxq.testing.ledger import read_ledger
 from sandboxq.testing.workers import BackgroundWorkers
+from sandboxq.worker.heartbeat import fence_margin_s
+from tests.support.ledger import read_ledger
 
 pytestmark = pytest.mark.timeout(120)
 

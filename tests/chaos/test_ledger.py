@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from sandboxq import Pool
-from sandboxq.testing.ledger import overlaps, read_ledger
 from sandboxq.testing.waiting import wait_for
+from tests.support.ledger import overlaps, read_ledger
 
 pytestmark = pytest.mark.timeout(60)
 
-LEDGER_JOB = "sandboxq.testing.ledger:ledger_job"
+LEDGER_JOB = "tests.support.ledger:ledger_job"
 
 
 def test_two_children_running_one_job_at_once_are_caught(tmp_path: Path) -> None:

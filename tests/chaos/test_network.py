@@ -12,10 +12,10 @@ import redis
 from harness import Scene, alive, assert_cut_off, unfinished
 
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.testing.ledger import read_ledger
-from sandboxq.testing.proxy import TcpProxy
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
+from tests.support.ledger import read_ledger
+from tests.support.proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(180)
 

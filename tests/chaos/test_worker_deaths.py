@@ -10,8 +10,8 @@ import time
 import pytest
 from harness import Scene, alive, assert_cut_off, unfinished
 
-from sandboxq.testing.ledger import read_ledger
 from sandboxq.testing.waiting import wait_for
+from tests.support.ledger import read_ledger
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -25,11 +25,11 @@ from sandboxq.backends.base import Event, NewJob
 from sandboxq.backends.memory import MemoryBackend
 from sandboxq.cli import main
 from sandboxq.models import JobState, Outcome
-from sandboxq.testing.contract import add, claim_one, record
 from sandboxq.testing.waiting import wait_for
 from sandboxq.web import create_app
 from sandboxq.web.app import CSP
 from sandboxq.web.hub import CLIENT_BUFFER, Hub, Throughput, event_ms, outcome_of
+from tests.support.contract import add, claim_one, record
 
 from .support import TOKEN, serve
 

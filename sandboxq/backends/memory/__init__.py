@@ -1,5 +1,5 @@
 """The in-process backend: the embedded default (``memory://``) and the reference the Redis
-backend is held to by the contract suite (``sandboxq.testing.contract``) and the
+backend is held to by the contract suite (``tests.support.contract``) and the
 model-based test (tests/test_backend_model.py).
 
     backend.py   MemoryBackend: enqueue, claim, renew, release, finish, progress, workers

@@ -26,11 +26,10 @@ from sandboxq.backends.memory.store import (
     WAITING,
     Job,
     Store,
-    now_ms,
 )
 from sandboxq.backends.memory.waits import Waits
 from sandboxq.backends.rules import Retention
-from sandboxq.models import check_queue_name
+from sandboxq.models import check_queue_name, now_ms
 
 
 class MemoryBackend(Management, Reads, Waits, Backend):

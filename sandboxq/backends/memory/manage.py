@@ -18,9 +18,8 @@ from sandboxq.backends.memory.store import (
     WAITING,
     Job,
     Store,
-    now_ms,
 )
-from sandboxq.models import Action, AttemptRecord, JobState, Outcome
+from sandboxq.models import Action, AttemptRecord, JobState, Outcome, now_ms
 
 log = logging.getLogger("sandboxq.backends.memory")
 

@@ -29,15 +29,11 @@ from dataclasses import dataclass, field
 from sandboxq.backends import rules
 from sandboxq.backends.base import Claimed, Event, NewJob
 from sandboxq.backends.rules import Retention
-from sandboxq.models import AttemptRecord, JobOptions, JobState, Outcome
+from sandboxq.models import AttemptRecord, JobOptions, JobState, Outcome, now_ms
 
 WAITING, DELAYED, ACTIVE = JobState.WAITING, JobState.DELAYED, JobState.ACTIVE
 COMPLETED, FAILED, CANCELLED = JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED
 FINISHED = (COMPLETED, FAILED, CANCELLED)
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(slots=True)

@@ -33,14 +33,14 @@ module does not import pytest.
 
 from __future__ import annotations
 
-from sandboxq.testing.contract import support
-from sandboxq.testing.contract.admin import AdminContract
-from sandboxq.testing.contract.leases import LeaseContract
-from sandboxq.testing.contract.order import OrderContract
-from sandboxq.testing.contract.pages import PageContract
-from sandboxq.testing.contract.recovery import RecoveryContract
-from sandboxq.testing.contract.support import *  # noqa: F403  (the helpers, for test modules)
-from sandboxq.testing.contract.waiting import WaitingContract
+from tests.support.contract import support
+from tests.support.contract.admin import AdminContract
+from tests.support.contract.leases import LeaseContract
+from tests.support.contract.order import OrderContract
+from tests.support.contract.pages import PageContract
+from tests.support.contract.recovery import RecoveryContract
+from tests.support.contract.support import *  # noqa: F403  (the helpers, for test modules)
+from tests.support.contract.waiting import WaitingContract
 
 __all__ = ["BackendContract", *support.__all__]
 

@@ -9,7 +9,7 @@ from sandboxq.backends.base import (
     Backend,
 )
 from sandboxq.models import JobState
-from sandboxq.testing.contract.support import (
+from tests.support.contract.support import (
     LEASE_S,
     SLACK_S,
     MakeBackend,

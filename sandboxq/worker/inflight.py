@@ -21,8 +21,8 @@ import threading
 from collections.abc import Iterable
 
 from sandboxq.backends.base import Claimed
-from sandboxq.heartbeat import Lease
 from sandboxq.models import JobOptions
+from sandboxq.worker.heartbeat import Lease
 
 
 class Held:

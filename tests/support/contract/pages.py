@@ -11,7 +11,7 @@ from sandboxq.backends.base import (
     FinishAction,
 )
 from sandboxq.models import JobState, Outcome
-from sandboxq.testing.contract.support import (
+from tests.support.contract.support import (
     add,
     claim_one,
     finish,

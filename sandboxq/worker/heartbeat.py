@@ -29,7 +29,7 @@ from collections.abc import Callable
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
 
-log = logging.getLogger("sandboxq.heartbeat")
+log = logging.getLogger("sandboxq.worker.heartbeat")
 
 #: How many recent renewal times a heartbeat keeps: about 3 hours at the default 10 s
 #: interval, some 30 kB.

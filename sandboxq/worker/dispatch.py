@@ -40,43 +40,36 @@ from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, TypeVar, assert_never
 
-from sandboxq.acks import ack_for, refusal_ack
 from sandboxq.backends.base import Ack, Backend, Claimed
-from sandboxq.bounded import call_until
-from sandboxq.dispatch_events import (
+from sandboxq.errors import BackendError
+from sandboxq.models import Outcome
+from sandboxq.pool.attempt import AttemptResult
+from sandboxq.pool.pool import Pool
+from sandboxq.settings import WorkerSettings
+from sandboxq.text import clip
+from sandboxq.worker.bounded import call_until
+from sandboxq.worker.drain import Drain
+from sandboxq.worker.events import (
     AttemptEnded,
     DispatchEvent,
     ProgressReported,
     QueueEmpty,
     StopAsked,
 )
-from sandboxq.drain import Drain
-from sandboxq.errors import BackendError
-from sandboxq.fetcher import Fetcher
-from sandboxq.heartbeat import Lease
-from sandboxq.inflight import Held, InFlight
-from sandboxq.models import Outcome
-from sandboxq.outcomes import ExitPolicy
-from sandboxq.pool.attempt import AttemptResult
-from sandboxq.pool.pool import Pool
-from sandboxq.progress import ProgressWriter
-from sandboxq.settings import WorkerSettings
-from sandboxq.tally import Unacked, count_acks
-from sandboxq.tasks import CannotRun, options_of, task_for
+from sandboxq.worker.fetcher import Fetcher
+from sandboxq.worker.heartbeat import Lease
+from sandboxq.worker.inflight import Held, InFlight
+from sandboxq.worker.outcomes import ExitPolicy, Unacked, ack_for, count_acks, refusal_ack
+from sandboxq.worker.progress import ProgressWriter
+from sandboxq.worker.tasks import CannotRun, options_of, task_for
 
 if TYPE_CHECKING:
-    from sandboxq.metrics import WorkerMetrics
+    from sandboxq.observe.metrics import WorkerMetrics
 
 log = logging.getLogger("sandboxq.worker")
 
 #: How often the main thread checks that every part of the worker still lives.
 WATCH_S = 0.25
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """``text`` on one line, short enough for a log line and an exit message."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 T = TypeVar("T")
@@ -127,7 +120,7 @@ class Dispatcher:
     def fail(self, cause: str) -> None:
         """Stop the worker at once because part of it broke; safe from any thread."""
         if self.failure is None:
-            self.failure = one_line(cause)
+            self.failure = clip(cause, 300)
             log.error("worker failed: %s; handing its jobs back", self.failure)
         self._stop(True)
 

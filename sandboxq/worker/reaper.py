@@ -14,7 +14,7 @@ import threading
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
 
-log = logging.getLogger("sandboxq.reaper")
+log = logging.getLogger("sandboxq.worker.reaper")
 
 
 class Reaper:

@@ -4,7 +4,7 @@
         start <pid> <key> <t>    tick <pid> <key> <t> (every step_s)    end <pid> <key> <t>
     test ── read_ledger(path) ──► executions per key ──► overlaps(): spans that cross
 
-Use ``sandboxq.testing.ledger:ledger_job`` as the processor and give each job its own
+Use ``tests.support.ledger:ledger_job`` as the processor and give each job its own
 ``key``. An execution's span runs from its ``start`` line to its last line. A child that
 is killed or frozen writes nothing more, so its span ends at its last sign of life (at
 most ``step_s`` before it died or stopped); a frozen child that resumes and carries on

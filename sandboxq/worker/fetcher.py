@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 
 from sandboxq.backends.base import Backend, Claimed
-from sandboxq.dispatch_events import DispatchEvent, QueueEmpty
 from sandboxq.errors import BackendError
-from sandboxq.inflight import InFlight
 from sandboxq.models import JobState
+from sandboxq.worker.events import DispatchEvent, QueueEmpty
+from sandboxq.worker.inflight import InFlight
 
 log = logging.getLogger("sandboxq.worker")
 

@@ -34,17 +34,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sandboxq.backends import open_backend
-from sandboxq.bounded import run_until
-from sandboxq.dispatch import Dispatcher
-from sandboxq.dispatch_events import StopAsked
 from sandboxq.errors import BackendError, ConfigError, WorkerFailed
-from sandboxq.heartbeat import Heartbeat, Lease
-from sandboxq.inflight import InFlight
-from sandboxq.models import Outcome
+from sandboxq.models import Outcome, now_ms
 from sandboxq.pool.kill import tree_rss
 from sandboxq.pool.pool import Pool, Seconds
 from sandboxq.processor import resolve_within
-from sandboxq.reaper import Reaper
 from sandboxq.settings import (
     DEFAULT_MAX_PROCESSES,
     ContainmentSetting,
@@ -53,9 +47,15 @@ from sandboxq.settings import (
     WorkerSettings,
     from_call,
 )
+from sandboxq.worker.bounded import run_until
+from sandboxq.worker.dispatch import Dispatcher
+from sandboxq.worker.events import StopAsked
+from sandboxq.worker.heartbeat import Heartbeat, Lease
+from sandboxq.worker.inflight import InFlight
+from sandboxq.worker.reaper import Reaper
 
 if TYPE_CHECKING:
-    from sandboxq.metrics import WorkerMetrics
+    from sandboxq.observe.metrics import WorkerMetrics
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -72,7 +72,7 @@ class SandboxWorker:
     ``run()`` returns within a second more. A second signal stops at once (within a
     second). If a part of the worker dies, ``run()`` raises ``WorkerFailed``.
 
-    ``metrics_port`` serves Prometheus metrics (sandboxq/metrics.py) on ``metrics_host``
+    ``metrics_port`` serves Prometheus metrics (sandboxq/observe/metrics.py) on ``metrics_host``
     (127.0.0.1 by default) while ``run()`` runs; 0 picks a free port, logged and kept in
     ``metrics_address``. Without it nothing is recorded or imported.
     """
@@ -139,11 +139,11 @@ class SandboxWorker:
         self._inflight = InFlight(s.concurrency, s.prefetch, self._stopping)
         self._pool: Pool | None = None
         self._dispatcher: Dispatcher | None = None
-        self._started_ms = int(time.time() * 1000)
+        self._started_ms = now_ms()
         # metrics: only when a port is asked for; otherwise nothing is imported or recorded
         self._metrics: WorkerMetrics | None = None
         if s.metrics_port is not None:
-            from sandboxq.metrics import WorkerMetrics
+            from sandboxq.observe.metrics import WorkerMetrics
 
             self._metrics = WorkerMetrics(s.queue)
         #: ``(host, port)`` the metrics are served on while ``run()`` runs (port 0: the
@@ -285,7 +285,7 @@ class SandboxWorker:
 
         return restore
 
-    # -- metrics (sandboxq/metrics.py) -------------------------------------------------------
+    # -- metrics (sandboxq/observe/metrics.py) ----------------------------------------------
 
     def _serve_metrics(self) -> None:
         if self._metrics is None:
@@ -357,7 +357,7 @@ class SandboxWorker:
             "concurrency": self.settings.concurrency,
             "started_ms": self._started_ms,
             "lease_s": self.settings.lease_s,
-            "registered_ms": int(time.time() * 1000),  # what lease_renewed_s_ago counts from
+            "registered_ms": now_ms(),  # what lease_renewed_s_ago counts from
             "jobs": jobs,
             "containment": self._pool.containment if self._pool is not None else None,
         }

@@ -22,10 +22,10 @@ from prometheus_client.registry import Collector
 
 from sandboxq.backends import REDIS_SCHEMES
 from sandboxq.errors import ConfigError
-from sandboxq.metrics import MetricsServer
 from sandboxq.models import JobState, check_queue_name
+from sandboxq.observe.metrics import MetricsServer
 
-log = logging.getLogger("sandboxq.exporter")
+log = logging.getLogger("sandboxq.observe.exporter")
 
 #: How often the list of queues is refreshed when none were named.
 DISCOVER_EVERY_S = 60.0

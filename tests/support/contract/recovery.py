@@ -11,7 +11,8 @@ from sandboxq.backends.base import (
     Backend,
 )
 from sandboxq.models import JobState
-from sandboxq.testing.contract.support import (
+from sandboxq.testing.waiting import wait_for
+from tests.support.contract.support import (
     LEASE_S,
     SLACK_S,
     add,
@@ -20,7 +21,6 @@ from sandboxq.testing.contract.support import (
     info,
     record,
 )
-from sandboxq.testing.waiting import wait_for
 
 
 class RecoveryContract:

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from sandboxq.inflight import Held
 from sandboxq.models import Outcome
 from sandboxq.pool.pool import Pool
+from sandboxq.worker.inflight import Held
 
 #: Longest wait between the soft signal and the kill.
 MAX_SOFT_GRACE_S = 5.0

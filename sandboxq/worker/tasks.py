@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from sandboxq.backends.base import Claimed
-from sandboxq.heartbeat import fence_margin_s
 from sandboxq.models import JobOptions, parse_job_options
 from sandboxq.pool.attempt import Task
 from sandboxq.settings import WorkerSettings
+from sandboxq.worker.heartbeat import fence_margin_s
 
 
 class CannotRun(ValueError):

@@ -10,7 +10,7 @@ import time
 from sandboxq.backends.base import ERROR_CLIP, MAX_PAGE, Ack, Backend
 from sandboxq.errors import ConfigError
 from sandboxq.models import JobState
-from sandboxq.testing.contract.support import (
+from tests.support.contract.support import (
     LEASE_S,
     PROMPT_S,
     SLACK_S,

@@ -12,7 +12,7 @@ from sandboxq.backends.base import (
     FinishAction,
 )
 from sandboxq.models import JobState
-from sandboxq.testing.contract.support import (
+from tests.support.contract.support import (
     LEASE_S,
     PROMPT_S,
     SLACK_S,

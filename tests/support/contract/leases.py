@@ -15,7 +15,7 @@ from sandboxq.backends.base import (
 )
 from sandboxq.errors import JobNotFound
 from sandboxq.models import JobOptions, JobState, Outcome
-from sandboxq.testing.contract.support import (
+from tests.support.contract.support import (
     LEASE_S,
     OUTCOMES,
     SLACK_S,

@@ -1,0 +1,3 @@
+"""What a running system shows an operator: a worker's Prometheus metrics (``metrics.py``)
+and the queue gauges read from Redis by ``sandboxq exporter`` (``exporter.py``).
+"""
