@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from sandboxq.models import AttemptRecord, JobInfo, JobState
+from sandboxq.models import AttemptRecord, JobInfo, JobOptions, JobState
 
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
 
@@ -61,7 +61,9 @@ class Claimed:
     token: str
     payload: bytes
     codec: str
-    options_json: str
+    #: Parsed once, where the claim's reply is read; a job whose stored options do not
+    #: validate is failed there with the cause (``fail_malformed``) and never gets here.
+    options: JobOptions
     attempt: int
     claimed_at: float
     #: How long it waited to be claimed since it was ready (enqueued, due, retried).

@@ -61,7 +61,7 @@ from sandboxq.worker.heartbeat import Lease
 from sandboxq.worker.inflight import Held, InFlight
 from sandboxq.worker.outcomes import ExitPolicy, Unacked, ack_for, count_acks, refusal_ack
 from sandboxq.worker.progress import ProgressWriter
-from sandboxq.worker.tasks import CannotRun, options_of, task_for
+from sandboxq.worker.tasks import refusal, task_for
 
 if TYPE_CHECKING:
     from sandboxq.observe.metrics import WorkerMetrics
@@ -146,14 +146,12 @@ class Dispatcher:
         if self.failure is not None:  # the worker is going down: nothing new starts
             self._give_back([job])
             return
-        try:
-            options = options_of(job, self._settings.allow_pickle)
-        except CannotRun as exc:
-            self._reject(job, str(exc))
+        if (cause := refusal(job, self._settings.allow_pickle)) is not None:
+            self._reject(job, cause)
             return
         token = job.token
         lease = Lease(job.id, token, 0, job.claimed_at)
-        self._inflight.add(Held(job, options, lease))
+        self._inflight.add(Held(job, lease))
         events = self.events
 
         def ended(result: AttemptResult) -> None:
@@ -162,7 +160,7 @@ class Dispatcher:
         def progress(fraction: float, message: str | None) -> None:
             events.put(ProgressReported(token, fraction, message))
 
-        task = task_for(job, options, self._settings, progress)
+        task = task_for(job, self._settings, progress)
         try:
             lease.task_id = self._pool.execute(task, ended)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
@@ -321,7 +319,7 @@ class Dispatcher:
         if attempt.runtime_s is not None:
             self._inflight.record_runtime(attempt.runtime_s)
         s = self._settings
-        ack = ack_for(job, held.options, attempt, self._policy, s.retries, self._id)
+        ack = ack_for(job, attempt, self._policy, s.retries, self._id)
         if self.failure is not None and attempt.outcome is not Outcome.OK:
             # The worker broke, not the job: hand it back uncharged, with what happened.
             ack = Ack(job.id, job.token, "requeue", ack.attempt.model_copy(update={"action": None}))

@@ -21,18 +21,16 @@ import threading
 from collections.abc import Iterable
 
 from sandboxq.backends.base import Claimed
-from sandboxq.models import JobOptions
 from sandboxq.worker.heartbeat import Lease
 
 
 class Held:
-    """A job this worker owns: the claim, its resolved options, and its lease."""
+    """A job this worker owns: the claim (with its parsed options) and its lease."""
 
-    __slots__ = ("job", "lease", "options")
+    __slots__ = ("job", "lease")
 
-    def __init__(self, job: Claimed, options: JobOptions, lease: Lease) -> None:
+    def __init__(self, job: Claimed, lease: Lease) -> None:
         self.job = job
-        self.options = options
         self.lease = lease
 
 

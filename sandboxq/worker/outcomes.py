@@ -5,7 +5,7 @@ answered.
                   ── any other outcome ─► ExitPolicy ─► complete (result stored)
                                                       ─► retry (backoff into delayed)
                                                       ─► fail (with the cause)
-    a job that cannot run (tasks.CannotRun) ────────────────► fail (refusal_ack)
+    a job that cannot run (tasks.refusal)   ────────────────► fail (refusal_ack)
     finish_many ─► (acks, accepted) ─► count_acks ─┬─► stats (completed, failed, retried...)
                                                    ├─► one INFO record, a line per job
                                                    └─► rejected: Unacked ─► confirm_dead
@@ -36,7 +36,7 @@ from typing import Final, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxq.backends.base import Ack, Claimed, FinishAction
-from sandboxq.models import Action, AttemptRecord, JobOptions, Outcome, now_ms
+from sandboxq.models import Action, AttemptRecord, Outcome, now_ms
 from sandboxq.pool.attempt import AttemptResult
 
 log = logging.getLogger("sandboxq.worker")
@@ -87,7 +87,6 @@ def backoff_s(base_s: float, attempt: int) -> float:
 
 def ack_for(
     job: Claimed,
-    options: JobOptions,
     attempt: AttemptResult,
     policy: ExitPolicy,
     default_retries: int,
@@ -100,6 +99,7 @@ def ack_for(
     if attempt.outcome is Outcome.INTERRUPTED:
         action, decided, delay = "requeue", None, 0.0
     else:
+        options = job.options
         retries = options.retries if options.retries is not None else default_retries
         decided = policy.decide(attempt.outcome, attempt.exitcode, job.attempt, retries)
         action = decided.value

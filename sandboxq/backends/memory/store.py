@@ -233,7 +233,7 @@ class Store:
             job.token,
             new.payload,
             new.codec,
-            new.options_json,
+            job.options,
             job.attempts,
             claimed_at,
             waited_s,

@@ -103,10 +103,9 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
         job_id, token, payload, codec, opts, attempt, wait_ms = flat[i : i + CLAIM_ROW]
         problem: str | None = None
         try:
-            options_json = opts.decode("utf-8")
-            parse_job_options(options_json)
+            options = parse_job_options(opts.decode("utf-8"))
         except ValueError as exc:
-            options_json = "{}"
+            options = JobOptions()
             problem = f"the opts field does not validate: {brief(exc)}"
         if len(payload) > MAX_PAYLOAD_BYTES:  # never handed to a child to decode
             problem = f"the payload is {over_cap(len(payload), MAX_PAYLOAD_BYTES)}"
@@ -119,7 +118,7 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
             token=text(token),
             payload=bytes(payload),
             codec=text(codec),
-            options_json=options_json,
+            options=options,
             attempt=int(attempt),
             claimed_at=claimed_at,
             # a replayed claim (lua/finish.lua) says -1: it was measured when first made

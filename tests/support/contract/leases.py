@@ -44,7 +44,7 @@ class LeaseContract:
 
         claimed = claim_one(backend)
         assert (claimed.id, claimed.payload, claimed.codec) == (job_id, payload, "json")
-        assert JobOptions.model_validate_json(claimed.options_json) == options
+        assert claimed.options == options
         assert claimed.attempt == 1 and claimed.token
         assert (info(backend, job_id).state, info(backend, job_id).attempts) == ("active", 1)
         assert backend.get_result(job_id) is None
