@@ -31,6 +31,7 @@ from sandboxq.pool.supervisor import Supervisor
 from sandboxq.processor import resolve_within, split_path
 from sandboxq.settings import (
     DEFAULT_MAX_PROCESSES,
+    ChildSettings,
     ContainmentSetting,
     PoolSettings,
     StartMethod,
@@ -38,6 +39,9 @@ from sandboxq.settings import (
 )
 
 Seconds = float | timedelta | None
+
+#: How often a child's tree memory is sampled in process_tree mode (PoolSettings' default).
+DEFAULT_MEMORY_CHECK_S = PoolSettings.model_fields["memory_check_interval_s"].default
 
 #: Imported by the fork server before it forks anything (see forkserver_hooks).
 _FORKSERVER_PRELOAD = ["sandboxq.pool.forkserver_hooks", "sandboxq.pool.child"]
@@ -82,7 +86,7 @@ class Pool:
         max_jobs_per_child: int | None = None,
         start_method: StartMethod = "forkserver",
         max_result_bytes: int = codec.DEFAULT_MAX_BYTES,
-        memory_check_interval_s: float = 0.05,
+        memory_check_interval_s: float = DEFAULT_MEMORY_CHECK_S,
         import_timeout_s: float | None = None,
         keep_strays: bool = False,
         max_child_growth_mb: float | None = None,
@@ -95,11 +99,29 @@ class Pool:
         core_dumps: bool = False,
     ) -> None:
         # Every keyword is the setting of that name, with its default.
-        self.settings = from_call(PoolSettings, locals())
+        s = from_call(PoolSettings, locals())
         # An unimportable processor fails here, with the import error; one that hangs at
         # import fails after import_timeout_s, and never reaches the fork server's preload.
-        resolve_within(processor, self.settings.import_timeout_s)
-        s = self.settings
+        resolve_within(processor, s.import_timeout_s)
+        self._open(s, s.size, s.max_result_bytes, s.memory_check_interval_s)
+
+    @classmethod
+    def from_settings(cls, settings: ChildSettings, size: int) -> Pool:
+        """A pool of ``size`` children from settings validated elsewhere, whose processor
+        the caller already imported (the worker's: nothing is checked or imported twice)."""
+        pool = cls.__new__(cls)
+        pool._open(settings, size, codec.DEFAULT_MAX_BYTES, DEFAULT_MEMORY_CHECK_S)
+        return pool
+
+    def _open(
+        self,
+        settings: ChildSettings,
+        size: int,
+        max_result_bytes: int,
+        memory_check_interval_s: float,
+    ) -> None:
+        self.settings = s = settings
+        self._size = size
         limits = ChildSetup(
             core_dumps=s.core_dumps,
             cpu_time_s=s.cpu_time_s,
@@ -109,12 +131,12 @@ class Pool:
         )
         self._containment = detect(s.containment, limits, s.max_processes)
         self._supervisor = Supervisor(
-            _context(s.start_method, processor),
-            processor,
-            s.size,
+            _context(s.start_method, s.processor),
+            s.processor,
+            size,
             max_jobs_per_child=s.max_jobs_per_child,
-            max_result_bytes=s.max_result_bytes,
-            memory_check_interval_s=s.memory_check_interval_s,
+            max_result_bytes=max_result_bytes,
+            memory_check_interval_s=memory_check_interval_s,
             keep_strays=s.keep_strays,
             max_child_growth_mb=s.max_child_growth_mb,
             containment=self._containment,
@@ -124,7 +146,7 @@ class Pool:
 
     @property
     def size(self) -> int:
-        return self.settings.size
+        return self._size
 
     @property
     def broken(self) -> PoolBroken | None:

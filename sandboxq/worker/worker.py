@@ -42,7 +42,6 @@ from sandboxq.processor import resolve_within
 from sandboxq.settings import (
     DEFAULT_MAX_PROCESSES,
     ContainmentSetting,
-    ContainmentSettings,
     StartMethod,
     WorkerSettings,
     from_call,
@@ -168,14 +167,7 @@ class SandboxWorker:
             raise
         log.info("worker %s started on queue %r: %s", self.id, s.queue, s.processor)
         try:
-            pool = self._pool = Pool(
-                s.processor,
-                s.concurrency,
-                max_jobs_per_child=s.max_jobs_per_child,
-                start_method=s.start_method,
-                import_timeout_s=s.import_timeout_s,
-                **s.model_dump(include=set(ContainmentSettings.model_fields)),
-            )
+            pool = self._pool = Pool.from_settings(s, s.concurrency)
         except BaseException:
             unwatch()
             self._close_metrics()
