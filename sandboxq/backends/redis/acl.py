@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Literal
 
 from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.models import check_queue_name
 
 Role = Literal["worker", "producer"]
 ROLES: tuple[Role, ...] = ("worker", "producer")
@@ -92,7 +93,7 @@ def commands(role: Role, *, cluster: bool = False) -> list[str]:
 def key_patterns(queue: str, role: Role) -> list[str]:
     """ACL key patterns: a worker reads and writes every key of its queue (one hash tag);
     a producer every key but the worker registry, which it may only read."""
-    keys = QueueKeys(queue)
+    keys = QueueKeys(check_queue_name(queue))
     if role == "worker":
         return [f"~sq:{{{keys.queue}}}:*"]
     writable = [
@@ -114,7 +115,7 @@ def key_patterns(queue: str, role: Role) -> list[str]:
 
 def rules(queue: str, role: Role, *, cluster: bool = False) -> list[str]:
     """The ``ACL SETUSER`` rules (after ``on`` and the password) for ``role`` on ``queue``."""
-    keys = QueueKeys(queue)
+    keys = QueueKeys(check_queue_name(queue))
     return [
         "resetkeys",
         "resetchannels",

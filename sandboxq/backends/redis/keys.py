@@ -23,14 +23,15 @@ id is ``<id>:attempts``.) The queue name is safe inside the tag: it cannot hold 
 
 from __future__ import annotations
 
-from sandboxq.models import JobState, check_queue_name
+from sandboxq.models import JobState
 
 
 class QueueKeys:
-    """The keys of one queue (see the module docstring for what each holds)."""
+    """The keys of one queue (see the module docstring for what each holds); ``queue`` was
+    checked where it entered (the backend that opened it, ``acl.rules``, the exporter)."""
 
     def __init__(self, queue: str) -> None:
-        self.queue = check_queue_name(queue)
+        self.queue = queue
         base = f"sq:{{{queue}}}:"
         self.job_prefix = base + "job:"
         self.history_prefix = base + "history:"
