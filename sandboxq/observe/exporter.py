@@ -25,7 +25,7 @@ from sandboxq.errors import ConfigError
 from sandboxq.models import JobState, check_queue_name
 from sandboxq.observe.metrics import MetricsServer
 
-log = logging.getLogger("sandboxq.observe.exporter")
+log = logging.getLogger("sandboxq.exporter")
 
 #: How often the list of queues is refreshed when none were named.
 DISCOVER_EVERY_S = 60.0

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from sandboxq.backends.base import Ack, Claimed
     from sandboxq.pool.attempt import AttemptResult
 
-log = logging.getLogger("sandboxq.observe.metrics")
+log = logging.getLogger("sandboxq.metrics")
 
 #: Durations and waits: from a millisecond to four hours.
 TIME_BUCKETS_S: tuple[float, ...] = (
