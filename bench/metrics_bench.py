@@ -36,7 +36,7 @@ from queue_bench import _remaining, backlog_rate, stop, worker  # noqa: E402
 
 from sandboxq import Queue  # noqa: E402
 from sandboxq.backends.base import Ack, Claimed  # noqa: E402
-from sandboxq.models import AttemptRecord, Outcome  # noqa: E402
+from sandboxq.models import AttemptRecord, JobOptions, Outcome  # noqa: E402
 from sandboxq.observe.metrics import WorkerMetrics  # noqa: E402
 from sandboxq.pool.attempt import AttemptResult  # noqa: E402
 from sandboxq.pool.kill import tree_rss  # noqa: E402
@@ -113,7 +113,7 @@ def together(url: str, n: int, order: tuple[bool, bool]) -> dict[bool, tuple[flo
 def recording_us_per_job(jobs: int = 200_000, batch: int = 64) -> float:
     """CPU per job spent recording (one attempt_ended per job, one acked per batch)."""
     m = WorkerMetrics("bench")
-    job = Claimed("id", "tok", b"", "json", "{}", 1, 0.0, wait_s=0.004)
+    job = Claimed("id", "tok", b"", "json", JobOptions(), 1, 0.0, wait_s=0.004)
     result = AttemptResult(1, Outcome.OK, runtime_s=0.0008)
     record = AttemptRecord(attempt=1, outcome=Outcome.OK)
     acks = [(job, Ack("id", "tok", "complete", record))] * batch

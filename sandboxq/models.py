@@ -240,6 +240,33 @@ class AttemptRecord(_Frozen):
         )
 
 
+class WorkerJobRecord(_Frozen):
+    """A job a worker holds, as its registry record shows it."""
+
+    id: str
+    attempt: int
+    pid: int | None  # the child running it (None: not started yet)
+    rss_mb: float | None  # the child's process tree, for the dashboard's workers page
+    lease_renewed_s_ago: float  # counted from the record's ``registered_ms``
+
+
+class WorkerRecord(_Frozen):
+    """What a live worker publishes about itself (``sandboxq info``, the dashboard); it
+    is refreshed on the heartbeat's schedule and gone ``lease_s`` after the last refresh.
+    Readers take it as another process's word: ``records.worker_record`` checks each field.
+    """
+
+    host: str
+    pid: int
+    queue: str
+    concurrency: int
+    started_ms: int
+    lease_s: float
+    registered_ms: int
+    jobs: list[WorkerJobRecord]
+    containment: str | None
+
+
 class JobInfo(_Frozen):
     """A job as a user sees it (``job.info()``)."""
 

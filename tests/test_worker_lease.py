@@ -272,7 +272,6 @@ def test_two_leases_of_one_job_are_held_apart(queue_name: str) -> None:
     """A worker may hold a job again while its earlier attempt is still being killed (its
     own stall recovery after a freeze): each lease keeps its own entry, the heartbeat
     renews each on its own, and the rejected old one condemns only itself."""
-    from sandboxq.models import JobOptions
     from sandboxq.worker.heartbeat import Heartbeat
     from sandboxq.worker.heartbeat import Lease as HeldLease
     from sandboxq.worker.inflight import Held, InFlight
@@ -285,7 +284,7 @@ def test_two_leases_of_one_job_are_held_apart(queue_name: str) -> None:
     inflight = InFlight(2, 0, threading.Event())
     for claimed in (old, new):
         lease = HeldLease(claimed.id, claimed.token, 0, time.monotonic())
-        inflight.add(Held(claimed, JobOptions(), lease))
+        inflight.add(Held(claimed, lease))
     held_old, held_new = inflight.get(old.token), inflight.get(new.token)
     assert held_old is not None and held_new is not None and held_old is not held_new
     lost: list[str] = []

@@ -2,9 +2,9 @@
 
     fetcher thread (fetcher.py) ── claim(free slots) ─► start ─► Task (tasks.py) ─► pool
                                                           │ cannot run: failed now    │
-    main thread ◄── events (dispatch_events.py) ◄─────────────────────────────────────┘
-      ├─ AttemptEnded ─► Ack (acks.py) ─► finish(acks, claim = freed slots) ─► start those
-      │                                     └─► count_acks (tally.py): stats, log lines
+    main thread ◄── events (events.py) ◄──────────────────────────────────────────────┘
+      ├─ AttemptEnded ─► Ack (outcomes.py) ─► finish(acks, claim = freed slots) ─► start those
+      │                                         └─► count_acks (outcomes.py): stats, log lines
       ├─ ProgressReported ─► ProgressWriter (progress.py, a thread of its own)
       ├─ QueueEmpty (burst), StopAsked ─► stopping: Drain (drain.py) until nothing is held
       └─ attempts that ended unacked ─► confirm_dead
@@ -17,13 +17,13 @@ them. A job that cannot run is failed at once by the thread that claimed it.
 
 Attempt identity: every event of an attempt names its *lease token*, and ``InFlight`` is
 keyed by it, so an attempt's outcome is applied to its own lease or, if that lease is no
-longer held, dropped and counted (``stats["stale_outcomes"]``), never to a later lease of
+longer held, dropped and counted (``stats.stale_outcomes``), never to a later lease of
 the same job. An attempt that ended without an ack (cancelled, lease lost, ack rejected)
 is reported with ``confirm_dead``: it lifts the fence that keeps a retried job from
 running elsewhere while the old child may live.
 
 The watch: the main thread also checks, every ``WATCH_S``, that the fetcher, the pool and
-the worker's other threads (``health``) still live. When one does not, ``fail`` stops the
+the worker's other threads (``parts``) still live. When one does not, ``fail`` stops the
 worker at once: nothing more is claimed, every running attempt is killed and requeued
 uncharged, and ``run()`` ends with ``failure`` naming the cause.
 """
@@ -34,9 +34,8 @@ import functools
 import logging
 import math
 import os
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, TypeVar, assert_never
 
@@ -48,7 +47,7 @@ from sandboxq.pool.pool import Pool
 from sandboxq.settings import WorkerSettings
 from sandboxq.text import clip
 from sandboxq.worker.bounded import call_until
-from sandboxq.worker.drain import Drain
+from sandboxq.worker.drain import Drain, StopRequest
 from sandboxq.worker.events import (
     AttemptEnded,
     DispatchEvent,
@@ -59,9 +58,17 @@ from sandboxq.worker.events import (
 from sandboxq.worker.fetcher import Fetcher
 from sandboxq.worker.heartbeat import Lease
 from sandboxq.worker.inflight import Held, InFlight
-from sandboxq.worker.outcomes import ExitPolicy, Unacked, ack_for, count_acks, refusal_ack
+from sandboxq.worker.outcomes import (
+    ExitPolicy,
+    Unacked,
+    WorkerStats,
+    ack_for,
+    count_acks,
+    refusal_ack,
+)
 from sandboxq.worker.progress import ProgressWriter
 from sandboxq.worker.tasks import refusal, task_for
+from sandboxq.worker.threads import BackgroundThread
 
 if TYPE_CHECKING:
     from sandboxq.observe.metrics import WorkerMetrics
@@ -83,12 +90,10 @@ class Dispatcher:
         backend: Backend,
         pool: Pool,
         inflight: InFlight,
-        stats: dict[str, int],
-        stopping: threading.Event,
-        stop_now: threading.Event,
-        stop: Callable[..., None],
-        health: Callable[[], str | None] = lambda: None,
-        deadline: Callable[[], float] = lambda: math.inf,
+        stats: WorkerStats,
+        stop: StopRequest,
+        request_stop: Callable[[bool], None],
+        parts: Sequence[BackgroundThread] = (),
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self._id = worker_id
@@ -97,11 +102,9 @@ class Dispatcher:
         self._pool = pool
         self._inflight = inflight
         self._stats = stats
-        self._stopping = stopping
-        self._stop_now = stop_now
         self._stop = stop
-        self._health = health
-        self._deadline = deadline
+        self._request_stop = request_stop  # SandboxWorker.stop(now): also wakes its parts
+        self._parts = parts  # the worker's other threads, watched with the fetcher
         self._metrics = metrics
         self._policy = ExitPolicy(exit_codes=settings.exit_codes)
         #: What the other threads tell the main thread (dispatch_events.py); run() reads it.
@@ -114,15 +117,13 @@ class Dispatcher:
         self._unacked: list[Unacked] = []
         #: Writes progress on its own thread (closed by the worker when it stops).
         self.progress = ProgressWriter(backend, worker_id)
-        for name in ("stale_outcomes", "confirmed_dead"):
-            stats.setdefault(name, 0)
 
     def fail(self, cause: str) -> None:
         """Stop the worker at once because part of it broke; safe from any thread."""
         if self.failure is None:
             self.failure = clip(cause, 300)
             log.error("worker failed: %s; handing its jobs back", self.failure)
-        self._stop(True)
+        self._request_stop(True)
 
     def start_fetcher(self, burst: bool) -> None:
         self.fetcher = Fetcher(
@@ -130,7 +131,7 @@ class Dispatcher:
             self._settings.lease_s,
             self._backend,
             self._inflight,
-            self._stopping,
+            self._stop.asked,
             burst,
             start=self._start,
             give_back=self._give_back,
@@ -179,7 +180,7 @@ class Dispatcher:
 
     def _reject(self, job: Claimed, cause: str) -> None:
         log.error("job %s cannot run: %s", job.id, cause)
-        self._stats["malformed"] += 1
+        self._stats.malformed += 1
         self._finish([(job, refusal_ack(job, cause, self._id))], held=False)
 
     # -- acknowledging (main thread) -------------------------------------------------------------
@@ -194,13 +195,13 @@ class Dispatcher:
             if self._unacked:
                 self._confirm_dead()
             self._watch()
-            if self._stopping.is_set():
+            if self._stop.asked.is_set():
                 if drain is None:
                     drain = Drain(
                         self._pool,
                         self._inflight.snapshot,
                         self._settings.stop_timeout_s,
-                        self._stop_now,
+                        self._stop.now,
                     )
                 if self._may_return():
                     return
@@ -210,7 +211,7 @@ class Dispatcher:
         """The next event (waiting ``WATCH_S`` at most, so the watch runs on time), and
         every event already there after it: their acks share one round trip."""
         try:
-            events = [self.events.get(timeout=0.1 if self._stopping.is_set() else WATCH_S)]
+            events = [self.events.get(timeout=0.1 if self._stop.asked.is_set() else WATCH_S)]
         except Empty:
             events = []
         while True:
@@ -230,7 +231,7 @@ class Dispatcher:
                 case ProgressReported(token, fraction, message):
                     self._on_progress(token, fraction, message)
                 case QueueEmpty():
-                    self._stop()
+                    self._request_stop(False)
                 case StopAsked():
                     pass  # it only woke this thread: the stop itself is read from stopping
                 case _:
@@ -245,7 +246,7 @@ class Dispatcher:
         fetching = self.fetcher is not None and self.fetcher.is_alive()
         if not len(self._inflight) and not fetching:
             return True
-        if time.monotonic() > self._deadline():
+        if time.monotonic() > self._stop.deadline():
             # Redis hangs, or an attempt never ended: stop anyway. What is still held is
             # recovered elsewhere once its lease runs out; a claim still under way gives
             # its jobs back (the fetcher sees the stop).
@@ -263,34 +264,29 @@ class Dispatcher:
         if now < self._next_watch or self.failure is not None:
             return
         self._next_watch = now + WATCH_S
-        fetcher = self.fetcher
         if self._pool.broken is not None:
             self.fail(f"the pool broke: {self._pool.broken}")
         elif not self._pool.alive:
             self.fail("the pool's supervisor thread stopped")
-        elif (
-            fetcher is not None
-            and not fetcher.is_alive()
-            and not fetcher.found_empty
-            and not self._stopping.is_set()
-        ):
-            self.fail("the fetcher thread stopped")
-        elif (cause := self._health()) is not None:
-            self.fail(cause)
+        else:
+            parts = [*self._parts, *([self.fetcher] if self.fetcher is not None else [])]
+            cause = next((c for part in parts if (c := part.dead_thread()) is not None), None)
+            if cause is not None:
+                self.fail(cause)
 
     def _confirm_dead(self) -> None:
         """Tell the backend which unacked attempts have ended: lifts their jobs' fences."""
         ended, self._unacked = self._unacked, []
         try:
             self._call(lambda: self._backend.confirm_dead(self._id, ended))
-            self._stats["confirmed_dead"] += len(ended)
+            self._stats.confirmed_dead += len(ended)
         except BackendError as exc:  # their fences lift when the old leases run out
             log.warning("could not confirm %d ended attempt(s): %s", len(ended), exc)
 
     def _call(self, fn: Callable[[], T]) -> T:
         """``fn()``; once a stop deadline is set, given only until then (a hung Redis
         must not hold the worker past it), raising ``BackendError`` when it runs out."""
-        return call_until(fn, self._deadline())
+        return call_until(fn, self._stop.deadline())
 
     def _ack_for(self, token: str, attempt: AttemptResult) -> tuple[Claimed, Ack] | None:
         """What to tell the backend about the attempt of lease ``token`` that ended (None:
@@ -298,7 +294,7 @@ class Dispatcher:
         held = self._inflight.get(token)
         if held is None:
             # That lease is not held any more: its outcome belongs to no current lease.
-            self._stats["stale_outcomes"] += 1
+            self._stats.stale_outcomes += 1
             log.warning("an outcome of a lease no longer held was dropped: %s", attempt.cause)
             if self._metrics is not None:  # metrics
                 self._metrics.stale_dropped()
@@ -309,7 +305,7 @@ class Dispatcher:
         if attempt.outcome in (Outcome.LEASE_LOST, Outcome.CANCELLED):
             # Not ours to ack any more: the job was cancelled, or another worker may own it.
             stat = "lease_lost" if attempt.outcome is Outcome.LEASE_LOST else "cancelled"
-            self._stats[stat] += 1
+            self._stats.count(stat)
             log.warning(
                 "job %s attempt %d: %s; not acknowledged", job.id, job.attempt, attempt.cause
             )
@@ -339,7 +335,7 @@ class Dispatcher:
         lease_ends = time.monotonic() + lease_s
         delay = 0.05
         tokens = [job.token for job, _ in acks]
-        if self._deadline() == math.inf:
+        if self._stop.deadline() == math.inf:
             self.progress.flush(tokens)  # a report after its lease's ack would be rejected
         else:
             self.progress.drop(tokens)  # stopping: a hung backend must not hold the exit
@@ -365,8 +361,8 @@ class Dispatcher:
                     break
                 except BackendError as exc:
                     tries += 1
-                    ends = min(lease_ends, self._deadline())
-                    if time.monotonic() + delay > ends or self._stop_now.is_set():
+                    ends = min(lease_ends, self._stop.deadline())
+                    if time.monotonic() + delay > ends or self._stop.now.is_set():
                         log.error("giving up acking %d job(s): %s", len(acks), exc)
                         self._inflight.discard(tokens)
                         return

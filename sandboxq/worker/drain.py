@@ -6,11 +6,14 @@
           ─► at stop_timeout_s: killed (the grace: half of it, at most MAX_SOFT_GRACE_S)
     stop(now=True), or a second SIGTERM/SIGINT, at any point: killed at once.
 
-Every attempt that ends `interrupted` is requeued without charging an attempt (acks.py).
+Every attempt that ends `interrupted` is requeued without charging an attempt
+(outcomes.py). ``StopRequest`` is what every part of the worker reads of the stop: whether
+it was asked, whether at once, and the deadline by which ``run()`` must have returned.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +24,44 @@ from sandboxq.worker.inflight import Held
 
 #: Longest wait between the soft signal and the kill.
 MAX_SOFT_GRACE_S = 5.0
+#: How long after its stop deadline ``run()`` leaves for the last steps (pool shutdown).
+STOP_SLACK_S = 0.8
+
+
+class StopRequest:
+    """Whether the worker was asked to stop, and when; set from any thread or a signal
+    handler, read by every part."""
+
+    def __init__(self, stop_timeout_s: float) -> None:
+        self._stop_timeout_s = stop_timeout_s
+        #: Set by ``stop()``: claim nothing more, drain what runs.
+        self.asked = threading.Event()
+        #: Set by ``stop(now=True)`` or a second signal: kill what runs now.
+        self.now = threading.Event()
+        self._asked_at: float | None = None  # monotonic, the first time each was asked
+        self._now_at: float | None = None
+
+    def ask(self, now: bool = False) -> None:
+        at = time.monotonic()
+        if now:
+            self._now_at = self._now_at or at
+            self.now.set()
+        self._asked_at = self._asked_at or at
+        self.asked.set()
+
+    def deadline(self) -> float:
+        """When ``run()`` must have returned (monotonic; inf until a stop is asked)."""
+        ends = [math.inf]
+        if self._asked_at is not None:
+            ends.append(self._asked_at + self._stop_timeout_s + STOP_SLACK_S)
+        if self._now_at is not None:
+            ends.append(self._now_at + STOP_SLACK_S)
+        return min(ends)
+
+    def time_left(self) -> float | None:
+        """Seconds left before the deadline, for a join (None: no deadline yet)."""
+        deadline = self.deadline()
+        return None if deadline == math.inf else max(0.05, deadline - time.monotonic())
 
 
 class Drain:

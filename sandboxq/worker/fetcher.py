@@ -25,6 +25,7 @@ from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.worker.events import DispatchEvent, QueueEmpty
 from sandboxq.worker.inflight import InFlight
+from sandboxq.worker.threads import BackgroundThread
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -33,7 +34,7 @@ log = logging.getLogger("sandboxq.worker")
 IDLE_WAIT_S = 0.5
 
 
-class Fetcher:
+class Fetcher(BackgroundThread):
     """Claims on a thread of its own until the worker stops, or a burst finds no work."""
 
     def __init__(
@@ -50,11 +51,11 @@ class Fetcher:
         report: Callable[[DispatchEvent], None],
         fail: Callable[[str], None],
     ) -> None:
+        super().__init__("fetcher", stopping)
         self._id = worker_id
         self._lease_s = lease_s
         self._backend = backend
         self._inflight = inflight
-        self._stopping = stopping
         self._burst = burst
         self._start = start
         self._give_back = give_back
@@ -62,28 +63,20 @@ class Fetcher:
         self._fail = fail
         #: The burst fetcher found the queue empty: it ended on purpose.
         self.found_empty = False
-        self._thread = threading.Thread(target=self._run, name="sandboxq-fetcher", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
+    def ended_on_purpose(self) -> bool:
+        return self.found_empty or super().ended_on_purpose()
 
-    def join(self, timeout_s: float | None = None) -> None:
-        self._thread.join(timeout_s)
+    def crashed(self) -> None:
+        self._fail(f"the fetcher thread died: {self.died}")
 
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
-        try:
-            self._fetch()
-        except BaseException as exc:
-            log.exception("the fetcher thread crashed")
-            self._fail(f"the fetcher thread died: {exc!r}")
+    def loop(self) -> None:
+        self._fetch()
 
     def _fetch(self) -> None:
         failures = 0
         idle = False  # the last claim found nothing
-        while not self._stopping.is_set():
+        while not self.stopped.is_set():
             self._inflight.wait_for_room()
             count = self._inflight.reserve()
             if not count:
@@ -98,9 +91,9 @@ class Fetcher:
                 self._inflight.unreserve(count)
                 failures += 1
                 log.warning("claim failed (%s); retrying", exc)
-                self._stopping.wait(min(2.0, 0.05 * 2**failures))
+                self.stopped.wait(min(2.0, 0.05 * 2**failures))
                 continue
-            if self._stopping.is_set():
+            if self.stopped.is_set():
                 # A waiting claim can return after stop(): hand those back untouched.
                 self._give_back(claimed)
             else:

@@ -6,8 +6,9 @@
         rejected ──► on_lost(lease): the child is killed (outcome lease_lost), no ack
 
 Renewals keep a fixed schedule (one every ``interval_s`` from the start of the last, not
-from its end), and ``on_tick`` (the worker registry refresh, on the main connection) runs
-on a thread of its own: a slow link or a slow server stretches neither into a late renewal.
+from its end), and the worker registry refresh (``RegistryRefresh``, on the main
+connection) runs on a thread of its own: a slow link or a slow server stretches neither
+into a late renewal.
 
 The heartbeat never kills on a timer of its own: each attempt carries a fence deadline
 in the pool's supervisor, which enforces it like any other deadline. So if Redis hangs,
@@ -21,15 +22,15 @@ delay this thread: it competes only with the worker's own threads for the parent
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
+from sandboxq.worker.threads import BackgroundThread
 
-log = logging.getLogger("sandboxq.worker.heartbeat")
+log = logging.getLogger("sandboxq.heartbeat")
 
 #: How many recent renewal times a heartbeat keeps: about 3 hours at the default 10 s
 #: interval, some 30 kB.
@@ -57,7 +58,7 @@ class Lease:
         self.renewed_at = renewed_at  # monotonic time just before the claim/renew call
 
 
-class Heartbeat:
+class Heartbeat(BackgroundThread):
     def __init__(
         self,
         backend: Backend,
@@ -67,8 +68,8 @@ class Heartbeat:
         leases: Callable[[], list[Lease]],
         extend_fence: Callable[[int, float], None],
         on_lost: Callable[[Lease, str], None],
-        on_tick: Callable[[], None] | None = None,
     ) -> None:
+        super().__init__("heartbeat")
         self._backend = backend
         self._worker_id = worker_id
         self._lease_s = lease_s
@@ -76,53 +77,18 @@ class Heartbeat:
         self._leases = leases
         self._extend_fence = extend_fence
         self._on_lost = on_lost
-        self._on_tick = on_tick
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sandboxq-heartbeat", daemon=True)
-        self._ticker = threading.Thread(target=self._tick, name="sandboxq-registry", daemon=True)
         #: Longest gap between two successful renewals, for tests and benchmarks.
         self.max_gap_s = 0.0
         #: ``time.monotonic()`` of the latest successful renewals, oldest first, so a
         #: benchmark can plot the gaps over time; bounded, so a long-lived worker stays small.
         self.renewed_at: deque[float] = deque(maxlen=RENEWAL_HISTORY)
         self.renewals = 0
-        #: Why a thread of this heartbeat died (the worker's watch stops the worker).
-        self.died: str | None = None
 
-    def start(self) -> None:
-        self._thread.start()
-        if self._on_tick is not None:
-            self._ticker.start()
-
-    def stop(self, timeout_s: float | None = None) -> None:
-        """Stop both threads; waits at most ``timeout_s`` for each (a renewal may be stuck
-        in a hung backend: the thread is a daemon and ends with the process)."""
-        self._stop.set()
-        self._thread.join(timeout_s)
-        if self._ticker.is_alive():
-            self._ticker.join(timeout_s)
-
-    def dead_thread(self) -> str | None:
-        """The cause, if a thread that was started is no longer running before ``stop``."""
-        if self._stop.is_set():
-            return None
-        for name, thread in (("heartbeat", self._thread), ("registry", self._ticker)):
-            if thread.ident is not None and not thread.is_alive():
-                return f"the {name} thread died: {self.died or 'it returned'}"
-        return None
-
-    def _run(self) -> None:
-        try:
-            self._renew_forever()
-        except BaseException as exc:
-            log.exception("the heartbeat thread crashed")
-            self.died = repr(exc)
-
-    def _renew_forever(self) -> None:
+    def loop(self) -> None:
         last_ok = next_at = time.monotonic()
         while True:
             next_at += self._interval_s
-            if self._stop.wait(max(0.0, next_at - time.monotonic())):
+            if self.stopped.wait(max(0.0, next_at - time.monotonic())):
                 return
             if self.renew_now():
                 now = time.monotonic()
@@ -132,14 +98,6 @@ class Heartbeat:
             # After a call longer than the interval, renew at once, then keep the schedule
             # from now rather than firing a burst of catch-up renewals.
             next_at = max(next_at, time.monotonic() - self._interval_s)
-
-    def _tick(self) -> None:
-        assert self._on_tick is not None
-        while not self._stop.wait(self._interval_s):
-            try:
-                self._on_tick()
-            except Exception:
-                log.exception("heartbeat tick failed")
 
     def renew_now(self) -> bool:
         """Renew every owned lease once; False if the backend could not be reached."""
@@ -183,3 +141,20 @@ class Heartbeat:
                     lease.renewed_at = started
                     self._extend_fence(lease.task_id, fence)
         return True
+
+
+class RegistryRefresh(BackgroundThread):
+    """Publishes the worker's record every ``interval_s``, on the main connection and a
+    thread of its own, so a slow registry write never delays a renewal."""
+
+    def __init__(self, interval_s: float, refresh: Callable[[], None]) -> None:
+        super().__init__("registry")
+        self._interval_s = interval_s
+        self._refresh = refresh
+
+    def loop(self) -> None:
+        while not self.stopped.wait(self._interval_s):
+            try:
+                self._refresh()
+            except Exception:
+                log.exception("the registry refresh failed")

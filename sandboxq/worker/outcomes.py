@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -131,6 +132,35 @@ def refusal_ack(job: Claimed, cause: str, worker_id: str) -> Ack:
 # -- what the backend answered ----------------------------------------------------------
 
 
+@dataclass(slots=True)
+class WorkerStats:
+    """What a worker counted since it started (``SandboxWorker.stats``). Read by name too,
+    ``stats["completed"]``, as the logs and the metrics name them."""
+
+    completed: int = 0
+    failed: int = 0
+    retried: int = 0
+    requeued: int = 0
+    #: acks the backend refused: the lease had been lost
+    rejected_acks: int = 0
+    lease_lost: int = 0
+    cancelled: int = 0
+    #: claimed jobs that could not run here (failed at once)
+    malformed: int = 0
+    #: outcomes of a lease no longer held, dropped
+    stale_outcomes: int = 0
+    #: ended attempts reported with ``confirm_dead``
+    confirmed_dead: int = 0
+
+    def __getitem__(self, name: str) -> int:
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return int(getattr(self, name))
+
+    def count(self, name: str, n: int = 1) -> None:
+        setattr(self, name, self[name] + n)
+
+
 #: The ``stats`` entry an accepted ack counts in.
 STAT_OF: Final[Mapping[FinishAction, str]] = {
     "complete": "completed",
@@ -151,7 +181,7 @@ class Unacked(NamedTuple):
 def count_acks(
     acks: list[tuple[Claimed, Ack]],
     accepted: list[bool],
-    stats: dict[str, int],
+    stats: WorkerStats,
     maybe_applied: bool = False,
 ) -> list[Unacked]:
     """Count and log what the backend answered; returns the attempts it did not ack
@@ -170,11 +200,11 @@ def count_acks(
             unacked.append(Unacked(job.id, job.token))
             continue
         if not ok:
-            stats["rejected_acks"] += 1
+            stats.rejected_acks += 1
             log.warning("job %s: ack rejected, the lease was lost; result discarded", job.id)
             unacked.append(Unacked(job.id, job.token))  # its child has ended all the same
             continue
-        stats[STAT_OF[ack.action]] += 1
+        stats.count(STAT_OF[ack.action])
         if lines is not None:
             cause = f" ({ack.error})" if ack.error else ""
             outcome = ack.attempt.outcome.value

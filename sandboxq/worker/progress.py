@@ -19,20 +19,20 @@ import threading
 
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
+from sandboxq.worker.threads import BackgroundThread
 
 log = logging.getLogger("sandboxq.worker")
 
 
-class ProgressWriter:
+class ProgressWriter(BackgroundThread):
     def __init__(self, backend: Backend, worker_id: str) -> None:
+        super().__init__("progress")
         self._backend = backend
         self._worker_id = worker_id
         self._pending: dict[str, tuple[str, float, str | None]] = {}  # token → report
         self._writing: set[str] = set()  # tokens the writer thread is sending now
         self._cond = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="sandboxq-progress", daemon=True)
-        self._thread.start()
+        self.start()
 
     def report(self, job_id: str, token: str, fraction: float, message: str | None) -> None:
         with self._cond:
@@ -57,18 +57,19 @@ class ProgressWriter:
                 for token in tokens:
                     self._pending.pop(token, None)
 
-    def close(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
         """Stop writing; reports not yet written are dropped (the worker is stopping)."""
         with self._cond:
-            self._closed = True
+            self.stopped.set()
             self._cond.notify()
+        self.join(timeout_s)
 
-    def _run(self) -> None:
+    def loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
+                while not self._pending and not self.stopped.is_set():
                     self._cond.wait()
-                if self._closed:
+                if self.stopped.is_set():
                     return
                 batch, self._pending = self._pending, {}
                 self._writing = set(batch)

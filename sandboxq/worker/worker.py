@@ -23,7 +23,6 @@ go back uncharged, and ``run()`` raises ``WorkerFailed`` naming the cause.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import socket
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxq.backends import open_backend
 from sandboxq.errors import BackendError, ConfigError, WorkerFailed
-from sandboxq.models import Outcome, now_ms
+from sandboxq.models import Outcome, WorkerJobRecord, WorkerRecord, now_ms
 from sandboxq.pool.kill import tree_rss
 from sandboxq.pool.pool import Pool, Seconds
 from sandboxq.processor import resolve_within
@@ -48,18 +47,17 @@ from sandboxq.settings import (
 )
 from sandboxq.worker.bounded import run_until
 from sandboxq.worker.dispatch import Dispatcher
+from sandboxq.worker.drain import StopRequest
 from sandboxq.worker.events import StopAsked
-from sandboxq.worker.heartbeat import Heartbeat, Lease
+from sandboxq.worker.heartbeat import Heartbeat, Lease, RegistryRefresh
 from sandboxq.worker.inflight import InFlight
+from sandboxq.worker.outcomes import WorkerStats
 from sandboxq.worker.reaper import Reaper
 
 if TYPE_CHECKING:
     from sandboxq.observe.metrics import WorkerMetrics
 
 log = logging.getLogger("sandboxq.worker")
-
-#: How long after its stop deadline ``run()`` leaves for the last steps (pool shutdown).
-STOP_SLACK_S = 0.8
 
 
 class SandboxWorker:
@@ -117,25 +115,9 @@ class SandboxWorker:
         resolve_within(processor, s.import_timeout_s)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.backend = open_backend(url, queue, **(backend_options or {}))
-        self.stats: dict[str, int] = dict.fromkeys(
-            (
-                "completed",
-                "failed",
-                "retried",
-                "requeued",
-                "rejected_acks",
-                "lease_lost",
-                "cancelled",
-                "malformed",
-            ),
-            0,
-        )
-        self._stopping = threading.Event()
-        self._stop_now = threading.Event()
-        # When stop() and stop(now=True) were first called (monotonic): the exit deadline
-        self._stop_at: float | None = None
-        self._stop_now_at: float | None = None
-        self._inflight = InFlight(s.concurrency, s.prefetch, self._stopping)
+        self.stats = WorkerStats()
+        self._stop = StopRequest(s.stop_timeout_s)
+        self._inflight = InFlight(s.concurrency, s.prefetch, self._stop.asked)
         self._pool: Pool | None = None
         self._dispatcher: Dispatcher | None = None
         self._started_ms = now_ms()
@@ -156,23 +138,15 @@ class SandboxWorker:
         s = self.settings
         # An unreachable backend fails the start before any child exists, and nothing
         # that failed to start is left running.
+        unwatch: Callable[[], None] | None = None
         try:
             self._serve_metrics()
             self._register(raise_errors=True)
             unwatch = self.backend.watch_cancellations(self._on_cancel)
-        except BaseException:
-            self._close_metrics()
-            self._unregister()
-            self.backend.close()
-            raise
-        log.info("worker %s started on queue %r: %s", self.id, s.queue, s.processor)
-        try:
+            log.info("worker %s started on queue %r: %s", self.id, s.queue, s.processor)
             pool = self._pool = Pool.from_settings(s, s.concurrency)
         except BaseException:
-            unwatch()
-            self._close_metrics()
-            self._unregister()
-            self.backend.close()
+            self._disconnect(unwatch)
             raise
         heartbeat = self.heartbeat = Heartbeat(
             self.backend,
@@ -182,9 +156,10 @@ class SandboxWorker:
             self._inflight.leases,
             pool.extend_fence,
             self._lease_lost,
-            self._register,
         )
+        registry = RegistryRefresh(s.renew_every_s, self._register)
         reaper = Reaper(self.backend, s.stall_every_s)
+        parts = (heartbeat, registry, reaper)
         dispatcher = self._dispatcher = Dispatcher(
             self.id,
             s,
@@ -192,68 +167,39 @@ class SandboxWorker:
             pool,
             self._inflight,
             self.stats,
-            self._stopping,
-            self._stop_now,
+            self._stop,
             self.stop,
-            health=lambda: heartbeat.dead_thread() or reaper.dead_thread(),
-            deadline=self._deadline,
-            metrics=self._metrics,
+            parts,
+            self._metrics,
         )
         if self._metrics is not None:
             self._bind_metrics(self._metrics, pool, heartbeat, reaper)
         restore = self._install_signal_handlers()
         try:
-            heartbeat.start()
-            reaper.start()
+            for part in parts:
+                part.start()
             dispatcher.start_fetcher(burst)
             dispatcher.run()
         finally:
             self.stop()
-            dispatcher.progress.close()
-            left = self._time_left
+            left = self._stop.time_left
+            dispatcher.progress.stop(0)
             if dispatcher.fetcher is not None:
                 dispatcher.fetcher.join(left())
-            reaper.stop(left())
-            heartbeat.stop(left())
+            for part in reversed(parts):
+                part.stop(left())
             pool.shutdown(cancel=True)
-
-            def disconnect() -> None:
-                # in this order, on one thread: nothing reads a connection once it closes
-                unwatch()
-                self._close_metrics()
-                self._unregister()
-                self.backend.close()
-
-            run_until(disconnect, left())
+            run_until(lambda: self._disconnect(unwatch), left())
             restore()
         if dispatcher.failure is not None:
             raise WorkerFailed(f"worker {self.id} stopped: {dispatcher.failure}")
 
     def stop(self, now: bool = False) -> None:
         """Drain (or with ``now``, interrupt at once); safe from any thread or signal handler."""
-        at = time.monotonic()
-        if now:
-            self._stop_now_at = self._stop_now_at or at
-            self._stop_now.set()
-        self._stop_at = self._stop_at or at
-        self._stopping.set()
+        self._stop.ask(now)
         if self._dispatcher is not None:
             self._dispatcher.events.put(StopAsked())
         self._inflight.wake()
-
-    def _deadline(self) -> float:
-        """When ``run()`` must have returned (monotonic; inf until a stop is asked)."""
-        ends = [math.inf]
-        if self._stop_at is not None:
-            ends.append(self._stop_at + self.settings.stop_timeout_s + STOP_SLACK_S)
-        if self._stop_now_at is not None:
-            ends.append(self._stop_now_at + STOP_SLACK_S)
-        return min(ends)
-
-    def _time_left(self) -> float | None:
-        """Seconds left before the exit deadline, for a join (None: no deadline yet)."""
-        deadline = self._deadline()
-        return None if deadline == math.inf else max(0.05, deadline - time.monotonic())
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         """SIGTERM / SIGINT drain; a second one stops at once. Returns a function that puts
@@ -265,9 +211,9 @@ class SandboxWorker:
             log.warning(
                 "received %s: %s",
                 signal.Signals(signum).name,
-                "stopping now" if self._stopping.is_set() else "draining",
+                "stopping now" if self._stop.asked.is_set() else "draining",
             )
-            self.stop(now=self._stopping.is_set())
+            self.stop(now=self._stop.asked.is_set())
 
         old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
 
@@ -299,7 +245,7 @@ class SandboxWorker:
             child_states=pool.child_states,
             held=self._inflight.__len__,
             renewed_at=lambda: heartbeat.renewed_at[-1] if heartbeat.renewed_at else since,
-            rejected_acks=lambda: self.stats["rejected_acks"],
+            rejected_acks=lambda: self.stats.rejected_acks,
             recovered=lambda: reaper.recovered,
             restarts=lambda: pool.restarts,
             rss=lambda pids: sum(tree_rss(pid)[0] for pid in pids),
@@ -329,36 +275,44 @@ class SandboxWorker:
         heartbeat, gone ``lease_s`` after the last refresh."""
         pids = self._pool.running_pids() if self._pool is not None else {}
         now = time.monotonic()
-        jobs: list[dict[str, Any]] = []
+        jobs = []
         for held in self._inflight.snapshot():
             pid = pids.get(held.lease.task_id)
             jobs.append(
-                {
-                    "id": held.job.id,
-                    "attempt": held.job.attempt,
-                    "pid": pid,
-                    # the child's tree, for the dashboard's workers page
-                    "rss_mb": round(tree_rss(pid)[0] / 2**20, 1) if pid else None,
-                    "lease_renewed_s_ago": round(now - held.lease.renewed_at, 3),
-                }
+                WorkerJobRecord(
+                    id=held.job.id,
+                    attempt=held.job.attempt,
+                    pid=pid,
+                    rss_mb=round(tree_rss(pid)[0] / 2**20, 1) if pid else None,
+                    lease_renewed_s_ago=round(now - held.lease.renewed_at, 3),
+                )
             )
-        info = {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "queue": self.settings.queue,
-            "concurrency": self.settings.concurrency,
-            "started_ms": self._started_ms,
-            "lease_s": self.settings.lease_s,
-            "registered_ms": now_ms(),  # what lease_renewed_s_ago counts from
-            "jobs": jobs,
-            "containment": self._pool.containment if self._pool is not None else None,
-        }
+        record = WorkerRecord(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queue=self.settings.queue,
+            concurrency=self.settings.concurrency,
+            started_ms=self._started_ms,
+            lease_s=self.settings.lease_s,
+            registered_ms=now_ms(),  # what lease_renewed_s_ago counts from
+            jobs=jobs,
+            containment=self._pool.containment if self._pool is not None else None,
+        )
         try:
-            self.backend.register_worker(self.id, info, ttl_s=self.settings.lease_s)
+            self.backend.register_worker(self.id, record.model_dump(), ttl_s=self.settings.lease_s)
         except BackendError as exc:
             if raise_errors:
                 raise
             log.warning("could not register worker: %s", exc)
+
+    def _disconnect(self, unwatch: Callable[[], None] | None) -> None:
+        """Let go of the backend: in this order, on one thread, so nothing reads a
+        connection once it closes."""
+        if unwatch is not None:
+            unwatch()
+        self._close_metrics()
+        self._unregister()
+        self.backend.close()
 
     def _unregister(self) -> None:
         try:

@@ -256,10 +256,19 @@ def worker_record(worker_id: str, raw: bytes | str) -> dict[str, Any]:
         if name in record and not _is(record[name], kinds):
             unreadable.append(f"{name} ({_clip_repr(record[name])}) is not {_KIND_NAMES[kinds]}")
             record[name] = None
-    jobs = record.get("jobs")
+    if "jobs" in record:
+        record["jobs"] = _checked_jobs(record["jobs"], unreadable)
+    if unreadable:
+        record["unreadable"] = unreadable
+    return record
+
+
+def _checked_jobs(jobs: Any, unreadable: list[str]) -> list[dict[str, Any]]:
+    """A worker record's ``jobs``, checked like the record: what is wrong becomes None
+    (or is left out) and is listed in ``unreadable``."""
     if jobs is not None and not isinstance(jobs, list):
         unreadable.append(f"jobs ({_clip_repr(jobs)}) is not a list")
-        jobs = None
+        return []
     checked = []
     for n, job in enumerate(jobs or [], 1):
         if not isinstance(job, dict):
@@ -272,11 +281,7 @@ def worker_record(worker_id: str, raw: bytes | str) -> dict[str, Any]:
                                   f"{_KIND_NAMES[kinds]}")  # fmt: skip
                 job[name] = None
         checked.append(job)
-    if "jobs" in record:
-        record["jobs"] = checked
-    if unreadable:
-        record["unreadable"] = unreadable
-    return record
+    return checked
 
 
 _Kinds = tuple[type, ...]
