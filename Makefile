@@ -42,11 +42,15 @@ demo: $(STAMP)
 test: $(STAMP) servers
 	$(PY) -m pytest -q
 
+# ruff (with its complexity rule), ruff format, mypy --strict, and the one-way import
+# rule (import-linter; the layers are in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check sandboxq tests examples bench
 	$(VENV)/bin/ruff format --check sandboxq tests examples bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
+# What CI runs (.ci/run): the habits first, then every test.
 check: lint test
 
 # Every benchmark into bench/results/report.md (~7 min on 2 cores); QUICK=1 for a smoke

@@ -209,36 +209,9 @@ def _json_problem(parts: tuple[tuple[str, Any], ...]) -> str | None:
 
 
 def _problems(value: Any, path: str, seen: set[int], depth: int) -> Iterator[tuple[str, str]]:
-    if value is None:
-        return
-    if isinstance(value, int):  # bool and IntEnum are ints too
-        try:
-            str(value)
-        except ValueError:  # over sys.get_int_max_str_digits()
-            yield path, f"is an integer of {value.bit_length()} bits, too long to write as text"
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            yield path, f"is {value!r}: JSON has no NaN or infinity"
-        return
-    if isinstance(value, str):
-        try:
-            value.encode()
-        except UnicodeEncodeError as exc:
-            bad = value[exc.start : exc.end]
-            yield path, f"is a string holding {bad!r}, which UTF-8 cannot carry (a lone surrogate)"
-        return
     if not isinstance(value, _CONTAINERS):
-        kind = type(value)
-        name = (
-            kind.__qualname__
-            if kind.__module__ == "builtins"
-            else f"{kind.__module__}.{kind.__qualname__}"
-        )
-        yield (
-            path,
-            f"is a {name} ({_short(value)}): JSON carries only {_JSON_TYPES}",
-        )
+        if (problem := _scalar_problem(value)) is not None:
+            yield path, problem
         return
     if id(value) in seen:
         yield path, "contains itself (a circular reference)"
@@ -261,6 +234,34 @@ def _problems(value: Any, path: str, seen: set[int], depth: int) -> Iterator[tup
         for i, item in enumerate(value):
             yield from _problems(item, f"{path}[{i}]", seen, depth + 1)
     seen.discard(id(value))
+
+
+def _scalar_problem(value: Any) -> str | None:
+    """Why JSON cannot carry ``value`` (not a container) exactly, or None."""
+    if value is None:
+        return None
+    if isinstance(value, int):  # bool and IntEnum are ints too
+        try:
+            str(value)
+        except ValueError:  # over sys.get_int_max_str_digits()
+            return f"is an integer of {value.bit_length()} bits, too long to write as text"
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"is {value!r}: JSON has no NaN or infinity"
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            bad = value[exc.start : exc.end]
+            return f"is a string holding {bad!r}, which UTF-8 cannot carry (a lone surrogate)"
+        return None
+    kind = type(value)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    return f"is a {name} ({_short(value)}): JSON carries only {_JSON_TYPES}"
 
 
 def _short(value: Any) -> str:
