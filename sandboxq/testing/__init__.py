@@ -8,9 +8,8 @@
     waiting        wait_for: poll a condition against a deadline that names what it waits for
     processes      which processes a test left behind
     redis_server   a throwaway redis-server on a free port or a Unix socket
-    redis_cluster  a throwaway 3-master Redis Cluster; moves a slot as resharding would
-    redis_sentinel a master, a replica and sentinels; kills the master for a failover
-    proxy          a TCP proxy that delays, stalls or cuts traffic (network faults)
-    ledger         a handler that logs its executions, and the check that none overlapped
-    contract       the suite every Backend must pass
+
+The project's own test bench (the backend contract suite, the network proxy, throwaway
+Cluster and Sentinel servers, the execution ledger) is in the repository's tests/support/,
+not in the package.
 """

@@ -107,7 +107,7 @@ class Dispatcher:
         self._parts = parts  # the worker's other threads, watched with the fetcher
         self._metrics = metrics
         self._policy = ExitPolicy(exit_codes=settings.exit_codes)
-        #: What the other threads tell the main thread (dispatch_events.py); run() reads it.
+        #: What the other threads tell the main thread (events.py); run() reads it.
         self.events: SimpleQueue[DispatchEvent] = SimpleQueue()
         self.fetcher: Fetcher | None = None
         #: Why the worker failed (one line), or None: set once, by ``fail``.
