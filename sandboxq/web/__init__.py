@@ -3,10 +3,10 @@
     create_app(url) ──► a Starlette app: standalone (``sandboxq dashboard``) or mounted in
                         a FastAPI / Starlette service (``app.mount("/admin/queues", ...)``)
 
-    app.py    routes, actions, security headers     views.py  the pages' HTML
-    hub.py    one events reader, SSE fan-out         html.py   escaping, links, layout
-    state.py  backends, the queues shown, the hub     auth.py   token, cookie, CSRF, Origin
-    static/   app.js and style.css (no CDN)
+    app.py    create_app: route table, headers     routes.py the endpoints and actions
+    views.py  the pages' HTML                      html.py   escaping, links, layout
+    hub.py    one events reader, SSE fan-out       auth.py   token, cookie, CSRF, Origin
+    state.py  backends, the queues shown, the hub  static/   app.js, style.css (no CDN)
 
 Nothing here is imported by ``import sandboxq``: a producer never loads Starlette.
 """
