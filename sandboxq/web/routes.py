@@ -24,10 +24,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobState, check_job_id
+from sandboxq.models import JobState, check_job_id, now_ms
 from sandboxq.web import views
 from sandboxq.web.auth import COOKIE, SESSION_S, cross_site
-from sandboxq.web.html import Safe, esc, href, layout, now_ms
+from sandboxq.web.html import Safe, esc, href, layout
 from sandboxq.web.html import url as url_
 from sandboxq.web.hub import COALESCE_S
 from sandboxq.web.state import Dashboard
