@@ -26,10 +26,15 @@ import os
 import signal
 import time
 
+from sandboxq.pool.kill import ended
+
 #: The v1 controllers cgroup mode needs; v2 needs the first two (freezing is built in).
 V1_CONTROLLERS = ("memory", "pids", "freezer")
 V2_CONTROLLERS = ("memory", "pids")
 PREFIX = "sandboxq."
+#: How long a kill waits for the processes it killed to be dead (a task in an
+#: uninterruptible wait dies only when that wait returns), as ``kill.SWEEP_WAIT_S``.
+KILL_WAIT_S = 1.0
 
 
 _pools = itertools.count(1)
@@ -108,24 +113,29 @@ class Group:
     # -- kill -----------------------------------------------------------------------------
 
     def kill(self, *, thaw: bool = True) -> None:
-        """SIGKILL every process in the group; none can run another instruction after.
+        """SIGKILL every process in the group and wait (up to ``KILL_WAIT_S``) until each
+        one is dead: none can run another instruction after.
 
-        ``thaw=False`` leaves the group frozen, SIGKILLs pending: the caller reports the
-        kill first, then calls ``thaw`` (waking hundreds of tasks takes milliseconds).
+        ``thaw=False`` leaves the group frozen, SIGKILLs pending, and does not wait (a
+        frozen task cannot die): the caller reports the kill first, then calls ``thaw``
+        (waking hundreds of tasks takes milliseconds).
         """
         if self._version == 2:
             kill_file = os.path.join(self.dirs["unified"], "cgroup.kill")
+            listed = set(self.pids())  # to wait for: an exiting task leaves the list
             try:
                 _write(kill_file, "1")
-                return
             except OSError as exc:
                 if exc.errno != errno.ENOENT:  # no cgroup.kill before Linux 5.14
                     raise
+            else:
+                self._wait_dead(listed)
+                return
+        killed: set[int] = set()
         self._freeze(True)
         try:
             # A task the freezer has not reached yet can fork once more before it stops:
             # list again until a pass finds nobody new.
-            killed: set[int] = set()
             while fresh := [pid for pid in self.pids() if pid not in killed]:
                 for pid in fresh:
                     with contextlib.suppress(ProcessLookupError):
@@ -136,6 +146,34 @@ class Group:
             raise
         if thaw:
             self.thaw()
+            self._wait_dead(killed)
+
+    def _wait_dead(self, killed: set[int]) -> None:
+        """Wait until every process in ``killed`` has ended and the group lists nobody
+        else, SIGKILLing whoever shows up meanwhile (added to ``killed``).
+
+        Why: the outcome is reported right after the kill, and a SIGKILL is only pending
+        until its task runs again: on a loaded machine the processes of a fork bomb were
+        still running when the outcome of an attempt whose child had exited was reported
+        (design invariant 10). And a fork already past the kernel's signal check when
+        its parent was killed can join the group after the last listing above, with no
+        SIGKILL of its own (the v1 freeze is not waited for either). Its parent ends only
+        once that fork is done, so the group is listed after the check that every killed
+        process ended, and whoever it shows is killed and waited for too.
+        """
+        deadline = time.monotonic() + KILL_WAIT_S
+        waiting = set(killed)
+        while True:
+            waiting = {pid for pid in waiting if not ended(pid)}
+            fresh = [pid for pid in self.pids() if pid not in killed]
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            killed.update(fresh)
+            waiting.update(fresh)
+            if not waiting or time.monotonic() >= deadline:
+                return
+            time.sleep(0.0005)
 
     def thaw(self) -> None:
         """Frozen tasks only act on their pending SIGKILL once thawed."""

@@ -25,16 +25,20 @@ import os
 import select
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sandboxq.pool.kill import children_of, sweep
+from sandboxq.pool.kill import children_of, ended, sweep
 
 _lock = threading.Lock()
 _pool_children: set[int] = set()
 #: Per fork server, the processes it had started itself (a preloaded module may start a
 #: helper at import) before its first pool child: never orphans.
 _own: dict[int, set[int]] = {}
+#: How long ``sweep_orphans`` goes on sweeping while orphans are still alive (a process in
+#: an uninterruptible wait dies only when that wait returns).
+ORPHAN_WAIT_S = 1.0
 
 
 @contextmanager
@@ -67,15 +71,31 @@ def pid() -> int | None:
 
 def sweep_orphans() -> int:
     """Kill every process below the fork server that is not a registered pool child (what
-    children that died on their own left behind). Returns how many were killed."""
+    children that died on their own left behind), and wait (up to ``ORPHAN_WAIT_S``, plus
+    the last sweep's own wait) until none is left alive. Returns how many were killed."""
     server = pid()
     if server is None:
         return 0
-    killed = 0
+    killed = clean = 0
+    deadline = time.monotonic() + ORPHAN_WAIT_S
     with _lock:
         own = _own.get(server, set())
-        for orphan in children_of(server):
-            if orphan not in _pool_children and orphan not in own:
+        # Why a loop: a sweep waits only for the processes its walk found, and an orphan
+        # that dies (a killed fork bomb dies from the top) hands its children to the fork
+        # server, possibly after we read its list and before the walk reached them: they
+        # were left dying, still running when the outcome was reported (design invariant
+        # 10). A process hands its children over before it becomes a zombie, so once the
+        # fork server's list holds nothing alive, nothing of the attempt is. The list is
+        # read one entry at a time while the fork server reaps, which can skip one: two
+        # clean reads in a row.
+        while clean < 2 and time.monotonic() < deadline:
+            orphans = [
+                orphan
+                for orphan in children_of(server)
+                if orphan not in _pool_children and orphan not in own and not ended(orphan)
+            ]
+            clean = 0 if orphans else clean + 1
+            for orphan in orphans:
                 killed += sweep(orphan)
     return killed
 
