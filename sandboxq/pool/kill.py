@@ -152,47 +152,55 @@ def sweep(root: int, *, include_root: bool = True, known: Iterable[psutil.Proces
     stale entry can never hit an unrelated process.
     """
     if not _CHILDREN_LISTS:  # no per-thread children lists: psutil's slower walk, unfrozen
-        for proc in (*descendants(root), *known):
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
+        _kill_known((*descendants(root), *known))
         if include_root:
             _signal(root, signal.SIGKILL)
         return 0
-    stopped: set[int] = set()
-    if include_root:
-        _signal(root, signal.SIGSTOP)
-        stopped.add(root)
-    while True:
-        new = [pid for pid in _descendant_pids(root) if pid not in stopped]
-        if not new:
-            break
-        for pid in new:
-            _signal(pid, signal.SIGSTOP)
-        stopped.update(new)
+    stopped = _stop_tree(root, include_root)
     for pid in stopped:
         _signal(pid, signal.SIGKILL)
-    for proc in known:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+    _kill_known(known)
     if include_root:
         try:
             os.killpg(root, signal.SIGKILL)  # a group member not yet forked when walked
         except (ProcessLookupError, PermissionError):
             pass
-    # Wait for one process at a time: re-reading every /proc entry on each turn would take
-    # the CPU that the kernel needs to tear the 200 processes of a burst down.
+    _wait_ended(list(stopped))
+    return len(stopped)
+
+
+def _stop_tree(root: int, include_root: bool) -> set[int]:
+    """SIGSTOP ``root`` (when included) and every process below it, walking again until a
+    walk finds nobody new: a stopped process forks no more. Returns the pids stopped."""
+    stopped: set[int] = set()
+    if include_root:
+        _signal(root, signal.SIGSTOP)
+        stopped.add(root)
+    while new := [pid for pid in _descendant_pids(root) if pid not in stopped]:
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        stopped.update(new)
+    return stopped
+
+
+def _kill_known(procs: Iterable[psutil.Process]) -> None:
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
+def _wait_ended(waiting: list[int]) -> None:
+    """Wait (up to ``SWEEP_WAIT_S``) until every pid in ``waiting`` has ended."""
+    # One process at a time: re-reading every /proc entry on each turn would take the CPU
+    # that the kernel needs to tear the 200 processes of a burst down.
     deadline = time.monotonic() + SWEEP_WAIT_S
-    waiting = list(stopped)
     while waiting and time.monotonic() < deadline:
         if ended(waiting[-1]):
             waiting.pop()
         else:
             time.sleep(0.0005)
-    return len(stopped)
 
 
 def kill_tree(pid: int, known: Iterable[psutil.Process] = ()) -> None:
