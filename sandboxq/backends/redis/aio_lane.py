@@ -14,6 +14,11 @@ loop per batch. A lone caller pays one round trip, as before.
 Replies come back in order, so each caller's slice is its own; an error reply fails only
 the call that got it. A connection failure fails the batch in flight (the scripts may
 have run: never resent here, as in ``Lane``); the next batch reconnects.
+
+Measured (bench/aio_bench.py, 2026-11, 7 alternating pairs on 2 cores), against the same
+scripts sent with redis.asyncio's ``execute_command`` (a pipeline for several) and nothing
+coalesced: ``aio.Queue.enqueue`` awaited one at a time 1.44x (7,900 against 5,500 jobs/s),
+100 coroutines enqueueing at once 5.8x (44,700 against 7,700 jobs/s).
 """
 
 from __future__ import annotations
