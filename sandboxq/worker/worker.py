@@ -4,14 +4,16 @@
                          ├─ Dispatcher (dispatch.py) fetcher thread (fetcher.py): claim →
                          │                           pool; main thread: acks → finish + claim
                          ├─ Heartbeat (heartbeat.py) renews leases; a lost one is killed
+                         ├─ RegistryRefresh          republishes this worker's WorkerRecord
                          ├─ Reaper (reaper.py)       recovers expired leases (a dead worker's jobs)
                          ├─ cancellation watch       a cancelled job's child is killed
-                         └─ WorkerMetrics (metrics.py, only with metrics_port) served on
-                                                     its own thread; reads the parts above
+                         └─ WorkerMetrics (observe/metrics.py, only with metrics_port)
+                                                     served on its own thread; reads the parts
 
 This module only wires the parts together and owns their lifetime: start, the signals
-that stop it (drain.py runs the graceful stop), the hooks the heartbeat and the
-cancellation watch call, and what the worker publishes about itself for ``sandboxq info``.
+that stop it (drain.py runs the graceful stop; every part reads it from one StopRequest),
+the hooks the heartbeat and the cancellation watch call, and what the worker publishes
+about itself for ``sandboxq info``.
 
 Lifetime promises: ``run()`` returns within ``stop_timeout_s`` + 1 s of ``stop()`` and
 within 1 s of ``stop(now=True)`` (a second signal), whatever the backend is doing: every
