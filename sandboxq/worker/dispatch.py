@@ -115,7 +115,7 @@ class Dispatcher:
         self._next_watch = 0.0
         # attempts that ended without an ack, for confirm_dead
         self._unacked: list[Unacked] = []
-        #: Writes progress on its own thread (closed by the worker when it stops).
+        #: Writes progress on its own thread (stopped by the worker when it stops).
         self.progress = ProgressWriter(backend, worker_id)
 
     def fail(self, cause: str) -> None:
