@@ -71,9 +71,6 @@ class Fetcher(BackgroundThread):
         self._fail(f"the fetcher thread died: {self.died}")
 
     def loop(self) -> None:
-        self._fetch()
-
-    def _fetch(self) -> None:
         failures = 0
         idle = False  # the last claim found nothing
         while not self.stopped.is_set():

@@ -24,7 +24,8 @@ class BackgroundThread:
 
     def __init__(self, name: str, stopped: threading.Event | None = None) -> None:
         self.name = name
-        #: Set by ``stop()``; ``loop`` waits on it between rounds.
+        #: Set by ``stop()``; ``loop`` waits on it between rounds. It may be shared: the
+        #: fetcher's is the worker's own stop request, so it ends when the worker stops.
         self.stopped = stopped or threading.Event()
         #: Why the thread died (``repr`` of what it raised), or None.
         self.died: str | None = None
