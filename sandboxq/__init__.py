@@ -1,8 +1,9 @@
 """sandboxq: a job queue for CPU-heavy work whose handlers run in sandboxed child processes.
 
-The errors and the enums are imported at once; ``Queue``, ``Job``, ``Pool``,
+The errors are imported at once; the enums, ``Queue``, ``Job``, ``Pool``,
 ``SandboxWorker`` and ``current_job`` only when first used, so a producer that only
-enqueues never loads process machinery.
+enqueues never loads process machinery, and a helper process of the pool never loads
+pydantic.
 
 The design (architecture, one job's path from enqueue to ack, the invariants, the Redis
 model, the containment modes, the outcomes) is in docs/design.md; a comment that says
@@ -28,15 +29,20 @@ from sandboxq.errors import (
     SoftTimeout,
     WorkerFailed,
 )
-from sandboxq.models import Action, JobState, Outcome
 
 if TYPE_CHECKING:
     from sandboxq.client import Job, Queue
+    from sandboxq.models import Action, JobState, Outcome
     from sandboxq.pool.child import current_job
     from sandboxq.pool.pool import Pool
     from sandboxq.worker import SandboxWorker
 
 _LAZY = {
+    # The enums live with the records (pydantic): loaded on first use, so that a process
+    # that needs neither (the pool's guard, a child's start) does not pay for pydantic.
+    "Action": "sandboxq.models",
+    "JobState": "sandboxq.models",
+    "Outcome": "sandboxq.models",
     "Pool": "sandboxq.pool.pool",
     "current_job": "sandboxq.pool.child",
     "Queue": "sandboxq.client",
