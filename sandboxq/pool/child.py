@@ -1,7 +1,7 @@
 """The child's main loop. Runs in the child process; never imports Redis code.
 
     start: join its control group, set rlimits (limits.py) → setsid (own process group)
-           → subreaper → die with the parent → import the processor → Ready
+           → subreaper → stop when the parent dies → import the processor → Ready
     loop:  Run ─► decode args ─► processor(*args, **kwargs) ─► encode result ─┐
                                         │ raised / SoftTimeout                 │
                                         ▼                                      ▼
@@ -20,14 +20,9 @@ a helper alive across jobs on purpose; the child still sweeps when it exits.
 The soft timeout arrives as SIGSOFT: the handler raises ``SoftTimeout`` in the main thread
 only while the processor is running, so a late signal can never break the loop itself.
 
-The fence guard, a thread, kills the child's process group once the running attempt's
-fence deadline (``time.monotonic()``, shared with the parent, which moves it on every
-renewal) has passed. The parent enforces the same deadline; the guard covers a parent
-that cannot: stopped (Ctrl-Z stops the worker's process group, and children have their
-own), or starved. It sleeps until the deadline is near (looking again every
-``GUARD_IDLE_S``), not in short polls: every wake of a second thread takes the GIL from
-the handler. A handler holding the GIL in one long C call keeps the guard from
-running, so then only the parent's fence remains.
+The fence deadline of the running attempt is not the child's to enforce: the pool's
+guard process (guard.py) kills the child's tree when it passes, whatever the child or
+its parent are doing.
 """
 
 from __future__ import annotations
@@ -40,7 +35,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 from types import FrameType
 from typing import Any
@@ -56,11 +50,6 @@ from sandboxq.processor import resolve
 #: The signal the parent sends at the soft deadline.
 SIGSOFT = signal.SIGUSR1
 
-#: The fence guard strikes up to this much before the deadline, so that it is never late.
-FENCE_CHECK_S = 0.05
-#: How long the fence guard sleeps while no deadline is set, or between looks at a far one
-#: (the parent may move it, or start an attempt with an earlier one).
-GUARD_IDLE_S = 0.25
 #: The ``shared`` array between parent and child: [0] the id of the task the child
 #: started last (written before it runs anything of it), [1] how many tasks the parent
 #: has withdrawn, [2:] a ring of their task ids. A withdrawn task is skipped, never run.
@@ -197,24 +186,10 @@ def run_one(
         conn.send(reply)
 
 
-def _guard_fence(fence: Any) -> None:
-    """Kill this child's tree once the running attempt's fence deadline (0: none) is near."""
-    while True:
-        deadline = fence.value
-        now = time.monotonic()
-        if deadline and _current is not None and now + FENCE_CHECK_S >= deadline:
-            os.killpg(0, signal.SIGKILL)
-        wait = GUARD_IDLE_S
-        if deadline:
-            wait = min(wait, max(deadline - FENCE_CHECK_S - now, 0.01))
-        time.sleep(wait)
-
-
 def child_main(
     sock: socket.socket,
     processor_path: str,
     soft_task_id: Any,
-    fence: Any,
     keep_strays: bool = False,
     shared: Any = None,
     setup: limits.ChildSetup | None = None,
@@ -227,9 +202,11 @@ def child_main(
     conn = Channel(sock)
     os.setsid()  # own session and process group: one killpg takes the whole tree
     linux.become_subreaper()  # whatever the handler starts stays below us: see sweep
-    if not linux.die_with_parent(signal.SIGKILL):
+    # Why stop, not die: a child that dies hands what it started to init, out of reach of
+    # any sweep; a stopped one keeps its whole tree below it, for the supervisor (the fork
+    # server died alone) or the pool's guard (the worker died with it) to kill all of it.
+    if not linux.die_with_parent(signal.SIGSTOP):
         os._exit(1)
-    threading.Thread(target=_guard_fence, args=(fence,), name="sandboxq-fence", daemon=True).start()
     # The fork server's parent-death handler is inherited: a child must not run it.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(SIGSOFT, _on_soft_timeout)

@@ -4,7 +4,7 @@
                                       and the orphans below the fork server), then
         running attempt: started? → settled with the outcome its death explains
                                     (our kill's reason, an OOM kill in its group, the CPU
-                                    limit, an exit code, the fence guard, else a crash)
+                                    limit, an exit code, the guard's fence, else a crash)
                          not started → back to the front of pending, uncharged
         queued attempts: never started → back to pending, in order (one killed while
                                     queued ends with its kill's outcome)
@@ -28,8 +28,8 @@ from collections.abc import Callable
 from sandboxq.models import Outcome
 from sandboxq.pool import server
 from sandboxq.pool.attempt import signal_name
-from sandboxq.pool.child import FENCE_CHECK_S
 from sandboxq.pool.containment import Containment
+from sandboxq.pool.guard import GUARD_EARLY_S
 from sandboxq.pool.handles import Attempt, Child
 from sandboxq.pool.kill import descendants
 
@@ -123,13 +123,13 @@ def stop_all(children: list[Child], pending: deque[Attempt]) -> None:
 
 def kill_overshoot_s(run: Attempt, outcome: Outcome, now: float) -> float | None:
     """How late the deadline kill that ended ``run`` with ``outcome`` landed, reaped at
-    ``now`` (None: not a deadline kill). The fence's kill is often the child's own guard,
-    which fires up to FENCE_CHECK_S early on purpose: that counts as on time (0). A lease
+    ``now`` (None: not a deadline kill). The fence's kill is often the pool's guard, which
+    strikes up to GUARD_EARLY_S early on purpose: that counts as on time (0). A lease
     lost earlier than that (a rejected renewal) had no deadline to be late for."""
     if outcome is Outcome.HARD_TIMEOUT and run.hard_deadline is not None:
         return max(0.0, now - run.hard_deadline)
     fence = run.fence_deadline
-    if outcome is Outcome.LEASE_LOST and fence is not None and now + FENCE_CHECK_S >= fence:
+    if outcome is Outcome.LEASE_LOST and fence is not None and now + GUARD_EARLY_S >= fence:
         return max(0.0, now - fence)
     return None
 
@@ -148,7 +148,7 @@ def death_outcome(
         return Outcome.CPU_LIMIT, "the attempt used up its CPU time (cpu_time_s)", code, signum
     if code is not None:
         return Outcome.EXIT, f"the handler exited with code {code}", code, signum
-    if signum == signal.SIGKILL and fence and time.monotonic() + FENCE_CHECK_S >= fence:
-        # the child's own fence guard: the parent had not renewed the lease in time
+    if signum == signal.SIGKILL and fence and time.monotonic() + GUARD_EARLY_S >= fence:
+        # the pool's guard (guard.py): the lease was not renewed in time
         return Outcome.LEASE_LOST, "the lease could not be renewed in time", code, signum
     return Outcome.CRASHED, f"the child was killed by {signal_name(signum or 0)}", code, signum

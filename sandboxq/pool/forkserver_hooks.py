@@ -12,8 +12,9 @@ So, inside the fork server:
                                               │ PR_SET_CHILD_SUBREAPER: orphaned
                                               │ grandchildren are re-parented here,
                                               ▼ so "every descendant" is all of them
-                                        children (PR_SET_PDEATHSIG=SIGKILL on the
-                                        fork server, as a second line)
+                                        children (PR_SET_PDEATHSIG=SIGSTOP on the
+                                        fork server: a child frozen with its tree,
+                                        for the pool's guard to kill, guard.py)
 
 ``PR_SET_PDEATHSIG`` fires when the *thread* that started us exits, not only the process;
 the handler therefore checks that the worker process is really gone (our parent pid

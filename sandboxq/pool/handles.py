@@ -24,6 +24,7 @@ from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import SIGSOFT, STARTED, WITHDRAWN, WITHDRAWN_RING
+from sandboxq.pool.guard import Fence
 from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
 from sandboxq.pool.messages import Failed, Finished
 
@@ -162,13 +163,11 @@ class Child:
         "soft_task_id",
     )
 
-    def __init__(
-        self, process: Any, conn: Channel, soft_task_id: Any, fence: Any, shared: Any
-    ) -> None:
+    def __init__(self, process: Any, conn: Channel, soft_task_id: Any, shared: Any) -> None:
         self.process = process
         self.conn = conn
         self.soft_task_id = soft_task_id  # shared: which attempt the soft signal is meant for
-        self.fence = fence  # shared: the running attempt's fence deadline, for its guard
+        self.fence = Fence(None)  # its slot in the guard's table (guard.py), once guarded
         self.shared = shared  # shared: the task it started last, the tasks withdrawn (child.py)
         self.pid: int = process.pid
         self.ready = False
@@ -186,9 +185,9 @@ class Child:
         return self.jobs_done + (self.running is not None) + len(self.queued)
 
     def sync_fence(self) -> None:
-        """Tell the child's fence guard the running attempt's fence deadline (0: none)."""
+        """Tell the pool's guard the running attempt's fence deadline (none: nothing runs)."""
         run = self.running
-        self.fence.value = (run.fence_deadline or 0.0) if run is not None else 0.0
+        self.fence.deadline = run.fence_deadline if run is not None else None
 
     def rss(self) -> int:
         return tree_rss(self.pid)[0]

@@ -156,7 +156,7 @@ def sweep(root: int, *, include_root: bool = True, known: Iterable[psutil.Proces
         if include_root:
             _signal(root, signal.SIGKILL)
         return 0
-    stopped = _stop_tree(root, include_root)
+    stopped = stop_tree(root, include_root)
     for pid in stopped:
         _signal(pid, signal.SIGKILL)
     _kill_known(known)
@@ -169,7 +169,7 @@ def sweep(root: int, *, include_root: bool = True, known: Iterable[psutil.Proces
     return len(stopped)
 
 
-def _stop_tree(root: int, include_root: bool) -> set[int]:
+def stop_tree(root: int, include_root: bool) -> set[int]:
     """SIGSTOP ``root`` (when included) and every process below it, walking again until a
     walk finds nobody new: a stopped process forks no more. Returns the pids stopped."""
     stopped: set[int] = set()

@@ -1,7 +1,7 @@
 """Starting pool children, and following the fork server they are forked from.
 
-    spawn() ──► a channel pair, the shared values (soft-signal target, fence deadline,
-                started/withdrawn tasks), a control group in a cgroup mode
+    spawn() ──► a channel pair, the shared values (soft-signal target, started/withdrawn
+                tasks), a control group in a cgroup mode
             ──► Process(child_main) started (launch.py; through the fork server with the
                 forkserver start method) and registered (server.py) before an orphan
                 sweep can see it
@@ -61,12 +61,11 @@ class Spawner:
         imported). Raises ``OSError`` when none could be started."""
         channel, child_end = Channel.pair(max_frame=self._max_frame)
         soft = self._ctx.RawValue("q", 0)
-        fence = self._ctx.RawValue("d", 0.0)
         shared = self._ctx.RawArray("q", SHARED_SIZE)
         group, setup = self._contain.new_child()
         process = self._ctx.Process(
             target=child_main,
-            args=(child_end, self._processor, soft, fence, self._keep_strays, shared, setup),
+            args=(child_end, self._processor, soft, self._keep_strays, shared, setup),
             name="sandboxq-child",
         )
         try:
@@ -78,7 +77,7 @@ class Spawner:
             raise
         finally:
             child_end.close()
-        child = Child(process, channel, soft, fence, shared)
+        child = Child(process, channel, soft, shared)
         child.group = group
         return child
 

@@ -52,6 +52,7 @@ from sandboxq.pool.attempt import Task
 from sandboxq.pool.channel import BadMessage
 from sandboxq.pool.commands import Close, Command, Mailbox, Submit
 from sandboxq.pool.containment import Containment
+from sandboxq.pool.guard import Guard
 from sandboxq.pool.handles import Attempt, Child, OnDone, call, readable
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready
@@ -104,6 +105,9 @@ class Supervisor:
             selector=self._selector,
             on_server_death=self._on_server_death,
         )
+        # Room for the pool's children, the retiring ones still exiting, and their
+        # replacements.
+        self._guard = Guard(capacity=4 * size + 8)
         self._closing = False
         self._start_failures = 0
         #: Children started, replacements included (the worker's pool restarts metric).
@@ -169,6 +173,7 @@ class Supervisor:
 
     def _main(self) -> None:
         self._selector.register(self._mail.fd, selectors.EVENT_READ, self._on_wake)
+        self._start_guard()
         try:
             try:
                 for _ in range(self._size):
@@ -212,6 +217,7 @@ class Supervisor:
             self._break(f"no child could be started: {exc!r}")
             return
         self.spawned += 1
+        child.fence = self._guard.add(child.pid)
         self._spawner.follow_server()
         self._children.append(child)
         self._selector.register(
@@ -234,6 +240,19 @@ class Supervisor:
                 f"the pool's fork server died {deaths_in_window} times within "
                 f"{server.DEATH_WINDOW_S:g} s (last pid {dead})"
             )
+
+    def _start_guard(self) -> None:
+        if (fd := self._guard.start()) is not None:
+            self._selector.register(fd, selectors.EVENT_READ, self._on_guard_death)
+
+    def _on_guard_death(self, fd: int) -> None:
+        """The guard process died (killed, crashed): start another on the same table. Until
+        it reads it, the supervisor's own fence is the only one."""
+        self._selector.unregister(fd)
+        pid = self._guard.pid
+        how = self._guard.lost()
+        log.error("the pool's fence guard (pid %s) %s; starting a new one", pid, how)
+        self._start_guard()
 
     # -- messages from children ------------------------------------------------------------
 
@@ -328,6 +347,7 @@ class Supervisor:
         if child in self._idle:
             self._idle.remove(child)
         deaths.bury(child, exitcode, self._pending, self._contain)
+        self._guard.remove(child.fence)
         if not child.ready and not child.retiring and not child.server_died:
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:
@@ -347,12 +367,15 @@ class Supervisor:
             self._pending.popleft().settle(Outcome.INTERRUPTED, None, detail=why)
 
     def _shutdown(self) -> None:
-        """Stop every child (``deaths.stop_all``), then close the fork server's pidfd, the
-        control groups and the selector."""
+        """Stop every child (``deaths.stop_all``), then the guard, and close the fork
+        server's pidfd, the control groups and the selector."""
         self._on_wake(None)  # commands that raced with close: submits end as interrupted
         commands.cancel_all(self._children, self._pending)
         deaths.stop_all(self._children, self._pending)
         self._children.clear()
+        if (fd := self._guard.pidfd) is not None:
+            self._selector.unregister(fd)
+        self._guard.close()
         self._spawner.close()
         self._contain.close()
         self._selector.close()
