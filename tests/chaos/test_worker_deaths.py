@@ -1,5 +1,6 @@
 """Whole workers die or freeze mid-run: SIGKILL of a parent (restarted later), SIGSTOP of
-a parent and its children for longer than the lease, then SIGCONT."""
+a parent and its children for longer than the lease, then SIGCONT; SIGSTOP of the
+parent alone, and of its process group (Ctrl-Z)."""
 
 from __future__ import annotations
 
@@ -96,14 +97,16 @@ def test_a_worker_frozen_past_its_lease_is_fenced_when_it_thaws(scene: Scene) ->
     assert not result.failed and not fleet.errors()
 
 
+@pytest.mark.parametrize("group", [True, False], ids=["its-group", "the-parent-alone"])
 def test_a_worker_parent_stopped_alone_cannot_let_its_children_outlive_their_leases(
-    scene: Scene,
+    scene: Scene, group: bool
 ) -> None:
     """Ctrl-Z on a worker in a terminal stops its process group: the parent and its fork
     server, but not its children, which run in sessions of their own (one killpg takes a
-    child's whole tree). The stopped parent can neither renew nor fence; each child must
-    fence itself before its lease can expire, or another worker would run its job at the
-    same time. When the group resumes, the worker goes back to work."""
+    child's whole tree); ``kill -STOP`` of the parent stops it alone. The stopped parent
+    can neither renew nor fence; the pool's guard must stop the children with it and kill
+    them before their leases can expire, or another worker would run their jobs at the
+    same time. When the parent resumes, the worker goes back to work."""
     fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
     stopped, _other = fleet.start(2, children=2)
     producer = scene.producer(12, batch=12, seconds=lambda rng: rng.uniform(3.0, 5.0))
@@ -113,14 +116,15 @@ def test_a_worker_parent_stopped_alone_cannot_let_its_children_outlive_their_lea
         "both children of the worker to be running jobs",
     )
     held = unfinished(scene.ledger, set(stopped.family()))
-    os.killpg(stopped.pid, signal.SIGSTOP)
+    signal_it = os.killpg if group else os.kill
+    signal_it(stopped.pid, signal.SIGSTOP)
     stopped_at = time.time()
     try:
         time.sleep(2 * LEASE_S)  # the subject: the parent stays stopped past the lease
-        # The children fenced themselves while their parent could not.
+        # The guard fenced the children while their parent could not.
         assert not any(alive(pid) for pid in held.values()), held
     finally:
-        os.killpg(stopped.pid, signal.SIGCONT)
+        signal_it(stopped.pid, signal.SIGCONT)
     resumed_at = time.time()
     result = scene.finish(producer)
     print(f"\n{len(held)} jobs running when the parent stopped; {result.line()}")
