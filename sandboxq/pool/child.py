@@ -1,7 +1,8 @@
 """The child's main loop. Runs in the child process; never imports Redis code.
 
-    start: join its control group, set rlimits (limits.py) → setsid (own process group)
-           → subreaper → stop when the parent dies → import the processor → Ready
+    start: only its channel and stdio kept (descriptors.py) → join its control group,
+           set rlimits (limits.py) → setsid (own process group) → subreaper → stop when
+           the parent dies → import the processor → Ready
     loop:  Run ─► decode args ─► processor(*args, **kwargs) ─► encode result ─┐
                                         │ raised / SoftTimeout                 │
                                         ▼                                      ▼
@@ -9,7 +10,9 @@
                                         ▼                                      ▼
                                      Failed                                 Finished
            sys.exit(N) / os._exit(N) in the handler ends the child with code N; the parent
-           reads the code from the process sentinel.
+           reads the code from the process sentinel. A reply that cannot be sent (the
+           handler closed or broke the channel) is marked in ``shared[CHANNEL_LOST]``
+           and the child exits: that attempt is an error saying so.
 
 The attempt boundary: the child is a subreaper, so whatever its handler starts (a
 daemon that double-forks, a helper in its own session) stays below it, and after every
@@ -41,7 +44,7 @@ from typing import Any
 
 from sandboxq import codec
 from sandboxq.errors import SandboxqError, SoftTimeout
-from sandboxq.pool import limits, linux
+from sandboxq.pool import descriptors, limits, linux
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
@@ -52,10 +55,12 @@ SIGSOFT = signal.SIGUSR1
 
 #: The ``shared`` array between parent and child: [0] the id of the task the child
 #: started last (written before it runs anything of it), [1] how many tasks the parent
-#: has withdrawn, [2:] a ring of their task ids. A withdrawn task is skipped, never run.
-STARTED, WITHDRAWN = 0, 1
+#: has withdrawn, [2] the task whose reply could not be sent because the child's own code
+#: closed or broke its channel, [3:] a ring of the withdrawn task ids. A withdrawn task is
+#: skipped, never run.
+STARTED, WITHDRAWN, CHANNEL_LOST, RING = 0, 1, 2, 3
 WITHDRAWN_RING = 64
-SHARED_SIZE = 2 + WITHDRAWN_RING
+SHARED_SIZE = RING + WITHDRAWN_RING
 
 #: Longest progress message that crosses the pipe; a longer one is cut to this many chars.
 MAX_PROGRESS_MESSAGE = 4096
@@ -160,7 +165,7 @@ def run_one(
         # First "started", then the check: the parent withdraws a task only while this
         # process is stopped (SIGSTOP), so it either sees it started or we see the mark.
         shared[STARTED] = run.task_id
-        if shared[WITHDRAWN] and run.task_id in shared[2:]:
+        if shared[WITHDRAWN] and run.task_id in shared[RING:]:
             return  # withdrawn while it waited in our channel: never started, no reply
     job = _current = JobContext(conn, lock, run)
     reply: Finished | Failed
@@ -182,8 +187,16 @@ def run_one(
         _current = None
     if not keep_strays:
         sweep_own_tree()  # before the outcome leaves: nothing the attempt started outlives it
-    with lock:
-        conn.send(reply)
+    try:
+        with lock:
+            conn.send(reply)
+    except OSError:
+        # The parent closes a channel only once it no longer wants the reply (a kill, whose
+        # reason names the outcome): the handler closed or broke it. Say so, or the
+        # parent would read the child's quiet exit as the handler's exit code 0.
+        if shared is not None:
+            shared[CHANNEL_LOST] = run.task_id
+        raise
 
 
 def child_main(
@@ -196,8 +209,11 @@ def child_main(
 ) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
     global _soft_task_id
+    # First, before any of the user's code: nothing of the fork server, the resource
+    # tracker or another helper stays reachable (descriptors.py).
+    descriptors.keep_only([sock.fileno()])
     setup = setup or limits.ChildSetup()
-    limits.enter(setup)  # first: its control group and rlimits cover all that follows
+    limits.enter(setup)  # then its control group and rlimits cover all that follows
     _soft_task_id = soft_task_id
     conn = Channel(sock)
     os.setsid()  # own session and process group: one killpg takes the whole tree

@@ -9,7 +9,9 @@
         queued attempts: never started → back to pending, in order (one killed while
                                     queued ends with its kill's outcome)
     the fork server died ──► server_died(): every child died with it; each attempt is
-                             interrupted, not charged, and each child buried as above
+                             interrupted, not charged, and each child buried as above;
+                             a started attempt carries the death (``infra_death``):
+                             the worker counts it against its job
     the pool stops ──► stop_all(): channels closed, a grace to exit, then every tree
                        killed; what still ran ends as its (cancelling) kill says
 
@@ -71,8 +73,8 @@ def settle_death(child: Child, run: Attempt, exitcode: int | None, pending: dequ
         pending.appendleft(run)
         return
     child.explain_death(run)
-    if child.server_died:
-        exitcode = None
+    if child.server_died or child.lost_channel(run):
+        exitcode = None  # the code of its quiet exit is ours, not the handler's
     outcome, detail, code, signum = death_outcome(run, exitcode)
     overshoot = kill_overshoot_s(run, outcome, time.monotonic())  # metrics
     run.settle(
@@ -82,19 +84,26 @@ def settle_death(child: Child, run: Attempt, exitcode: int | None, pending: dequ
         signal=signum,
         detail=detail,
         kill_overshoot_s=overshoot,
+        infra_death=run.infra_death,
     )
 
 
 def server_died(
     children: list[Child], dead: int | None, how: str, on_exit: Callable[[Child], None]
-) -> None:
+) -> int:
     """The fork server (pid ``dead``) died, and every child with it (their parent-death
-    signal): their attempts end as interrupted, not charged, with the cause."""
-    why = f"the pool's fork server (pid {dead}) {how}; the attempt was not charged"
-    log.error("the pool's fork server (pid %s) %s; starting a fresh one", dead, how)
+    signal): their attempts end as interrupted, not charged, with the cause. Returns how
+    many of them had started: each of their jobs is charged with the death (design
+    invariant 11: a job present at repeated deaths is stopped), and a death under none is
+    the pool's own."""
+    what = f"the pool's fork server (pid {dead}) {how}"
+    why = f"{what}; the attempt was not charged"
+    log.error("%s; starting a fresh one", what)
+    blamed = 0
     for child in list(children):
-        child.lose_server(why)  # killed and gone, so its exit is handled now
+        blamed += child.lose_server(why, what)  # killed and gone: its exit is handled now
         on_exit(child)
+    return blamed
 
 
 def stop_all(children: list[Child], pending: deque[Attempt]) -> None:

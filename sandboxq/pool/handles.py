@@ -23,7 +23,7 @@ from sandboxq.models import Outcome, now_ms
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import SIGSOFT, STARTED, WITHDRAWN, WITHDRAWN_RING
+from sandboxq.pool.child import CHANNEL_LOST, RING, SIGSOFT, STARTED, WITHDRAWN, WITHDRAWN_RING
 from sandboxq.pool.guard import Fence
 from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
 from sandboxq.pool.messages import Failed, Finished
@@ -59,6 +59,7 @@ class Attempt:
         "child",
         "fence_deadline",
         "hard_deadline",
+        "infra_death",
         "kill_detail",
         "kill_outcome",
         "live",
@@ -91,6 +92,7 @@ class Attempt:
         self.soft_outcome = Outcome.SOFT_TIMEOUT  # what ending after the soft signal means
         self.kill_outcome: Outcome | None = None
         self.kill_detail: str | None = None
+        self.infra_death: str | None = None  # a helper of the pool died while it ran: what
         self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
         self.rss_base = 0  # the child's resident memory when this attempt started
 
@@ -238,6 +240,11 @@ class Child:
         """Whether the child started ``run`` (read once it is dead or stopped)."""
         return bool(self.shared[STARTED] == run.task_id)
 
+    def lost_channel(self, run: Attempt) -> bool:
+        """Whether ``run``'s reply could not be sent: the handler closed or broke the
+        child's channel (read once the child is dead)."""
+        return bool(self.shared[CHANNEL_LOST] == run.task_id)
+
     def withdraw(self, attempt: Attempt) -> bool:
         """Take a task back from the child's channel before it starts: True if it will
         never run. The child is stopped meanwhile, so it cannot start it half-way."""
@@ -247,7 +254,7 @@ class Child:
             if self.shared[STARTED] == attempt.task_id:
                 return False
             count = self.shared[WITHDRAWN]
-            self.shared[2 + count % WITHDRAWN_RING] = attempt.task_id
+            self.shared[RING + count % WITHDRAWN_RING] = attempt.task_id
             self.shared[WITHDRAWN] = count + 1
             return True
         finally:
@@ -263,14 +270,20 @@ class Child:
         except ProcessLookupError:
             pass
 
-    def lose_server(self, why: str) -> None:
+    def lose_server(self, why: str, what: str) -> bool:
         """The fork server died (and this child with it): its attempt is interrupted, not
-        charged, and its exit code (multiprocess's 255) is not the handler's."""
+        charged, and its exit code (multiprocess's 255) is not the handler's. Returns
+        whether that attempt had started: then it carries ``what`` died
+        (``infra_death``), to be counted against its job."""
         run = self.running
+        blamed = False
         if run is not None and run.kill_outcome is None:
             run.kill_outcome, run.kill_detail = Outcome.INTERRUPTED, why
+            if self.started(run):
+                run.infra_death, blamed = what, True
         self.server_died = True
         self.kill_all(run.tree if run else ())
+        return blamed
 
     def refuse(self, error: Exception) -> None:
         """The child sent what cannot be decoded (``error``): its fault alone. Kill it; its
@@ -298,7 +311,16 @@ class Child:
 
     def explain_death(self, run: Attempt) -> None:
         """An OOM kill in the group of a memory-limited attempt: it ends as memory_limit,
-        as the kernel's own counter says, not as a crash."""
+        as the kernel's own counter says, not as a crash. A reply the handler's own code
+        kept from leaving (it closed or broke the channel): an error that says so, not
+        the quiet exit that followed."""
+        if run.kill_outcome is None and self.lost_channel(run):
+            run.kill_outcome = Outcome.ERROR
+            run.kill_detail = (
+                "the handler closed or broke the child's channel to the parent, so its "
+                "outcome could not be sent; the child was replaced"
+            )
+            return
         limit, group = run.task.max_memory_mb, self.group
         if (
             limit

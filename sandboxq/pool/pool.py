@@ -180,6 +180,11 @@ class Pool:
         """Children started to replace others (crashed, killed, recycled)."""
         return max(0, self._supervisor.spawned - self.size)
 
+    @property
+    def helper_restarts(self) -> int:
+        """Helpers of the pool (its fork server) started again after they died."""
+        return self._supervisor.helper_restarts
+
     def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Run ``processor(*args, **kwargs)`` in a child; returns a Future of its result."""
         future: Future[Any] = Future()

@@ -109,8 +109,10 @@ def watch(server: int) -> int | None:
         return None
 
 
-#: The fork server may die this many times within DEATH_WINDOW_S before a pool gives up
-#: (``PoolBroken``): an OOM killer that picks it on every restart must not loop forever.
+#: The fork server may die this many times within DEATH_WINDOW_S, with no attempt running
+#: to blame, before a pool gives up (``PoolBroken``): an OOM killer that picks it on every
+#: restart must not loop forever. A death under running attempts is charged to their jobs
+#: instead (design invariant 11), which stops a job that keeps causing it.
 MAX_DEATHS = 3
 DEATH_WINDOW_S = 60.0
 
@@ -123,6 +125,8 @@ class Watch:
         self.pid: int | None = None
         self.fd: int | None = None
         self._deaths: list[float] = []
+        #: Fork servers followed after the first: each one replaced a dead one.
+        self.restarts = 0
 
     def follow(self) -> int | None:
         """Watch the current fork server; returns a new fd to select on, when it changed."""
@@ -130,6 +134,8 @@ class Watch:
         if current is None or current == self.pid:
             return None
         self.close()
+        if self.pid is not None:
+            self.restarts += 1
         self.pid, self.fd = current, watch(current)
         return self.fd
 
@@ -158,9 +164,9 @@ class Watch:
         return f"was killed by {name}"
 
     def died(self, now: float) -> int:
-        """Record a death at ``now``; returns how many fell within the window."""
+        """Record a death no attempt is to blame for at ``now``; returns how many fell
+        within the window."""
         self._deaths = [t for t in self._deaths if now - t < DEATH_WINDOW_S] + [now]
-        self.close()
         return len(self._deaths)
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """Starting pool children, and following the fork server they are forked from.
 
-    spawn() ──► a channel pair, the shared values (soft-signal target, started/withdrawn
-                tasks), a control group in a cgroup mode
+    spawn() ──► a channel pair, the child's own page of shared values (memory.py:
+                soft-signal target, started/withdrawn tasks), a control group in a cgroup
+                mode
             ──► Process(child_main) started (launch.py; through the fork server with the
                 forkserver start method) and registered (server.py) before an orphan
                 sweep can see it
@@ -21,9 +22,10 @@ from typing import Any
 
 from sandboxq.pool import launch, server
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import SHARED_SIZE, child_main
+from sandboxq.pool.child import child_main
 from sandboxq.pool.containment import Containment
 from sandboxq.pool.handles import Child
+from sandboxq.pool.memory import ChildMemory
 
 #: Tries to start one child before the pool is broken.
 LAUNCH_TRIES = 4
@@ -60,8 +62,8 @@ class Spawner:
         """Start one child (not ready yet: it sends ``Ready`` once its processor is
         imported). Raises ``OSError`` when none could be started."""
         channel, child_end = Channel.pair(max_frame=self._max_frame)
-        soft = self._ctx.RawValue("q", 0)
-        shared = self._ctx.RawArray("q", SHARED_SIZE)
+        memory = ChildMemory()
+        soft, shared = memory.for_child()
         group, setup = self._contain.new_child()
         process = self._ctx.Process(
             target=child_main,
@@ -77,7 +79,8 @@ class Spawner:
             raise
         finally:
             child_end.close()
-        child = Child(process, channel, soft, shared)
+            memory.launched()
+        child = Child(process, channel, memory.soft, memory.shared)
         child.group = group
         return child
 
@@ -101,15 +104,26 @@ class Spawner:
         """Whether the watched fork server has died (waiting up to ``wait_s`` to see it)."""
         return self._watch is not None and self._watch.is_dead(wait_s)
 
-    def server_lost(self) -> tuple[int | None, str, int] | None:
-        """Stop watching the dead fork server: its pid, how it ended, and how many times
-        the fork server died within ``server.DEATH_WINDOW_S`` (None: not watching one)."""
+    def server_lost(self) -> tuple[int | None, str] | None:
+        """Stop watching the dead fork server: its pid and how it ended (None: not
+        watching one)."""
         watch = self._watch
         if watch is None or watch.fd is None:
             return None
         self._selector.unregister(watch.fd)
         dead, how = watch.pid, watch.how()
-        return dead, how, watch.died(time.monotonic())
+        watch.close()
+        return dead, how
+
+    def unblamed_death(self) -> int:
+        """Count a fork server death no running attempt is to blame for; returns how many
+        fell within ``server.DEATH_WINDOW_S``."""
+        return self._watch.died(time.monotonic()) if self._watch is not None else 0
+
+    @property
+    def server_restarts(self) -> int:
+        """Fork servers started to replace dead ones."""
+        return self._watch.restarts if self._watch is not None else 0
 
     def close(self) -> None:
         if self._watch is not None:

@@ -162,6 +162,11 @@ class Supervisor:
         self._mail.close()
 
     @property
+    def helper_restarts(self) -> int:
+        """Fork servers started to replace dead ones."""
+        return self._spawner.server_restarts
+
+    @property
     def pids(self) -> list[int]:
         return [c.pid for c in list(self._children)]
 
@@ -233,8 +238,10 @@ class Supervisor:
         lost = self._spawner.server_lost()
         if lost is None:
             return
-        dead, how, deaths_in_window = lost
-        deaths.server_died(self._children, dead, how, self._on_exit)
+        dead, how = lost
+        if deaths.server_died(self._children, dead, how, self._on_exit):
+            return  # charged to the jobs that ran: their count stops a job that causes it
+        deaths_in_window = self._spawner.unblamed_death()
         if deaths_in_window >= server.MAX_DEATHS:
             self._break(
                 f"the pool's fork server died {deaths_in_window} times within "

@@ -1,0 +1,65 @@
+"""What a pool child keeps of the descriptors it was born with: its channel and stdio.
+
+A child forked by the fork server inherits the fork server's descriptors: the write end
+of its "alive" pipe (bytes written there made it exit: "Not at EOF?"), the resource
+tracker's pipe (garbage there crashed the tracker), the pipe of the launch, and whatever
+else the fork server held. A handler that wrote to every descriptor it had could take
+down the helpers every other child needs (design invariant 11). ``keep_only`` runs first
+thing in the child, before any of the user's code:
+
+    every descriptor but stdio and ``keep`` ──► dup2(/dev/null) onto its number
+
+Why /dev/null over the number instead of closing it: Python objects in the child still
+hold those numbers (multiprocess's ``resource_tracker._fd``, ``forkserver
+._forkserver_alive_fd``, the parent sentinel, objects of modules preloaded in the fork
+server) and may write to them or close them later. After a plain close the number would be
+reused by the next file the handler opens, and such an object would write into that file,
+or close it under the handler. Pointing the number at /dev/null leaves every holder a
+descriptor that leads nowhere: writes vanish, reads see end of file, and a late close
+closes only /dev/null. The descriptors are not inheritable, so a program the handler
+starts does not get them.
+
+Nothing the user passes on purpose is lost: with the fork server a child receives only
+what the pool sends it (its channel, its shared page, which is mapped and closed before
+this runs); files a processor module opens at import in the fork server are among what
+is replaced, so a handler opens its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+_STDIO = (0, 1, 2)
+
+
+def open_descriptors() -> list[int]:
+    """This process's open descriptors (the one used to list them excluded)."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            os.fstat(fd)
+        except OSError:  # the directory listing's own descriptor, closed by now
+            continue
+        found.append(fd)
+    return found
+
+
+def keep_only(keep: Iterable[int]) -> int:
+    """Point every open descriptor but stdio and ``keep`` at /dev/null; returns how many."""
+    kept = {*_STDIO, *keep}
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    replaced = 0
+    try:
+        for fd in open_descriptors():
+            if fd in kept or fd == devnull:
+                continue
+            try:
+                os.dup2(devnull, fd, inheritable=False)
+            except OSError:  # above a lowered RLIMIT_NOFILE: it cannot be pointed, so close
+                os.close(fd)
+            replaced += 1
+    finally:
+        os.close(devnull)
+    return replaced
