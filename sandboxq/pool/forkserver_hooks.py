@@ -4,7 +4,8 @@ Why: multiprocess's fork server hands the write end of its "alive" pipe to every
 so it only exits once the worker *and* all children are gone. After a SIGKILL of the
 worker a hung child keeps the fork server alive, and the child itself never notices:
 its own ``PR_SET_PDEATHSIG`` watches the fork server, not the worker. Both would run
-forever.
+forever. (Our children point their copy at /dev/null, descriptors.py, so today the fork
+server may instead exit first, on its own: the same sweep then runs at its exit.)
 
 So, inside the fork server:
 
@@ -29,6 +30,7 @@ that ``sys_path`` itself.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -65,10 +67,20 @@ def _adopt_parent_sys_path() -> None:
         frame = frame.f_back  # type: ignore[assignment]
 
 
+def _sweep_at_exit() -> None:
+    # multiprocess's fork server also exits on its own once every holder of its "alive"
+    # pipe is gone. Children no longer hold it (descriptors.py), so after a SIGKILL of the
+    # worker that exit can come first, before the parent-death signal is handled, and
+    # grandchildren re-parented here would outlive us: take them all on the way out.
+    for _ in range(2):
+        sweep(os.getpid(), include_root=False)
+
+
 def _install() -> None:
     global _worker_pid
     _worker_pid = os.getppid()
     linux.become_subreaper()
+    atexit.register(_sweep_at_exit)
     signal.signal(signal.SIGTERM, _on_parent_death)
     # Re-parented orphans are reaped by the fork server's SIGCHLD loop, which warns
     # about pids it did not fork; for a subreaper that is expected.
