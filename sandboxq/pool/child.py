@@ -211,7 +211,7 @@ def child_main(
     global _soft_task_id
     # First, before any of the user's code: nothing of the fork server, the resource
     # tracker or another helper stays reachable (descriptors.py).
-    descriptors.keep_only([sock.fileno()])
+    descriptors.isolate(sock.fileno())
     setup = setup or limits.ChildSetup()
     limits.enter(setup)  # then its control group and rlimits cover all that follows
     _soft_task_id = soft_task_id

@@ -1,13 +1,13 @@
 """What a pool child keeps of the descriptors it was born with: its channel and stdio.
 
-A child forked by the fork server inherits the fork server's descriptors: the write end
-of its "alive" pipe (bytes written there made it exit: "Not at EOF?"), the resource
-tracker's pipe (garbage there crashed the tracker), the pipe of the launch, and whatever
-else the fork server held. A handler that wrote to every descriptor it had could take
-down the helpers every other child needs (design invariant 11). ``keep_only`` runs first
-thing in the child, before any of the user's code:
+A child forked by the fork server (the default start method) inherits the fork server's
+descriptors: the write end of its "alive" pipe (bytes written there made it exit: "Not
+at EOF?"), the resource tracker's pipe (garbage there crashed the tracker), the pipe of
+the launch, and whatever else the fork server held. A handler that wrote to every
+descriptor it had could take down the helpers every other child needs (design invariant
+11). ``isolate`` runs first thing in the child, before any of the user's code:
 
-    every descriptor but stdio and ``keep`` ──► dup2(/dev/null) onto its number
+    every descriptor but stdio and its channel ──► dup2(/dev/null) onto its number
 
 Why /dev/null over the number instead of closing it: Python objects in the child still
 hold those numbers (multiprocess's ``resource_tracker._fd``, ``forkserver
@@ -19,16 +19,18 @@ descriptor that leads nowhere: writes vanish, reads see end of file, and a late 
 closes only /dev/null. The descriptors are not inheritable, so a program the handler
 starts does not get them.
 
-Nothing the user passes on purpose is lost: with the fork server a child receives only
-what the pool sends it (its channel, its shared page, which is mapped and closed before
-this runs); files a processor module opens at import in the fork server are among what
-is replaced, so a handler opens its own.
+What a child is given on purpose arrives with its launch (its channel; its shared page,
+mapped and closed before this runs). Files a processor module opened at import, in the
+fork server, are shared by every child and are replaced too: a handler opens what it
+writes to itself.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+
+from multiprocess import forkserver, resource_tracker
 
 _STDIO = (0, 1, 2)
 
@@ -46,14 +48,30 @@ def open_descriptors() -> list[int]:
     return found
 
 
+def isolate(channel_fd: int) -> int:
+    """The child's first act: keep only ``channel_fd`` and stdio of what the fork server
+    left it. A child started by ``spawn`` is a fresh program that received only what its
+    launch passed: the resource tracker's pipe goes, and its launch pipes stay (the write
+    end of one is how its parent sees it alive). Returns how many were replaced."""
+    if forkserver.get_inherited_fds() is None:  # spawn
+        tracker = resource_tracker._resource_tracker._fd
+        return replace([tracker] if tracker is not None else [])
+    return keep_only([channel_fd])
+
+
 def keep_only(keep: Iterable[int]) -> int:
     """Point every open descriptor but stdio and ``keep`` at /dev/null; returns how many."""
     kept = {*_STDIO, *keep}
+    return replace(fd for fd in open_descriptors() if fd not in kept)
+
+
+def replace(fds: Iterable[int]) -> int:
+    """Point each of ``fds`` at /dev/null; returns how many."""
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     replaced = 0
     try:
-        for fd in open_descriptors():
-            if fd in kept or fd == devnull:
+        for fd in fds:
+            if fd == devnull:
                 continue
             try:
                 os.dup2(devnull, fd, inheritable=False)
