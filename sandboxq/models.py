@@ -39,6 +39,10 @@ def now_ms() -> int:
 #: Priorities are packed with a sequence number into one exact float score in Redis.
 MAX_PRIORITY = 1000
 
+#: Deaths of the pool's helpers (fork server) or of the worker, while a job ran, after
+#: which it fails as ``poison`` (design invariant 11): one job must not take down a fleet.
+DEFAULT_MAX_INFRA_DEATHS = 3
+
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 
@@ -84,6 +88,8 @@ class Outcome(StrEnum):
     LEASE_LOST = "lease_lost"  # killed because the worker no longer owns the job
     CANCELLED = "cancelled"  # killed because a user cancelled the job
     INTERRUPTED = "interrupted"  # stopped by a worker shutdown; requeued, not charged
+    #: present at ``max_infra_deaths`` deaths of the pool's helpers or of its worker
+    POISON = "poison"
 
 
 class Action(StrEnum):
@@ -276,6 +282,8 @@ class JobInfo(_Frozen):
     codec: str = "json"
     attempts: int = 0
     stalls: int = 0
+    #: Deaths of the pool's helpers or of a worker while it ran (``poison`` at the limit).
+    infra_deaths: int = 0
     options: JobOptions = JobOptions()
     created_ms: int | None = None
     finished_ms: int | None = None

@@ -45,6 +45,7 @@ _HANDLER_FIXTURES = {
     "sandboxq_misbehaving_handler": "CASES",
     "sandboxq_hung_handler": "HUNG",
     "sandboxq_contained_handler": "CONTAINED",
+    "sandboxq_hostile_handler": "HOSTILE",
 }
 
 
@@ -271,6 +272,14 @@ def sandboxq_contained_handler(request: pytest.FixtureRequest) -> HandlerCase:
     (a daemon, a session helper, a fork burst, a fork bomb, a memory leak): combine it
     with ``sandboxq_no_orphans`` to check that nothing it started outlives its attempt."""
     return _handler_case(request, "sandboxq_contained_handler")
+
+
+@pytest.fixture
+def sandboxq_hostile_handler(request: pytest.FixtureRequest) -> HandlerCase:
+    """Each handler that attacks the pool itself (kills its fork server, writes garbage to
+    every descriptor, closes them all), with the outcome its job ends with through a
+    worker: run it beside ordinary jobs and check the worker goes on serving."""
+    return _handler_case(request, "sandboxq_hostile_handler")
 
 
 # -- no orphans ------------------------------------------------------------------------------

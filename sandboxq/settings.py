@@ -45,7 +45,13 @@ from pydantic import (
 
 from sandboxq.codec import DEFAULT_MAX_BYTES
 from sandboxq.errors import ConfigError
-from sandboxq.models import NUMBER_ONLY, Action, check_timeouts, setting_field
+from sandboxq.models import (
+    DEFAULT_MAX_INFRA_DEATHS,
+    NUMBER_ONLY,
+    Action,
+    check_timeouts,
+    setting_field,
+)
 
 StartMethod = Literal["forkserver", "spawn"]
 #: How children are contained (README "Containment"): control groups where the machine
@@ -351,6 +357,12 @@ class WorkerSettings(ChildSettings):
         le=MAX_INTERVAL_S,
     )
     retries: Count = setting_field(0, "retries after a failed attempt", ge=0, le=1000)
+    max_infra_deaths: Count = setting_field(
+        DEFAULT_MAX_INFRA_DEATHS,
+        "deaths of the pool's helpers or of a worker while a job ran before it fails as poison",
+        ge=1,
+        le=1000,
+    )
     exit_codes: Annotated[dict[ExitCode, Action], NONE_IS_EMPTY] = setting_field(
         None,
         "map a handler's exit code to complete, retry or fail",

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from sandboxq.models import AttemptRecord, JobInfo, JobOptions, JobState
+from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, AttemptRecord, JobInfo, JobOptions, JobState
 
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
 
@@ -90,6 +90,11 @@ class Ack:
     result: bytes | None = None
     error: str | None = None
     retry_delay_s: float = 0.0
+    #: A ``requeue`` because a helper of the pool died under the attempt: what died, in
+    #: words. The job's count of such deaths goes up; at ``max_infra_deaths`` it fails as
+    #: ``poison`` instead of going back (design invariant 11).
+    infra_death: str | None = None
+    max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +172,11 @@ class Backend(Protocol):
 
         ``complete``: completed, ``result`` stored. ``fail``: failed with ``error``.
         ``retry``: delayed until now + ``retry_delay_s`` (waiting when 0). ``requeue``: back
-        to waiting *without* charging the attempt (attempts - 1; graceful shutdown). Every
+        to waiting *without* charging the attempt (attempts - 1; graceful shutdown); an ack
+        with ``infra_death`` also adds one to the job's ``infra_deaths``, and once that
+        reaches the ack's ``max_infra_deaths`` the job fails instead, outcome ``poison``,
+        its error ``rules.POISON_TEXT`` (the count and what died), the attempt record
+        rewritten to say so. Every
         action appends ``attempt`` to the job's history and records its outcome and error.
         A job entering a finished state trims that state by the retention settings
         (``rules.Retention``: the oldest first, ties by id; ``rules.retention_over``). Rejected
@@ -213,13 +222,18 @@ class Backend(Protocol):
         longer owns the job)."""
         ...
 
-    def recover_stalled(self) -> list[tuple[str, str]]:
+    def recover_stalled(
+        self, max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS
+    ) -> list[tuple[str, str]]:
         """Jobs whose lease expired (backend clock, ``rules.lease_expired``), the earliest
         expiry first (then by id), ``rules.RECOVER_LIMIT`` at most: clear owner and token
-        (late acks and renewals are then rejected), stalls + 1, the attempt recorded
-        (outcome ``lease_lost``); over the job's ``max_stalls`` → ``failed`` with a stated
-        cause (``rules.STALL_FAIL_TEXT``), else back to ``waiting`` at its old place in
-        line, ready from now. Returns ``(job_id, new_state)``. Emits ``stalled``."""
+        (late acks and renewals are then rejected), stalls + 1 and infra_deaths + 1 (the
+        worker holding it died, or stopped renewing), the attempt recorded (outcome
+        ``lease_lost``); over the job's ``max_stalls`` → ``failed`` with a stated cause
+        (``rules.STALL_FAIL_TEXT``), else at ``max_infra_deaths`` → ``failed`` as
+        ``poison`` (``rules.POISON_TEXT``, naming ``rules.WORKER_DEATH_TEXT``), else back
+        to ``waiting`` at its old place in line, ready from now. Returns
+        ``(job_id, new_state)``. Emits ``stalled``."""
         ...
 
     def cancel(self, job_id: str) -> bool:

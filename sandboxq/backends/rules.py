@@ -24,7 +24,15 @@ from typing import get_args
 
 from sandboxq.backends.base import FinishAction, NewJob
 from sandboxq.errors import ConfigError, JobNotFound
-from sandboxq.models import MAX_PRIORITY, JobOptions, JobState, parse_job_options
+from sandboxq.models import (
+    MAX_PRIORITY,
+    Action,
+    AttemptRecord,
+    JobOptions,
+    JobState,
+    Outcome,
+    parse_job_options,
+)
 
 #: Attempt records kept per job.
 HISTORY_CAP = 1000
@@ -48,6 +56,15 @@ STALL_RETRY_TEXT = (
     "lease expired (stall %d of at most %d): the worker holding it stopped renewing it"
 )
 STALL_FAIL_TEXT = "stalled %d times: the worker holding its lease stopped renewing it"
+#: The error of a job that fails as ``poison``: ``%d`` deaths of the pool's helpers or of
+#: its worker while it ran (``DEFAULT_MAX_INFRA_DEATHS`` unless the worker says otherwise),
+#: ``%s`` the last one, in words.
+POISON_TEXT = (
+    "the pool's helpers or its worker died %d times while this job ran (last: %s); "
+    "it is not run again unless retried"
+)
+#: What died, for ``POISON_TEXT``, when a worker's lease on the job expired.
+WORKER_DEATH_TEXT = "the worker holding its lease died or stopped renewing it"
 #: The error of a job cancelled while in state ``%s``.
 CANCELLED_TEXT = "cancelled while %s"
 #: The error of a job whose record is too broken to run (``%s``: what is wrong).
@@ -122,6 +139,18 @@ def retention_over(finished_ms: int, now_ms: int, retain_ms: int) -> bool:
     return finished_ms <= now_ms - retain_ms
 
 
+def poisoned(infra_deaths: int, max_infra_deaths: int) -> bool:
+    """A job counted ``infra_deaths`` times is stopped (finish.lua, recover_stalled.lua)."""
+    return infra_deaths >= max_infra_deaths
+
+
+def poison_record(attempt: AttemptRecord, error: str) -> AttemptRecord:
+    """``attempt``'s record as it reads once its job failed as ``poison`` with ``error``."""
+    return attempt.model_copy(
+        update={"outcome": Outcome.POISON, "action": Action.FAIL, "error": error}
+    )
+
+
 # -- checks and texts ---------------------------------------------------------------------
 
 
@@ -194,6 +223,8 @@ def lua_constants() -> str:
         "STALL_FAIL_TEXT": STALL_FAIL_TEXT,
         "CANCELLED_TEXT": CANCELLED_TEXT,
         "MALFORMED_TEXT": MALFORMED_TEXT,
+        "POISON_TEXT": POISON_TEXT,
+        "WORKER_DEATH_TEXT": WORKER_DEATH_TEXT,
     }
     lines = ["-- generated from sandboxq/backends/rules.py: do not edit here"]
     lines += [f"local {name} = {_lua(value)}" for name, value in values.items()]

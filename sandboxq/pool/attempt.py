@@ -53,8 +53,8 @@ class AttemptResult:
     #: was reaped (the worker's ``sandboxq_kill_overshoot_seconds``; reason: ``outcome``).
     kill_overshoot_s: float | None = None
     #: A helper of the pool (the fork server) died while this attempt ran, taking it down:
-    #: what died and how, in words. The worker counts it against the job (design
-    #: invariant 11: a job present at ``max_infra_deaths`` such deaths is ``poison``).
+    #: what died and how, in words. The worker counts it against the job: a job present
+    #: at ``max_infra_deaths`` such deaths is ``poison`` (design invariant 11).
     infra_death: str | None = None
 
     @property

@@ -93,8 +93,8 @@ def server_died(
 ) -> int:
     """The fork server (pid ``dead``) died, and every child with it (their parent-death
     signal): their attempts end as interrupted, not charged, with the cause. Returns how
-    many of them had started: each of their jobs is charged with the death (design
-    invariant 11: a job present at repeated deaths is stopped), and a death under none is
+    many of them had started: each of their jobs is charged with the death, so a job
+    present at repeated deaths is stopped (design invariant 11); a death under none is
     the pool's own."""
     what = f"the pool's fork server (pid {dead}) {how}"
     why = f"{what}; the attempt was not charged"

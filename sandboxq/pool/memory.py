@@ -15,8 +15,8 @@ Why not multiprocess's ``RawValue``/``RawArray``: they are carved from a shared 
 *arena*, one file mapped by every child of the process, so each child held a descriptor
 of it and a mapping that also held the other children's values: a handler writing to its
 descriptors, or a little past its own values, could move another child's soft-signal
-target or started mark. Here a child can reach only its own page (design
-invariant 11: one job's blast radius is its own attempt).
+target or started mark. Here a child can reach only its own page: one job's blast
+radius is its own attempt (design invariant 11).
 """
 
 from __future__ import annotations

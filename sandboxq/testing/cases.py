@@ -23,6 +23,8 @@ from typing import Any
 from sandboxq.models import AttemptRecord, Outcome
 
 HANDLERS = "sandboxq.testing.handlers"
+#: Handlers that attack the pool itself (``HOSTILE``).
+HOSTILE_HANDLERS = "sandboxq.testing.hostile"
 
 #: Short enough that a whole catalogue runs in seconds, long enough for a loaded machine
 #: to start the handler before the soft signal.
@@ -45,10 +47,11 @@ class HandlerCase:
     exitcode: int | None = None
     signal: int | None = None
     error_contains: str | None = None
+    module: str = HANDLERS
 
     @property
     def processor(self) -> str:
-        return f"{HANDLERS}:{self.handler}"
+        return f"{self.module}:{self.handler}"
 
     @property
     def worker_options(self) -> dict[str, Any]:
@@ -179,6 +182,36 @@ CONTAINED: list[HandlerCase] = [
     HandlerCase("leak_memory", "leak_memory", Outcome.OK, (150,)),
 ]
 
+#: Handlers that attack the pool itself, with the outcome their job ends with *through a
+#: worker* (default ``max_infra_deaths``): each reaches only its own attempt, and the
+#: worker goes on serving. The plugin turns it into ``sandboxq_hostile_handler``.
+HOSTILE: list[HandlerCase] = [
+    HandlerCase(
+        "kill_parent",
+        "kill_parent",
+        Outcome.POISON,
+        hard_timeout_s=20.0,
+        error_contains="fork server",
+        module=HOSTILE_HANDLERS,
+    ),
+    HandlerCase(
+        "scribble_descriptors",
+        "scribble_descriptors",
+        Outcome.ERROR,
+        hard_timeout_s=20.0,
+        error_contains="could not be decoded",
+        module=HOSTILE_HANDLERS,
+    ),
+    HandlerCase(
+        "close_descriptors",
+        "close_descriptors",
+        Outcome.ERROR,
+        hard_timeout_s=20.0,
+        error_contains="closed or broke the child's channel",
+        module=HOSTILE_HANDLERS,
+    ),
+]
+
 #: Every case that fails its attempt: the hung ones first.
 CASES: list[HandlerCase] = HUNG + CRASHING
-CASES_BY_ID: dict[str, HandlerCase] = {case.id: case for case in CASES + CONTAINED}
+CASES_BY_ID: dict[str, HandlerCase] = {case.id: case for case in CASES + CONTAINED + HOSTILE}

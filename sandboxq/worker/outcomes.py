@@ -1,7 +1,9 @@
 """What an ended attempt means to the queue: the exit policy, the ack, and what the backend
 answered.
 
-    AttemptResult ── interrupted ──────────────► requeue (the attempt is not charged)
+    AttemptResult ── interrupted ──────────────► requeue (the attempt is not charged; a
+                     a helper of the pool died under it: + infra_death, which the
+                     backend counts against the job: poison at max_infra_deaths)
                   ── any other outcome ─► ExitPolicy ─► complete (result stored)
                                                       ─► retry (backoff into delayed)
                                                       ─► fail (with the cause)
@@ -37,7 +39,7 @@ from typing import Final, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxq.backends.base import Ack, Claimed, FinishAction
-from sandboxq.models import Action, AttemptRecord, Outcome, now_ms
+from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, Action, AttemptRecord, Outcome, now_ms
 from sandboxq.pool.attempt import AttemptResult
 
 log = logging.getLogger("sandboxq.worker")
@@ -51,6 +53,7 @@ DEFAULT_ACTIONS: dict[Outcome, Action] = {
     Outcome.CRASHED: Action.RETRY,
     Outcome.MEMORY_LIMIT: Action.FAIL,
     Outcome.CPU_LIMIT: Action.FAIL,
+    Outcome.POISON: Action.FAIL,  # decided by the backend, from its count of deaths
 }
 
 #: Longest wait between two attempts, whatever the backoff and attempt number.
@@ -92,6 +95,7 @@ def ack_for(
     policy: ExitPolicy,
     default_retries: int,
     worker_id: str,
+    max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS,
 ) -> Ack:
     """The ack for ``job``'s attempt that ended as ``attempt`` says, with its record."""
     error = None if attempt.outcome is Outcome.OK else attempt.cause
@@ -120,7 +124,10 @@ def ack_for(
         error=error,
     )
     result = attempt.result if action == "complete" else None
-    return Ack(job.id, job.token, action, record, result, error, delay)
+    ack = Ack(job.id, job.token, action, record, result, error, delay)
+    if attempt.infra_death is not None:
+        ack.infra_death, ack.max_infra_deaths = attempt.infra_death, max_infra_deaths
+    return ack
 
 
 def refusal_ack(job: Claimed, cause: str, worker_id: str) -> Ack:

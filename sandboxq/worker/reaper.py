@@ -18,16 +18,17 @@ log = logging.getLogger("sandboxq.reaper")
 
 
 class Reaper(BackgroundThread):
-    def __init__(self, backend: Backend, interval_s: float) -> None:
+    def __init__(self, backend: Backend, interval_s: float, max_infra_deaths: int) -> None:
         super().__init__("reaper")
         self._backend = backend
         self._interval_s = interval_s
+        self._max_infra_deaths = max_infra_deaths  # a worker's death counts against its jobs
         self.recovered = 0
 
     def loop(self) -> None:
         while not self.stopped.wait(self._interval_s):
             try:
-                recovered = self._backend.recover_stalled()
+                recovered = self._backend.recover_stalled(self._max_infra_deaths)
             except BackendError as exc:
                 log.warning("stalled-job check failed: %s", exc)
                 continue

@@ -36,7 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxq.backends import open_backend
 from sandboxq.errors import BackendError, ConfigError, WorkerFailed
-from sandboxq.models import Outcome, WorkerJobRecord, WorkerRecord, now_ms
+from sandboxq.models import (
+    DEFAULT_MAX_INFRA_DEATHS,
+    Outcome,
+    WorkerJobRecord,
+    WorkerRecord,
+    now_ms,
+)
 from sandboxq.pool.kill import tree_rss
 from sandboxq.pool.pool import Pool, Seconds
 from sandboxq.processor import resolve_within
@@ -87,6 +93,7 @@ class SandboxWorker:
         soft_timeout_s: Seconds = None,
         hard_timeout_s: Seconds = None,
         retries: int = 0,
+        max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS,
         max_memory_mb: float | None = None,
         max_jobs_per_child: int | None = None,
         exit_codes: dict[int, str] | None = None,
@@ -160,7 +167,7 @@ class SandboxWorker:
             self._lease_lost,
         )
         registry = RegistryRefresh(s.renew_every_s, self._register)
-        reaper = Reaper(self.backend, s.stall_every_s)
+        reaper = Reaper(self.backend, s.stall_every_s, s.max_infra_deaths)
         parts = (heartbeat, registry, reaper)
         dispatcher = self._dispatcher = Dispatcher(
             self.id,

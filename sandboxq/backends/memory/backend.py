@@ -148,15 +148,21 @@ class MemoryBackend(Management, Reads, Waits, Backend):
         job = store.owned(worker_id, job_id, ack.token)
         if job is None:
             return False
-        store.record(job, ack.attempt, ack.error)
-        outcome = ack.attempt.outcome.value
+        attempt, error = ack.attempt, ack.error
+        if action == "requeue" and ack.infra_death is not None:
+            job.infra_deaths += 1
+            if rules.poisoned(job.infra_deaths, ack.max_infra_deaths):
+                action, error = "fail", rules.POISON_TEXT % (job.infra_deaths, ack.infra_death)
+                attempt = rules.poison_record(attempt, error)
+        store.record(job, attempt, error)
+        outcome = attempt.outcome.value
         if action == "complete":
             job.result = ack.result
             store.move(job, COMPLETED, now)
             store.emit("completed", job_id, outcome=outcome)
         elif action == "fail":
             store.move(job, FAILED, now)
-            store.emit("failed", job_id, outcome=outcome, error=ack.error or "")
+            store.emit("failed", job_id, outcome=outcome, error=error or "")
         elif action == "retry":
             job.due_ms = now + rules.ms(ack.retry_delay_s)
             store.move(job, DELAYED if job.due_ms > now else WAITING, now)

@@ -19,7 +19,14 @@ from sandboxq.backends.memory.store import (
     Job,
     Store,
 )
-from sandboxq.models import Action, AttemptRecord, JobState, Outcome, now_ms
+from sandboxq.models import (
+    DEFAULT_MAX_INFRA_DEATHS,
+    Action,
+    AttemptRecord,
+    JobState,
+    Outcome,
+    now_ms,
+)
 
 log = logging.getLogger("sandboxq.backends.memory")
 
@@ -27,7 +34,9 @@ log = logging.getLogger("sandboxq.backends.memory")
 class Management:
     _store: Store
 
-    def recover_stalled(self) -> list[tuple[str, str]]:
+    def recover_stalled(
+        self, max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS
+    ) -> list[tuple[str, str]]:
         recovered: list[tuple[str, str]] = []
         store = self._store
         with store.cond:
@@ -36,24 +45,29 @@ class Management:
             active = store.ordered(ACTIVE)
             expired = [job for job in active if rules.lease_expired(job.lease_ms, now)]
             for job in expired[: rules.RECOVER_LIMIT]:
-                state = self._stalled(job, now)
+                state = self._stalled(job, now, max_infra_deaths)
                 recovered.append((job.id, state.value))
         return recovered
 
-    def _stalled(self, job: Job, now: int) -> JobState:
+    def _stalled(self, job: Job, now: int, max_infra_deaths: int) -> JobState:
         store = self._store
         job.stalls += 1
+        job.infra_deaths += 1  # its worker died, or stopped renewing, while holding it
         limit = job.options.max_stalls
+        outcome = Outcome.LEASE_LOST
         state = FAILED if job.stalls > limit else WAITING
         if state is FAILED:
             cause = rules.STALL_FAIL_TEXT % job.stalls
+        elif rules.poisoned(job.infra_deaths, max_infra_deaths):
+            state, outcome = FAILED, Outcome.POISON
+            cause = rules.POISON_TEXT % (job.infra_deaths, rules.WORKER_DEATH_TEXT)
         else:
             cause = rules.STALL_RETRY_TEXT % (job.stalls, limit)
         # The owner is gone and its late finish will be rejected: this is the only
         # record of the attempt, so "why did my job die" still has an answer.
         attempt = AttemptRecord(
             attempt=job.attempts,
-            outcome=Outcome.LEASE_LOST,
+            outcome=outcome,
             action=Action.FAIL if state is FAILED else Action.RETRY,
             worker_id=job.owner,
             ended_ms=now,
@@ -65,7 +79,7 @@ class Management:
             job.ready_ms = now  # ready again from now, as a retried job is
         store.emit("stalled", job.id, state=state.value, stalls=str(job.stalls))
         if state is FAILED:
-            store.emit("failed", job.id, outcome=Outcome.LEASE_LOST.value, error=cause)
+            store.emit("failed", job.id, outcome=outcome.value, error=cause)
         return state
 
     def cancel(self, job_id: str) -> bool:
@@ -110,7 +124,7 @@ class Management:
                 return False
             # Stalls restart too: a job failed for stalling would otherwise fail again at
             # its very next stall. The history stays; the last attempt's verdict goes.
-            job.attempts = job.stalls = 0
+            job.attempts = job.stalls = job.infra_deaths = 0
             job.result = job.outcome = job.error = None
             now = now_ms()
             if job.fenced(now):

@@ -43,6 +43,7 @@ class Reads:
             codec=job.new.codec,
             attempts=job.attempts,
             stalls=job.stalls,
+            infra_deaths=job.infra_deaths,
             options=job.options,
             created_ms=job.created_ms,
             finished_ms=job.finished_ms,

@@ -48,6 +48,7 @@ class Job:
     ready_ms: int = 0  # when it last became claimable (enqueued, due, retried, recovered)
     attempts: int = 0
     stalls: int = 0
+    infra_deaths: int = 0  # helper or worker deaths while it ran (poison at the limit)
     owner: str | None = None
     token: str | None = None
     lease_ms: int = 0

@@ -35,7 +35,7 @@ from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.lane import Lane
 from sandboxq.backends.redis.reads import Reads
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
-from sandboxq.models import AttemptRecord, JobState, check_queue_name
+from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, AttemptRecord, JobState, check_queue_name
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,8 @@ class RedisBackend(Reads, Backend):
                 "0" if ack.result is None else "1",
                 ack.result or b"",
                 rules.ms(ack.retry_delay_s),
+                ack.infra_death or "",
+                ack.max_infra_deaths,
             )
         args.append(replay_of or "")
         what = f"finish job {acks[0].job_id!r}" if len(acks) == 1 else f"finish {len(acks)} jobs"
@@ -193,9 +195,11 @@ class RedisBackend(Reads, Backend):
         with self._conns.errors(f"record progress of job {job_id!r}"):
             return bool(self._scripts.progress(args) == 1)
 
-    def recover_stalled(self) -> list[tuple[str, str]]:
+    def recover_stalled(
+        self, max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS
+    ) -> list[tuple[str, str]]:
         with self._conns.errors("recover stalled jobs"):
-            flat = self._scripts.recover_stalled([rules.RECOVER_LIMIT])
+            flat = self._scripts.recover_stalled([rules.RECOVER_LIMIT, max_infra_deaths])
         return [(records.text(flat[i]), records.text(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     # -- managing -------------------------------------------------------------------------

@@ -1,14 +1,18 @@
 -- recover_stalled.lua: take back jobs whose lease expired (the owner stopped renewing).
 -- KEYS: the standard list (common.lua).
--- ARGV: 1-4 standard; 5 max jobs handled in this call (rules.RECOVER_LIMIT).
+-- ARGV: 1-4 standard; 5 max jobs handled in this call (rules.RECOVER_LIMIT); 6 the infra
+--       deaths at which a job fails as poison (max_infra_deaths).
 -- Returns: a flat list of job id, new state ('waiting' or 'failed') pairs, the earliest
 --          expiry first (ties by id).
 -- Upholds: design invariant 3 (a dead worker's jobs come back: waiting again at their old place
 -- in line and ready from now, or failed with a stated cause after max_stalls), design invariant 1
 -- (owner and token are cleared, so the old owner's late renew or ack is rejected),
--- design invariant 2 (expiry judged by server TIME). Each stalled attempt is recorded.
+-- design invariant 2 (expiry judged by server TIME), design invariant 11 (the worker's death
+-- counts against the job's infra_deaths: at the limit it fails as poison). Each stalled
+-- attempt is recorded.
 
 local now = now_ms()
+local max_infra = tonumber(ARGV[6])
 -- expired strictly before now (rules.lease_expired)
 local expired = redis.call('ZRANGEBYSCORE', ACTIVE, '-inf', '(' .. int(now),
   'LIMIT', 0, tonumber(ARGV[5]))
@@ -36,13 +40,20 @@ for _, id in ipairs(expired) do
   else
     local stalls = count_or(f[4], 0) + 1
     local max_stalls = count_or(f[5], DEFAULT_MAX_STALLS)
+    local deaths = redis.call('HINCRBY', key, 'infra_deaths', 1)
     local record = {attempt = count_or(f[3], 0), outcome = 'lease_lost', ended_ms = now}
     if f[2] then record.worker_id = f[2] end
     local state, err
     redis.call('HDEL', key, 'owner', 'token')
-    if stalls > max_stalls then
+    local poison = stalls <= max_stalls and deaths >= max_infra -- rules.poisoned
+    if stalls > max_stalls or poison then
       state = 'failed'
-      err = string.format(STALL_FAIL_TEXT, stalls)
+      if poison then
+        record.outcome = 'poison'
+        err = string.format(POISON_TEXT, deaths, WORKER_DEATH_TEXT)
+      else
+        err = string.format(STALL_FAIL_TEXT, stalls)
+      end
       redis.call('HSET', key, 'state', 'failed', 'finished_ms', int(now))
       redis.call('ZADD', FAILED, int(now), id)
       record.action = 'fail'
@@ -56,11 +67,11 @@ for _, id in ipairs(expired) do
       requeued = requeued + 1
     end
     record.error = err
-    redis.call('HSET', key, 'stalls', int(stalls), 'outcome', 'lease_lost', 'error', err)
+    redis.call('HSET', key, 'stalls', int(stalls), 'outcome', record.outcome, 'error', err)
     append_history(id, cjson.encode(record))
     emit('stalled', id, 'state', state, 'stalls', int(stalls))
     if state == 'failed' then
-      emit('failed', id, 'outcome', 'lease_lost', 'error', err)
+      emit('failed', id, 'outcome', record.outcome, 'error', err)
       trim_finished(FAILED, RETAIN_FAILED, now)
     end
     out[#out + 1], out[#out + 2] = id, state

@@ -21,7 +21,7 @@ local until_ms = tonumber(f[4])
 if f[3] and until_ms and not (until_ms < now) then -- fenced (rules.fence_lifted)
   -- due, and so ready, the first millisecond the fence is lifted
   redis.call('HSET', key, 'state', 'delayed', 'attempts', '0', 'stalls', '0',
-    'ready_ms', int(until_ms + 1))
+    'infra_deaths', '0', 'ready_ms', int(until_ms + 1))
   redis.call('ZADD', DELAYED, int(until_ms + 1), id)
   emit('retried', id, 'manual', '1', 'fenced_until_ms', int(until_ms))
   wake(1) -- an idle worker re-reads the next due time
@@ -29,8 +29,8 @@ if f[3] and until_ms and not (until_ms < now) then -- fenced (rules.fence_lifted
 end
 redis.call('HDEL', key, 'fence_owner', 'fence_token', 'fenced_until_ms')
 local seq = next_seq()
-redis.call('HSET', key, 'state', 'waiting', 'attempts', '0', 'stalls', '0', 'seq', int(seq),
-  'ready_ms', int(now))
+redis.call('HSET', key, 'state', 'waiting', 'attempts', '0', 'stalls', '0',
+  'infra_deaths', '0', 'seq', int(seq), 'ready_ms', int(now))
 redis.call('ZADD', WAITING, waiting_score(f[2], seq), id)
 emit('retried', id, 'manual', '1')
 wake(1)
