@@ -33,8 +33,6 @@ import subprocess
 
 import psutil
 
-import sandboxq
-
 log = logging.getLogger("sandboxq.pool")
 
 #: The guard kills this much before a fence deadline, so that its wake-up jitter never
@@ -48,7 +46,7 @@ _GUARD_MAIN = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
     "from sandboxq.pool.guard_process import main; sys.exit(main(sys.argv[2:]))"
 )
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(sandboxq.__file__)))
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Slot(ctypes.Structure):
