@@ -151,7 +151,31 @@ def test_a_parent_killer_fails_as_poison_and_the_worker_keeps_serving(
         late = queue.enqueue("echo", "after")
         assert late.result(timeout_s=30) == "after"  # still serving
         assert not workers.not_running()
-        assert worker.stats["failed"] + worker.stats["requeued"] >= 3
+        # The worker knew its verdict: it read the count with its claim.
+        assert worker.stats["failed"] == 1 and worker.stats["requeued"] == 2
+    finally:
+        queue.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_job_running_beside_a_parent_killer_is_charged_once_at_most(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path
+) -> None:
+    """Two children: an ordinary 2 s job runs beside the parent-killer when it strikes
+    first, and both are charged. From then on the suspect runs alone, so the ordinary job
+    is never charged again: it completes, and only the parent-killer is poison."""
+    queue = Queue(queue_name, url=redis_url)
+    try:
+        plain = queue.enqueue("recorded_sleep", str(tmp_path / "log"), "plain", 2.0)
+        worker = workers.start(queue, CALL, concurrency=2, hard_timeout_s=20)
+        wait_for(lambda: (tmp_path / "log").exists(), 30, "the ordinary job to start")
+        poison = queue.enqueue("kill_parent")
+        with pytest.raises(JobFailed) as failed:
+            poison.result(timeout_s=60)
+        assert failed.value.outcome == "poison"
+        assert plain.result(timeout_s=60) == "plain"
+        assert plain.info().infra_deaths <= 1
+        assert worker.stats["completed"] == 1
     finally:
         queue.close()
 

@@ -68,6 +68,9 @@ class Claimed:
     claimed_at: float
     #: How long it waited to be claimed since it was ready (enqueued, due, retried).
     wait_s: float | None = None
+    #: Deaths of the pool's helpers or of a worker while it ran so far (design invariant
+    #: 11): a job with any runs alone, and fails as ``poison`` at ``max_infra_deaths``.
+    infra_deaths: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +93,10 @@ class Ack:
     result: bytes | None = None
     error: str | None = None
     retry_delay_s: float = 0.0
-    #: A ``requeue`` because a helper of the pool died under the attempt: what died, in
-    #: words. The job's count of such deaths goes up; at ``max_infra_deaths`` it fails as
-    #: ``poison`` instead of going back (design invariant 11).
+    #: A helper of the pool died under the attempt: what died, in words. The job's count
+    #: of such deaths goes up by one (design invariant 11; the worker, which read the
+    #: count with its claim, decides requeue or ``poison``).
     infra_death: str | None = None
-    max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +175,7 @@ class Backend(Protocol):
         ``complete``: completed, ``result`` stored. ``fail``: failed with ``error``.
         ``retry``: delayed until now + ``retry_delay_s`` (waiting when 0). ``requeue``: back
         to waiting *without* charging the attempt (attempts - 1; graceful shutdown); an ack
-        with ``infra_death`` also adds one to the job's ``infra_deaths``, and once that
-        reaches the ack's ``max_infra_deaths`` the job fails instead, outcome ``poison``,
-        its error ``rules.POISON_TEXT`` (the count and what died), the attempt record
-        rewritten to say so. Every
+        with ``infra_death`` also adds one to the job's ``infra_deaths``. Every
         action appends ``attempt`` to the job's history and records its outcome and error.
         A job entering a finished state trims that state by the retention settings
         (``rules.Retention``: the oldest first, ties by id; ``rules.retention_over``). Rejected

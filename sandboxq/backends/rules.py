@@ -26,11 +26,8 @@ from sandboxq.backends.base import FinishAction, NewJob
 from sandboxq.errors import ConfigError, JobNotFound
 from sandboxq.models import (
     MAX_PRIORITY,
-    Action,
-    AttemptRecord,
     JobOptions,
     JobState,
-    Outcome,
     parse_job_options,
 )
 
@@ -142,13 +139,6 @@ def retention_over(finished_ms: int, now_ms: int, retain_ms: int) -> bool:
 def poisoned(infra_deaths: int, max_infra_deaths: int) -> bool:
     """A job counted ``infra_deaths`` times is stopped (finish.lua, recover_stalled.lua)."""
     return infra_deaths >= max_infra_deaths
-
-
-def poison_record(attempt: AttemptRecord, error: str) -> AttemptRecord:
-    """``attempt``'s record as it reads once its job failed as ``poison`` with ``error``."""
-    return attempt.model_copy(
-        update={"outcome": Outcome.POISON, "action": Action.FAIL, "error": error}
-    )
 
 
 # -- checks and texts ---------------------------------------------------------------------

@@ -53,10 +53,19 @@ class Assigner:
         self.recent_job_s += (runtime_s - self.recent_job_s) * 0.2
 
     def assign(self, pending: deque[Attempt], idle: list[Child], children: list[Child]) -> None:
-        """Idle children first; while jobs are short, top up the busy ones' channels."""
+        """Idle children first; while jobs are short, top up the busy ones' channels. A
+        task that runs ``alone`` waits, and holds back the tasks behind it, until no other
+        attempt runs or is queued; while it runs, nothing else starts."""
+        if any(c.running is not None and c.running.task.alone for c in children):
+            return
         while pending and idle:
+            if pending[0].task.alone:
+                if any(c.running is not None or c.queued for c in children):
+                    return
+                self.send(idle.pop(), 1, pending, idle)
+                return
             self.send(idle.pop(), 1, pending, idle)
-        if pending and self.recent_job_s < PIPELINE_BELOW_S:
+        if pending and not pending[0].task.alone and self.recent_job_s < PIPELINE_BELOW_S:
             ahead = int(PIPELINE_WORK_S / max(self.recent_job_s, 1e-9))
             depth = max(1, min(PIPELINE_DEPTH, ahead))
             refill = max(1, depth // 2)
@@ -71,7 +80,7 @@ class Assigner:
                 # Top up in batches: one write carries several tasks.
                 if room >= refill or (room > 0 and len(pending) <= room):
                     self.send(child, room, pending, idle)
-                if not pending:
+                if not pending or pending[0].task.alone:
                     return
 
     def send(self, child: Child, count: int, pending: deque[Attempt], idle: list[Child]) -> None:
@@ -81,6 +90,8 @@ class Assigner:
         now = time.monotonic()
         batch: list[Attempt] = []
         while len(batch) < count and pending:
+            if pending[0].task.alone and (batch or child.running is not None):
+                break  # it starts on its own, later
             attempt = pending.popleft()
             if attempt.fence_deadline is not None and now >= attempt.fence_deadline:
                 detail = "the lease expired before the job started"

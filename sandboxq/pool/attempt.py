@@ -34,6 +34,9 @@ class Task:
     #: ``time.monotonic()`` by which the attempt must end unless ``Pool.extend_fence`` moves
     #: it: a worker's lease that was not renewed in time (self-fencing, design invariant 2).
     fence_deadline: float | None = None
+    #: Run with no other attempt of the pool beside it (assign.py): a job suspected of
+    #: killing the pool's helpers, whose next kill must be charged to it alone.
+    alone: bool = False
 
 
 @dataclass(slots=True)

@@ -316,18 +316,12 @@ class Dispatcher:
             self._inflight.record_runtime(attempt.runtime_s)
         s = self._settings
         ack = ack_for(job, attempt, self._policy, s.retries, self._id, s.max_infra_deaths)
-        if self.failure is not None and attempt.outcome is not Outcome.OK:
+        failed_here = self.failure is not None and attempt.outcome is not Outcome.OK
+        if failed_here and ack.attempt.outcome is not Outcome.POISON:
             # The worker broke, not the job: hand it back uncharged, with what happened
             # (and a helper's death under it still counted against it).
             record = ack.attempt.model_copy(update={"action": None})
-            ack = Ack(
-                job.id,
-                job.token,
-                "requeue",
-                record,
-                infra_death=ack.infra_death,
-                max_infra_deaths=ack.max_infra_deaths,
-            )
+            ack = Ack(job.id, job.token, "requeue", record, infra_death=ack.infra_death)
         return job, ack
 
     def _finish(self, acks: list[tuple[Claimed, Ack]], held: bool = True) -> None:

@@ -2,8 +2,8 @@
 answered.
 
     AttemptResult ── interrupted ──────────────► requeue (the attempt is not charged; a
-                     a helper of the pool died under it: + infra_death, which the
-                     backend counts against the job: poison at max_infra_deaths)
+                     helper of the pool died under it: + infra_death, which the backend
+                     counts against the job; at max_infra_deaths: fail, outcome poison)
                   ── any other outcome ─► ExitPolicy ─► complete (result stored)
                                                       ─► retry (backoff into delayed)
                                                       ─► fail (with the cause)
@@ -38,6 +38,7 @@ from typing import Final, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Claimed, FinishAction
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, Action, AttemptRecord, Outcome, now_ms
 from sandboxq.pool.attempt import AttemptResult
@@ -98,22 +99,29 @@ def ack_for(
     max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS,
 ) -> Ack:
     """The ack for ``job``'s attempt that ended as ``attempt`` says, with its record."""
-    error = None if attempt.outcome is Outcome.OK else attempt.cause
+    outcome = attempt.outcome
+    error = None if outcome is Outcome.OK else attempt.cause
     action: FinishAction
     decided: Action | None
-    if attempt.outcome is Outcome.INTERRUPTED:
+    deaths = job.infra_deaths + (attempt.infra_death is not None)
+    if attempt.infra_death is not None and rules.poisoned(deaths, max_infra_deaths):
+        # The claim said how often this job was under a helper that died; the backend
+        # counts this one with the ack (design invariant 11).
+        outcome, action, decided, delay = Outcome.POISON, "fail", Action.FAIL, 0.0
+        error = rules.POISON_TEXT % (deaths, attempt.infra_death)
+    elif outcome is Outcome.INTERRUPTED:
         action, decided, delay = "requeue", None, 0.0
     else:
         options = job.options
         retries = options.retries if options.retries is not None else default_retries
-        decided = policy.decide(attempt.outcome, attempt.exitcode, job.attempt, retries)
+        decided = policy.decide(outcome, attempt.exitcode, job.attempt, retries)
         action = decided.value
         delay = backoff_s(options.backoff_s, job.attempt) if decided is Action.RETRY else 0.0
     # Validated construction on purpose: it runs in pydantic's compiled core and measured
     # twice as fast as model_construct, which is plain Python.
     record = AttemptRecord(
         attempt=job.attempt,
-        outcome=attempt.outcome,
+        outcome=outcome,
         action=decided,
         worker_id=worker_id,
         pid=attempt.pid,
@@ -124,10 +132,7 @@ def ack_for(
         error=error,
     )
     result = attempt.result if action == "complete" else None
-    ack = Ack(job.id, job.token, action, record, result, error, delay)
-    if attempt.infra_death is not None:
-        ack.infra_death, ack.max_infra_deaths = attempt.infra_death, max_infra_deaths
-    return ack
+    return Ack(job.id, job.token, action, record, result, error, delay, attempt.infra_death)
 
 
 def refusal_ack(job: Claimed, cause: str, worker_id: str) -> Ack:

@@ -49,4 +49,7 @@ def task_for(
         on_progress=on_progress,
         # The lease began no earlier than claimed_at: this falls before it can expire.
         fence_deadline=job.claimed_at + s.lease_s - fence_margin_s(s.lease_s),
+        # Under a helper that died before: if it is the job that kills them, the next
+        # death must not be charged to jobs that only ran beside it.
+        alone=job.infra_deaths > 0,
     )

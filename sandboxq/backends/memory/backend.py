@@ -149,11 +149,8 @@ class MemoryBackend(Management, Reads, Waits, Backend):
         if job is None:
             return False
         attempt, error = ack.attempt, ack.error
-        if action == "requeue" and ack.infra_death is not None:
+        if ack.infra_death is not None:  # the worker decided requeue or poison itself
             job.infra_deaths += 1
-            if rules.poisoned(job.infra_deaths, ack.max_infra_deaths):
-                action, error = "fail", rules.POISON_TEXT % (job.infra_deaths, ack.infra_death)
-                attempt = rules.poison_record(attempt, error)
         store.record(job, attempt, error)
         outcome = attempt.outcome.value
         if action == "complete":

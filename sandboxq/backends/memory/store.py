@@ -238,6 +238,7 @@ class Store:
             job.attempts,
             claimed_at,
             waited_s,
+            job.infra_deaths,
         )
 
     def replay(self, worker_id: str, token_base: str) -> list[Claimed]:

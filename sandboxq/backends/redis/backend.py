@@ -177,7 +177,6 @@ class RedisBackend(Reads, Backend):
                 ack.result or b"",
                 rules.ms(ack.retry_delay_s),
                 ack.infra_death or "",
-                ack.max_infra_deaths,
             )
         args.append(replay_of or "")
         what = f"finish job {acks[0].job_id!r}" if len(acks) == 1 else f"finish {len(acks)} jobs"

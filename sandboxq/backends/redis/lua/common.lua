@@ -173,7 +173,8 @@ end
 
 -- Why a job popped from waiting cannot be claimed (nil when it can), plus its fields.
 local function claim_problem(key)
-  local f = hmget(key, 'payload', 'codec', 'opts', 'attempts', 'state', 'ready_ms', 'created_ms')
+  local f = hmget(key, 'payload', 'codec', 'opts', 'attempts', 'state', 'ready_ms', 'created_ms',
+    'infra_deaths')
   if not f then return 'the job key is not a hash' end
   if not f[1] and not f[2] and not f[5] then return 'the job hash is missing' end
   if not f[1] then return 'the payload field is missing' end
@@ -215,7 +216,7 @@ end
 
 -- Lease up to `count` waiting jobs (design invariant 1: a fresh token per claim, owner = worker;
 -- design invariant 2: expiry from the server clock). Returns a flat list of
--- id, token, payload, codec, opts, attempt, wait ms for each claimed job.
+-- id, token, payload, codec, opts, attempt, wait ms, infra deaths for each claimed job.
 local function claim_jobs(worker, count, lease_ms, token_base, now)
   promote_due(now)
   local out = {}
@@ -242,6 +243,7 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
       out[i + 4], out[i + 5], out[i + 6] = f[2], f[3], attempt
       -- how long it waited since it was ready (enqueued, due, retried): sandboxq_wait_seconds
       out[i + 7] = int(math.max(0, now - (tonumber(f[6]) or tonumber(f[7]) or now)))
+      out[i + 8] = count_or(f[8], 0) -- the worker fails it as poison at its limit
     end
   end
   -- Nothing left to claim: drop stale wake entries so idle workers block instead of

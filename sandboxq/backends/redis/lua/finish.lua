@@ -3,46 +3,35 @@
 -- slots they free (steady state: one round trip per job, fewer under load).
 -- KEYS: the standard list (common.lua).
 -- ARGV: 1-4 standard; 5 worker id, 6 claim count, 7 lease ms, 8 token base, 9 N acks,
---       then 11 fields per ack: job id, token, action, attempt record JSON, outcome,
+--       then 10 fields per ack: job id, token, action, attempt record JSON, outcome,
 --       error ('' = none), has result ('1'/'0'), result bytes, retry delay ms, what
---       died under the attempt ('' = nothing), max infra deaths; then replay_of: the
---       token base of an earlier call whose reply was lost ('' = none).
--- Returns: {N, accepted_1 .. accepted_N (1/0), then 7 entries per claimed job as in
+--       died under the attempt ('' = nothing: else the job's infra_deaths goes up by
+--       one); then replay_of: the token base of an earlier call whose reply was lost
+--       ('' = none).
+-- Returns: {N, accepted_1 .. accepted_N (1/0), then 8 entries per claimed job as in
 --          claim.lua}. A single rejected ack claims nothing ("nothing changed"). With
 --          replay_of, the jobs still leased to the worker under tokens "<replay_of>.<n>"
 --          come first among the claimed (a scan of the active set: only on that rare path).
 -- Upholds: design invariant 1 (only the current owner + token may end an attempt: a late ack
 -- after recovery or cancellation is rejected and changes nothing), design invariant 3 (every job
 -- leaves active for a stated state; history keeps the attempt), bounded memory (retention),
--- design invariant 11 (a requeue because a helper of the pool died under the attempt counts
--- against the job's infra_deaths; at the limit the job fails as poison, never runs again).
+-- design invariant 11 (a helper of the pool that died under the attempt counts against the
+-- job's infra_deaths; the worker, which read the count with its claim, fails it as poison at
+-- its limit).
 
 local worker = ARGV[5]
 local now = now_ms()
-local FIELDS = 11
-
--- rules.poison_record: the attempt's record once its job failed as poison with `err`
-local function poison_record(record, err)
-  local r = cjson.decode(record)
-  r.outcome, r.action, r.error = 'poison', 'fail', err
-  return cjson.encode(r)
-end
+local FIELDS = 10
 
 local function finish_one(base)
   local id, token, action = ARGV[base], ARGV[base + 1], ARGV[base + 2]
   local record, outcome, err = ARGV[base + 3], ARGV[base + 4], ARGV[base + 5]
   local has_result, result, delay = ARGV[base + 6], ARGV[base + 7], tonumber(ARGV[base + 8])
-  local infra, max_infra = ARGV[base + 9], tonumber(ARGV[base + 10])
+  local infra = ARGV[base + 9]
   local key = PREFIX .. id
   if not owns(key, worker, token) then return 0 end
-  if action == 'requeue' and infra ~= '' then
-    local deaths = redis.call('HINCRBY', key, 'infra_deaths', 1)
-    if deaths >= max_infra then -- rules.poisoned
-      action, outcome = 'fail', 'poison'
-      err = string.format(POISON_TEXT, deaths, infra)
-      record = poison_record(record, err)
-    end
-  end
+  -- the worker read the count with its claim and decided requeue or poison itself
+  if infra ~= '' then redis.call('HINCRBY', key, 'infra_deaths', 1) end
   redis.call('ZREM', ACTIVE, id)
   append_history(id, record)
   -- one HDEL and one HSET per branch: every call inside a script costs a few microseconds
@@ -99,12 +88,14 @@ local replayed = {}
 if replay_of ~= '' then
   local prefix = replay_of .. '.'
   for _, id in ipairs(redis.call('ZRANGE', ACTIVE, 0, -1)) do
-    local f = hmget(PREFIX .. id, 'owner', 'token', 'payload', 'codec', 'opts', 'attempts')
+    local f = hmget(PREFIX .. id, 'owner', 'token', 'payload', 'codec', 'opts', 'attempts',
+      'infra_deaths')
     if f and f[1] == worker and f[2] and string.sub(f[2], 1, #prefix) == prefix then
       local i = #replayed
       replayed[i + 1], replayed[i + 2], replayed[i + 3] = id, f[2], f[3]
       replayed[i + 4], replayed[i + 5], replayed[i + 6] = f[4], f[5], count_or(f[6], 0)
       replayed[i + 7] = -1 -- no wait to report: it was measured when first claimed
+      replayed[i + 8] = count_or(f[7], 0)
     end
   end
 end
