@@ -268,6 +268,53 @@ def test_jobs_claimed_by_a_finish_whose_reply_was_lost_run_at_once(
     assert worker.stats["completed"] == 1  # the second; the first ack's answer was lost
 
 
+@pytest.mark.timeout(60)
+def test_a_finish_refills_a_slot_whose_claimer_is_still_starting_its_jobs(
+    queue_name: str, workers: BackgroundWorkers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetcher has started its job but not yet released its claim's reservation when
+    that job ends and the main thread's finish reserves: the slot is held, not reserved
+    too, so the finish claims the next job (it once counted the slot twice and claimed
+    nothing). The hook holds the fetcher right after it started the first job, until the
+    finish has reserved."""
+    from sandboxq.pool.pool import Pool
+    from sandboxq.worker.inflight import InFlight
+
+    finish_reserved = threading.Event()
+    real_reserve, real_execute = InFlight.reserve, Pool.execute
+
+    def reserve(self: InFlight, finishing: int = 0) -> int:
+        free = real_reserve(self, finishing)
+        if finishing:
+            finish_reserved.set()
+        return free
+
+    def execute(self: Pool, task: Any, on_done: Any) -> int:
+        task_id = real_execute(self, task, on_done)
+        if threading.current_thread().name.endswith("fetcher") and task.job_id == first.id:
+            finish_reserved.wait(10)  # the fetcher, between its start and its unreserve
+        return task_id
+
+    monkeypatch.setattr(InFlight, "reserve", reserve)
+    monkeypatch.setattr(Pool, "execute", execute)
+    backend = MemoryBackend.shared(queue_name)
+    real_finish = backend.finish_many
+    refilled: list[str] = []
+
+    def finish_many(*args: Any, **kwargs: Any) -> Any:
+        accepted, claimed = real_finish(*args, **kwargs)
+        refilled.extend(job.id for job in claimed)
+        return accepted, claimed
+
+    backend.finish_many = finish_many  # type: ignore[method-assign]
+    queue = Queue(queue_name)
+    first, second = queue.enqueue(1), queue.enqueue(2)
+    start(workers, queue_name, H + "echo", prefetch=0)
+    assert first.result(timeout_s=20) == 1 and second.result(timeout_s=20) == 2
+    assert finish_reserved.is_set()
+    assert refilled == [second.id]
+
+
 def test_two_leases_of_one_job_are_held_apart(queue_name: str) -> None:
     """A worker may hold a job again while its earlier attempt is still being killed (its
     own stall recovery after a freeze): each lease keeps its own entry, the heartbeat

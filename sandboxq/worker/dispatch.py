@@ -142,14 +142,15 @@ class Dispatcher:
 
     # -- starting (fetcher thread, and the main thread for what a finish claims) -----------
 
-    def _start(self, job: Claimed) -> None:
-        """Hand a claimed job to the pool, or fail it at once if it cannot run."""
+    def _start(self, job: Claimed) -> bool:
+        """Hand a claimed job to the pool, or fail it at once if it cannot run. Returns
+        whether it took one of the caller's reserved slots (``InFlight.add``)."""
         if self.failure is not None:  # the worker is going down: nothing new starts
             self._give_back([job])
-            return
+            return False
         if (cause := refusal(job, self._settings.allow_pickle)) is not None:
             self._reject(job, cause)
-            return
+            return False
         token = job.token
         lease = Lease(job.id, token, 0, job.claimed_at)
         self._inflight.add(Held(job, lease))
@@ -168,6 +169,7 @@ class Dispatcher:
             self._inflight.discard([token])
             self._give_back([job])
             self.fail(f"the pool cannot run jobs: {exc}")
+        return True
 
     def _give_back(self, claimed: list[Claimed]) -> None:
         """Release jobs claimed but never started (no attempt charged, nothing recorded)."""
@@ -376,7 +378,7 @@ class Dispatcher:
             if self._metrics is not None:  # metrics, once per ack batch
                 self._metrics.acked(acks, accepted)
             for job in claimed:
-                self._start(job)
+                refill -= self._start(job)
         finally:
             self._inflight.unreserve(refill)
 

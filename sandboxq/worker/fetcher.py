@@ -46,7 +46,7 @@ class Fetcher(BackgroundThread):
         stopping: threading.Event,
         burst: bool,
         *,
-        start: Callable[[Claimed], None],
+        start: Callable[[Claimed], bool],
         give_back: Callable[[list[Claimed]], None],
         report: Callable[[DispatchEvent], None],
         fail: Callable[[str], None],
@@ -95,7 +95,7 @@ class Fetcher(BackgroundThread):
                 self._give_back(claimed)
             else:
                 for job in claimed:
-                    self._start(job)
+                    count -= self._start(job)
                 # Let the pool's thread, just woken to assign these, take the GIL now
                 # rather than after this thread's next claim blocks.
                 time.sleep(0)

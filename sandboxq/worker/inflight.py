@@ -1,7 +1,8 @@
 """The jobs a worker holds, and the slots it may still fill.
 
-    fetcher thread ── wait_for_room, reserve ─► claim ─► add ─► unreserve
-    main thread ── reserve(finishing) ─► finish + claim ─► discard acked, add claimed
+    fetcher thread ── wait_for_room, reserve ─► claim ─► add ─► unreserve what is left
+    main thread ── reserve(finishing) ─► finish + claim ─► discard acked, add claimed,
+                   unreserve what is left
                 ── get(token) per event of an attempt; discard what ended unacked
     cancellation watch ── get(token)        heartbeat, registry, drain ── leases, snapshot
 
@@ -94,8 +95,12 @@ class InFlight:
             self._cond.notify_all()
 
     def add(self, held: Held) -> None:
+        """Hold a claimed job in one of the caller's reserved slots. The slot stops being
+        reserved in the same step: a finish that reserves while the claimer is still
+        starting its jobs would otherwise count the slot twice, and claim nothing."""
         with self._cond:
             self._held[held.job.token] = held
+            self._reserved -= 1
 
     def get(self, token: str) -> Held | None:
         """The job held under lease ``token`` (None: that lease is not held any more)."""
