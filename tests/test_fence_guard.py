@@ -204,10 +204,14 @@ def test_a_stopped_worker_stops_its_child_and_the_fence_kills_it_before_another_
     finally:
         hold(signal.SIGCONT, first, group)
     seen = runs(log)
-    print(f"\nchild stopped with its worker, dead {died - stopped_at:.3f} s after the stop")
+
     assert result != child and result in seen, (result, seen)
     assert "end" not in seen[child], "the stopped worker's child ran its job to the end"
     second_start = seen[result]["start"]
+    print(
+        f"\nchild stopped with its worker, dead {died - stopped_at:.3f} s after the stop, "
+        f"{second_start - died:.3f} s before the second execution started"
+    )
     assert died <= second_start, f"the executions overlapped by {died - second_start:.3f} s"
     assert died - stopped_at < LEASE_S + 0.5, "the child outlived its lease"
     # The first worker goes back to work with a fresh child.

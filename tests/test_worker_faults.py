@@ -15,6 +15,7 @@ import pytest
 
 from sandboxq import Job, JobFailed, Queue
 from sandboxq.models import JobState, Outcome
+from sandboxq.testing.processes import frozen_order
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
@@ -122,7 +123,7 @@ def test_a_worker_stopped_past_its_lease_is_fenced_when_it_resumes(
     a = worker_a(workers, redis_url, queue_name, lease, tmp_path / "a.log")
     job = queue.enqueue(str(runs), "job", 3.0)
     wait_for(lambda: "job" in executions(runs), 20, "worker A to start the job")
-    family = [a.pid] + [p.pid for p in psutil.Process(a.pid).children(recursive=True)]
+    family = frozen_order(a.pid)
     a_child = executions(runs)["job"][0][1]
     for pid in family:
         os.kill(pid, signal.SIGSTOP)
@@ -131,7 +132,7 @@ def test_a_worker_stopped_past_its_lease_is_fenced_when_it_resumes(
         wait_for(lambda: len(executions(runs)["job"]) >= 2, 20, "worker B to start the job")
     finally:
         # A wakes up (parent first) while B still runs the job.
-        for pid in family:
+        for pid in [a.pid, *(p for p in family if p != a.pid)]:
             os.kill(pid, signal.SIGCONT)
     wait_for(
         lambda: not psutil.pid_exists(a_child) or psutil.Process(a_child).status() == "zombie",

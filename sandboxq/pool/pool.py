@@ -182,7 +182,7 @@ class Pool:
 
     @property
     def helper_restarts(self) -> int:
-        """Helpers of the pool (its fork server) started again after they died."""
+        """Helpers of the pool (its fork server, its guard) started again after they died."""
         return self._supervisor.helper_restarts
 
     def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:

@@ -163,8 +163,8 @@ class Supervisor:
 
     @property
     def helper_restarts(self) -> int:
-        """Fork servers started to replace dead ones."""
-        return self._spawner.server_restarts
+        """Fork servers and guards started to replace dead ones."""
+        return self._spawner.server_restarts + self._guard.restarts
 
     @property
     def pids(self) -> list[int]:

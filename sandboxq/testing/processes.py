@@ -17,6 +17,8 @@ import os
 import time
 from collections.abc import Iterable
 
+import psutil
+
 from sandboxq.pool.kill import descendants as _tree
 from sandboxq.pool.kill import ended
 
@@ -80,3 +82,21 @@ def still_running(pids: Iterable[int]) -> list[int]:
 def describe(leaked: dict[int, str]) -> str:
     """A readable list of leaked processes, one per line."""
     return "\n".join(f"  pid {pid}: {cmd[:200]}" for pid, cmd in sorted(leaked.items()))
+
+
+def frozen_order(worker: int) -> list[int]:
+    """``worker`` and every process below it, in the order a test freezes a whole worker
+    (SIGSTOP to each): the pool's guards first, since they act on the others, then the
+    worker, then the rest. Stopped one by one, a tree is not frozen at once: a guard still
+    running while its worker is stopped would stop the children and fence them at their
+    deadline, which is its job, but not what a test of a whole frozen machine asks."""
+    below = _tree(worker)
+    guards = [p.pid for p in below if "guard_process" in _cmdline(p)]
+    return [*guards, worker, *(p.pid for p in below if p.pid not in guards)]
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""

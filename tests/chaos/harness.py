@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import threading
 import time
@@ -30,6 +31,7 @@ from sandboxq import Queue, codec
 from sandboxq.backends.base import NewJob
 from sandboxq.errors import BackendError
 from sandboxq.models import JobOptions, Outcome
+from sandboxq.testing.processes import frozen_order
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 from tests.support.ledger import Execution, read_ledger
@@ -92,8 +94,9 @@ class Worker:
         return [self.pid, *(p.pid for p in self.descendants())]
 
     def signal_family(self, signum: int) -> list[int]:
-        """Send ``signum`` to the parent first, then to every descendant."""
-        pids = self.family()
+        """Send ``signum`` to the parent first, then to every descendant (to freeze, with
+        SIGSTOP: the pool's guards first, ``frozen_order``)."""
+        pids = frozen_order(self.pid) if signum == signal.SIGSTOP else self.family()
         for pid in pids:
             try:
                 os.kill(pid, signum)
