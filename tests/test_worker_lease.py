@@ -93,6 +93,9 @@ def test_an_old_attempts_outcome_never_lands_on_the_new_lease(
         20,
         "the retried job to be claimed again or fenced",
     )
+    # The gate opens only once the cancel reached the child: opened before, the first
+    # execution could finish on its own, a loaded machine's cancel watch still behind it.
+    wait_for(lambda: worker.stats["cancelled"] == 1, 20, "the worker to end the cancelled attempt")
     gate.touch()
     held.set()
     assert job.result(timeout_s=20) == 1

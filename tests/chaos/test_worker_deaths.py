@@ -75,7 +75,7 @@ def test_a_worker_frozen_past_its_lease_is_fenced_when_it_thaws(scene: Scene) ->
     frozen.proc.send_signal(signal.SIGCONT)
     # The parent fences first (SIGKILL reaches a stopped child); then the rest may wake.
     wait_for(lambda: not any(alive(p) for p in held.values()), 5, "the parent to fence")
-    for pid in family[1:]:
+    for pid in family:  # the pool's guard first (frozen_order), the parent already
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
