@@ -7,6 +7,11 @@ supervisor.py   the thread that owns every child and runs each attempt to its en
                 attempts end) and spawn.py (starting children, the fork server)
 handles.py      the parent's records: ``Attempt``, ``Child``
 messages.py channel.py   what crosses a child's pipe, and the pipe
-child.py        the child's own main loop (runs in the child)
+memory.py       the page of values a child shares with its parent, and with nothing else
+child.py        the child's own main loop (runs in the child); descriptors.py, the first
+                thing it does: keep only its channel and stdio
+guard.py        the guard, a process of the pool's own that enforces fence deadlines when
+                the worker cannot, and ends every child when the worker dies; its
+                program is guard_process.py
 kill.py server.py containment.py cgroups.py limits.py   kills, orphans, control groups
 """
