@@ -35,6 +35,8 @@ sys.path.insert(0, str(HERE))
 
 import figures  # noqa: E402
 
+from sandboxq.pool.kill import state  # noqa: E402
+
 HOST = textwrap.dedent(
     """
     import sys, time
@@ -61,15 +63,6 @@ HOST = textwrap.dedent(
 )
 
 
-def _state(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return b""
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3]
-
-
 def bench_fence(quick: bool = False) -> dict[str, Any]:
     rounds = 5 if quick else 20
     host = subprocess.Popen(
@@ -88,7 +81,7 @@ def bench_fence(quick: bool = False) -> dict[str, Any]:
             pidfd = os.pidfd_open(child)
             host.send_signal(signal.SIGSTOP)
             stopped = time.monotonic()
-            while _state(child) not in (b"T", b"t", b"Z", b""):
+            while state(child) not in (b"T", b"t", b"Z", b""):
                 time.sleep(0.0005)
             paused_ms.append((time.monotonic() - stopped) * 1000)
             select.select([pidfd], [], [], 10)

@@ -27,22 +27,11 @@ import time
 from collections.abc import Iterator
 
 from sandboxq.pool.guard import GUARD_EARLY_S, HEADER, SLOT_FORMAT, created, header_of
-from sandboxq.pool.kill import resume, stop_tree, sweep
+from sandboxq.pool.kill import resume, state, stop_tree, sweep
 
 #: How often the worker's state is read, and the longest wait between looks at the table
 #: (a new attempt's fence deadline is at least a lease away, far longer than this).
 WATCH_S = 0.05
-
-
-def _state(pid: int) -> bytes:
-    """The process's state letter (R, S, T, t, Z...; b"" when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return b""
-    at = stat.rindex(b")") + 2
-    return stat[at : at + 1]
 
 
 class Guard:
@@ -94,7 +83,7 @@ class Guard:
 
     def follow_worker(self) -> None:
         """Stop the children while the worker is stopped; continue them when it runs."""
-        if _state(self.worker) in (b"T", b"t"):
+        if state(self.worker) in (b"T", b"t"):
             for key in self.children():
                 if key not in self.paused and key not in self.fenced:
                     self.paused[key] = stop_tree(key[0], include_root=True)

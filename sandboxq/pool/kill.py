@@ -102,14 +102,20 @@ def descendants(pid: int) -> list[psutil.Process]:
 SWEEP_WAIT_S = 1.0
 
 
-def ended(pid: int) -> bool:
-    """Gone, or a zombie (dead; only its exit status is left for its parent to reap)."""
+def state(pid: int) -> bytes:
+    """The process's state letter from /proc (R, S, D, T, t, Z, X; b"" when it is gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return True
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
+        return b""
+    at = stat.rindex(b")") + 2  # the name in parentheses may hold anything, spaces too
+    return stat[at : at + 1]
+
+
+def ended(pid: int) -> bool:
+    """Gone, or a zombie (dead; only its exit status is left for its parent to reap)."""
+    return state(pid) in (b"", b"Z", b"X")
 
 
 def _signal(pid: int, signum: int) -> None:
@@ -126,12 +132,10 @@ def stop(pid: int, timeout_s: float = 0.5) -> bool:
     _signal(pid, signal.SIGSTOP)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
+        now = state(pid)
+        if not now:
             return False
-        if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"T", b"t"):
+        if now in (b"T", b"t"):
             return True
         time.sleep(0.0002)
     resume(pid)
