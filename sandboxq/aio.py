@@ -25,16 +25,9 @@ from typing import Any, Protocol
 
 from sandboxq.backends import REDIS_SCHEMES, resolve_url
 from sandboxq.backends.base import Event, NewJob
-from sandboxq.client import (
-    Call,
-    Producer,
-    call_pair,
-    check_seconds,
-    check_since,
-    finished_value,
-    no_such_job,
-)
+from sandboxq.client import Call, Producer, call_pair, check_since
 from sandboxq.errors import ConfigError
+from sandboxq.finished import check_seconds, finished_value, no_such_job
 from sandboxq.models import JobInfo, JobState, check_job_id
 
 __all__ = ["AsyncJob", "Queue"]

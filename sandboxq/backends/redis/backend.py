@@ -29,6 +29,7 @@ import redis
 from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Backend, Claimed, Event, NewJob
 from sandboxq.backends.redis import listen, records
+from sandboxq.backends.redis.batches import Batches
 from sandboxq.backends.redis.connection import Connections, RedisOptions
 from sandboxq.backends.redis.enqueue import enqueue_calls, enqueued
 from sandboxq.backends.redis.keys import QueueKeys
@@ -50,7 +51,7 @@ def lease_args(head: Sequence[Arg], leases: Sequence[tuple[str, str]]) -> list[A
     return args
 
 
-class RedisBackend(Reads, Backend):
+class RedisBackend(Reads, Batches, Backend):
     """One queue on one Redis server (or Cluster slot: every key shares the ``{queue}`` tag).
     Options: those of ``connection.RedisOptions``."""
 
@@ -63,6 +64,7 @@ class RedisBackend(Reads, Backend):
         self._conns = Connections(url, timeout_s, self.keys.waiting, key_types)
         lane = self._conns.main_lane
         self._scripts = Scripts(self.keys.script_keys, script_settings(settings), lane)
+        self._batch_ttl_ms = rules.ms(settings.batch_ttl_s)
         self._watches: list[listen.CancellationWatch] = []
         self._lock = threading.Lock()
 

@@ -69,6 +69,7 @@ local function finish_one(base)
     emit('requeued', id, 'outcome', outcome)
     wake(1)
   end
+  batch_after(id, 'active', now) -- batches (common.lua): counters, done, the follow-up
   return 1
 end
 
