@@ -112,8 +112,9 @@ def sweep_batches(store: Store, now: int) -> None:
 def drop_batch(store: Store, batch_id: str) -> None:
     batch = store.batches.pop(batch_id)
     for i in range(max(batch.total, batch.enqueued)):
-        job = store.jobs.pop(f"{batch_id}.{i}", None)
-        if job is not None:
+        job = store.jobs.get(f"{batch_id}.{i}")
+        if job is not None and job.batch == batch_id:  # never another job of that id
+            del store.jobs[job.id]
             store.by_state[job.state].pop(job.id, None)
     store.cond.notify_all()
 
@@ -201,8 +202,11 @@ class Batches:
             if batch is None:
                 return None
             last = max(batch.total, batch.enqueued)
+            ids = [f"{batch_id}.{i}" for i in range(last)]
+            # only members: an id an enqueue stopped before may be another job's
+            ids = [i for i in ids if (job := self._store.jobs.get(i)) and job.batch == batch_id]
         act = self.cancel if action == "cancel" else self.retry_failed
-        acted = sum(1 for i in range(last) if act(f"{batch_id}.{i}"))
+        acted = sum(1 for job_id in ids if act(job_id))
         self.send_follow_ups()
         return acted
 

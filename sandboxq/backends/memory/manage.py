@@ -154,7 +154,7 @@ class Management:
         with store.cond:
             now = now_ms()
             # a job cancelled while running keeps its fence: see Backend.purge
-            # and a member of a batch stays while its batch is kept (design invariant 17)
+            # and a member of a batch stays while its batch is kept (design invariant 14)
             ids = [
                 i
                 for i in store.by_state[state]

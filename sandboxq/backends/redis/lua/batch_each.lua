@@ -15,7 +15,9 @@ local last = math.max(count_or(f[1], 0), count_or(f[2], 0))
 local acted = 0
 for i = first, math.min(last, first + n) - 1 do
   local id = bid .. '.' .. i
-  if action == 'cancel' then
+  if redis.pcall('HGET', PREFIX .. id, 'batch') ~= bid then
+    -- not a member (an enqueue stopped before it, and the id is another job's)
+  elseif action == 'cancel' then
     acted = acted + cancel_job(id, ARGV[9])
   else
     acted = acted + retry_job(id)

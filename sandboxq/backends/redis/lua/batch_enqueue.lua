@@ -19,9 +19,6 @@ if first == 0 then
   if redis.call('EXISTS', bkey) == 1 then
     return redis.error_reply('BATCH batch ' .. bid .. ' already exists')
   end
-  redis.call('HSET', bkey, 'total', int(total), 'enqueued', '0', 'created_ms', int(now),
-    'then', ARGV[8], 'ttl_ms', ARGV[9], 'waiting', '0', 'delayed', '0', 'active', '0',
-    'completed', '0', 'failed', '0', 'cancelled', '0')
 elseif redis.call('EXISTS', bkey) == 0 then
   return redis.error_reply('BATCH batch ' .. bid .. ' does not exist (its first chunk failed)')
 end
@@ -47,6 +44,11 @@ for j = 1, count do
   jobs[j] = {id, payload, codec, opts, priority, delay, max_stalls}
 end
 
+if first == 0 then -- every check passed: the batch is made with its first members
+  redis.call('HSET', bkey, 'total', int(total), 'enqueued', '0', 'created_ms', int(now),
+    'then', ARGV[8], 'ttl_ms', ARGV[9], 'waiting', '0', 'delayed', '0', 'active', '0',
+    'completed', '0', 'failed', '0', 'cancelled', '0')
+end
 local seq = redis.call('INCRBY', SEQ, count) - count
 local waiting, delayed = 0, 0
 for j = 1, count do

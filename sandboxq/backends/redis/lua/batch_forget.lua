@@ -3,7 +3,7 @@
 -- ARGV: 1-4 standard; 5 batch id, 6 members deleted per call (rules.BATCH_CHUNK).
 -- Returns: 1 the batch is gone, 0 more to delete (call again), -1 no such batch, -2
 --          refused: a member is still waiting, delayed or active (cancel it first).
--- Upholds: design invariant 17: a batch's members go only with their batch, and only once
+-- Upholds: design invariant 14: a batch's members go only with their batch, and only once
 -- none of them can still run.
 
 local bid = ARGV[5]

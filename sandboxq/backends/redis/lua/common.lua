@@ -232,10 +232,12 @@ local function sweep_batch(bid, budget)
   local upto = math.min(last, from + budget)
   for i = from, upto - 1 do
     local id = bid .. '.' .. i
-    drop_job(id)
-    redis.call('ZREM', COMPLETED, id)
-    redis.call('ZREM', FAILED, id)
-    redis.call('ZREM', CANCELLED, id)
+    if redis.pcall('HGET', PREFIX .. id, 'batch') == bid then -- never another job of that id
+      drop_job(id)
+      redis.call('ZREM', COMPLETED, id)
+      redis.call('ZREM', FAILED, id)
+      redis.call('ZREM', CANCELLED, id)
+    end
   end
   if upto >= last then
     redis.call('DEL', bkey, BATCH_DONE .. bid)

@@ -22,7 +22,7 @@ for _, id in ipairs(ids) do
   local f = hmget(PREFIX .. id, 'fence_token', 'fenced_until_ms', 'batch')
   local until_ms = f and tonumber(f[2])
   -- fenced up to and including fenced_until_ms (rules.fence_lifted: strictly after);
-  -- a member of a batch stays while its batch is kept (design invariant 17)
+  -- a member of a batch stays while its batch is kept (design invariant 14)
   if not (f and f[1] and until_ms and not (until_ms < now)) and not (f and f[3]) then
     drop_job(id)
     dropped[#dropped + 1] = id
