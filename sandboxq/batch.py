@@ -1,33 +1,45 @@
-"""``Batch``: many calls under one batch id, and what a producer asks of them as one.
+"""``Batch`` and ``AsyncBatch``: many calls under one batch id, and what a producer asks of
+them as one.
 
     Queue.batch(calls, then) ── check_batch_calls, member ids ──► Backend.enqueue_batch
     batch.progress()     ── Backend.batch_progress: one O(1) read of counters the scripts keep
     batch.as_completed() ── Backend.batch_finished: the batch's stream of finished members,
-                            read from its start by any handle in any process
+                            read from its start by any handle in any process (StreamReader
+                            decides what is new and how long to wait)
     batch.results()      ── as_completed until every member is final, then the members'
-                            records read in input order (``Backend.get_many``)
+                            records read in input order (``Backend.get_many``, member_values)
     cancel / retry_failed / forget ── Backend.batch_each / forget_batch
 
 A member's id is ``<batch id>.<index>`` (``models.member_id``), so a batch needs no list
-of its members and any process can name them. The queue a ``Batch`` belongs to is the sync
-``Queue`` (a handle of this module's ``BatchQueue`` shape); the asyncio twin is in aio.py.
+of its members and any process can name them. ``Batch`` belongs to the sync ``Queue``
+(client.py), ``AsyncBatch`` to ``sandboxq.aio.Queue``: the same steps, the one awaiting
+each backend call; what they decide (which rows are new, when to give up, what a member's
+slot holds) is decided here once, for both.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from sandboxq.backends.base import Backend, NewJob
+from sandboxq.backends.base import Backend, BatchAction, NewJob
 from sandboxq.errors import BatchNotFound, ConfigError, SandboxqError
 from sandboxq.finished import check_seconds, finished_value, no_such_job
-from sandboxq.models import BatchProgress, check_queue_name, member_id
+from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name, member_id
 
-__all__ = ["Batch", "BatchQueue", "check_batch_calls", "new_batch_id"]
+__all__ = [
+    "AsyncBatch",
+    "AsyncBatchBackend",
+    "Batch",
+    "BatchQueue",
+    "check_batch_calls",
+    "new_batch_id",
+]
 
 J = TypeVar("J", covariant=True)
+T = TypeVar("T")
 
 #: How long one blocking read of a batch's stream waits before the batch is looked at
 #: again (it may have been forgotten meanwhile).
@@ -43,6 +55,36 @@ class BatchQueue(Protocol[J]):
     def name(self) -> str: ...
     @property
     def backend(self) -> Backend: ...
+    @property
+    def allowed_codecs(self) -> Collection[str]: ...
+
+    def job(self, job_id: str) -> J: ...
+
+
+class AsyncBatchBackend(Protocol):
+    """``Backend``'s batch calls (base.py states each contract), awaited."""
+
+    async def get_many(
+        self, job_ids: Sequence[str]
+    ) -> list[tuple[JobInfo | None, bytes | None]]: ...
+    async def enqueue_batch(
+        self, batch_id: str, jobs: Sequence[NewJob], *, then: str | None = None, first: int = 0
+    ) -> int: ...
+    async def batch_progress(self, batch_id: str) -> BatchProgress | None: ...
+    async def batch_finished(
+        self, batch_id: str, after: str, block_s: float | None = None
+    ) -> tuple[str, list[tuple[int, JobState]]]: ...
+    async def batch_each(self, batch_id: str, action: BatchAction) -> int | None: ...
+    async def forget_batch(self, batch_id: str) -> bool: ...
+
+
+class AsyncBatchQueue(Protocol[J]):
+    """What an ``AsyncBatch`` needs of its queue."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def backend(self) -> AsyncBatchBackend: ...
     @property
     def allowed_codecs(self) -> Collection[str]: ...
 
@@ -80,17 +122,92 @@ def deadline_of(timeout_s: float | None) -> float | None:
     return None if timeout_s is None else time.monotonic() + timeout_s
 
 
-class Batch(Generic[J]):
-    """A handle on one batch; every call asks the backend afresh, so any number of handles,
-    in any processes, see the same batch."""
+def found(queue: str, batch_id: str, answer: T | None) -> T:
+    """A batch call's answer, or ``BatchNotFound`` for its None (no such batch)."""
+    if answer is None:
+        raise batch_not_found(queue, batch_id)
+    return answer
 
-    def __init__(self, queue: BatchQueue[J], batch_id: str, total: int) -> None:
+
+class StreamReader:
+    """One pass of ``as_completed`` over a batch's stream of finished members: the cursor,
+    which members were yielded (each once, though a retried member appears again), and
+    how long the next read may block."""
+
+    def __init__(self, batch_id: str, total: int, timeout_s: float | None) -> None:
+        self.batch_id = batch_id
+        self.total = total
+        self.timeout_s = timeout_s
+        self.deadline = deadline_of(timeout_s)
+        self.cursor = "0"
+        self.left = total
+        self._seen = bytearray(total)
+
+    def block_s(self) -> float:
+        """How long the next read may wait; ``TimeoutError`` once the deadline passed."""
+        if self.deadline is None:
+            return READ_SLICE_S
+        left_s = self.deadline - time.monotonic()
+        if left_s <= 0:
+            raise TimeoutError(
+                f"batch {self.batch_id!r}: {self.left} of {self.total} members not "
+                f"finished within {self.timeout_s} s"
+            )
+        return min(READ_SLICE_S, left_s)
+
+    def took(self, cursor: str, rows: list[tuple[int, JobState]]) -> list[str]:
+        """The ids of the members ``rows`` (the read that ended at ``cursor``) show final
+        and not yielded yet. A member shown leaving its final state (retried) is waited
+        for again: yielded again when it ends again, so the pass ends only when every
+        member is final at once, which is when the batch is done."""
+        self.cursor = cursor
+        seen = self._seen
+        new: dict[int, None] = {}  # this read's newly final members, in stream order
+        for index, state in rows:
+            if not 0 <= index < self.total or bool(seen[index]) == state.finished:
+                continue
+            seen[index] = state.finished
+            self.left += -1 if state.finished else 1
+            if state.finished:
+                new[index] = None
+            else:
+                new.pop(index, None)  # final and reopened within this read: not yet
+        return [member_id(self.batch_id, index) for index in new]
+
+
+def result_chunks(batch_id: str, total: int) -> Iterator[list[str]]:
+    """The members' ids in input order, ``RESULTS_CHUNK`` a read."""
+    for start in range(0, total, RESULTS_CHUNK):
+        yield [member_id(batch_id, i) for i in range(start, min(total, start + RESULTS_CHUNK))]
+
+
+def member_values(
+    queue: str,
+    ids: list[str],
+    records: list[tuple[JobInfo | None, bytes | None]],
+    allowed: Collection[str],
+) -> list[Any]:
+    """Each member's slot in ``results``: its value, else the error it would raise."""
+    out: list[Any] = []
+    for job_id, (info, data) in zip(ids, records, strict=True):
+        if info is None:
+            out.append(no_such_job(queue, job_id))
+            continue
+        try:
+            out.append(finished_value(job_id, info, data, allowed))
+        except SandboxqError as exc:  # JobFailed; CodecRefused
+            out.append(exc)
+    return out
+
+
+class _Handle(Generic[J]):
+    def __init__(self, queue: Any, batch_id: str, total: int) -> None:
         self.queue = queue
         self.id = batch_id
         self.total = total
 
     def __repr__(self) -> str:
-        return f"Batch({self.queue.name!r}, {self.id!r}, total={self.total})"
+        return f"{type(self).__name__}({self.queue.name!r}, {self.id!r}, total={self.total})"
 
     def __len__(self) -> int:
         return self.total
@@ -99,42 +216,36 @@ class Batch(Generic[J]):
         """Every member's handle, in input order."""
         return [self.queue.job(member_id(self.id, i)) for i in range(self.total)]
 
+
+class Batch(_Handle[J]):
+    """A handle on one batch; every call asks the backend afresh, so any number of handles,
+    in any processes, see the same batch."""
+
+    queue: BatchQueue[J]
+
+    def __init__(self, queue: BatchQueue[J], batch_id: str, total: int) -> None:
+        super().__init__(queue, batch_id, total)
+
     def progress(self) -> BatchProgress:
         """The counts by state and ``done``: one O(1) read. ``BatchNotFound`` if it is gone."""
-        progress = self.queue.backend.batch_progress(self.id)
-        if progress is None:
-            raise batch_not_found(self.queue.name, self.id)
-        return progress
+        return found(self.queue.name, self.id, self.queue.backend.batch_progress(self.id))
 
     def as_completed(self, timeout_s: float | None = None) -> Iterator[J]:
         """Each member's job as it reaches a final state (completed, failed, cancelled),
         once each, on whatever worker it ran; from the batch's start, so a second handle
-        (another process, after a restart) streams the same members. ``TimeoutError`` when
+        (another process, after a restart) streams the same members. A member retried
+        meanwhile (``retry_failed``) is yielded when it ends again; the iteration ends when
+        every member is final, that is when the batch is done. ``TimeoutError`` when
         ``timeout_s`` passes first, ``BatchNotFound`` if the batch is (or becomes) gone."""
-        deadline = deadline_of(timeout_s)
+        reader = StreamReader(self.id, self.total, timeout_s)
         self.progress()  # BatchNotFound at once, not after a read times out
-        seen = bytearray(self.total)
-        left_to_see = self.total
-        cursor = "0"
-        backend = self.queue.backend
-        while left_to_see:
-            block_s = READ_SLICE_S
-            if deadline is not None:
-                block_s = min(block_s, deadline - time.monotonic())
-                if block_s <= 0:
-                    raise TimeoutError(
-                        f"batch {self.id!r}: {left_to_see} of {self.total} members not "
-                        f"finished within {timeout_s} s"
-                    )
-            cursor, rows = backend.batch_finished(self.id, cursor, block_s)
+        backend, job = self.queue.backend, self.queue.job
+        while reader.left:
+            cursor, rows = backend.batch_finished(self.id, reader.cursor, reader.block_s())
             if not rows:
                 self.progress()  # still there?
-                continue
-            for index, _state in rows:
-                if 0 <= index < self.total and not seen[index]:
-                    seen[index] = 1
-                    left_to_see -= 1
-                    yield self.queue.job(member_id(self.id, index))
+            for job_id in reader.took(cursor, rows):
+                yield job(job_id)
 
     def wait(self, timeout_s: float | None = None) -> BatchProgress:
         """Block until every member is final; the batch's progress then."""
@@ -147,41 +258,84 @@ class Batch(Generic[J]):
         member's slot holds its ``JobFailed`` (a member gone: its ``JobNotFound``), never
         raised, so one failure does not hide the other results."""
         self.wait(timeout_s)
-        backend, allowed = self.queue.backend, self.queue.allowed_codecs
+        q = self.queue
         out: list[Any] = []
-        for start in range(0, self.total, RESULTS_CHUNK):
-            ids = [
-                member_id(self.id, i) for i in range(start, min(self.total, start + RESULTS_CHUNK))
-            ]
-            for job_id, (info, data) in zip(ids, backend.get_many(ids), strict=True):
-                if info is None:
-                    out.append(no_such_job(self.queue.name, job_id))
-                    continue
-                try:
-                    out.append(finished_value(job_id, info, data, allowed))
-                except SandboxqError as exc:  # JobFailed; CodecRefused
-                    out.append(exc)
+        for ids in result_chunks(self.id, self.total):
+            out += member_values(q.name, ids, q.backend.get_many(ids), q.allowed_codecs)
         return out
 
     def cancel(self) -> int:
         """Cancel every member not yet final: waiting ones never start, running ones are
         cancelled with the fenced hand-over (``Job.cancel``). Returns how many."""
         acted = self.queue.backend.batch_each(self.id, "cancel")
-        if acted is None:
-            raise batch_not_found(self.queue.name, self.id)
-        return acted
+        return found(self.queue.name, self.id, acted)
 
     def retry_failed(self) -> int:
         """Run the failed and cancelled members again (``Job.retry``). Returns how many.
         A batch that was done is not done until they end again; its ``then`` follow-up,
         already sent, is not sent again."""
         acted = self.queue.backend.batch_each(self.id, "retry")
-        if acted is None:
-            raise batch_not_found(self.queue.name, self.id)
-        return acted
+        return found(self.queue.name, self.id, acted)
 
     def forget(self) -> None:
         """Delete the batch and its members now (else they go ``batch_ttl_s`` after it is
         done). ``ConfigError`` while a member may still run: cancel the batch first."""
         if not self.queue.backend.forget_batch(self.id):
+            raise batch_not_found(self.queue.name, self.id)
+
+
+class AsyncBatch(_Handle[J]):
+    """``Batch`` for asyncio (``sandboxq.aio.Queue.batch``): the same names and answers,
+    awaitable; ``as_completed`` is an async iterator (``async for job in ...``)."""
+
+    queue: AsyncBatchQueue[J]
+
+    def __init__(self, queue: AsyncBatchQueue[J], batch_id: str, total: int) -> None:
+        super().__init__(queue, batch_id, total)
+
+    async def progress(self) -> BatchProgress:
+        """As ``Batch.progress``."""
+        return found(self.queue.name, self.id, await self.queue.backend.batch_progress(self.id))
+
+    async def as_completed(self, timeout_s: float | None = None) -> AsyncIterator[J]:
+        """As ``Batch.as_completed``; each read is an awaited blocking read, so the event
+        loop runs on while the batch does."""
+        reader = StreamReader(self.id, self.total, timeout_s)
+        await self.progress()
+        backend, job = self.queue.backend, self.queue.job
+        while reader.left:
+            cursor, rows = await backend.batch_finished(self.id, reader.cursor, reader.block_s())
+            if not rows:
+                await self.progress()
+            for job_id in reader.took(cursor, rows):
+                yield job(job_id)
+
+    async def wait(self, timeout_s: float | None = None) -> BatchProgress:
+        """As ``Batch.wait``."""
+        async for _job in self.as_completed(timeout_s):
+            pass
+        return await self.progress()
+
+    async def results(self, timeout_s: float | None = None) -> list[Any]:
+        """As ``Batch.results``."""
+        await self.wait(timeout_s)
+        q = self.queue
+        out: list[Any] = []
+        for ids in result_chunks(self.id, self.total):
+            out += member_values(q.name, ids, await q.backend.get_many(ids), q.allowed_codecs)
+        return out
+
+    async def cancel(self) -> int:
+        """As ``Batch.cancel``."""
+        acted = await self.queue.backend.batch_each(self.id, "cancel")
+        return found(self.queue.name, self.id, acted)
+
+    async def retry_failed(self) -> int:
+        """As ``Batch.retry_failed``."""
+        acted = await self.queue.backend.batch_each(self.id, "retry")
+        return found(self.queue.name, self.id, acted)
+
+    async def forget(self) -> None:
+        """As ``Batch.forget``."""
+        if not await self.queue.backend.forget_batch(self.id):
             raise batch_not_found(self.queue.name, self.id)

@@ -163,12 +163,13 @@ class JobMaker:
     def batch_jobs(self, batch_id: str, calls: Iterable[Call]) -> list[NewJob]:
         """A batch's jobs, each with its member id: ``calls`` are ``(args, kwargs)`` pairs,
         checked and encoded all before anything is sent."""
-        jobs = []
-        for n, call in enumerate(calls):
-            job = self.new_job(*call_pair(n, call, "batch"))
-            job.job_id = member_id(batch_id, n)
-            jobs.append(job)
-        return jobs
+        return [self.batch_job(batch_id, n, call) for n, call in enumerate(calls)]
+
+    def batch_job(self, batch_id: str, n: int, call: Any) -> NewJob:
+        """Member ``n`` of batch ``batch_id``: the call checked and encoded, its id set."""
+        job = self.new_job(*call_pair(n, call, "batch"))
+        job.job_id = member_id(batch_id, n)
+        return job
 
     def check_batch(self, jobs: list[NewJob]) -> list[NewJob]:
         """``jobs`` as one ``enqueue_many`` batch, unless a ``job_id`` option forbids it."""

@@ -89,7 +89,9 @@ def test_a_batch_runs_streams_and_collects_from_any_handle(
     assert follow_up_args(then, batch.id) == [[summary]]
     # the failed member again: the batch is not done, then done; no second follow-up
     assert batch.retry_failed() == 1
-    assert isinstance(batch.results(timeout_s=30)[3], JobFailed)
+    again_results = batch.results(timeout_s=30)  # waits for the retried member's new end
+    assert isinstance(again_results[3], JobFailed) and again_results[3].attempts == 2
+    assert batch.progress().done
     assert len(follow_up_args(then, batch.id)) == 1
 
 

@@ -345,8 +345,9 @@ class Backend(Protocol):
     ) -> tuple[str, list[tuple[int, JobState]]]:
         """Members that reached a final state, in the order they did, after cursor ``after``
         ("0": from the start; any handle in any process reads the same sequence): the new
-        cursor and ``(index, state)`` pairs. A member retried and finished again appears
-        again. With ``block_s``, waits up to that long for one when there is none."""
+        cursor and ``(index, state)`` pairs. A member that leaves its final state (retried)
+        appears with state WAITING, and again when it ends again. With ``block_s``, waits
+        up to that long for one when there is none."""
         ...
 
     def batch_each(self, batch_id: str, action: BatchAction) -> int | None:

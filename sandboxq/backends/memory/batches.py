@@ -59,8 +59,10 @@ def batch_moved(store: Store, job: Job, was: JobState, state: JobState, now: int
     if state in FINAL and was not in FINAL:
         batch.finished.append((int(job.id.rsplit(".", 1)[1]), state))
         check_done(store, job.batch or "", batch, now)
-    elif was in FINAL and state not in FINAL and batch.done_ms is not None:
-        batch.done_ms = None  # a final member runs again: not done until it ends again
+    elif was in FINAL and state not in FINAL:
+        # a final member runs again: not done until it ends again, and readers are told
+        batch.finished.append((int(job.id.rsplit(".", 1)[1]), JobState.WAITING))
+        batch.done_ms = None
 
 
 def check_done(store: Store, batch_id: str, batch: BatchRecord, now: int) -> None:

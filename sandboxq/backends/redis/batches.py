@@ -48,7 +48,14 @@ PROGRESS_FIELDS = (
     "done_ms",
 )
 
-_FINAL = {b"c": JobState.COMPLETED, b"f": JobState.FAILED, b"x": JobState.CANCELLED}
+#: A stream entry's state code: a final state, or ``r``: the member left its final state
+#: (retried), read as WAITING (``Backend.batch_finished``).
+_FINAL = {
+    b"c": JobState.COMPLETED,
+    b"f": JobState.FAILED,
+    b"x": JobState.CANCELLED,
+    b"r": JobState.WAITING,
+}
 
 #: Stream entries one read of a batch's finished members returns at most.
 FINISHED_READ = 1000

@@ -127,6 +127,13 @@ class BatchContract:
         assert progress is not None and progress.done and progress.completed == 2
         assert len(follow_ups(backend, "b1")) == 1
         assert backend.get("b1.then") is not None
+        # the stream tells a reader the member left its final state, then ended again
+        assert backend.batch_finished("b1", "0")[1] == [
+            (0, JobState.COMPLETED),
+            (1, JobState.FAILED),
+            (1, JobState.WAITING),
+            (1, JobState.COMPLETED),
+        ]
 
     def test_the_last_two_finishing_at_once_send_one_follow_up(self, backend: Backend) -> None:
         then = backend.queue

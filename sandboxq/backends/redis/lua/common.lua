@@ -128,8 +128,9 @@ end
 --                              ''), one counter per state (waiting ... cancelled); done_ms
 --                              once every member is final, then_sent once the follow-up went
 --   sq:{q}:bdone:<bid>  STREAM one entry per member reaching a final state: i = its index,
---                              s = c / f / x (completed, failed, cancelled); read from 0 by
---                              any handle (Batch.as_completed)
+--                              s = c / f / x (completed, failed, cancelled), and one (s = r)
+--                              per member leaving one (retried); read from 0 by any handle
+--                              (Batch.as_completed)
 --   sq:{q}:batches      ZSET   done batches by when they expire (done_ms + ttl_ms)
 -- A member is the job '<bid>.<index>' whose hash holds batch = <bid>. Every script that
 -- moves a job from one state to another calls batch_move (directly or via batch_after) in
@@ -205,7 +206,10 @@ local function batch_move(bid, id, from, to, now)
     redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', FINAL_CODE[to])
     batch_check_done(bid, now)
   elseif FINAL_CODE[from] and not FINAL_CODE[to] then
-    -- a final member runs again: the batch is not done (nor expiring) until it ends again
+    -- a final member runs again: the batch is not done (nor expiring) until it ends again,
+    -- and its stream says so ('r', reopened), so a reader waits for its new end
+    local index = string.match(id, '%.(%d+)$') or id
+    redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', 'r')
     if redis.call('HDEL', bkey, 'done_ms') == 1 then redis.call('ZREM', BATCHES, bid) end
   end
 end
