@@ -315,7 +315,8 @@ class BatchProgress:
     ``total`` is the number of members the batch was made with; ``enqueued`` how many of
     them exist (less than ``total`` only while, or after a failed, enqueue). ``done``: every
     member is completed, failed or cancelled. ``then_sent``: its follow-up job was
-    enqueued (``None`` when it has no ``then`` queue).
+    enqueued (``None`` when it has no ``then`` queue); ``then_error``: why it could not be
+    (the ``then`` queue out of the finishing worker's ACL, a key of it of the wrong type).
     """
 
     batch_id: str
@@ -333,6 +334,7 @@ class BatchProgress:
     then_sent: bool | None = None
     created_ms: int | None = None
     done_ms: int | None = None
+    then_error: str | None = None
 
     @property
     def finished(self) -> int:

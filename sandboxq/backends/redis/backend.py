@@ -40,6 +40,10 @@ from sandboxq.models import AttemptRecord, JobState, check_queue_name
 
 log = logging.getLogger(__name__)
 
+#: finish.lua's answer for an ack it accepted whose member made its batch done without
+#: the batch's follow-up being sent (the batch's then_error says why).
+FOLLOW_UP_NOT_SENT = 3
+
 PURGE_CHUNK = 1000  # jobs deleted per purge script call
 
 
@@ -185,8 +189,27 @@ class RedisBackend(Reads, Batches, Backend):
             sent = time.monotonic()
             reply = self._scripts.finish(args)
         n = int(reply[0])
-        accepted = [int(x) == 1 for x in reply[1 : n + 1]]
+        flags = [int(x) for x in reply[1 : n + 1]]
+        for ack, flag in zip(acks, flags, strict=True):
+            if flag == FOLLOW_UP_NOT_SENT:
+                self._log_then_error(ack.job_id)
+        accepted = [flag in (1, FOLLOW_UP_NOT_SENT) for flag in flags]
         return accepted, self._usable(worker_id, reply[n + 1 :], sent)
+
+    def _log_then_error(self, member_id: str) -> None:
+        """A finish made a batch done whose follow-up could not be sent (the ``then`` queue
+        is out of this user's ACL, or a key of it has the wrong type): say so where the
+        worker's operator looks, once per batch (it is done once)."""
+        batch_id = member_id.rpartition(".")[0]
+        progress = self.batch_progress(batch_id)
+        log.warning(
+            "batch %r of queue %r is done: %s",
+            batch_id,
+            self.queue,
+            progress.then_error
+            if progress is not None
+            else "its follow-up was not sent (the batch is gone now)",
+        )
 
     def record_progress(
         self, worker_id: str, job_id: str, token: str, fraction: float, message: str | None

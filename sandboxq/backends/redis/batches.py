@@ -46,6 +46,7 @@ PROGRESS_FIELDS = (
     "then_sent",
     "created_ms",
     "done_ms",
+    "then_error",
 )
 
 #: A stream entry's state code: a final state, or ``r``: the member left its final state
@@ -136,7 +137,8 @@ def progress_from(
         **finals,
         done=f["done_ms"] is not None,
         then=then,
-        then_sent=None if then is None else f["then_sent"] is not None,
+        then_sent=None if then is None else f["then_sent"] is not None and not f["then_error"],
+        then_error=records.text(f["then_error"]) if f["then_error"] else None,
         created_ms=_count(f["created_ms"]) or None,
         done_ms=_count(f["done_ms"]) or None,
     )

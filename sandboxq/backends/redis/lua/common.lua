@@ -145,21 +145,42 @@ local FINAL_CODE = {completed = 'c', failed = 'f', cancelled = 'x'}
 local COUNTED = {waiting = true, delayed = true, active = true, completed = true,
   failed = true, cancelled = true}
 
+-- What a key of the `then` queue must be (or not exist) for the follow-up to be written.
+local THEN_KEY_TYPES = {{'job:', 'none'}, {'seq', 'string'}, {'waiting', 'zset'},
+  {'events', 'stream'}, {'wake', 'list'}}
+
 -- The follow-up job of a done batch, on queue `then_queue`: its one argument is the
 -- batch's summary. Written as enqueue.lua writes a job; its id (<bid>.then) is never
--- enqueued twice while it is retained there.
+-- enqueued twice while it is retained there. Returns nil when it was written (or existed),
+-- else why not, also kept as the batch's then_error.
 local function send_follow_up(bid, then_queue, total, c, f, x, now)
   local base = 'sq:{' .. then_queue .. '}:'
   local id = bid .. FOLLOW_UP_SUFFIX
   local key = base .. 'job:' .. id
-  -- pcall: a user whose ACL does not reach that queue must not abort this script half-way
-  -- (Redis keeps the writes a failing script made): the batch records why instead
-  local exists = redis.pcall('EXISTS', key)
-  if type(exists) == 'table' and exists.err then
-    redis.call('HSET', BATCH .. bid, 'then_error', string.sub(tostring(exists.err), 1, 300))
-    return
+  -- Checked before anything is written, with pcall: a user whose ACL does not reach that
+  -- queue, or a key of it of the wrong type, must not abort this script half-way (Redis
+  -- keeps the writes a failing script made, and the member's finish is one of them).
+  local problem
+  for _, want in ipairs(THEN_KEY_TYPES) do
+    local name = base .. want[1]
+    if want[1] == 'job:' then name = key end
+    local kind = redis.pcall('TYPE', name)
+    if type(kind) == 'table' and kind.err then
+      problem = tostring(kind.err)
+    elseif type(kind) == 'table' and kind.ok then
+      kind = kind.ok
+    end
+    if not problem and want[1] == 'job:' and kind == 'hash' then return nil end -- sent before
+    if not problem and kind ~= 'none' and kind ~= want[2] then
+      problem = 'key ' .. name .. ' is a ' .. tostring(kind) .. ', not a ' .. want[2]
+    end
+    if problem then
+      problem = string.sub('the follow-up to queue ' .. then_queue .. ' was not sent: ' ..
+        problem, 1, 300)
+      redis.call('HSET', BATCH .. bid, 'then_error', problem)
+      return problem
+    end
   end
-  if exists == 1 then return end
   local summary = {batch_id = bid, queue = QUEUE_NAME, total = total, completed = c,
     failed = f, cancelled = x}
   local payload = cjson.encode({{summary}, {}})
@@ -173,38 +194,42 @@ local function send_follow_up(bid, then_queue, total, c, f, x, now)
   if redis.call('LPUSH', base .. 'wake', '1') > WAKE_CAP then
     redis.call('LTRIM', base .. 'wake', 0, WAKE_CAP - 1)
   end
+  return nil
 end
 
 -- The batch is done when it is sealed and every member is final: mark it (its expiry
 -- starts), and send its follow-up unless it was sent before (a member retried after the
--- batch was done makes it not done; done again, it sends nothing more).
+-- batch was done makes it not done; done again, it sends nothing more). Returns why the
+-- follow-up could not be sent, if it could not.
 local function batch_check_done(bid, now)
   local bkey = BATCH .. bid
   local f = redis.call('HMGET', bkey, 'sealed', 'total', 'completed', 'failed', 'cancelled',
     'done_ms', 'then', 'then_sent', 'ttl_ms')
-  if f[1] ~= '1' or f[6] then return end
+  if f[1] ~= '1' or f[6] then return nil end
   local total, c, fl, x = count_or(f[2], -1), count_or(f[3], 0), count_or(f[4], 0),
     count_or(f[5], 0)
-  if c + fl + x ~= total then return end
+  if c + fl + x ~= total then return nil end
   redis.call('HSET', bkey, 'done_ms', int(now))
   redis.call('ZADD', BATCHES, int(now + count_or(f[9], 0)), bid)
   if f[7] and f[7] ~= '' and not f[8] then
     redis.call('HSET', bkey, 'then_sent', int(now))
-    send_follow_up(bid, f[7], total, c, fl, x, now)
+    return send_follow_up(bid, f[7], total, c, fl, x, now)
   end
+  return nil
 end
 
--- Member `id` of batch `bid` went from state `from` to state `to`.
+-- Member `id` of batch `bid` went from state `from` to state `to`. Returns why the
+-- batch's follow-up could not be sent, when this move made it done and it could not.
 local function batch_move(bid, id, from, to, now)
-  if not bid or from == to then return end
+  if not bid or from == to then return nil end
   local bkey = BATCH .. bid
-  if redis.call('EXISTS', bkey) == 0 then return end -- forgotten: no counters to keep
+  if redis.call('EXISTS', bkey) == 0 then return nil end -- forgotten: no counters to keep
   if COUNTED[from] then redis.call('HINCRBY', bkey, from, -1) end
   if COUNTED[to] then redis.call('HINCRBY', bkey, to, 1) end
   if FINAL_CODE[to] and not FINAL_CODE[from] then
     local index = string.match(id, '%.(%d+)$') or id
     redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', FINAL_CODE[to])
-    batch_check_done(bid, now)
+    return batch_check_done(bid, now)
   elseif FINAL_CODE[from] and not FINAL_CODE[to] then
     -- a final member runs again: the batch is not done (nor expiring) until it ends again,
     -- and its stream says so ('r', reopened), so a reader waits for its new end
@@ -212,12 +237,16 @@ local function batch_move(bid, id, from, to, now)
     redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', 'r')
     if redis.call('HDEL', bkey, 'done_ms') == 1 then redis.call('ZREM', BATCHES, bid) end
   end
+  return nil
 end
 
 -- After a script moved job `id` out of state `from`: its batch (if any) follows.
+-- Returns why its batch's follow-up could not be sent, if this move made it done and it
+-- could not (finish.lua tells the worker, which logs it).
 local function batch_after(id, from, now)
   local f = hmget(PREFIX .. id, 'batch', 'state')
-  if f and f[1] then batch_move(f[1], id, from, f[2], now) end
+  if f and f[1] then return batch_move(f[1], id, from, f[2], now) end
+  return nil
 end
 
 -- Retention (trim_finished) takes a member out of its finished set's index, never its

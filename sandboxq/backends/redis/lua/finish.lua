@@ -6,7 +6,8 @@
 --       then 9 fields per ack: job id, token, action, attempt record JSON, outcome,
 --       error ('' = none), has result ('1'/'0'), result bytes, retry delay ms; then
 --       replay_of: the token base of an earlier call whose reply was lost ('' = none).
--- Returns: {N, accepted_1 .. accepted_N (1/0), then 7 entries per claimed job as in
+-- Returns: {N, accepted_1 .. accepted_N (1 / 0; 3: accepted, and it made a batch done whose
+--          follow-up could not be sent), then 7 entries per claimed job as in
 --          claim.lua}. A single rejected ack claims nothing ("nothing changed"). With
 --          replay_of, the jobs still leased to the worker under tokens "<replay_of>.<n>"
 --          come first among the claimed (a scan of the active set: only on that rare path).
@@ -69,7 +70,9 @@ local function finish_one(base)
     emit('requeued', id, 'outcome', outcome)
     wake(1)
   end
-  batch_after(id, 'active', now) -- batches (common.lua): counters, done, the follow-up
+  -- batches (common.lua): counters, done, the follow-up; 3: accepted, but the batch this
+  -- made done could not send its follow-up (the batch's then_error says why)
+  if batch_after(id, 'active', now) then return 3 end
   return 1
 end
 
