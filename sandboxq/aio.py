@@ -82,9 +82,15 @@ class _AsyncMemory:
         return self._b.get_many(job_ids)
 
     async def enqueue_batch(
-        self, batch_id: str, jobs: Sequence[NewJob], *, then: str | None = None, first: int = 0
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
     ) -> int:
-        return self._b.enqueue_batch(batch_id, jobs, then=then, first=first)
+        return self._b.enqueue_batch(batch_id, jobs, then=then, first=first, label=label)
 
     async def batch_progress(self, batch_id: str) -> BatchProgress | None:
         return self._b.batch_progress(batch_id)
@@ -233,7 +239,9 @@ class Queue(Producer):
         """A handle on the job ``job_id`` (whether or not it exists)."""
         return AsyncJob(self, check_job_id(job_id))
 
-    async def batch(self, calls: Iterable[Call], then: str | None = None) -> AsyncBatch[AsyncJob]:
+    async def batch(
+        self, calls: Iterable[Call], then: str | None = None, *, label: str | None = None
+    ) -> AsyncBatch[AsyncJob]:
         """As ``sandboxq.Queue.batch``: every call checked and encoded (yielding to the
         event loop every ``YIELD_EVERY``) before anything is sent."""
         batch_id = new_batch_id()
@@ -242,8 +250,8 @@ class Queue(Producer):
             jobs.append(self._maker.batch_job(batch_id, n, call))
             if n % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
-        check_batch_calls(jobs, then, self._maker.options.job_id)
-        await self.backend.enqueue_batch(batch_id, jobs, then=then)
+        check_batch_calls(jobs, then, self._maker.options.job_id, label)
+        await self.backend.enqueue_batch(batch_id, jobs, then=then, label=label)
         return AsyncBatch(self, batch_id, len(jobs))
 
     async def get_batch(self, batch_id: str) -> AsyncBatch[AsyncJob]:

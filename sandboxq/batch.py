@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from sandboxq.backends.base import Backend, BatchAction, NewJob
+from sandboxq.backends.rules import MAX_LABEL_BYTES
 from sandboxq.errors import BatchNotFound, ConfigError, SandboxqError
 from sandboxq.finished import check_seconds, finished_value, no_such_job
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name, member_id
@@ -72,7 +73,13 @@ class AsyncBatchBackend(Protocol):
         self, job_ids: Sequence[str]
     ) -> list[tuple[JobInfo | None, bytes | None]]: ...
     async def enqueue_batch(
-        self, batch_id: str, jobs: Sequence[NewJob], *, then: str | None = None, first: int = 0
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
     ) -> int: ...
     async def batch_progress(self, batch_id: str) -> BatchProgress | None: ...
     async def batch_finished(
@@ -100,8 +107,20 @@ def new_batch_id() -> str:
     return os.urandom(8).hex()
 
 
-def check_batch_calls(jobs: Sequence[NewJob], then: str | None, job_id_option: str | None) -> None:
-    """A batch's calls and ``then`` as they enter: refused whole, before anything is sent."""
+def check_batch_calls(
+    jobs: Sequence[NewJob],
+    then: str | None,
+    job_id_option: str | None,
+    label: str | None = None,
+) -> None:
+    """A batch's calls, ``then`` and ``label`` as they enter: refused whole, before
+    anything is sent."""
+    if label is not None and (
+        not isinstance(label, str) or len(label.encode("utf-8", "surrogatepass")) > MAX_LABEL_BYTES
+    ):
+        raise ConfigError(
+            f"label must be text of at most {MAX_LABEL_BYTES:,} bytes, got {label!r:.80}"
+        )
     if not jobs:
         raise ConfigError("a batch needs at least one call; got none")
     if job_id_option is not None:

@@ -234,7 +234,9 @@ class Queue(Producer):
         """A handle on the job ``job_id`` (whether or not it exists)."""
         return Job(self, check_job_id(job_id))
 
-    def batch(self, calls: Iterable[Call], then: str | None = None) -> Batch[Job]:
+    def batch(
+        self, calls: Iterable[Call], then: str | None = None, *, label: str | None = None
+    ) -> Batch[Job]:
         """Enqueue every ``(args, kwargs)`` call as one batch (member ``i`` is job
         ``<batch id>.<i>``), in chunks, all in one round trip; returns its ``Batch``.
 
@@ -242,12 +244,13 @@ class Queue(Producer):
         single argument the batch's summary (``batch_id``, ``queue``, ``total``,
         ``completed``, ``failed``, ``cancelled``), exactly once. Nothing is sent unless
         every call encodes; ``BatchIncomplete`` names how many members exist when the
-        backend failed part-way.
+        backend failed part-way. ``label``: text kept with the batch, shown by
+        ``progress().label``, ``sandboxq batch`` and the dashboard.
         """
         batch_id = new_batch_id()
         jobs = self._maker.batch_jobs(batch_id, calls)
-        check_batch_calls(jobs, then, self._maker.options.job_id)
-        self.backend.enqueue_batch(batch_id, jobs, then=then)
+        check_batch_calls(jobs, then, self._maker.options.job_id, label)
+        self.backend.enqueue_batch(batch_id, jobs, then=then, label=label)
         return Batch(self, batch_id, len(jobs))
 
     def get_batch(self, batch_id: str) -> Batch[Job]:

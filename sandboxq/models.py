@@ -335,6 +335,9 @@ class BatchProgress:
     created_ms: int | None = None
     done_ms: int | None = None
     then_error: str | None = None
+    #: What the batch's maker said of it (``Queue.batch(label=...)``), e.g. ``sandboxq run``'s
+    #: input file and line numbers.
+    label: str | None = None
 
     @property
     def finished(self) -> int:

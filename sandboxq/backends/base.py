@@ -315,7 +315,13 @@ class Backend(Protocol):
     # -- batches (design invariant 14) ----------------------------------------------------
 
     def enqueue_batch(
-        self, batch_id: str, jobs: Sequence[NewJob], *, then: str | None = None, first: int = 0
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
     ) -> int:
         """Add ``jobs`` as members ``first``, ``first + 1``... of batch ``batch_id`` of
         ``len(jobs)`` members (``first`` > 0: a later part of one made by an earlier call;
@@ -330,6 +336,9 @@ class Backend(Protocol):
         batch not done, and done again it sends nothing. Members are never trimmed by
         retention, nor purged, while the batch is kept: until ``batch_ttl_s`` after it is
         done, or ``forget_batch``.
+
+        ``label``: text kept with the batch (``BatchProgress.label``), set by the call that
+        makes it (``rules.MAX_LABEL_BYTES`` at most: checked by the caller).
 
         Raises ``ConfigError`` (nothing added) when the batch exists already or a member id
         is taken, and ``BatchIncomplete`` when only some members were added.

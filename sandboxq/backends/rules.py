@@ -43,6 +43,8 @@ TRIM_BUDGET = 100
 RECOVER_LIMIT = 500
 #: Members of one batch a batch call (cancel, retry, forget) handles per script call.
 BATCH_CHUNK = 1000
+#: The longest label a batch may carry (``Queue.batch(label=...)``), in UTF-8 bytes.
+MAX_LABEL_BYTES = 256 * 1024
 #: The id of a batch's follow-up job on its ``then`` queue: "<batch id>.then".
 FOLLOW_UP_SUFFIX = ".then"
 

@@ -83,6 +83,7 @@ def progress_data(progress: BatchProgress) -> dict[str, Any]:
         "then_error": progress.then_error,
         "created_ms": progress.created_ms,
         "done_ms": progress.done_ms,
+        "label": progress.label,
     }
 
 
@@ -122,6 +123,8 @@ def show(data: dict[str, Any]) -> None:
         ("state", state),
         ("created", text.when(data["created_ms"])),
     ]
+    if data["label"]:
+        fields.append(("label", text.clip(data["label"], 200)))
     if data["done_ms"]:
         fields.append(("done", text.when(data["done_ms"])))
     if data["then"]:

@@ -42,6 +42,7 @@ class BatchRecord:
     finished: list[tuple[int, JobState]] = field(default_factory=list)
     done_ms: int | None = None
     then_sent: bool = False
+    label: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,7 @@ def progress(store: Store, batch_id: str, batch: BatchRecord) -> BatchProgress:
         then_sent=None if batch.then is None else batch.then_sent,
         created_ms=batch.created_ms,
         done_ms=batch.done_ms,
+        label=batch.label,
     )
 
 
@@ -136,7 +138,13 @@ class Batches:
         def retry_failed(self, job_id: str) -> bool: ...
 
     def enqueue_batch(
-        self, batch_id: str, jobs: Sequence[NewJob], *, then: str | None = None, first: int = 0
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
     ) -> int:
         from sandboxq.backends.memory.store import DELAYED, WAITING, Job
 
@@ -160,7 +168,7 @@ class Batches:
                     f"batch {batch_id!r} was not enqueued: job id {taken[0]!r} is taken"
                 )
             if batch is None:
-                batch = BatchRecord(first + len(jobs), then, store.batch_ttl_ms, now)
+                batch = BatchRecord(first + len(jobs), then, store.batch_ttl_ms, now, label=label)
                 store.batches[batch_id] = batch
             for new, options in checked:
                 job_id = new.job_id or ""

@@ -214,13 +214,26 @@ class AsyncRedisBackend:
     # -- batches (as batches.Batches; the replies read by the same functions) -----------
 
     async def enqueue_batch(
-        self, batch_id: str, jobs: Sequence[NewJob], *, then: str | None = None, first: int = 0
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
     ) -> int:
         if then:
             batches.check_then(then, self.queue, cluster=False)
         total = first + len(jobs)
         calls = batches.enqueue_batch_calls(
-            self._scripts.batch_enqueue, batch_id, jobs, then, self._batch_ttl_ms, first, total
+            self._scripts.batch_enqueue,
+            batch_id,
+            jobs,
+            then,
+            self._batch_ttl_ms,
+            first,
+            total,
+            label,
         )
         replies: list[Any] = []
         try:

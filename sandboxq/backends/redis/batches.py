@@ -47,6 +47,7 @@ PROGRESS_FIELDS = (
     "created_ms",
     "done_ms",
     "then_error",
+    "label",
 )
 
 #: A stream entry's state code: a final state, or ``r``: the member left its final state
@@ -70,6 +71,7 @@ def enqueue_batch_calls(
     ttl_ms: int,
     first: int,
     total: int,
+    label: str | None = None,
 ) -> list[tuple[Script | None, bytes]]:
     """The batch_enqueue.lua calls that add ``jobs`` (ENQUEUE_CHUNK a call)."""
     _ids, frames = frame_jobs(jobs)
@@ -84,6 +86,7 @@ def enqueue_batch_calls(
             ttl_ms,
             len(chunk),
             b"".join(chunk),
+            "" if label is None else "=" + label,  # '=': a label, even an empty one
         ]
         calls.append((script, script.pack(args)))
     return calls
@@ -139,6 +142,7 @@ def progress_from(
         then=then,
         then_sent=None if then is None else f["then_sent"] is not None and not f["then_error"],
         then_error=records.text(f["then_error"]) if f["then_error"] else None,
+        label=records.text(f["label"]) if f["label"] is not None else None,
         created_ms=_count(f["created_ms"]) or None,
         done_ms=_count(f["done_ms"]) or None,
     )
@@ -197,13 +201,26 @@ class Batches:
     _batch_ttl_ms: int
 
     def enqueue_batch(
-        self, batch_id: str, jobs: Sequence[NewJob], *, then: str | None = None, first: int = 0
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
     ) -> int:
         if then:
             check_then(then, self.queue, self._conns.cluster)
         total = first + len(jobs)
         calls = enqueue_batch_calls(
-            self._scripts.batch_enqueue, batch_id, jobs, then, self._batch_ttl_ms, first, total
+            self._scripts.batch_enqueue,
+            batch_id,
+            jobs,
+            then,
+            self._batch_ttl_ms,
+            first,
+            total,
+            label,
         )
         lane = self._conns.main_lane
         try:

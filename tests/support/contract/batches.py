@@ -78,6 +78,14 @@ class BatchContract:
         progress = backend.batch_progress("b1")
         assert counts(progress) == {"failed": 1} and progress is not None and progress.done
 
+    def test_a_label_is_kept_with_the_batch(self, backend: Backend) -> None:
+        label = '{"run": "in.jsonl", "lines": "1-3"} é <b>'
+        backend.enqueue_batch("b1", members("b1", 2), label=label)
+        backend.enqueue_batch("b2", members("b2", 1), label="")
+        backend.enqueue_batch("b3", members("b3", 1))
+        labels = [backend.batch_progress(b) for b in ("b1", "b2", "b3")]
+        assert [p.label if p else "gone" for p in labels] == [label, "", None]
+
     def test_finished_members_stream_from_the_start_for_any_reader(self, backend: Backend) -> None:
         backend.enqueue_batch("b1", members("b1", 3))
         claimed = [claim_one(backend) for _ in range(3)]

@@ -3,7 +3,8 @@
 -- ARGV: 1-4 standard; 5 batch id, 6 the batch's total member count, 7 the index of this
 --       chunk's first member (0: this call makes the batch), 8 then queue ('' = none),
 --       9 ttl ms (how long the batch is kept once done), 10 the number of jobs, 11 the
---       jobs framed as enqueue.lua takes them (their ids are '<batch id>.<index>').
+--       jobs framed as enqueue.lua takes them (their ids are '<batch id>.<index>'), 12 the
+--       batch's label after a '=' ('' = none; read by the first chunk only).
 -- Returns: the number of members the batch has after this call; or an error reply, with
 --          nothing of this chunk written: the batch already exists (first chunk), does not
 --          exist (a later chunk whose first failed), or a member id is taken.
@@ -48,6 +49,7 @@ if first == 0 then -- every check passed: the batch is made with its first membe
   redis.call('HSET', bkey, 'total', int(total), 'enqueued', '0', 'created_ms', int(now),
     'then', ARGV[8], 'ttl_ms', ARGV[9], 'waiting', '0', 'delayed', '0', 'active', '0',
     'completed', '0', 'failed', '0', 'cancelled', '0')
+  if ARGV[12] and ARGV[12] ~= '' then redis.call('HSET', bkey, 'label', string.sub(ARGV[12], 2)) end
 end
 local seq = redis.call('INCRBY', SEQ, count) - count
 local waiting, delayed = 0, 0
