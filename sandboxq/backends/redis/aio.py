@@ -48,7 +48,7 @@ from sandboxq.backends.redis.enqueue import (
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Script, Scripts, script_settings
 from sandboxq.backends.rules import lease_ms
-from sandboxq.errors import BackendError, BatchIncomplete, ConfigError
+from sandboxq.errors import BackendError, ConfigError
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name
 from sandboxq.redaction import redact_url
 
@@ -238,10 +238,11 @@ class AsyncRedisBackend:
         replies: list[Any] = []
         try:
             with redis_errors(self.where, f"enqueue batch {batch_id!r}"):
-                # The first chunk makes the batch: it goes first, the rest together after it.
-                # gather keeps each chunk's own reply (an error reply included), so the
-                # count of members that exist is exact (enqueue_outcome).
-                for part in (calls[:1], calls[1:]):
+                # The first chunk makes the batch: it goes alone, then the rest a round trip
+                # of CHUNKS_PER_TRIP at a time (batches.trips). gather keeps each chunk's own
+                # reply (an error reply included), so the count of members that exist is
+                # exact (enqueue_outcome).
+                for part in batches.trips(calls):
                     sent = [self._run([call]) for call in part]
                     replies += await asyncio.gather(*sent, return_exceptions=True)
                     for reply in replies:  # a lost connection, not an error reply
@@ -252,13 +253,8 @@ class AsyncRedisBackend:
                     if any(isinstance(r, ResponseError) for r in replies):
                         break
         except BackendError as exc:
-            raise BatchIncomplete(
-                f"batch {batch_id!r}: the enqueue failed ({exc}); some of its {total} members "
-                f"may exist: Queue.get_batch({batch_id!r}).progress() tells how many",
-                batch_id=batch_id,
-                enqueued=-1,
-                total=total,
-            ) from exc
+            done = [r if isinstance(r, ResponseError) else r[0] for r in replies]
+            raise batches.incomplete(batch_id, total, done, exc) from exc
         return batches.enqueue_outcome(
             batch_id, total, [r if isinstance(r, ResponseError) else r[0] for r in replies]
         )

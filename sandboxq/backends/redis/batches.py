@@ -61,6 +61,10 @@ _FINAL = {
 
 #: Stream entries one read of a batch's finished members returns at most.
 FINISHED_READ = 1000
+#: Chunks (of ENQUEUE_CHUNK members) sent per round trip. The server runs them as they
+#: arrive, so one write of a million members (2,000 chunks, some 20 s of scripts) outlasted
+#: the socket timeout; 20 chunks (10,000 members) take a fraction of a second.
+CHUNKS_PER_TRIP = 20
 
 
 def enqueue_batch_calls(
@@ -90,6 +94,32 @@ def enqueue_batch_calls(
         ]
         calls.append((script, script.pack(args)))
     return calls
+
+
+def trips(calls: list[Any]) -> list[list[Any]]:
+    """The calls, ``CHUNKS_PER_TRIP`` a round trip; the first alone (it makes the batch)."""
+    if not calls:
+        return []
+    return [calls[:1]] + [
+        calls[i : i + CHUNKS_PER_TRIP] for i in range(1, len(calls), CHUNKS_PER_TRIP)
+    ]
+
+
+def incomplete(batch_id: str, total: int, replies: Sequence[Any], exc: Exception) -> Exception:
+    """What a connection lost part-way means: the members the answered calls added exist,
+    those of the call in flight may."""
+    try:
+        enqueued = enqueue_outcome(batch_id, total, replies) if replies else 0
+    except (ConfigError, BatchIncomplete) as refused:
+        return refused
+    return BatchIncomplete(
+        f"batch {batch_id!r}: the enqueue failed after {enqueued} of {total} members ({exc}); "
+        f"those of the call in flight may exist too: Queue.get_batch({batch_id!r}).progress() "
+        "tells how many",
+        batch_id=batch_id,
+        enqueued=enqueued,
+        total=total,
+    )
 
 
 def enqueue_outcome(batch_id: str, total: int, replies: Sequence[Any]) -> int:
@@ -223,21 +253,20 @@ class Batches:
             label,
         )
         lane = self._conns.main_lane
+        replies: list[Any] = []
         try:
             with self._conns.errors(f"enqueue batch {batch_id!r}"):
-                replies = lane.round_trip([packed for _, packed in calls])
-                missing, loads = unknown_scripts(calls, replies)
-                if missing:  # NOSCRIPT answers change nothing: the same calls again
-                    lane.round_trip(loads)
-                    replies = lane.round_trip([packed for _, packed in calls])
+                for trip in trips(calls):
+                    got = lane.round_trip([packed for _, packed in trip])
+                    missing, loads = unknown_scripts(trip, got)
+                    if missing:  # NOSCRIPT answers change nothing: the same calls again
+                        lane.round_trip(loads)
+                        got = lane.round_trip([packed for _, packed in trip])
+                    replies += got
+                    if any(isinstance(reply, ResponseError) for reply in got):
+                        break
         except BackendError as exc:
-            raise BatchIncomplete(
-                f"batch {batch_id!r}: the enqueue failed ({exc}); some of its {total} members "
-                f"may exist: Queue.get_batch({batch_id!r}).progress() tells how many",
-                batch_id=batch_id,
-                enqueued=-1,
-                total=total,
-            ) from exc
+            raise incomplete(batch_id, total, replies, exc) from exc
         return enqueue_outcome(batch_id, total, replies)
 
     def batch_progress(self, batch_id: str) -> BatchProgress | None:
