@@ -366,6 +366,11 @@ class Backend(Protocol):
         such batch. Bounded work per backend call (``rules.BATCH_CHUNK`` members)."""
         ...
 
+    def list_batches(self, limit: int = 50) -> list[BatchProgress]:
+        """The newest ``limit`` batches kept, newest first, each as ``batch_progress``
+        reads it: ``limit`` + 1 reads at most, whatever the number of batches."""
+        ...
+
     def forget_batch(self, batch_id: str) -> bool:
         """Delete the batch and its members now (False: no such batch). Raises
         ``ConfigError`` while a member is waiting, delayed or active: cancel it first."""

@@ -220,6 +220,12 @@ class Batches:
         self.send_follow_ups()
         return acted
 
+    def list_batches(self, limit: int = 50) -> list[BatchProgress]:
+        store = self._store
+        with store.cond:
+            newest = list(reversed(store.batches.items()))[: max(0, limit)]
+            return [progress(store, bid, batch) for bid, batch in newest]
+
     def forget_batch(self, batch_id: str) -> bool:
         store = self._store
         with store.cond:

@@ -306,6 +306,20 @@ class Batches:
                 start += rules.BATCH_CHUNK
         return acted
 
+    def list_batches(self, limit: int = 50) -> list[BatchProgress]:
+        with self._conns.errors("list batches"):
+            raw_ids = self._conns.main.zrevrange(self.keys.batch_index, 0, max(0, limit) - 1)
+            ids = [records.text(raw) for raw in raw_ids if isinstance(raw, bytes | str)]
+            pipe = self._conns.main.pipeline(transaction=False)
+            for batch_id in ids:
+                pipe.hmget(self.keys.batch(batch_id), PROGRESS_FIELDS)
+            rows = pipe.execute() if ids else []
+        found = [
+            progress_from(batch_id, self.queue, values)
+            for batch_id, values in zip(ids, rows, strict=True)
+        ]
+        return [p for p in found if p is not None]
+
     def forget_batch(self, batch_id: str) -> bool:
         with self._conns.errors(f"forget batch {batch_id!r}"):
             while True:

@@ -17,6 +17,7 @@ any of them atomically.
     sq:{q}:batch:<bid>         HASH   one batch: its size, counters per state, then, done_ms
     sq:{q}:bdone:<bid>         STREAM one entry per member that reached a final state
     sq:{q}:batches             ZSET   done batches by expiry ms (done_ms + ttl)
+    sq:{q}:batch_index         ZSET   every batch kept, by created ms (listing)
                                (common.lua derives these from the job prefix: its batch block)
 
 Job ids are chosen by users and may contain anything, ``:`` included, so a key built
@@ -54,6 +55,7 @@ class QueueKeys:
         self.batch_prefix = base + "batch:"
         self.batch_done_prefix = base + "bdone:"
         self.batches = base + "batches"
+        self.batch_index = base + "batch_index"
         #: The KEYS every script receives, in the order common.lua expects.
         self.script_keys: list[str] = [
             self.job_prefix,

@@ -78,6 +78,16 @@ class BatchContract:
         progress = backend.batch_progress("b1")
         assert counts(progress) == {"failed": 1} and progress is not None and progress.done
 
+    def test_batches_are_listed_newest_first_until_forgotten(self, backend: Backend) -> None:
+        for bid in ("b1", "b2", "b3"):
+            backend.enqueue_batch(bid, members(bid, 1))
+        assert [p.batch_id for p in backend.list_batches()] == ["b3", "b2", "b1"]
+        assert [p.batch_id for p in backend.list_batches(2)] == ["b3", "b2"]
+        assert backend.batch_each("b2", "cancel") == 1
+        assert backend.forget_batch("b2")
+        listed = backend.list_batches()
+        assert [(p.batch_id, p.total) for p in listed] == [("b3", 1), ("b1", 1)]
+
     def test_a_label_is_kept_with_the_batch(self, backend: Backend) -> None:
         label = '{"run": "in.jsonl", "lines": "1-3"} é <b>'
         backend.enqueue_batch("b1", members("b1", 2), label=label)

@@ -49,6 +49,7 @@ if first == 0 then -- every check passed: the batch is made with its first membe
   redis.call('HSET', bkey, 'total', int(total), 'enqueued', '0', 'created_ms', int(now),
     'then', ARGV[8], 'ttl_ms', ARGV[9], 'waiting', '0', 'delayed', '0', 'active', '0',
     'completed', '0', 'failed', '0', 'cancelled', '0')
+  redis.call('ZADD', BATCH_INDEX, int(now), bid)
   if ARGV[12] and ARGV[12] ~= '' then redis.call('HSET', bkey, 'label', string.sub(ARGV[12], 2)) end
 end
 local seq = redis.call('INCRBY', SEQ, count) - count

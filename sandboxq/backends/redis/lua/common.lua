@@ -132,6 +132,7 @@ end
 --                              per member leaving one (retried); read from 0 by any handle
 --                              (Batch.as_completed)
 --   sq:{q}:batches      ZSET   done batches by when they expire (done_ms + ttl_ms)
+--   sq:{q}:batch_index  ZSET   every batch kept, by created_ms (listing: the dashboard)
 -- A member is the job '<bid>.<index>' whose hash holds batch = <bid>. Every script that
 -- moves a job from one state to another calls batch_move (directly or via batch_after) in
 -- the same call, so the counters are exact at every moment and the finish that makes a
@@ -141,6 +142,7 @@ local QUEUE_BASE = string.sub(PREFIX, 1, #PREFIX - 4)
 local QUEUE_NAME = string.match(QUEUE_BASE, '^sq:{(.*)}:$')
 local BATCH, BATCH_DONE = QUEUE_BASE .. 'batch:', QUEUE_BASE .. 'bdone:'
 local BATCHES = QUEUE_BASE .. 'batches'
+local BATCH_INDEX = QUEUE_BASE .. 'batch_index'
 local FINAL_CODE = {completed = 'c', failed = 'f', cancelled = 'x'}
 local COUNTED = {waiting = true, delayed = true, active = true, completed = true,
   failed = true, cancelled = true}
@@ -275,6 +277,7 @@ local function sweep_batch(bid, budget)
   if upto >= last then
     redis.call('DEL', bkey, BATCH_DONE .. bid)
     redis.call('ZREM', BATCHES, bid)
+    redis.call('ZREM', BATCH_INDEX, bid)
     return 1
   end
   redis.call('HSET', bkey, 'swept', int(upto))
