@@ -26,9 +26,8 @@ end
 
 local count = tonumber(ARGV[10])
 local blob = ARGV[11]
-local jobs = {}
-local pos = 1
-for j = 1, count do
+-- A job as enqueue.lua frames it, read from `pos`: its fields and where the next starts.
+local function unframe(pos)
   local id_len, payload_len, codec_len, opts_len, priority, delay, max_stalls, at =
     struct.unpack('>I2I4I2I4i2i8I2', blob, pos)
   local id = string.sub(blob, at, at + id_len - 1)
@@ -38,11 +37,17 @@ for j = 1, count do
   local codec = string.sub(blob, at, at + codec_len - 1)
   at = at + codec_len
   local opts = string.sub(blob, at, at + opts_len - 1)
-  pos = at + opts_len
+  return at + opts_len, id, payload, codec, opts, priority, delay, max_stalls
+end
+-- Every id is checked before anything is written (the frames are read twice rather than
+-- kept: a table per member cost more than reading its frame again).
+local pos = 1
+for _ = 1, count do
+  local id
+  pos, id = unframe(pos)
   if redis.call('EXISTS', PREFIX .. id) == 1 then
     return redis.error_reply('BATCH job id ' .. id .. ' of batch ' .. bid .. ' is taken')
   end
-  jobs[j] = {id, payload, codec, opts, priority, delay, max_stalls}
 end
 
 if first == 0 then -- every check passed: the batch is made with its first members
@@ -54,8 +59,10 @@ if first == 0 then -- every check passed: the batch is made with its first membe
 end
 local seq = redis.call('INCRBY', SEQ, count) - count
 local waiting, delayed = 0, 0
-for j = 1, count do
-  local id, payload, codec, opts, priority, delay, max_stalls = unpack(jobs[j])
+pos = 1
+for _ = 1, count do
+  local id, payload, codec, opts, priority, delay, max_stalls
+  pos, id, payload, codec, opts, priority, delay, max_stalls = unframe(pos)
   seq = seq + 1
   local state = 'waiting'
   if delay > 0 then state = 'delayed' end
