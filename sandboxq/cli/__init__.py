@@ -9,6 +9,7 @@
     enqueue.py  enqueue                       add a job; --wait for its result
     admin.py    info jobs job retry cancel purge   read and manage a queue (Redis)
     batch.py    run                           a JSONL file through the pool, locally
+    run_fleet.py run --url --queue [--resume] the same file as a batch over a fleet
     batches.py  batch                         one batch: progress, failures; retry, cancel
     dashboard.py dashboard                    the web dashboard (sandboxq[web])
     exporter.py exporter                      queue gauges from Redis for Prometheus

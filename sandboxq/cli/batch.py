@@ -18,6 +18,9 @@ Malformed lines are reported (with their line numbers) before anything runs and 
 written as ``malformed``, and the rest of the batch runs: one bad line among thousands
 should not cost the others, and the user learns of it at once instead of at the end.
 ``--strict`` stops before anything runs instead.
+
+With ``--url``/``--queue``/``--resume`` the same command runs the file as a batch over
+every worker serving that queue (run_fleet.py), with this module's input, Output and view.
 """
 
 from __future__ import annotations
