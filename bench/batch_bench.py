@@ -22,7 +22,11 @@ Figures (median of --runs, alternating the two sides of each comparison):
   cores (target: within 10 %): see ``fleet_run``.
 
 Only the figures' redis-server runs during a measurement; the machine is shared, so the
-report records its load.
+report records its load. Measured on this project's 2 shared cores (5 runs, medians): the
+batch enqueues at 1.00x enqueue_many (0.98-1.23x); progress() costs the server 2.0-2.4 us
+at 1,000, 100,000 and 1,000,000 members; as_completed 4.6 us of producer CPU a member;
+a member 32 B more than a job while waiting, 51 B once finished; sandboxq run --url 1.17x
+the local mode's wall time (0.95-1.85x: the target of 1.1x is missed, see the README).
 """
 
 from __future__ import annotations
