@@ -23,6 +23,7 @@ SECTION_TITLES = {
     "metrics": "Worker metrics: no-op throughput with and without (side by side)",
     "aio": "Async producer (sandboxq.aio) against the sync one",
     "containment": "Containment (control group per child against the process-tree mode)",
+    "batch": "Batches (Redis): enqueue, progress(), as_completed, memory, sandboxq run --url",
 }
 
 

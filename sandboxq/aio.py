@@ -24,20 +24,20 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from sandboxq.backends import REDIS_SCHEMES, resolve_url
-from sandboxq.backends.base import Event, NewJob
-from sandboxq.client import (
-    Call,
-    Producer,
-    call_pair,
-    check_seconds,
-    check_since,
-    finished_value,
-    no_such_job,
+from sandboxq.backends.base import BatchAction, Event, NewJob
+from sandboxq.batch import (
+    AsyncBatch,
+    AsyncBatchBackend,
+    batch_not_found,
+    check_batch_calls,
+    new_batch_id,
 )
+from sandboxq.client import Call, Producer, call_pair, check_since
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobInfo, JobState, check_job_id
+from sandboxq.finished import check_seconds, finished_value, no_such_job
+from sandboxq.models import BatchProgress, JobInfo, JobState, check_batch_id, check_job_id
 
-__all__ = ["AsyncJob", "Queue"]
+__all__ = ["AsyncBatch", "AsyncJob", "Queue"]
 
 #: memory:// waits run in a thread, in slices this long, so a cancelled wait frees its
 #: thread soon after.
@@ -46,7 +46,7 @@ MEMORY_WAIT_SLICE_S = 1.0
 YIELD_EVERY = 100
 
 
-class AsyncBackend(Protocol):
+class AsyncBackend(AsyncBatchBackend, Protocol):
     """The producer's calls of ``Backend`` (base.py, which states each contract), awaited."""
 
     async def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]: ...
@@ -77,6 +77,36 @@ class _AsyncMemory:
 
     async def get_result(self, job_id: str) -> bytes | None:
         return self._b.get_result(job_id)
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
+        return self._b.get_many(job_ids)
+
+    async def enqueue_batch(
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
+    ) -> int:
+        return self._b.enqueue_batch(batch_id, jobs, then=then, first=first, label=label)
+
+    async def batch_progress(self, batch_id: str) -> BatchProgress | None:
+        return self._b.batch_progress(batch_id)
+
+    async def batch_finished(
+        self, batch_id: str, after: str, block_s: float | None = None
+    ) -> tuple[str, list[tuple[int, JobState]]]:
+        if block_s is None:
+            return self._b.batch_finished(batch_id, after)
+        return await asyncio.to_thread(self._b.batch_finished, batch_id, after, block_s)
+
+    async def batch_each(self, batch_id: str, action: BatchAction) -> int | None:
+        return self._b.batch_each(batch_id, action)
+
+    async def forget_batch(self, batch_id: str) -> bool:
+        return self._b.forget_batch(batch_id)
 
     async def counts(self) -> dict[JobState, int]:
         return self._b.counts()
@@ -208,6 +238,28 @@ class Queue(Producer):
     def job(self, job_id: str) -> AsyncJob:
         """A handle on the job ``job_id`` (whether or not it exists)."""
         return AsyncJob(self, check_job_id(job_id))
+
+    async def batch(
+        self, calls: Iterable[Call], then: str | None = None, *, label: str | None = None
+    ) -> AsyncBatch[AsyncJob]:
+        """As ``sandboxq.Queue.batch``: every call checked and encoded (yielding to the
+        event loop every ``YIELD_EVERY``) before anything is sent."""
+        batch_id = new_batch_id()
+        jobs: list[NewJob] = []
+        for n, call in enumerate(calls):
+            jobs.append(self._maker.batch_job(batch_id, n, call))
+            if n % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        check_batch_calls(jobs, then, self._maker.options.job_id, label)
+        await self.backend.enqueue_batch(batch_id, jobs, then=then, label=label)
+        return AsyncBatch(self, batch_id, len(jobs))
+
+    async def get_batch(self, batch_id: str) -> AsyncBatch[AsyncJob]:
+        """As ``sandboxq.Queue.get_batch``: ``BatchNotFound`` at once if it does not exist."""
+        progress = await self.backend.batch_progress(check_batch_id(batch_id))
+        if progress is None:
+            raise batch_not_found(self.name, batch_id)
+        return AsyncBatch(self, batch_id, progress.total)
 
     async def counts(self) -> dict[JobState, int]:
         return await self.backend.counts()

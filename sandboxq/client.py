@@ -14,7 +14,6 @@ that do no I/O (checks of arguments, a finished record into a value or ``JobFail
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
@@ -23,8 +22,17 @@ from typing import Any, Self
 from sandboxq import codec as codecs
 from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
-from sandboxq.errors import ConfigError, JobFailed, JobNotFound, SandboxqError, SerializationError
-from sandboxq.models import JobInfo, JobOptions, JobState, check_job_id
+from sandboxq.batch import Batch, batch_not_found, check_batch_calls, new_batch_id
+from sandboxq.errors import ConfigError, JobNotFound, SandboxqError, SerializationError
+from sandboxq.finished import check_seconds, decode_result, finished_value, no_such_job
+from sandboxq.models import (
+    JobInfo,
+    JobOptions,
+    JobState,
+    check_batch_id,
+    check_job_id,
+    member_id,
+)
 from sandboxq.settings import build
 
 Call = tuple[Sequence[Any], dict[str, Any]]
@@ -98,44 +106,6 @@ def read_result(backend: Backend, info: JobInfo, allowed: Collection[str]) -> An
     return decode_result(info, backend.get_result(info.id), allowed)
 
 
-def decode_result(info: JobInfo, data: bytes | None, allowed: Collection[str]) -> Any:
-    """A completed job's stored result ``data`` decoded (None if it stored none), only with
-    a codec in ``allowed`` (see ``codec.decode_stored``): every reader's one way to it."""
-    if data is None:
-        return None
-    return codecs.decode_stored(data, info.codec, allowed=allowed, job_id=info.id)
-
-
-def no_such_job(queue: str, job_id: str) -> JobNotFound:
-    return JobNotFound(
-        f"job {job_id!r} of queue {queue!r} does not exist "
-        "(never enqueued, removed by retention, or purged)",
-        job_id=job_id,
-    )
-
-
-def finished_value(job_id: str, info: JobInfo, data: bytes | None, allowed: Collection[str]) -> Any:
-    """A finished job's return value (``data``: its stored result, decoded only with a codec
-    in ``allowed``), or ``JobFailed``."""
-    if info.state is JobState.COMPLETED:
-        return decode_result(info, data, allowed)
-    raise JobFailed(
-        f"job {job_id!r} {info.state}: {info.error or info.outcome or 'no cause recorded'}",
-        job_id=job_id,
-        outcome=str(info.outcome) if info.outcome else None,
-        attempts=info.attempts,
-        error=info.error,
-    )
-
-
-def check_seconds(name: str, value: float | None) -> None:
-    """A wait in seconds, or None. NaN compares false with everything: it would never end."""
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value)
-    ):
-        raise ConfigError(f"{name} must be a number of seconds or None, got {value!r}")
-
-
 #: An event id: "12" (memory://) or "1700000000000-0" (a Redis stream entry).
 _EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 
@@ -147,7 +117,9 @@ def check_since(since: str | None) -> None:
         )
 
 
-def call_pair(n: int, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def call_pair(
+    n: int, call: Any, what: str = "enqueue_many"
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``call`` as an ``(args, kwargs)`` pair, or a SerializationError naming it: a string
     is a sequence too, and ``("ab", {})`` must not quietly become ``f("a", "b")``."""
     if (
@@ -158,7 +130,7 @@ def call_pair(n: int, call: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     ):
         return tuple(call[0]), call[1]
     raise SerializationError(
-        f"enqueue_many: call #{n} is {call!r:.200}, not an (args, kwargs) pair "
+        f"{what}: call #{n} is {call!r:.200}, not an (args, kwargs) pair "
         "with args a list or tuple and kwargs a dict"
     )
 
@@ -187,6 +159,17 @@ class JobMaker:
     def new_jobs(self, calls: Iterable[Call]) -> list[NewJob]:
         """``enqueue_many``'s jobs: ``calls`` are ``(args, kwargs)`` pairs."""
         return self.check_batch([self.new_job(*call_pair(n, call)) for n, call in enumerate(calls)])
+
+    def batch_jobs(self, batch_id: str, calls: Iterable[Call]) -> list[NewJob]:
+        """A batch's jobs, each with its member id: ``calls`` are ``(args, kwargs)`` pairs,
+        checked and encoded all before anything is sent."""
+        return [self.batch_job(batch_id, n, call) for n, call in enumerate(calls)]
+
+    def batch_job(self, batch_id: str, n: int, call: Any) -> NewJob:
+        """Member ``n`` of batch ``batch_id``: the call checked and encoded, its id set."""
+        job = self.new_job(*call_pair(n, call, "batch"))
+        job.job_id = member_id(batch_id, n)
+        return job
 
     def check_batch(self, jobs: list[NewJob]) -> list[NewJob]:
         """``jobs`` as one ``enqueue_many`` batch, unless a ``job_id`` option forbids it."""
@@ -250,6 +233,33 @@ class Queue(Producer):
     def job(self, job_id: str) -> Job:
         """A handle on the job ``job_id`` (whether or not it exists)."""
         return Job(self, check_job_id(job_id))
+
+    def batch(
+        self, calls: Iterable[Call], then: str | None = None, *, label: str | None = None
+    ) -> Batch[Job]:
+        """Enqueue every ``(args, kwargs)`` call as one batch (member ``i`` is job
+        ``<batch id>.<i>``), in chunks, all in one round trip; returns its ``Batch``.
+
+        ``then``: when the last member is final, one job is enqueued on that queue, its
+        single argument the batch's summary (``batch_id``, ``queue``, ``total``,
+        ``completed``, ``failed``, ``cancelled``), exactly once. Nothing is sent unless
+        every call encodes; ``BatchIncomplete`` names how many members exist when the
+        backend failed part-way. ``label``: text kept with the batch, shown by
+        ``progress().label``, ``sandboxq batch`` and the dashboard.
+        """
+        batch_id = new_batch_id()
+        jobs = self._maker.batch_jobs(batch_id, calls)
+        check_batch_calls(jobs, then, self._maker.options.job_id, label)
+        self.backend.enqueue_batch(batch_id, jobs, then=then, label=label)
+        return Batch(self, batch_id, len(jobs))
+
+    def get_batch(self, batch_id: str) -> Batch[Job]:
+        """The batch ``batch_id`` of this queue, from any process; ``BatchNotFound`` at
+        once if it does not exist."""
+        progress = self.backend.batch_progress(check_batch_id(batch_id))
+        if progress is None:
+            raise batch_not_found(self.name, batch_id)
+        return Batch(self, batch_id, progress.total)
 
     def counts(self) -> dict[JobState, int]:
         return self.backend.counts()

@@ -14,6 +14,9 @@ Python would raise (``current_job().progress(2)``: ValueError; ``Pool.submit`` a
     │                          signal, remote traceback): what ``Pool.submit``'s future raises
     ├── JobFailed              a job ended ``failed`` or ``cancelled`` (its last attempt's cause)
     ├── JobNotFound            the job does not exist (never enqueued, trimmed, purged)
+    ├── BatchNotFound          the batch does not exist (never made, forgotten, expired)
+    ├── BatchIncomplete        a batch's enqueue failed part-way: ``batch_id`` and how many
+    │                          of its members exist (``enqueued`` of ``total``)
     ├── WorkerFailed           a part of a worker died; it handed its jobs back and stopped
     ├── PoolBroken             the pool cannot serve: children die before they are ready, its
     │                          fork server keeps dying, or its supervisor thread crashed
@@ -119,6 +122,24 @@ class JobNotFound(SandboxqError):
 
     _fields = ("job_id",)
     job_id: str
+
+
+class BatchNotFound(SandboxqError):
+    """The batch does not exist: never made, forgotten, or past its ``batch_ttl_s``."""
+
+    _fields = ("batch_id",)
+    batch_id: str
+
+
+class BatchIncomplete(SandboxqError):
+    """A batch's enqueue failed part-way: ``enqueued`` of its ``total`` members exist (they
+    run as usual) and the batch is not sealed, so it is never done and sends no follow-up.
+    ``Queue.get_batch(batch_id)`` reaches them (``cancel()`` stops them)."""
+
+    _fields = ("batch_id", "enqueued", "total")
+    batch_id: str
+    enqueued: int
+    total: int
 
 
 class WorkerFailed(SandboxqError):

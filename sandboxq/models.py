@@ -15,6 +15,7 @@ import functools
 import math
 import re
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -293,3 +294,70 @@ class JobInfo(_Frozen):
     #: Parts of the stored record that could not be read (a record edited by hand), each
     #: naming the field and what it held; those fields show their defaults instead.
     unreadable: list[str] = []
+
+
+# -- batches ------------------------------------------------------------------------------
+
+#: A batch id: letters, digits, '_' and '-' (no '.': a member's id is "<batch id>.<index>").
+_BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_batch_id(batch_id: str) -> str:
+    if not isinstance(batch_id, str) or not _BATCH_ID.fullmatch(batch_id):
+        raise ConfigError(
+            f"batch id {batch_id!r:.80} is invalid: use 1-64 letters, digits, '_' or '-'"
+        )
+    return batch_id
+
+
+def member_id(batch_id: str, index: int) -> str:
+    """The job id of a batch's member ``index`` (0-based, input order): members need no
+    list of their own, and a job's id names its batch and place."""
+    return f"{batch_id}.{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchProgress:
+    """A batch's counts, read in one O(1) call: kept by the scripts that move its members.
+
+    ``total`` is the number of members the batch was made with; ``enqueued`` how many of
+    them exist (less than ``total`` only while, or after a failed, enqueue). ``done``: every
+    member is completed, failed or cancelled. ``then_sent``: its follow-up job was
+    enqueued (``None`` when it has no ``then`` queue); ``then_error``: why it could not be
+    (the ``then`` queue out of the finishing worker's ACL, a key of it of the wrong type).
+    """
+
+    batch_id: str
+    queue: str
+    total: int
+    enqueued: int
+    waiting: int
+    active: int
+    delayed: int
+    completed: int
+    failed: int
+    cancelled: int
+    done: bool
+    then: str | None = None
+    then_sent: bool | None = None
+    created_ms: int | None = None
+    done_ms: int | None = None
+    then_error: str | None = None
+    #: What the batch's maker said of it (``Queue.batch(label=...)``), e.g. ``sandboxq run``'s
+    #: input file and line numbers.
+    label: str | None = None
+
+    @property
+    def finished(self) -> int:
+        return self.completed + self.failed + self.cancelled
+
+    def summary(self) -> dict[str, Any]:
+        """The follow-up job's single argument (also ``sandboxq batch --json``'s core)."""
+        return {
+            "batch_id": self.batch_id,
+            "queue": self.queue,
+            "total": self.total,
+            "completed": self.completed,
+            "failed": self.failed,
+            "cancelled": self.cancelled,
+        }

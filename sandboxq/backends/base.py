@@ -28,9 +28,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, AttemptRecord, JobInfo, JobOptions, JobState
+from sandboxq.models import (
+    DEFAULT_MAX_INFRA_DEATHS,
+    AttemptRecord,
+    BatchProgress,
+    JobInfo,
+    JobOptions,
+    JobState,
+)
 
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
+BatchAction = Literal["cancel", "retry"]
 
 
 # NewJob, Claimed and Ack are made once per job on the hot path: plain slotted dataclasses,
@@ -262,6 +270,10 @@ class Backend(Protocol):
         """The encoded result of a completed job."""
         ...
 
+    def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
+        """``get`` and ``get_result`` of each job, in order, in one round trip."""
+        ...
+
     def counts(self) -> dict[JobState, int]:
         """Number of jobs in each state (every state present, zero included)."""
         ...
@@ -319,6 +331,70 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    # -- batches (design invariant 14) ----------------------------------------------------
+
+    def enqueue_batch(
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
+    ) -> int:
+        """Add ``jobs`` as members ``first``, ``first + 1``... of batch ``batch_id`` of
+        ``len(jobs)`` members (``first`` > 0: a later part of one made by an earlier call;
+        the caller set each job's id to ``models.member_id``). Returns how many members the
+        batch has now. The call that brings it to its total seals it: only a sealed batch is
+        ever done. Counters per state are kept by every call that moves a member, so
+        ``batch_progress`` is one O(1) read.
+
+        When the last member reaches a final state the batch is done; if ``then`` names a
+        queue, one job (id ``<batch_id>.then``, its single argument the summary) is enqueued
+        there in the same atomic step, exactly once: a member retried after that makes the
+        batch not done, and done again it sends nothing. Members are never trimmed by
+        retention, nor purged, while the batch is kept: until ``batch_ttl_s`` after it is
+        done, or ``forget_batch``.
+
+        ``label``: text kept with the batch (``BatchProgress.label``), set by the call that
+        makes it (``rules.MAX_LABEL_BYTES`` at most: checked by the caller).
+
+        Raises ``ConfigError`` (nothing added) when the batch exists already or a member id
+        is taken, and ``BatchIncomplete`` when only some members were added.
+        """
+        ...
+
+    def batch_progress(self, batch_id: str) -> BatchProgress | None:
+        """The batch's counts in one O(1) read; None if there is no such batch."""
+        ...
+
+    def batch_finished(
+        self, batch_id: str, after: str, block_s: float | None = None
+    ) -> tuple[str, list[tuple[int, JobState]]]:
+        """Members that reached a final state, in the order they did, after cursor ``after``
+        ("0": from the start; any handle in any process reads the same sequence): the new
+        cursor and ``(index, state)`` pairs. A member that leaves its final state (retried)
+        appears with state WAITING, and again when it ends again. With ``block_s``, waits
+        up to that long for one when there is none."""
+        ...
+
+    def batch_each(self, batch_id: str, action: BatchAction) -> int | None:
+        """``cancel`` (waiting and delayed members never start; running ones are cancelled
+        with the fenced hand-over of ``cancel``) or ``retry`` (failed and cancelled members,
+        as ``retry_failed``) every member; returns how many it acted on, None if there is no
+        such batch. Bounded work per backend call (``rules.BATCH_CHUNK`` members)."""
+        ...
+
+    def list_batches(self, limit: int = 50) -> list[BatchProgress]:
+        """The newest ``limit`` batches kept, newest first, each as ``batch_progress``
+        reads it: ``limit`` + 1 reads at most, whatever the number of batches."""
+        ...
+
+    def forget_batch(self, batch_id: str) -> bool:
+        """Delete the batch and its members now (False: no such batch). Raises
+        ``ConfigError`` while a member is waiting, delayed or active: cancel it first."""
+        ...
 
     # -- reads for the dashboard (sandboxq.web): bounded work, whatever the queue's size --
 

@@ -46,6 +46,12 @@ PROMOTE_LIMIT = 200
 TRIM_BUDGET = 100
 #: Expired leases handled per ``recover_stalled``.
 RECOVER_LIMIT = 500
+#: Members of one batch a batch call (cancel, retry, forget) handles per script call.
+BATCH_CHUNK = 1000
+#: The longest label a batch may carry (``Queue.batch(label=...)``), in UTF-8 bytes.
+MAX_LABEL_BYTES = 256 * 1024
+#: The id of a batch's follow-up job on its ``then`` queue: "<batch id>.then".
+FOLLOW_UP_SUFFIX = ".then"
 
 #: The error of an attempt whose lease expired, when the job goes back to waiting
 #: (``%d`` stalls so far, ``%d`` allowed) and when it fails for stalling too often.
@@ -93,6 +99,9 @@ class Retention:
     retain_failed: int = 10_000
     retain_s: float = 7 * 24 * 3600
     max_events: int = 10_000
+    #: A batch, and every member of it, is kept until this long after it is done (or
+    #: ``Batch.forget()``); retention by count and age never removes a member before.
+    batch_ttl_s: float = 7 * 24 * 3600
 
     def __post_init__(self) -> None:
         check_limits(
@@ -100,6 +109,7 @@ class Retention:
             retain_failed=self.retain_failed,
             retain_s=self.retain_s,
             max_events=self.max_events,
+            batch_ttl_s=self.batch_ttl_s,
         )
 
 
@@ -209,6 +219,7 @@ def lua_constants() -> str:
         "DEFAULT_MAX_STALLS": DEFAULT_MAX_STALLS,
         "PROMOTE_LIMIT": PROMOTE_LIMIT,
         "TRIM_BUDGET": TRIM_BUDGET,
+        "FOLLOW_UP_SUFFIX": FOLLOW_UP_SUFFIX,
         "STALL_RETRY_TEXT": STALL_RETRY_TEXT,
         "STALL_FAIL_TEXT": STALL_FAIL_TEXT,
         "CANCELLED_TEXT": CANCELLED_TEXT,

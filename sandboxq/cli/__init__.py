@@ -9,6 +9,8 @@
     enqueue.py  enqueue                       add a job; --wait for its result
     admin.py    info jobs job retry cancel purge   read and manage a queue (Redis)
     batch.py    run                           a JSONL file through the pool, locally
+    run_fleet.py run --url --queue [--resume] the same file as a batch over a fleet
+    batches.py  batch                         one batch: progress, failures; retry, cancel
     dashboard.py dashboard                    the web dashboard (sandboxq[web])
     exporter.py exporter                      queue gauges from Redis for Prometheus
 
@@ -25,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sandboxq.cli import admin, batch, dashboard, enqueue, exporter, worker
+from sandboxq.cli import admin, batch, batches, dashboard, enqueue, exporter, worker
 from sandboxq.cli.options import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, Exit
 from sandboxq.errors import SandboxqError
 
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_parser(verbs)
     enqueue.add_parser(verbs)
     admin.add_parsers(verbs)
+    batches.add_parser(verbs)
     dashboard.add_parser(verbs)
     exporter.add_parser(verbs)
     return parser

@@ -18,6 +18,9 @@ Malformed lines are reported (with their line numbers) before anything runs and 
 written as ``malformed``, and the rest of the batch runs: one bad line among thousands
 should not cost the others, and the user learns of it at once instead of at the end.
 ``--strict`` stops before anything runs instead.
+
+With ``--url``/``--queue``/``--resume`` the same command runs the file as a batch over
+every worker serving that queue (run_fleet.py), with this module's input, Output and view.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from sandboxq.cli.options import (
 )
 from sandboxq.cli.worker import POOL_FLAGS, settings
 from sandboxq.errors import ConfigError, SerializationError
-from sandboxq.models import JobState
+from sandboxq.models import JobInfo, JobState
 from sandboxq.settings import WorkerSettings
 
 log = logging.getLogger("sandboxq.cli")
@@ -73,11 +76,24 @@ def add_parser(verbs: Any) -> None:
         "and the result or the error. Ctrl-C lets running jobs finish; a second one "
         "stops at once. Worker settings also come from SANDBOXQ_<SETTING> variables.",
     )
-    r.add_argument("processor", help="the handler, as package.module:function")
-    r.add_argument("input", metavar="INPUT.jsonl")
+    r.add_argument("processor", nargs="?", help="the handler, as package.module:function")
+    r.add_argument("input", nargs="?", metavar="INPUT.jsonl")
     r.add_argument("--output", metavar="OUT.jsonl", help="write results here (default: stdout)")
     add_setting_flags(r, WorkerSettings, POOL_FLAGS)
     r.add_argument("--strict", action="store_true", help="run nothing if any line is malformed")
+    fleet = r.add_argument_group(
+        "over a fleet (Redis)",
+        "send the file as one batch to QUEUE: every worker serving it takes part; "
+        "--concurrency N also runs N children here (default: none)",
+    )
+    fleet.add_argument("--url", help="Redis URL (default: $SANDBOXQ_URL)")
+    fleet.add_argument("--queue", metavar="NAME", help="the queue the batch is sent to")
+    fleet.add_argument(
+        "--resume",
+        metavar="BATCH_ID",
+        help="re-attach to a batch an earlier run sent, and write to --output the lines "
+        "it does not hold yet",
+    )
     r.set_defaults(run=run, log_level=logging.WARNING)
 
 
@@ -159,32 +175,45 @@ class Output:
         info = backend.get(item.job_id)
         if info is None or not info.state.finished:
             return False
-        outcome = info.outcome.value if info.outcome else info.state.value
-        if info.state is JobState.COMPLETED:
-            raw = backend.get_result(item.job_id)
-            result = (
-                None
-                if raw is None
-                else codec.decode_stored(raw, info.codec, allowed={"json"}, job_id=item.job_id)
-            )
-            self.write(item.line, outcome, attempts=info.attempts, result=result)
-        else:
-            self.write(item.line, outcome, attempts=info.attempts, error=info.error)
+        data = backend.get_result(item.job_id) if info.state is JobState.COMPLETED else None
+        self.finished(item.line, info, data)
         return True
 
+    def finished(self, line: int, info: JobInfo, data: bytes | None) -> None:
+        """Write input line ``line`` from its finished job's record and stored result."""
+        outcome = info.outcome.value if info.outcome else info.state.value
+        if info.state is JobState.COMPLETED:
+            result = (
+                None
+                if data is None
+                else codec.decode_stored(data, info.codec, allowed={"json"}, job_id=info.id)
+            )
+            self.write(line, outcome, attempts=info.attempts, result=result)
+        else:
+            self.write(line, outcome, attempts=info.attempts, error=info.error)
+
     def not_run(self, backend: Backend, item: Item) -> None:
-        info = backend.get(item.job_id)
+        self.stopped(item.line, backend.get(item.job_id))
+
+    def stopped(self, line: int, info: JobInfo | None) -> None:
+        """Write input line ``line`` as not run: the batch stopped before it finished."""
         attempts = info.attempts if info is not None else 0
         why = "the batch stopped before this line ran"
         if info is not None and info.error:
             why = f"the batch stopped before this line finished (last attempt: {info.error})"
-        self.write(item.line, NOT_RUN, attempts=attempts, error=why)
+        self.write(line, NOT_RUN, attempts=attempts, error=why)
 
 
 # -- running ------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.queue or args.url or args.resume:
+        from sandboxq.cli import run_fleet
+
+        return run_fleet.run(args)
+    if not args.processor or not args.input:
+        raise ConfigError("run takes PROCESSOR and INPUT.jsonl (or --resume with --url --queue)")
     from sandboxq.worker import SandboxWorker
 
     items = read_input(args.input)

@@ -111,10 +111,10 @@ class BatchView:
             self._task, advance=1, ok=t.ok, failed=t.failed, timed_out=t.timed_out
         )
 
-    def stopping(self, now: bool) -> None:
-        if now:
+    def stopping(self, now: bool, text: str | None = None) -> None:
+        if text is None and now:
             text = "stopping now: running jobs are killed"
-        else:
+        elif text is None:
             text = "stopping: running jobs may finish; Ctrl-C again to stop now"
         self._progress.update(self._task, description=text.partition(":")[0])
         self.console.print(f"[yellow]{text}[/]")

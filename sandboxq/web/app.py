@@ -61,6 +61,8 @@ def create_app(
             Route("/queue", routes.queue),
             Route("/job", routes.job),
             Route("/workers", routes.workers),
+            Route("/batches", routes.batches),
+            Route("/batch", routes.batch),
             Route("/events", routes.events),
             Route("/login", routes.login, methods=["GET", "POST"]),
             Route("/logout", routes.logout, methods=["POST"]),

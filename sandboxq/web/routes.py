@@ -3,8 +3,10 @@
     request.app.state.dashboard ──► Dashboard (state.py): backends, queues, auth, hub
 
     GET  /  /queue  /job  /workers   pages (sync, threadpool) ──► backend reads ──► HTML
+    GET  /batches  /batch            a queue's batches, one batch (batch_views.py)
     GET  /events                     SSE: the hub's fan-out (hub.py), filtered by queue / job
-    POST /action                     auth.py checks ──► retry_failed / cancel / purge,
+    POST /action                     auth.py checks ──► retry_failed / cancel / purge /
+                                     batch_retry / batch_cancel,
                                      logged ──► 303 back
     GET, POST /login   POST /logout  the session cookie set (auth.py) or deleted ──► 303
 
@@ -24,8 +26,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobState, check_job_id, now_ms
-from sandboxq.web import views
+from sandboxq.models import JobState, check_batch_id, check_job_id, now_ms
+from sandboxq.web import batch_views, views
 from sandboxq.web.auth import COOKIE, SESSION_S, cross_site
 from sandboxq.web.html import Safe, esc, href, layout
 from sandboxq.web.html import url as url_
@@ -140,6 +142,34 @@ def job(request: Request) -> Response:
     full = request.query_params.get("full") == "1"
     body = views.job_page(ctx, name, detail, full)
     return _page(dash, ctx, f"Job {job_id}", body, "job", queue=name, job=job_id)
+
+
+def batches(request: Request) -> Response:
+    dash = _dash(request)
+    ctx = _ctx(dash, request)
+    name = request.query_params.get("queue", "")
+    try:
+        found = dash.backend(name).list_batches(batch_views.BATCHES_SHOWN)
+    except ConfigError as exc:
+        return _message(dash, ctx, "Bad request", str(exc), 400)
+    body = batch_views.batches_page(ctx, name, found)
+    return _page(dash, ctx, f"Batches of {name}", body, "batches", queue=name)
+
+
+def batch(request: Request) -> Response:
+    dash = _dash(request)
+    ctx = _ctx(dash, request)
+    name, batch_id = request.query_params.get("queue", ""), request.query_params.get("id", "")
+    try:
+        backend = dash.backend(name)
+        progress = backend.batch_progress(check_batch_id(batch_id))
+    except ConfigError as exc:
+        return _message(dash, ctx, "Bad request", str(exc), 400)
+    if progress is None:
+        text = f"No batch {batch_id!r} in queue {name!r} (unknown, forgotten, or expired)."
+        return _message(dash, ctx, "No such batch", text, 404)
+    body = batch_views.batch_page(ctx, name, backend, progress)
+    return _page(dash, ctx, f"Batch {batch_id}", body, "batch", queue=name)
 
 
 def workers(request: Request) -> Response:
@@ -278,13 +308,22 @@ def _act(
             raise ConfigError("active jobs cannot be purged: cancel them")
         n = backend.purge(state)
         return f"purged {n}", url_(ctx.root, "/queue", name=name, state=state.value)
+    if what in ("batch_retry", "batch_cancel"):
+        batch_id = check_batch_id(data.get("id", ""))
+        acted = backend.batch_each(batch_id, "retry" if what == "batch_retry" else "cancel")
+        if acted is None:
+            raise ConfigError(f"no batch {batch_id!r} in queue {name!r}")
+        verb = "retried" if what == "batch_retry" else "cancelled"
+        return f"{verb} {acted} member(s)", url_(ctx.root, "/batch", queue=name, id=batch_id)
     job_id = check_job_id(data.get("id", ""))
     back = url_(ctx.root, "/job", queue=name, id=job_id)
     if what == "retry":
         return ("retried" if backend.retry_failed(job_id) else "not retried: not failed"), back
     if what == "cancel":
         return ("cancelled" if backend.cancel(job_id) else "not cancelled: finished"), back
-    raise ConfigError(f"unknown action {what!r}: use retry, cancel or purge")
+    raise ConfigError(
+        f"unknown action {what!r}: use retry, cancel, purge, batch_retry or batch_cancel"
+    )
 
 
 def unavailable(request: Request, exc: Exception) -> Response:

@@ -186,8 +186,9 @@ def queue_page(
         if state is not JobState.ACTIVE and counts[state]
         else Safe("")
     )
+    batches = link(href(ctx.root, "/batches", queue=name), "Batches", "batches")
     return Safe(
-        f"<h1>Queue {esc(name)}</h1>{note if missing else ''}"
+        f"<h1>Queue {esc(name)}</h1>{note if missing else ''}<p>{batches}</p>"
         f'<div class="tools">{search}</div><ul class="tabs">{tabs}</ul>{scanned}'
         f"{table(columns, rows, 'jobs')}"
         f'<p class="pager">{" ".join(pager)}</p>{purge}'

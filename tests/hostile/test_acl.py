@@ -16,6 +16,7 @@ from sandboxq import Queue
 from sandboxq.backends.redis import acl
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
+from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.worker import SandboxWorker
 
@@ -94,3 +95,57 @@ def test_the_readme_documents_exactly_these_rules(role: acl.Role) -> None:
         f"the README's ACL rules for a {role} differ from acl.rules('QUEUE', {role!r}):\n"
         f"{documented}"
     )
+
+
+def test_a_batch_with_exactly_the_documented_rules_and_a_then_queue_out_of_reach(
+    acl_user: MakeUser, queue_name: str, raw: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A producer user makes batches and reads their progress; a worker user runs them
+    (every member's move keeps the batch's counters, with HINCRBY). The follow-up of the
+    batch whose ``then`` queue the worker's user cannot reach is not sent: the member still
+    finishes, the batch says why, and the worker logs it."""
+    producer_url = acl_user(queue_name, "producer")
+    worker_url = acl_user(queue_name, "worker")
+    workers = BackgroundWorkers(join_timeout_s=20)
+    try:
+        workers.start(queue_name, H + "echo", url=worker_url, concurrency=1, lease_s=3.0)
+        with Queue(queue_name, url=producer_url) as q, caplog.at_level("WARNING"):
+            own = q.batch([([i], {}) for i in range(3)], then=queue_name)
+            assert own.results(timeout_s=30) == [0, 1, 2]
+            assert own.progress().then_sent and own.progress().then_error is None
+            assert q.job(own.id + ".then").result(timeout_s=30)["completed"] == 3
+            away = q.batch([([1], {})], then=queue_name + "-elsewhere")
+            assert away.results(timeout_s=30) == [1]
+            progress = away.progress()
+            assert progress.done and progress.completed == 1 and progress.then_sent is False
+            assert progress.then_error is not None and "can't access" in progress.then_error
+            logged = f"batch {away.id!r} of queue {queue_name!r} is done: the follow-up to queue"
+            # the worker logs once the finish's reply is back: after results() may return
+            wait_for(lambda: logged in caplog.text, 10, "the worker to log the then_error")
+        assert raw.exists(f"sq:{{{queue_name}-elsewhere}}:job:{away.id}.then") == 0
+    finally:
+        workers.stop_all()
+
+
+def test_a_then_queue_key_of_the_wrong_type_does_not_abort_the_finish(
+    redis_url: str, queue_name: str, raw: redis.Redis
+) -> None:
+    """A hostile (or broken) ``then`` queue: its waiting set is a string. The last member's
+    finish still applies whole; the batch says why no follow-up was sent."""
+    then = queue_name + "-then"
+    raw.set(f"sq:{{{then}}}:waiting", "not a sorted set")
+    workers = BackgroundWorkers(join_timeout_s=20)
+    try:
+        with Queue(queue_name, url=redis_url) as q:
+            batch = q.batch([([1], {}), ([2], {})], then=then)
+            workers.start(queue_name, H + "echo", url=redis_url, concurrency=1)
+            assert batch.results(timeout_s=30) == [1, 2]
+            progress = batch.progress()
+            assert (progress.completed, progress.active, progress.done) == (2, 0, True)
+            assert progress.then_error is not None and "is a string, not a zset" in (
+                progress.then_error
+            )
+            assert q.counts()[JobState.ACTIVE] == 0
+        assert raw.exists(f"sq:{{{then}}}:job:{batch.id}.then") == 0
+    finally:
+        workers.stop_all()

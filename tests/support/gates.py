@@ -4,6 +4,8 @@
     run_then_wait(log, gate)        appends "start <pid> <attempt> <time>" to ``log``,
                                     reports progress 0.5, waits for ``gate``, appends
                                     "end ..."; ok: the attempt number
+    meet(folder, count, value)      a barrier across processes: leaves a file in
+                                    ``folder``, waits until ``count`` are there; ok: value
 
 A file, not a timer: the test decides when the handler goes on, so a race it forces does
 not depend on how loaded the machine is. The polling is the handler's own (10 ms), inside
@@ -47,3 +49,13 @@ def run_then_wait(log: str, gate: str) -> int:
     with open(log, "a") as out:
         out.write(f"end {os.getpid()} {attempt} {time.time()}\n")
     return attempt
+
+
+def meet(folder: str, count: int, value: Any = None) -> Any:
+    """A barrier for handlers on different workers: each leaves a file of its own in
+    ``folder`` and goes on once ``count`` files are there, so they return together."""
+    with open(os.path.join(folder, f"{os.getpid()}-{time.monotonic_ns()}"), "w"):
+        pass
+    while len(os.listdir(folder)) < count:
+        time.sleep(POLL_S)
+    return value

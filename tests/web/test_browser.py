@@ -251,3 +251,29 @@ def test_a_script_job_id_renders_as_text(site: Site) -> None:
     site.open("/")  # the overview once every test has left its jobs: the README's picture
     site.wait("the counts", lambda: site.texts("table.overview td")[4] == "3")
     site.shot("overview", readme=True)
+
+
+def test_a_batch_page_follows_its_batch_live_and_shows_a_label_as_text(
+    site: Site, tmp_path: Path
+) -> None:
+    """Runs after the overview's picture: its members add to the queue's counts."""
+    gate = tmp_path / "release"
+    hostile = '<img src=x onerror="document.title=1">'
+    calls = [(["gate", str(gate)], {}), (["fail", "on purpose"], {}), (["gate", str(gate)], {})]
+    batch = site.q.batch(calls, label=hostile)
+    site.open("/batches?queue=web-demo")
+    assert batch.id in site.texts("a.batch-id") and hostile in site.text("table.batches")
+    site.open(f"/batch?queue=web-demo&id={batch.id}")
+    site.browser.execute_script("document.body.dataset.mark = 'same page'")
+    site.wait("the live stream", lambda: site.text("#live") == "live")
+    site.wait("the failed member", lambda: "error" in site.text("table.failures"))
+    assert site.text(".batch-count") in ("1 / 3", "2 / 3")  # the gate holds the other two
+    gate.touch()
+    site.wait("the batch done", lambda: site.text("#batch-state") == "done")
+    assert site.text(".batch-count") == "3 / 3"
+    assert site.browser.execute_script("return document.body.dataset.mark") == "same page"
+    assert site.browser.find_elements(By.CSS_SELECTOR, "main img, main script") == []
+    assert hostile in site.text("table.fields")
+    link = site.browser.find_element(By.CSS_SELECTOR, "table.failures a.job-id")
+    assert link.text == f"{batch.id}.1"
+    site.shot("batch")

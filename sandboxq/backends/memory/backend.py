@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Backend, Claimed, NewJob
+from sandboxq.backends.memory.batches import Batches
 from sandboxq.backends.memory.manage import Management
 from sandboxq.backends.memory.reads import Reads
 from sandboxq.backends.memory.store import (
@@ -32,7 +33,7 @@ from sandboxq.backends.rules import Retention
 from sandboxq.models import check_queue_name, now_ms
 
 
-class MemoryBackend(Management, Reads, Waits, Backend):
+class MemoryBackend(Management, Reads, Waits, Batches, Backend):
     """All of one queue's jobs in this process. ``shared(queue)`` is the instance every
     ``memory://`` Queue and worker of the process uses; tests build private instances.
     Options: those of ``rules.Retention``."""
@@ -42,7 +43,7 @@ class MemoryBackend(Management, Reads, Waits, Backend):
 
     def __init__(self, queue: str, **options: Any) -> None:
         self.queue = check_queue_name(queue)
-        self._store = Store(Retention(**options))
+        self._store = Store(Retention(**options), queue)
         self._workers: dict[str, tuple[dict[str, Any], int]] = {}
 
     @classmethod
@@ -139,9 +140,12 @@ class MemoryBackend(Management, Reads, Waits, Backend):
             replayed = store.replay(worker_id, replay_of) if replay_of else []
             accepted = [self._finish_one(worker_id, ack, now) for ack in acks]
             count = claim - len(replayed)
-            if (len(acks) == 1 and not accepted[0]) or count <= 0:
-                return accepted, replayed
-            return accepted, replayed + store.claim(worker_id, count, lease_s, now, token_base)
+            claimed = replayed
+            if not ((len(acks) == 1 and not accepted[0]) or count <= 0):
+                claimed = replayed + store.claim(worker_id, count, lease_s, now, token_base)
+        if store.outbox:  # a batch this finished is done: its follow-up (batches.py)
+            self.send_follow_ups()
+        return accepted, claimed
 
     def _finish_one(self, worker_id: str, ack: Ack, now: int) -> bool:
         store, job_id, action = self._store, ack.job_id, ack.action

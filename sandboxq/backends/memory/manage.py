@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sandboxq.backends import rules
 from sandboxq.backends.memory.store import (
@@ -34,6 +35,10 @@ log = logging.getLogger("sandboxq.backends.memory")
 class Management:
     _store: Store
 
+    if TYPE_CHECKING:
+
+        def send_follow_ups(self) -> None: ...  # Batches'
+
     def recover_stalled(
         self, max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS
     ) -> list[tuple[str, str]]:
@@ -47,6 +52,8 @@ class Management:
             for job in expired[: rules.RECOVER_LIMIT]:
                 state = self._stalled(job, now, max_infra_deaths)
                 recovered.append((job.id, state.value))
+        if store.outbox:  # a batch this finished is done: its follow-up (batches.py)
+            self.send_follow_ups()
         return recovered
 
     def _stalled(self, job: Job, now: int, max_infra_deaths: int) -> JobState:
@@ -109,6 +116,8 @@ class Management:
             store.emit("cancelled", job_id, **{"from": was})
             watchers = list(store.watchers)
         # Outside the lock: a callback that calls back into the backend must not deadlock.
+        if store.outbox:  # a batch this finished is done: its follow-up (batches.py)
+            self.send_follow_ups()
         for callback in watchers:
             try:
                 callback(job_id, token)
@@ -159,7 +168,12 @@ class Management:
         with store.cond:
             now = now_ms()
             # a job cancelled while running keeps its fence: see Backend.purge
-            ids = [i for i in store.by_state[state] if not store.jobs[i].fenced(now)]
+            # and a member of a batch stays while its batch is kept (design invariant 14)
+            ids = [
+                i
+                for i in store.by_state[state]
+                if not store.jobs[i].fenced(now) and store.jobs[i].batch is None
+            ]
             for job_id in ids:
                 store.delete(job_id)
             # the heaps skip deleted entries lazily; emptied at once when nothing was kept

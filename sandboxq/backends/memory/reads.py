@@ -9,6 +9,7 @@ clipping and cursor rule (a page starts right after the last job of the page bef
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import (
@@ -58,6 +59,9 @@ class Reads:
             if job is None or job.state is not COMPLETED:
                 return None
             return job.result or None  # an empty result is none (read_result.lua)
+
+    def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
+        return [(self.get(job_id), self.get_result(job_id)) for job_id in job_ids]
 
     def counts(self) -> dict[JobState, int]:
         with self._store.cond:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import Claimed, Event, NewJob
+from sandboxq.backends.memory.batches import BatchRecord, FollowUp, batch_moved, sweep_batches
 from sandboxq.backends.rules import Retention
 from sandboxq.models import AttemptRecord, JobOptions, JobState, Outcome, now_ms
 
@@ -61,6 +62,7 @@ class Job:
     error: str | None = None
     result: bytes | None = None
     history: list[AttemptRecord] = field(default_factory=list)
+    batch: str | None = None  # the id of the batch it is a member of (batches.py)
 
     def order(self) -> tuple[int, int | str]:
         """The job's place in its state's order (unique within the state)."""
@@ -81,7 +83,8 @@ class Job:
 class Store:
     """All of one queue's jobs, the heaps that order them and the events stream."""
 
-    def __init__(self, retention: Retention) -> None:
+    def __init__(self, retention: Retention, queue: str = "") -> None:
+        self.queue = queue
         # Cancelled jobs count against the failed limit: both are jobs that did not succeed.
         self.retain = {
             COMPLETED: retention.retain_completed,
@@ -103,6 +106,12 @@ class Store:
         self.events: deque[Event] = deque(maxlen=retention.max_events)
         self.last_event = 0
         self.watchers: list[Callable[[str, str | None], None]] = []
+        # batches.py: the batches by id, how long a done one is kept, and the follow-ups
+        # decided under the lock, sent by the caller once it is released (another queue's
+        # lock is never taken while this one is held)
+        self.batches: dict[str, BatchRecord] = {}
+        self.batch_ttl_ms = rules.ms(retention.batch_ttl_s)
+        self.outbox: list[FollowUp] = []
 
     def emit(self, kind: str, job_id: str, **data: str) -> None:
         """Every state change emits an event, and emitting notifies *all* waiters: waiting
@@ -115,6 +124,7 @@ class Store:
     def move(self, job: Job, state: JobState, now: int, keep_place: bool = False) -> None:
         """Put ``job`` in ``state``. Waiting takes a new place in line unless ``keep_place``
         (its old entry left the heap when it was claimed); a finished state trims."""
+        was = job.state
         self.by_state[job.state].pop(job.id, None)
         if state is DELAYED:
             job.ready_ms = job.due_ms
@@ -128,14 +138,16 @@ class Store:
         if finished:
             self._enter_finished(job)
             self.trim(state, now)
-            return
-        self.by_state[state][job.id] = None
+        else:
+            self.by_state[state][job.id] = None
         if state is WAITING:
             job.seq = job.seq if keep_place else next(self._seq)
             heapq.heappush(self.waiting, (-job.new.priority, job.seq, job.id))
         elif state is DELAYED:
             job.seq = next(self._seq)
             heapq.heappush(self.delayed, (job.due_ms, job.id, job.seq))
+        if job.batch is not None:  # its batch's counters follow, as common.lua's batch_move
+            batch_moved(self, job, was, state, now)
 
     def _enter_finished(self, job: Job) -> None:
         ids, heap = self.by_state[job.state], self.finished[job.state]
@@ -272,4 +284,8 @@ class Store:
             else:
                 break
             heapq.heappop(self.finished[state])
-            self.delete(oldest.id)
+            if oldest.batch is None:
+                self.delete(oldest.id)
+            else:  # a member leaves the index only: its batch keeps it (batches.py)
+                del self.by_state[state][oldest.id]
+        sweep_batches(self, now)

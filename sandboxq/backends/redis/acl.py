@@ -12,6 +12,11 @@ What separates the roles is what only a worker does outside the scripts: it regi
 itself (``SET``/``SADD``/``SREM`` on the worker registry), blocks on the wake list
 (``BLPOP``) and subscribes to cancellations. A producer-only user lacks those, so a worker
 started with its credentials fails at once with Redis's ``NOPERM`` naming the command.
+The scripts of a batch member's moves also touch the batch's keys (``batch:*``,
+``bdone:*``, ``batches``, ``batch_index``), and a batch's follow-up is written by the
+finish that ends its last member, on the ``then`` queue: a worker whose rules do not
+reach that queue finishes the member anyway, and the batch records why the follow-up
+was not sent (``then_error``).
 ACLs cannot tell one script from another: a producer user can still run the claim
 script by hand. They keep a client to its own queue's keys; they do not make a
 producer's credentials safe to hand to someone hostile.
@@ -32,7 +37,9 @@ SCRIPT_COMMANDS = (
     "del",
     "exists",
     "hdel",
+    "hexists",
     "hget",
+    "hincrby",
     "hmget",
     "hset",
     "incr",
@@ -51,6 +58,7 @@ SCRIPT_COMMANDS = (
     "zrangebyscore",
     "zrem",
     "zremrangebyrank",
+    "zrevrangebyscore",
     "zscore",
 )
 
@@ -108,6 +116,10 @@ def key_patterns(queue: str, role: Role) -> list[str]:
         keys.seq,
         keys.events,
         keys.wake,
+        keys.batch_prefix + "*",
+        keys.batch_done_prefix + "*",
+        keys.batches,
+        keys.batch_index,
     ]
     readable = [keys.workers, keys.worker_prefix + "*"]
     return [f"~{key}" for key in writable] + [f"%R~{key}" for key in readable]

@@ -5,6 +5,8 @@
                           single enqueues of many coroutines joined into one script call
                        ── get / results ──► read_job.lua, read_result.lua (bounded)
                        ── counts ──► redis.asyncio commands (pipelined)
+                       ── batches ──► batch_*.lua, the batch hash, its stream (what each
+                          reply means: batches.py's functions, shared with the sync side)
                        ── wait_for_finish / events ──► XREAD BLOCK on a client of its own
 
 Nothing here blocks the event loop: every wait is an awaited socket read. The scripts,
@@ -22,9 +24,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
+from redis.exceptions import ResponseError
 
-from sandboxq.backends.base import Event, NewJob
-from sandboxq.backends.redis import follow, reads, records
+from sandboxq.backends import rules
+from sandboxq.backends.base import BatchAction, Event, NewJob
+from sandboxq.backends.redis import batches, follow, reads, records
 from sandboxq.backends.redis.aio_lane import AsyncLane, Coalescer
 from sandboxq.backends.redis.connection import (
     BLOCK_CAP_S,
@@ -44,8 +48,8 @@ from sandboxq.backends.redis.enqueue import (
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Script, Scripts, script_settings
 from sandboxq.backends.rules import lease_ms
-from sandboxq.errors import ConfigError
-from sandboxq.models import JobInfo, JobState, check_queue_name
+from sandboxq.errors import BackendError, ConfigError
+from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name
 from sandboxq.redaction import redact_url
 
 
@@ -64,6 +68,7 @@ class AsyncRedisBackend:
         self.url = url
         self.where = redact_url(url)
         self.keys = QueueKeys(queue)
+        self._batch_ttl_ms = rules.ms(settings.batch_ttl_s)
         timeout = float(settings.socket_timeout_s)
         try:
             self._main = aredis.Redis.from_url(
@@ -143,6 +148,23 @@ class AsyncRedisBackend:
             reply = await self._script(self._scripts.read_result, args)
         return reads.result_from_reply(job_id, reply)
 
+    async def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
+        """As ``RedisBackend.get_many``: both scripts per job, in one round trip."""
+        read_job, read_result = self._scripts.read_job, self._scripts.read_result
+        calls: list[tuple[Script | None, bytes]] = []
+        for job_id in job_ids:
+            calls.append((read_job, read_job.pack(reads.read_job_args(job_id))))
+            calls.append((read_result, read_result.pack(reads.read_result_args(job_id))))
+        with redis_errors(self.where, f"read {len(job_ids)} jobs"):
+            replies = await self._run(calls) if calls else []
+        return [
+            (
+                reads.job_from_reply(self.queue, self.keys, job_id, replies[2 * i]),
+                reads.result_from_reply(job_id, replies[2 * i + 1]),
+            )
+            for i, job_id in enumerate(job_ids)
+        ]
+
     async def counts(self) -> dict[JobState, int]:
         with redis_errors(self.where, "count jobs"):
             pipe = self._main.pipeline(transaction=False)
@@ -188,6 +210,95 @@ class AsyncRedisBackend:
                 entries = await self._read_events(read.after, read.block_s)
             for event in cursor.took(entries):
                 yield event
+
+    # -- batches (as batches.Batches; the replies read by the same functions) -----------
+
+    async def enqueue_batch(
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
+    ) -> int:
+        if then:
+            batches.check_then(then, self.queue, cluster=False)
+        total = first + len(jobs)
+        calls = batches.enqueue_batch_calls(
+            self._scripts.batch_enqueue,
+            batch_id,
+            jobs,
+            then,
+            self._batch_ttl_ms,
+            first,
+            total,
+            label,
+        )
+        replies: list[Any] = []
+        try:
+            with redis_errors(self.where, f"enqueue batch {batch_id!r}"):
+                # The first chunk makes the batch: it goes alone, then the rest a round trip
+                # of CHUNKS_PER_TRIP at a time (batches.trips). gather keeps each chunk's own
+                # reply (an error reply included), so the count of members that exist is
+                # exact (enqueue_outcome).
+                for part in batches.trips(calls):
+                    sent = [self._run([call]) for call in part]
+                    replies += await asyncio.gather(*sent, return_exceptions=True)
+                    for reply in replies:  # a lost connection, not an error reply
+                        if isinstance(reply, BaseException) and not isinstance(
+                            reply, ResponseError
+                        ):
+                            raise reply
+                    if any(isinstance(r, ResponseError) for r in replies):
+                        break
+        except BackendError as exc:
+            done = [r if isinstance(r, ResponseError) else r[0] for r in replies]
+            raise batches.incomplete(batch_id, total, done, exc) from exc
+        return batches.enqueue_outcome(
+            batch_id, total, [r if isinstance(r, ResponseError) else r[0] for r in replies]
+        )
+
+    async def batch_progress(self, batch_id: str) -> BatchProgress | None:
+        with redis_errors(self.where, f"read batch {batch_id!r}"):
+            values = await self._main.hmget(self.keys.batch(batch_id), batches.PROGRESS_FIELDS)
+        return batches.progress_from(batch_id, self.queue, values)
+
+    async def batch_finished(
+        self, batch_id: str, after: str, block_s: float | None = None
+    ) -> tuple[str, list[tuple[int, JobState]]]:
+        key = self.keys.batch_done(batch_id)
+        reply: Any
+        with redis_errors(self.where, f"read the finished members of batch {batch_id!r}"):
+            if block_s is None:
+                reply = await self._main.xread({key: after}, count=batches.FINISHED_READ)
+            else:
+                block_ms = max(1, lease_ms(min(block_s, BLOCK_CAP_S)))
+                reply = await self._blocking.xread(
+                    {key: after}, count=batches.FINISHED_READ, block=block_ms
+                )
+        return batches.finished_from(after, reply, key)
+
+    async def batch_each(self, batch_id: str, action: BatchAction) -> int | None:
+        acted, start, last = 0, 0, 1
+        with redis_errors(self.where, f"{action} batch {batch_id!r}"):
+            while start < last:
+                args = [batch_id, action, start, rules.BATCH_CHUNK, self.keys.cancel_channel]
+                reply = await self._script(self._scripts.batch_each, args)
+                if int(reply[1]) < 0:
+                    return None
+                acted, last = acted + int(reply[0]), int(reply[1])
+                start += rules.BATCH_CHUNK
+        return acted
+
+    async def forget_batch(self, batch_id: str) -> bool:
+        with redis_errors(self.where, f"forget batch {batch_id!r}"):
+            while True:
+                args = [batch_id, rules.BATCH_CHUNK]
+                reply = int(await self._script(self._scripts.batch_forget, args))
+                answer = batches.forget_answer(batch_id, reply)
+                if answer is not None:
+                    return answer
 
     async def _add_frames(self, frames: list[bytes]) -> list[bool | BaseException]:
         """Framed jobs added in shared script calls; whether each was created."""

@@ -29,6 +29,7 @@ import redis
 from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Backend, Claimed, Event, NewJob
 from sandboxq.backends.redis import listen, records
+from sandboxq.backends.redis.batches import Batches
 from sandboxq.backends.redis.connection import Connections, RedisOptions
 from sandboxq.backends.redis.enqueue import enqueue_calls, enqueued
 from sandboxq.backends.redis.keys import QueueKeys
@@ -38,6 +39,10 @@ from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_se
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, AttemptRecord, JobState, check_queue_name
 
 log = logging.getLogger(__name__)
+
+#: finish.lua's answer for an ack it accepted whose member made its batch done without
+#: the batch's follow-up being sent (the batch's then_error says why).
+FOLLOW_UP_NOT_SENT = 3
 
 PURGE_CHUNK = 1000  # jobs deleted per purge script call
 
@@ -50,7 +55,7 @@ def lease_args(head: Sequence[Arg], leases: Sequence[tuple[str, str]]) -> list[A
     return args
 
 
-class RedisBackend(Reads, Backend):
+class RedisBackend(Reads, Batches, Backend):
     """One queue on one Redis server (or Cluster slot: every key shares the ``{queue}`` tag).
     Options: those of ``connection.RedisOptions``."""
 
@@ -63,6 +68,7 @@ class RedisBackend(Reads, Backend):
         self._conns = Connections(url, timeout_s, self.keys.waiting, key_types)
         lane = self._conns.main_lane
         self._scripts = Scripts(self.keys.script_keys, script_settings(settings), lane)
+        self._batch_ttl_ms = rules.ms(settings.batch_ttl_s)
         self._watches: list[listen.CancellationWatch] = []
         self._lock = threading.Lock()
 
@@ -184,8 +190,27 @@ class RedisBackend(Reads, Backend):
             sent = time.monotonic()
             reply = self._scripts.finish(args)
         n = int(reply[0])
-        accepted = [int(x) == 1 for x in reply[1 : n + 1]]
+        flags = [int(x) for x in reply[1 : n + 1]]
+        for ack, flag in zip(acks, flags, strict=True):
+            if flag == FOLLOW_UP_NOT_SENT:
+                self._log_then_error(ack.job_id)
+        accepted = [flag in (1, FOLLOW_UP_NOT_SENT) for flag in flags]
         return accepted, self._usable(worker_id, reply[n + 1 :], sent)
+
+    def _log_then_error(self, member_id: str) -> None:
+        """A finish made a batch done whose follow-up could not be sent (the ``then`` queue
+        is out of this user's ACL, or a key of it has the wrong type): say so where the
+        worker's operator looks, once per batch (it is done once)."""
+        batch_id = member_id.rpartition(".")[0]
+        progress = self.batch_progress(batch_id)
+        log.warning(
+            "batch %r of queue %r is done: %s",
+            batch_id,
+            self.queue,
+            progress.then_error
+            if progress is not None
+            else "its follow-up was not sent (the batch is gone now)",
+        )
 
     def record_progress(
         self, worker_id: str, job_id: str, token: str, fraction: float, message: str | None

@@ -14,6 +14,11 @@ any of them atomically.
     sq:{q}:workers             SET    ids of registered workers
     sq:{q}:worker:<id>         STRING a worker's JSON description, with a TTL
     sq:{q}:cancel              pub/sub channel: "<lease token> <job id>" per cancel
+    sq:{q}:batch:<bid>         HASH   one batch: its size, counters per state, then, done_ms
+    sq:{q}:bdone:<bid>         STREAM one entry per member that reached a final state
+    sq:{q}:batches             ZSET   done batches by expiry ms (done_ms + ttl)
+    sq:{q}:batch_index         ZSET   every batch kept, by created ms (listing)
+                               (common.lua derives these from the job prefix: its batch block)
 
 Job ids are chosen by users and may contain anything, ``:`` included, so a key built
 from an id is the id appended to a prefix that no other kind of key starts with. (The
@@ -47,6 +52,10 @@ class QueueKeys:
         self.workers = base + "workers"
         self.worker_prefix = base + "worker:"
         self.cancel_channel = base + "cancel"
+        self.batch_prefix = base + "batch:"
+        self.batch_done_prefix = base + "bdone:"
+        self.batches = base + "batches"
+        self.batch_index = base + "batch_index"
         #: The KEYS every script receives, in the order common.lua expects.
         self.script_keys: list[str] = [
             self.job_prefix,
@@ -75,6 +84,12 @@ class QueueKeys:
 
     def history(self, job_id: str) -> str:
         return self.history_prefix + job_id
+
+    def batch(self, batch_id: str) -> str:
+        return self.batch_prefix + batch_id
+
+    def batch_done(self, batch_id: str) -> str:
+        return self.batch_done_prefix + batch_id
 
     def worker(self, worker_id: str) -> str:
         return self.worker_prefix + worker_id

@@ -12,13 +12,14 @@ dashboard's reads (pages.py). Each is one round trip and changes nothing.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 from sandboxq.backends.base import JobDetail, JobPage
 from sandboxq.backends.redis import pages, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Arg, Scripts
+from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run
 from sandboxq.codec import DEFAULT_MAX_BYTES as MAX_RESULT_BYTES
 from sandboxq.errors import BackendError, SerializationError
 from sandboxq.models import JobInfo, JobState
@@ -39,6 +40,22 @@ class Reads:
         with self._conns.errors(f"read the result of job {job_id!r}"):
             reply = self._scripts.read_result(read_result_args(job_id))
         return result_from_reply(job_id, reply)
+
+    def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
+        calls: list[tuple[Script | None, bytes]] = []
+        read_job, read_result = self._scripts.read_job, self._scripts.read_result
+        for job_id in job_ids:
+            calls.append((read_job, read_job.pack(read_job_args(job_id))))
+            calls.append((read_result, read_result.pack(read_result_args(job_id))))
+        with self._conns.errors(f"read {len(job_ids)} jobs"):
+            replies = run(self._conns.main_lane, calls) if calls else []
+        return [
+            (
+                job_from_reply(self.queue, self.keys, job_id, replies[2 * i]),
+                result_from_reply(job_id, replies[2 * i + 1]),
+            )
+            for i, job_id in enumerate(job_ids)
+        ]
 
     def counts(self) -> dict[JobState, int]:
         with self._conns.errors("count jobs"):

@@ -148,6 +148,9 @@ class Scripts:
         self.purge = bind("purge")
         self.release = bind("release")
         self.confirm_dead = bind("confirm_dead")
+        self.batch_enqueue = bind("batch_enqueue")
+        self.batch_each = bind("batch_each")
+        self.batch_forget = bind("batch_forget")
         # Readers (read-only): bounded reads of one job for Job.info and Job.result.
         self.read_job = bind("read_job")
         self.read_result = bind("read_result")

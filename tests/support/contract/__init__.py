@@ -24,6 +24,7 @@ The suite is a package, one module per concern (each a mixin ``BackendContract``
     admin      counts, listing, manual retry, purge, retention, workers
     pages      the dashboard's reads
     order      the orders and boundaries both backends share (ties, ready times, limits)
+    batches    batch counters, the finished stream, the follow-up, retention of members
 
 Everything runs on real time: short leases, real sleeps and real waits across threads, no
 mocked clock and no stand-in for the backend, so a backend that computes expiry wrongly or
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from tests.support.contract import support
 from tests.support.contract.admin import AdminContract
+from tests.support.contract.batches import BatchContract
 from tests.support.contract.leases import LeaseContract
 from tests.support.contract.order import OrderContract
 from tests.support.contract.pages import PageContract
@@ -52,5 +54,6 @@ class BackendContract(
     AdminContract,
     PageContract,
     OrderContract,
+    BatchContract,
 ):
     """The tests; subclass it and provide the ``make_backend`` and ``backend`` fixtures."""

@@ -121,6 +121,176 @@ local function drop_job(id)
   redis.call('DEL', PREFIX .. id, HISTORY .. id)
 end
 
+-- ---- batches (design invariant 14) -------------------------------------------------------
+-- A batch's keys carry the queue's hash tag too (its base is the job prefix without 'job:'):
+--   sq:{q}:batch:<bid>  HASH   total (members it was made with), enqueued, sealed ('1' once
+--                              all are enqueued), ttl_ms, created_ms, then (a queue name or
+--                              ''), one counter per state (waiting ... cancelled); done_ms
+--                              once every member is final, then_sent once the follow-up went
+--   sq:{q}:bdone:<bid>  STREAM one entry per member reaching a final state: i = its index,
+--                              s = c / f / x (completed, failed, cancelled), and one (s = r)
+--                              per member leaving one (retried); read from 0 by any handle
+--                              (Batch.as_completed)
+--   sq:{q}:batches      ZSET   done batches by when they expire (done_ms + ttl_ms)
+--   sq:{q}:batch_index  ZSET   every batch kept, by created_ms (listing: the dashboard)
+-- A member is the job '<bid>.<index>' whose hash holds batch = <bid>. Every script that
+-- moves a job from one state to another calls batch_move (directly or via batch_after) in
+-- the same call, so the counters are exact at every moment and the finish that makes a
+-- batch done knows it: the follow-up is decided there, once (then_sent), and enqueued on
+-- the `then` queue in the same atomic call.
+local QUEUE_BASE = string.sub(PREFIX, 1, #PREFIX - 4)
+local QUEUE_NAME = string.match(QUEUE_BASE, '^sq:{(.*)}:$')
+local BATCH, BATCH_DONE = QUEUE_BASE .. 'batch:', QUEUE_BASE .. 'bdone:'
+local BATCHES = QUEUE_BASE .. 'batches'
+local BATCH_INDEX = QUEUE_BASE .. 'batch_index'
+local FINAL_CODE = {completed = 'c', failed = 'f', cancelled = 'x'}
+local COUNTED = {waiting = true, delayed = true, active = true, completed = true,
+  failed = true, cancelled = true}
+
+-- What a key of the `then` queue must be (or not exist) for the follow-up to be written.
+local THEN_KEY_TYPES = {{'job:', 'none'}, {'seq', 'string'}, {'waiting', 'zset'},
+  {'events', 'stream'}, {'wake', 'list'}}
+
+-- The follow-up job of a done batch, on queue `then_queue`: its one argument is the
+-- batch's summary. Written as enqueue.lua writes a job; its id (<bid>.then) is never
+-- enqueued twice while it is retained there. Returns nil when it was written (or existed),
+-- else why not, also kept as the batch's then_error.
+local function send_follow_up(bid, then_queue, total, c, f, x, now)
+  local base = 'sq:{' .. then_queue .. '}:'
+  local id = bid .. FOLLOW_UP_SUFFIX
+  local key = base .. 'job:' .. id
+  -- Checked before anything is written, with pcall: a user whose ACL does not reach that
+  -- queue, or a key of it of the wrong type, must not abort this script half-way (Redis
+  -- keeps the writes a failing script made, and the member's finish is one of them).
+  local problem
+  for _, want in ipairs(THEN_KEY_TYPES) do
+    local name = base .. want[1]
+    if want[1] == 'job:' then name = key end
+    local kind = redis.pcall('TYPE', name)
+    if type(kind) == 'table' and kind.err then
+      problem = tostring(kind.err)
+    elseif type(kind) == 'table' and kind.ok then
+      kind = kind.ok
+    end
+    if not problem and want[1] == 'job:' and kind == 'hash' then return nil end -- sent before
+    if not problem and kind ~= 'none' and kind ~= want[2] then
+      problem = 'key ' .. name .. ' is a ' .. tostring(kind) .. ', not a ' .. want[2]
+    end
+    if problem then
+      problem = string.sub('the follow-up to queue ' .. then_queue .. ' was not sent: ' ..
+        problem, 1, 300)
+      redis.call('HSET', BATCH .. bid, 'then_error', problem)
+      return problem
+    end
+  end
+  local summary = {batch_id = bid, queue = QUEUE_NAME, total = total, completed = c,
+    failed = f, cancelled = x}
+  local payload = cjson.encode({{summary}, {}})
+  local seq = redis.call('INCR', base .. 'seq')
+  redis.call('HSET', key, 'payload', payload, 'codec', 'json', 'opts', '{}',
+    'state', 'waiting', 'priority', '0', 'max_stalls', int(DEFAULT_MAX_STALLS),
+    'seq', int(seq), 'created_ms', int(now), 'ready_ms', int(now))
+  redis.call('ZADD', base .. 'waiting', waiting_score(0, seq), id)
+  redis.call('XADD', base .. 'events', 'MAXLEN', '~', MAX_EVENTS, '*', 'kind', 'added',
+    'job', id, 'batch', bid)
+  if redis.call('LPUSH', base .. 'wake', '1') > WAKE_CAP then
+    redis.call('LTRIM', base .. 'wake', 0, WAKE_CAP - 1)
+  end
+  return nil
+end
+
+-- The batch is done when it is sealed and every member is final: mark it (its expiry
+-- starts), and send its follow-up unless it was sent before (a member retried after the
+-- batch was done makes it not done; done again, it sends nothing more). Returns why the
+-- follow-up could not be sent, if it could not.
+local function batch_check_done(bid, now)
+  local bkey = BATCH .. bid
+  local f = redis.call('HMGET', bkey, 'sealed', 'total', 'completed', 'failed', 'cancelled',
+    'done_ms', 'then', 'then_sent', 'ttl_ms')
+  if f[1] ~= '1' or f[6] then return nil end
+  local total, c, fl, x = count_or(f[2], -1), count_or(f[3], 0), count_or(f[4], 0),
+    count_or(f[5], 0)
+  if c + fl + x ~= total then return nil end
+  redis.call('HSET', bkey, 'done_ms', int(now))
+  redis.call('ZADD', BATCHES, int(now + count_or(f[9], 0)), bid)
+  if f[7] and f[7] ~= '' and not f[8] then
+    redis.call('HSET', bkey, 'then_sent', int(now))
+    return send_follow_up(bid, f[7], total, c, fl, x, now)
+  end
+  return nil
+end
+
+-- Member `id` of batch `bid` went from state `from` to state `to`. Returns why the
+-- batch's follow-up could not be sent, when this move made it done and it could not.
+local function batch_move(bid, id, from, to, now)
+  if not bid or from == to then return nil end
+  local bkey = BATCH .. bid
+  if redis.call('EXISTS', bkey) == 0 then return nil end -- forgotten: no counters to keep
+  if COUNTED[from] then redis.call('HINCRBY', bkey, from, -1) end
+  if COUNTED[to] then redis.call('HINCRBY', bkey, to, 1) end
+  if FINAL_CODE[to] and not FINAL_CODE[from] then
+    local index = string.match(id, '%.(%d+)$') or id
+    redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', FINAL_CODE[to])
+    return batch_check_done(bid, now)
+  elseif FINAL_CODE[from] and not FINAL_CODE[to] then
+    -- a final member runs again: the batch is not done (nor expiring) until it ends again,
+    -- and its stream says so ('r', reopened), so a reader waits for its new end
+    local index = string.match(id, '%.(%d+)$') or id
+    redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', 'r')
+    if redis.call('HDEL', bkey, 'done_ms') == 1 then redis.call('ZREM', BATCHES, bid) end
+  end
+  return nil
+end
+
+-- After a script moved job `id` out of state `from`: its batch (if any) follows.
+-- Returns why its batch's follow-up could not be sent, if this move made it done and it
+-- could not (finish.lua tells the worker, which logs it).
+local function batch_after(id, from, now)
+  local f = hmget(PREFIX .. id, 'batch', 'state')
+  if f and f[1] then return batch_move(f[1], id, from, f[2], now) end
+  return nil
+end
+
+-- Retention (trim_finished) takes a member out of its finished set's index, never its
+-- record: the batch keeps it until the batch goes (sweep_batch).
+local function drop_unless_member(id)
+  if redis.pcall('HEXISTS', PREFIX .. id, 'batch') ~= 1 then drop_job(id) end
+end
+
+-- Delete up to `budget` members of batch `bid` (from where the last call stopped), then
+-- the batch itself. Returns 1 when the batch is gone, else 0.
+local function sweep_batch(bid, budget)
+  local bkey = BATCH .. bid
+  local f = redis.call('HMGET', bkey, 'total', 'enqueued', 'swept')
+  local last = math.max(count_or(f[1], 0), count_or(f[2], 0))
+  local from = count_or(f[3], 0)
+  local upto = math.min(last, from + budget)
+  for i = from, upto - 1 do
+    local id = bid .. '.' .. i
+    if redis.pcall('HGET', PREFIX .. id, 'batch') == bid then -- never another job of that id
+      drop_job(id)
+      redis.call('ZREM', COMPLETED, id)
+      redis.call('ZREM', FAILED, id)
+      redis.call('ZREM', CANCELLED, id)
+    end
+  end
+  if upto >= last then
+    redis.call('DEL', bkey, BATCH_DONE .. bid)
+    redis.call('ZREM', BATCHES, bid)
+    redis.call('ZREM', BATCH_INDEX, bid)
+    return 1
+  end
+  redis.call('HSET', bkey, 'swept', int(upto))
+  return 0
+end
+
+-- Batches past their batch_ttl_s go, TRIM_BUDGET members per call, like finished jobs.
+local function sweep_batches(now)
+  local due = redis.call('ZRANGEBYSCORE', BATCHES, '-inf', int(now), 'LIMIT', 0, 1)
+  if #due > 0 then sweep_batch(due[1], TRIM_BUDGET) end
+end
+-- ---- end of batches ---------------------------------------------------------------------
+
 -- Retention: keep at most `keep` jobs in a finished set and none finished RETAIN_MS or
 -- more ago (rules.retention_over), deleting the trimmed jobs' hash and history, oldest
 -- first (ties by id, the sorted set's order). Bounded work per call (TRIM_BUDGET);
@@ -131,17 +301,18 @@ local function trim_finished(zset, keep, now)
   if excess > 0 then
     local n = math.min(excess, budget)
     local ids = redis.call('ZRANGE', zset, 0, n - 1)
-    for _, id in ipairs(ids) do drop_job(id) end
+    for _, id in ipairs(ids) do drop_unless_member(id) end
     redis.call('ZREMRANGEBYRANK', zset, 0, n - 1)
     budget = budget - n
   end
   if budget > 0 then
     local ids = redis.call('ZRANGEBYSCORE', zset, '-inf', int(now - RETAIN_MS), 'LIMIT', 0, budget)
     if #ids > 0 then
-      for _, id in ipairs(ids) do drop_job(id) end
+      for _, id in ipairs(ids) do drop_unless_member(id) end
       redis.call('ZREM', zset, unpack(ids))
     end
   end
+  sweep_batches(now)
 end
 
 -- Design invariant 7: a record too broken to run fails that one job with a stated cause.
@@ -160,6 +331,7 @@ local function fail_malformed(id, reason, now, bad_field)
     redis.call('HSET', key, bad_field, FIELD_DEFAULTS[bad_field])
   end
   local err = string.format(MALFORMED_TEXT, reason)
+  local prior = hmget(key, 'batch', 'state')
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', DELAYED, id)
   redis.call('ZREM', ACTIVE, id)
@@ -169,12 +341,13 @@ local function fail_malformed(id, reason, now, bad_field)
   redis.call('ZADD', FAILED, int(now), id)
   emit('failed', id, 'outcome', 'error', 'error', err)
   trim_finished(FAILED, RETAIN_FAILED, now)
+  if prior and prior[1] then batch_move(prior[1], id, prior[2], 'failed', now) end
 end
 
 -- Why a job popped from waiting cannot be claimed (nil when it can), plus its fields.
 local function claim_problem(key)
   local f = hmget(key, 'payload', 'codec', 'opts', 'attempts', 'state', 'ready_ms', 'created_ms',
-    'infra_deaths')
+    'batch', 'infra_deaths')
   if not f then return 'the job key is not a hash' end
   if not f[1] and not f[2] and not f[5] then return 'the job hash is missing' end
   if not f[1] then return 'the payload field is missing' end
@@ -202,13 +375,14 @@ local function promote_due(now)
   redis.call('ZREM', DELAYED, unpack(due))
   for _, id in ipairs(due) do
     local key = PREFIX .. id
-    local f = hmget(key, 'priority')
+    local f = hmget(key, 'priority', 'batch')
     local seq = next_seq()
     -- a broken record still goes to waiting, where claim fails it with a stated cause
     if f and redis.call('EXISTS', key) == 1 then
       redis.call('HSET', key, 'state', 'waiting', 'seq', int(seq))
       -- a fenced retry falls due when the old lease would have run out: the fence is over
       redis.call('HDEL', key, 'fence_owner', 'fence_token', 'fenced_until_ms')
+      if f[2] then batch_move(f[2], id, 'delayed', 'waiting', now) end
     end
     redis.call('ZADD', WAITING, waiting_score(f and f[1], seq), id)
   end
@@ -238,12 +412,13 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
         'attempts', int(attempt))
       redis.call('ZADD', ACTIVE, expiry, id)
       emit('active', id, 'worker', worker, 'attempt', int(attempt))
+      if f[8] then batch_move(f[8], id, 'waiting', 'active', now) end
       local i = #out
       out[i + 1], out[i + 2], out[i + 3] = id, token, f[1]
       out[i + 4], out[i + 5], out[i + 6] = f[2], f[3], attempt
       -- how long it waited since it was ready (enqueued, due, retried): sandboxq_wait_seconds
       out[i + 7] = int(math.max(0, now - (tonumber(f[6]) or tonumber(f[7]) or now)))
-      out[i + 8] = count_or(f[8], 0) -- the worker fails it as poison at its limit
+      out[i + 8] = count_or(f[9], 0) -- the worker fails it as poison at its limit
     end
   end
   -- Nothing left to claim: drop stale wake entries so idle workers block instead of
@@ -283,3 +458,72 @@ local function back_in_line(key, id)
   return 'state', 'waiting', 'attempts', int(math.max(count_or(f[1], 1) - 1, 0))
 end
 
+-- Cancel one job (cancel.lua, and batch_each.lua for a batch's members): see cancel.lua.
+-- Returns 1 cancelled, 0 unknown or already finished.
+local function cancel_job(id, channel)
+  local key = PREFIX .. id
+  local f = hmget(key, 'state', 'owner', 'token', 'attempts')
+  if not f then return 0 end
+  local state = f[1]
+  if state ~= 'waiting' and state ~= 'delayed' and state ~= 'active' then return 0 end
+  local now = now_ms()
+  local err = string.format(CANCELLED_TEXT, state)
+  local token = ''
+  if state == 'active' then
+    local expiry = redis.call('ZSCORE', ACTIVE, id)
+    if f[3] then
+      token = f[3]
+      redis.call('HSET', key, 'fence_owner', f[2] or '', 'fence_token', token,
+        'fenced_until_ms', int(tonumber(expiry) or now))
+    end
+    local record = {attempt = count_or(f[4], 0), outcome = 'cancelled', ended_ms = now,
+      error = err}
+    if f[2] then record.worker_id = f[2] end
+    append_history(id, cjson.encode(record))
+  end
+  redis.call('ZREM', WAITING, id)
+  redis.call('ZREM', DELAYED, id)
+  redis.call('ZREM', ACTIVE, id)
+  redis.call('HDEL', key, 'owner', 'token')
+  redis.call('HSET', key, 'state', 'cancelled', 'finished_ms', int(now), 'outcome', 'cancelled',
+    'error', err)
+  redis.call('ZADD', CANCELLED, int(now), id)
+  emit('cancelled', id, 'from', state)
+  trim_finished(CANCELLED, RETAIN_FAILED, now)
+  batch_after(id, state, now) -- batches (common.lua)
+  redis.call('PUBLISH', channel, token .. ' ' .. id)
+  return 1
+end
+
+-- Put a failed or cancelled job back in line (retry_failed.lua, and batch_each.lua for a
+-- batch's members): see retry_failed.lua. Returns 1 put back, 0 not failed/cancelled.
+local function retry_job(id)
+  local key = PREFIX .. id
+  local f = hmget(key, 'state', 'priority', 'fence_token', 'fenced_until_ms')
+  if not f or (f[1] ~= 'failed' and f[1] ~= 'cancelled') then return 0 end
+  local now = now_ms()
+  redis.call('ZREM', FAILED, id)
+  redis.call('ZREM', CANCELLED, id)
+  redis.call('HDEL', key, 'finished_ms', 'outcome', 'error', 'result', 'owner', 'token',
+    'progress', 'progress_message')
+  local until_ms = tonumber(f[4])
+  if f[3] and until_ms and not (until_ms < now) then -- fenced (rules.fence_lifted)
+    -- due, and so ready, the first millisecond the fence is lifted
+    redis.call('HSET', key, 'state', 'delayed', 'attempts', '0', 'stalls', '0',
+      'infra_deaths', '0', 'ready_ms', int(until_ms + 1))
+    redis.call('ZADD', DELAYED, int(until_ms + 1), id)
+    emit('retried', id, 'manual', '1', 'fenced_until_ms', int(until_ms))
+    wake(1) -- an idle worker re-reads the next due time
+    batch_after(id, f[1], now) -- batches (common.lua)
+    return 1
+  end
+  redis.call('HDEL', key, 'fence_owner', 'fence_token', 'fenced_until_ms')
+  local seq = next_seq()
+  redis.call('HSET', key, 'state', 'waiting', 'attempts', '0', 'stalls', '0',
+    'infra_deaths', '0', 'seq', int(seq), 'ready_ms', int(now))
+  redis.call('ZADD', WAITING, waiting_score(f[2], seq), id)
+  emit('retried', id, 'manual', '1')
+  wake(1)
+  batch_after(id, f[1], now) -- batches (common.lua)
+  return 1
+end

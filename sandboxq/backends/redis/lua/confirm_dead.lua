@@ -23,6 +23,7 @@ for id, token in lease_pairs(6) do
       local seq = next_seq()
       redis.call('HSET', key, 'state', 'waiting', 'seq', int(seq), 'ready_ms', int(now))
       redis.call('ZADD', WAITING, waiting_score(f[4], seq), id)
+      batch_after(id, 'delayed', now) -- batches (common.lua)
       woken = woken + 1
     end
     emit('unfenced', id)

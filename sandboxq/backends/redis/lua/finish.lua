@@ -8,7 +8,8 @@
 --       died under the attempt ('' = nothing: else the job's infra_deaths goes up by
 --       one); then replay_of: the token base of an earlier call whose reply was lost
 --       ('' = none).
--- Returns: {N, accepted_1 .. accepted_N (1/0), then 8 entries per claimed job as in
+-- Returns: {N, accepted_1 .. accepted_N (1 / 0; 3: accepted, and it made a batch done whose
+--          follow-up could not be sent), then 8 entries per claimed job as in
 --          claim.lua}. A single rejected ack claims nothing ("nothing changed"). With
 --          replay_of, the jobs still leased to the worker under tokens "<replay_of>.<n>"
 --          come first among the claimed (a scan of the active set: only on that rare path).
@@ -78,6 +79,9 @@ local function finish_one(base)
     emit('requeued', id, 'outcome', outcome)
     wake(1)
   end
+  -- batches (common.lua): counters, done, the follow-up; 3: accepted, but the batch this
+  -- made done could not send its follow-up (the batch's then_error says why)
+  if batch_after(id, 'active', now) then return 3 end
   return 1
 end
 

@@ -19,10 +19,11 @@ if #ids == 0 then return {0, 0} end
 local now = now_ms()
 local dropped = {}
 for _, id in ipairs(ids) do
-  local f = hmget(PREFIX .. id, 'fence_token', 'fenced_until_ms')
+  local f = hmget(PREFIX .. id, 'fence_token', 'fenced_until_ms', 'batch')
   local until_ms = f and tonumber(f[2])
-  -- fenced up to and including fenced_until_ms (rules.fence_lifted: strictly after)
-  if not (f and f[1] and until_ms and not (until_ms < now)) then
+  -- fenced up to and including fenced_until_ms (rules.fence_lifted: strictly after);
+  -- a member of a batch stays while its batch is kept (design invariant 14)
+  if not (f and f[1] and until_ms and not (until_ms < now)) and not (f and f[3]) then
     drop_job(id)
     dropped[#dropped + 1] = id
   end

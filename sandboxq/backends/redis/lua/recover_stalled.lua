@@ -75,6 +75,7 @@ for _, id in ipairs(expired) do
       trim_finished(FAILED, RETAIN_FAILED, now)
     end
     out[#out + 1], out[#out + 2] = id, state
+    batch_after(id, 'active', now) -- batches (common.lua)
   end
 end
 wake(requeued)

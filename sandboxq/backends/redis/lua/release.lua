@@ -16,6 +16,7 @@ for id, token in lease_pairs(6) do
     redis.call('HDEL', key, 'owner', 'token')
     redis.call('HSET', key, back_in_line(key, id))
     emit('released', id)
+    batch_after(id, 'active', 0) -- batches (common.lua): back to waiting, never done here
     released = released + 1
   else
     kept[#kept + 1] = id

@@ -1,0 +1,329 @@
+"""The Redis backend's batches: one hash of counters per batch, kept by the scripts that
+move its members, and one stream of the members that reached a final state.
+
+    enqueue_batch ── batch_enqueue.lua (ENQUEUE_CHUNK members a call, all in one round
+                     trip) ──► sq:{q}:batch:<bid> (counters, sealed by the last chunk)
+    every script that moves a member ── common.lua batch_move ──► counters; a final state
+                     also XADDs to sq:{q}:bdone:<bid>, and the last one sends ``then``
+    batch_progress ── HMGET of the batch hash (O(1), whatever its size)
+    batch_finished ── XREAD of sq:{q}:bdone:<bid> from a cursor ("0": from the start)
+    batch_each / forget_batch ── batch_each.lua / batch_forget.lua, BATCH_CHUNK members a call
+
+What a reply means (``progress_from``, ``finished_from``, ``enqueue_error``) is shared with
+the asyncio client (aio.py), which only carries the same calls out differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
+
+from sandboxq.backends import rules
+from sandboxq.backends.base import BatchAction, NewJob
+from sandboxq.backends.redis import records
+from sandboxq.backends.redis.connection import BLOCK_CAP_S, Connections
+from sandboxq.backends.redis.enqueue import ENQUEUE_CHUNK, frame_jobs
+from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.backends.redis.scripts import Arg, Script, Scripts, raise_errors, unknown_scripts
+from sandboxq.errors import BackendError, BatchIncomplete, ConfigError
+from sandboxq.models import BatchProgress, JobState
+
+#: The batch hash's fields, in the order ``progress_from`` reads them.
+PROGRESS_FIELDS = (
+    "total",
+    "enqueued",
+    "sealed",
+    "waiting",
+    "active",
+    "delayed",
+    "completed",
+    "failed",
+    "cancelled",
+    "then",
+    "then_sent",
+    "created_ms",
+    "done_ms",
+    "then_error",
+    "label",
+)
+
+#: A stream entry's state code: a final state, or ``r``: the member left its final state
+#: (retried), read as WAITING (``Backend.batch_finished``).
+_FINAL = {
+    b"c": JobState.COMPLETED,
+    b"f": JobState.FAILED,
+    b"x": JobState.CANCELLED,
+    b"r": JobState.WAITING,
+}
+
+#: Stream entries one read of a batch's finished members returns at most.
+FINISHED_READ = 1000
+#: Chunks (of ENQUEUE_CHUNK members) sent per round trip. The server runs them as they
+#: arrive, so one write of a million members (2,000 chunks, some 20 s of scripts) outlasted
+#: the socket timeout; 20 chunks (10,000 members) take a fraction of a second.
+CHUNKS_PER_TRIP = 20
+
+
+def enqueue_batch_calls(
+    script: Script,
+    batch_id: str,
+    jobs: Sequence[NewJob],
+    then: str | None,
+    ttl_ms: int,
+    first: int,
+    total: int,
+    label: str | None = None,
+) -> list[tuple[Script | None, bytes]]:
+    """The batch_enqueue.lua calls that add ``jobs`` (ENQUEUE_CHUNK a call)."""
+    _ids, frames = frame_jobs(jobs)
+    calls: list[tuple[Script | None, bytes]] = []
+    for start in range(0, len(frames), ENQUEUE_CHUNK):
+        chunk = frames[start : start + ENQUEUE_CHUNK]
+        args: list[Arg] = [
+            batch_id,
+            total,
+            first + start,
+            then or "",
+            ttl_ms,
+            len(chunk),
+            b"".join(chunk),
+            "" if label is None else "=" + label,  # '=': a label, even an empty one
+        ]
+        calls.append((script, script.pack(args)))
+    return calls
+
+
+def trips(calls: list[Any]) -> list[list[Any]]:
+    """The calls, ``CHUNKS_PER_TRIP`` a round trip; the first alone (it makes the batch)."""
+    if not calls:
+        return []
+    return [calls[:1]] + [
+        calls[i : i + CHUNKS_PER_TRIP] for i in range(1, len(calls), CHUNKS_PER_TRIP)
+    ]
+
+
+def incomplete(batch_id: str, total: int, replies: Sequence[Any], exc: Exception) -> Exception:
+    """What a connection lost part-way means: the members the answered calls added exist,
+    those of the call in flight may."""
+    try:
+        enqueued = enqueue_outcome(batch_id, total, replies) if replies else 0
+    except (ConfigError, BatchIncomplete) as refused:
+        return refused
+    return BatchIncomplete(
+        f"batch {batch_id!r}: the enqueue failed after {enqueued} of {total} members ({exc}); "
+        f"those of the call in flight may exist too: Queue.get_batch({batch_id!r}).progress() "
+        "tells how many",
+        batch_id=batch_id,
+        enqueued=enqueued,
+        total=total,
+    )
+
+
+def enqueue_outcome(batch_id: str, total: int, replies: Sequence[Any]) -> int:
+    """How many members the batch has, from the chunks' replies; raises when a chunk failed:
+    ``ConfigError`` when nothing was added, else ``BatchIncomplete`` naming how many were."""
+    enqueued = 0
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            cause = str(reply).removeprefix("BATCH ")
+            if enqueued == 0:
+                raise ConfigError(f"batch {batch_id!r} was not enqueued: {cause}")
+            raise BatchIncomplete(
+                f"batch {batch_id!r}: only {enqueued} of {total} members were enqueued "
+                f"({cause}); they exist and will run, and the batch is never done: "
+                f"Queue.get_batch({batch_id!r}).cancel() stops them",
+                batch_id=batch_id,
+                enqueued=enqueued,
+                total=total,
+            )
+        enqueued = int(reply)
+    return enqueued
+
+
+def _count(value: bytes | str | None) -> int:
+    try:
+        return max(0, int(value or 0))
+    except ValueError:
+        return 0
+
+
+def progress_from(
+    batch_id: str, queue: str, values: Sequence[bytes | str | None]
+) -> BatchProgress | None:
+    """A ``BatchProgress`` from the batch hash's ``PROGRESS_FIELDS`` (None: no batch)."""
+    if values[0] is None:
+        return None
+    f = dict(zip(PROGRESS_FIELDS, values, strict=True))
+    total = _count(f["total"])
+    counts = {s: _count(f[s]) for s in ("waiting", "active", "delayed")}
+    finals = {s: _count(f[s]) for s in ("completed", "failed", "cancelled")}
+    then = records.text(f["then"]) if f["then"] else None
+    return BatchProgress(
+        batch_id=batch_id,
+        queue=queue,
+        total=total,
+        enqueued=_count(f["enqueued"]),
+        **counts,
+        **finals,
+        done=f["done_ms"] is not None,
+        then=then,
+        then_sent=None if then is None else f["then_sent"] is not None and not f["then_error"],
+        then_error=records.text(f["then_error"]) if f["then_error"] else None,
+        label=records.text(f["label"]) if f["label"] is not None else None,
+        created_ms=_count(f["created_ms"]) or None,
+        done_ms=_count(f["done_ms"]) or None,
+    )
+
+
+def finished_from(
+    after: str, reply: Any, batch_done_key: str
+) -> tuple[str, list[tuple[int, JobState]]]:
+    """The new cursor and (index, state) pairs from an XREAD reply."""
+    if not reply:
+        return after, []
+    entries = (
+        reply[0][1] if isinstance(reply, list) else reply.get(batch_done_key.encode(), [[]])[0]
+    )
+    out: list[tuple[int, JobState]] = []
+    cursor = after
+    for entry_id, fields in entries:
+        cursor = records.text(entry_id)
+        state = _FINAL.get(fields.get(b"s", b""))
+        try:
+            index = int(fields.get(b"i", b""))
+        except ValueError:
+            continue  # not one of ours: skip it rather than stop the stream
+        if state is not None:
+            out.append((index, state))
+    return cursor, out
+
+
+def check_then(then: str, queue: str, cluster: bool) -> None:
+    """On a Cluster a script reaches only its own slot: the follow-up's queue must share it."""
+    if cluster and key_slot(f"{{{then}}}".encode()) != key_slot(f"{{{queue}}}".encode()):
+        raise ConfigError(
+            f"then queue {then!r} is on another Redis Cluster hash slot than queue {queue!r}: "
+            "the follow-up is enqueued inside the finish script, which reaches one slot only"
+        )
+
+
+def forget_answer(batch_id: str, reply: int) -> bool | None:
+    """``True`` gone, ``None`` call again, ``False`` no such batch; raises when refused."""
+    if reply == -2:
+        raise ConfigError(
+            f"batch {batch_id!r} still has members waiting, delayed or active: cancel it first"
+        )
+    if reply == -1:
+        return False
+    return True if reply == 1 else None
+
+
+class Batches:
+    """``Backend``'s batch calls on Redis (mixed into ``RedisBackend``)."""
+
+    queue: str
+    keys: QueueKeys
+    _conns: Connections
+    _scripts: Scripts
+    _batch_ttl_ms: int
+
+    def enqueue_batch(
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
+    ) -> int:
+        if then:
+            check_then(then, self.queue, self._conns.cluster)
+        total = first + len(jobs)
+        calls = enqueue_batch_calls(
+            self._scripts.batch_enqueue,
+            batch_id,
+            jobs,
+            then,
+            self._batch_ttl_ms,
+            first,
+            total,
+            label,
+        )
+        lane = self._conns.main_lane
+        replies: list[Any] = []
+        try:
+            with self._conns.errors(f"enqueue batch {batch_id!r}"):
+                for trip in trips(calls):
+                    got = lane.round_trip([packed for _, packed in trip])
+                    missing, loads = unknown_scripts(trip, got)
+                    if missing:  # NOSCRIPT answers change nothing: the same calls again
+                        lane.round_trip(loads)
+                        got = lane.round_trip([packed for _, packed in trip])
+                    replies += got
+                    if any(isinstance(reply, ResponseError) for reply in got):
+                        break
+        except BackendError as exc:
+            raise incomplete(batch_id, total, replies, exc) from exc
+        return enqueue_outcome(batch_id, total, replies)
+
+    def batch_progress(self, batch_id: str) -> BatchProgress | None:
+        with self._conns.errors(f"read batch {batch_id!r}"):
+            values = self._conns.main.hmget(self.keys.batch(batch_id), PROGRESS_FIELDS)
+        return progress_from(batch_id, self.queue, values)
+
+    def batch_finished(
+        self, batch_id: str, after: str, block_s: float | None = None
+    ) -> tuple[str, list[tuple[int, JobState]]]:
+        key = self.keys.batch_done(batch_id)
+        with self._conns.errors(f"read the finished members of batch {batch_id!r}"):
+            if block_s is None:
+                reply = self._conns.main.xread({key: after}, count=FINISHED_READ)
+            else:
+                block_ms = max(1, rules.lease_ms(min(block_s, BLOCK_CAP_S)))
+                reply = self._conns.blocking.xread(
+                    {key: after}, count=FINISHED_READ, block=block_ms
+                )
+        return finished_from(after, reply, key)
+
+    def batch_each(self, batch_id: str, action: BatchAction) -> int | None:
+        acted, start, last = 0, 0, 1
+        with self._conns.errors(f"{action} batch {batch_id!r}"):
+            while start < last:
+                args: list[Arg] = [
+                    batch_id,
+                    action,
+                    start,
+                    rules.BATCH_CHUNK,
+                    self.keys.cancel_channel,
+                ]
+                reply = raise_errors([self._scripts.batch_each(args)])[0]
+                if int(reply[1]) < 0:
+                    return None
+                acted, last = acted + int(reply[0]), int(reply[1])
+                start += rules.BATCH_CHUNK
+        return acted
+
+    def list_batches(self, limit: int = 50) -> list[BatchProgress]:
+        with self._conns.errors("list batches"):
+            raw_ids = self._conns.main.zrevrange(self.keys.batch_index, 0, max(0, limit) - 1)
+            ids = [records.text(raw) for raw in raw_ids if isinstance(raw, bytes | str)]
+            pipe = self._conns.main.pipeline(transaction=False)
+            for batch_id in ids:
+                pipe.hmget(self.keys.batch(batch_id), PROGRESS_FIELDS)
+            rows = pipe.execute() if ids else []
+        found = [
+            progress_from(batch_id, self.queue, values)
+            for batch_id, values in zip(ids, rows, strict=True)
+        ]
+        return [p for p in found if p is not None]
+
+    def forget_batch(self, batch_id: str) -> bool:
+        with self._conns.errors(f"forget batch {batch_id!r}"):
+            while True:
+                reply = int(self._scripts.batch_forget([batch_id, rules.BATCH_CHUNK]))
+                answer = forget_answer(batch_id, reply)
+                if answer is not None:
+                    return answer

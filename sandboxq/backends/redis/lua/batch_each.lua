@@ -1,0 +1,26 @@
+-- batch_each.lua: cancel, or retry, the members of a batch from one index on.
+-- KEYS: the standard list (common.lua).
+-- ARGV: 1-4 standard; 5 batch id, 6 'cancel' or 'retry', 7 first index, 8 how many
+--       members (rules.BATCH_CHUNK), 9 the cancel channel (PUBLISH target).
+-- Returns: {members acted on, the batch's member count} (-1 as the count: no such batch).
+-- Upholds: what cancel.lua and retry_failed.lua uphold, member by member (a running
+-- member's lease is revoked and fenced; a waiting one never starts); the batch's counters
+-- follow each move (batch_after).
+
+local bid, action = ARGV[5], ARGV[6]
+local first, n = tonumber(ARGV[7]), tonumber(ARGV[8])
+local f = redis.call('HMGET', BATCH .. bid, 'total', 'enqueued')
+if not f[1] then return {0, -1} end
+local last = math.max(count_or(f[1], 0), count_or(f[2], 0))
+local acted = 0
+for i = first, math.min(last, first + n) - 1 do
+  local id = bid .. '.' .. i
+  if redis.pcall('HGET', PREFIX .. id, 'batch') ~= bid then
+    -- not a member (an enqueue stopped before it, and the id is another job's)
+  elseif action == 'cancel' then
+    acted = acted + cancel_job(id, ARGV[9])
+  else
+    acted = acted + retry_job(id)
+  end
+end
+return {acted, last}

@@ -1,0 +1,430 @@
+"""``Batch`` and ``AsyncBatch``: many calls under one batch id, and what a producer asks of
+them as one.
+
+    Queue.batch(calls, then) ── check_batch_calls, member ids ──► Backend.enqueue_batch
+    batch.progress()     ── Backend.batch_progress: one O(1) read of counters the scripts keep
+    batch.as_completed() ── Backend.batch_finished: the batch's stream of finished members,
+                            read from its start by any handle in any process (StreamReader
+                            decides what is new and how long to wait)
+    batch.results()      ── as_completed until every member is final, then the members'
+                            records read in input order (``Backend.get_many``, member_values)
+    cancel / retry_failed / forget ── Backend.batch_each / forget_batch
+
+A member's id is ``<batch id>.<index>`` (``models.member_id``), so a batch needs no list
+of its members and any process can name them. ``Batch`` belongs to the sync ``Queue``
+(client.py), ``AsyncBatch`` to ``sandboxq.aio.Queue``: the same steps, the one awaiting
+each backend call; what they decide (which rows are new, when to give up, what a member's
+slot holds) is decided here once, for both.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from sandboxq.backends.base import Backend, BatchAction, NewJob
+from sandboxq.backends.rules import MAX_LABEL_BYTES
+from sandboxq.errors import BatchNotFound, ConfigError, SandboxqError
+from sandboxq.finished import check_seconds, finished_value, no_such_job
+from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name, member_id
+
+__all__ = [
+    "AsyncBatch",
+    "AsyncBatchBackend",
+    "Batch",
+    "BatchQueue",
+    "FailureGroup",
+    "Failures",
+    "check_batch_calls",
+    "failures",
+    "new_batch_id",
+]
+
+J = TypeVar("J", covariant=True)
+T = TypeVar("T")
+
+#: How long one blocking read of a batch's stream waits before the batch is looked at
+#: again (it may have been forgotten meanwhile).
+READ_SLICE_S = 1.0
+#: Members' records read per round trip by ``results``.
+RESULTS_CHUNK = 500
+
+
+class BatchQueue(Protocol[J]):
+    """What a ``Batch`` needs of its queue."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def backend(self) -> Backend: ...
+    @property
+    def allowed_codecs(self) -> Collection[str]: ...
+
+    def job(self, job_id: str) -> J: ...
+
+
+class AsyncBatchBackend(Protocol):
+    """``Backend``'s batch calls (base.py states each contract), awaited."""
+
+    async def get_many(
+        self, job_ids: Sequence[str]
+    ) -> list[tuple[JobInfo | None, bytes | None]]: ...
+    async def enqueue_batch(
+        self,
+        batch_id: str,
+        jobs: Sequence[NewJob],
+        *,
+        then: str | None = None,
+        first: int = 0,
+        label: str | None = None,
+    ) -> int: ...
+    async def batch_progress(self, batch_id: str) -> BatchProgress | None: ...
+    async def batch_finished(
+        self, batch_id: str, after: str, block_s: float | None = None
+    ) -> tuple[str, list[tuple[int, JobState]]]: ...
+    async def batch_each(self, batch_id: str, action: BatchAction) -> int | None: ...
+    async def forget_batch(self, batch_id: str) -> bool: ...
+
+
+class AsyncBatchQueue(Protocol[J]):
+    """What an ``AsyncBatch`` needs of its queue."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def backend(self) -> AsyncBatchBackend: ...
+    @property
+    def allowed_codecs(self) -> Collection[str]: ...
+
+    def job(self, job_id: str) -> J: ...
+
+
+def new_batch_id() -> str:
+    """64 random bits as 16 hex digits: short, because every member's id carries it."""
+    return os.urandom(8).hex()
+
+
+def check_batch_calls(
+    jobs: Sequence[NewJob],
+    then: str | None,
+    job_id_option: str | None,
+    label: str | None = None,
+) -> None:
+    """A batch's calls, ``then`` and ``label`` as they enter: refused whole, before
+    anything is sent."""
+    if label is not None and (
+        not isinstance(label, str) or len(label.encode("utf-8", "surrogatepass")) > MAX_LABEL_BYTES
+    ):
+        raise ConfigError(
+            f"label must be text of at most {MAX_LABEL_BYTES:,} bytes, got {label!r:.80}"
+        )
+    if not jobs:
+        raise ConfigError("a batch needs at least one call; got none")
+    if job_id_option is not None:
+        raise ConfigError("a job_id option names one job; a batch names its members itself")
+    if then is not None:
+        try:
+            check_queue_name(then)
+        except ConfigError as exc:
+            raise ConfigError(f"then: {exc}") from None
+
+
+def batch_not_found(queue: str, batch_id: str) -> BatchNotFound:
+    return BatchNotFound(
+        f"batch {batch_id!r} of queue {queue!r} does not exist "
+        "(never made, forgotten, or removed batch_ttl_s after it was done)",
+        batch_id=batch_id,
+    )
+
+
+def deadline_of(timeout_s: float | None) -> float | None:
+    check_seconds("timeout_s", timeout_s)
+    return None if timeout_s is None else time.monotonic() + timeout_s
+
+
+def found(queue: str, batch_id: str, answer: T | None) -> T:
+    """A batch call's answer, or ``BatchNotFound`` for its None (no such batch)."""
+    if answer is None:
+        raise batch_not_found(queue, batch_id)
+    return answer
+
+
+class StreamReader:
+    """One pass of ``as_completed`` over a batch's stream of finished members: the cursor,
+    which members were yielded (each once, though a retried member appears again), and
+    how long the next read may block."""
+
+    def __init__(self, batch_id: str, total: int, timeout_s: float | None) -> None:
+        self.batch_id = batch_id
+        self.total = total
+        self.timeout_s = timeout_s
+        self.deadline = deadline_of(timeout_s)
+        self.cursor = "0"
+        self.left = total
+        self._seen = bytearray(total)
+
+    def block_s(self) -> float:
+        """How long the next read may wait; ``TimeoutError`` once the deadline passed."""
+        if self.deadline is None:
+            return READ_SLICE_S
+        left_s = self.deadline - time.monotonic()
+        if left_s <= 0:
+            raise TimeoutError(
+                f"batch {self.batch_id!r}: {self.left} of {self.total} members not "
+                f"finished within {self.timeout_s} s"
+            )
+        return min(READ_SLICE_S, left_s)
+
+    def took(self, cursor: str, rows: list[tuple[int, JobState]]) -> list[str]:
+        """The ids of the members ``rows`` (the read that ended at ``cursor``) show final
+        and not yielded yet. A member shown leaving its final state (retried) is waited
+        for again: yielded again when it ends again, so the pass ends only when every
+        member is final at once, which is when the batch is done."""
+        self.cursor = cursor
+        seen = self._seen
+        new: dict[int, None] = {}  # this read's newly final members, in stream order
+        for index, state in rows:
+            if not 0 <= index < self.total or bool(seen[index]) == state.finished:
+                continue
+            seen[index] = state.finished
+            self.left += -1 if state.finished else 1
+            if state.finished:
+                new[index] = None
+            else:
+                new.pop(index, None)  # final and reopened within this read: not yet
+        return [member_id(self.batch_id, index) for index in new]
+
+
+def result_chunks(batch_id: str, total: int) -> Iterator[list[str]]:
+    """The members' ids in input order, ``RESULTS_CHUNK`` a read."""
+    for start in range(0, total, RESULTS_CHUNK):
+        yield [member_id(batch_id, i) for i in range(start, min(total, start + RESULTS_CHUNK))]
+
+
+def member_values(
+    queue: str,
+    ids: list[str],
+    records: list[tuple[JobInfo | None, bytes | None]],
+    allowed: Collection[str],
+) -> list[Any]:
+    """Each member's slot in ``results``: its value, else the error it would raise."""
+    out: list[Any] = []
+    for job_id, (info, data) in zip(ids, records, strict=True):
+        if info is None:
+            out.append(no_such_job(queue, job_id))
+            continue
+        try:
+            out.append(finished_value(job_id, info, data, allowed))
+        except SandboxqError as exc:  # JobFailed; CodecRefused
+            out.append(exc)
+    return out
+
+
+# -- failures grouped by outcome (sandboxq batch, the dashboard's batch page) --------------
+
+#: Job ids shown per outcome.
+EXAMPLES = 5
+
+
+@dataclass(slots=True)
+class FailureGroup:
+    """The members of a batch that ended with one ``outcome`` (failed or cancelled): how
+    many, and the first few ids."""
+
+    outcome: str
+    count: int = 0
+    job_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """``groups`` by count, most first; ``examined``: failed or cancelled members looked at,
+    ``read``: finished-stream entries read (``complete``: all of them)."""
+
+    groups: list[FailureGroup]
+    examined: int
+    read: int
+    complete: bool
+
+
+def failures(
+    backend: Backend, batch_id: str, *, stream_limit: int | None = None, examples: int = EXAMPLES
+) -> Failures:
+    """A batch's failed and cancelled members grouped by their outcome: its stream of
+    finished members read from the start (a member's last entry says where it is; up to
+    ``stream_limit`` entries: bounded work for a page), then the records of those that
+    ended failed or cancelled, ``RESULTS_CHUNK`` a round trip."""
+    ended: dict[int, None] = {}  # failed or cancelled at their last entry, in stream order
+    cursor, read = "0", 0
+    complete = True
+    while True:
+        cursor, rows = backend.batch_finished(batch_id, cursor)
+        if not rows:
+            break
+        read += len(rows)
+        for index, state in rows:
+            if state in (JobState.FAILED, JobState.CANCELLED):
+                ended[index] = None
+            else:
+                ended.pop(index, None)
+        if stream_limit is not None and read >= stream_limit:
+            complete = False
+            break
+    groups: dict[str, FailureGroup] = {}
+    ids = [member_id(batch_id, index) for index in ended]
+    for start in range(0, len(ids), RESULTS_CHUNK):
+        chunk = ids[start : start + RESULTS_CHUNK]
+        for job_id, (info, _data) in zip(chunk, backend.get_many(chunk), strict=True):
+            if info is None or info.state not in (JobState.FAILED, JobState.CANCELLED):
+                continue  # retried (or forgotten) since its entry was read
+            outcome = info.outcome.value if info.outcome else info.state.value
+            group = groups.setdefault(outcome, FailureGroup(outcome))
+            group.count += 1
+            if len(group.job_ids) < examples:
+                group.job_ids.append(job_id)
+    ordered = sorted(groups.values(), key=lambda g: (-g.count, g.outcome))
+    return Failures(ordered, len(ids), read, complete)
+
+
+class _Handle(Generic[J]):
+    def __init__(self, queue: Any, batch_id: str, total: int) -> None:
+        self.queue = queue
+        self.id = batch_id
+        self.total = total
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.queue.name!r}, {self.id!r}, total={self.total})"
+
+    def __len__(self) -> int:
+        return self.total
+
+    def jobs(self) -> list[J]:
+        """Every member's handle, in input order."""
+        return [self.queue.job(member_id(self.id, i)) for i in range(self.total)]
+
+
+class Batch(_Handle[J]):
+    """A handle on one batch; every call asks the backend afresh, so any number of handles,
+    in any processes, see the same batch."""
+
+    queue: BatchQueue[J]
+
+    def __init__(self, queue: BatchQueue[J], batch_id: str, total: int) -> None:
+        super().__init__(queue, batch_id, total)
+
+    def progress(self) -> BatchProgress:
+        """The counts by state and ``done``: one O(1) read. ``BatchNotFound`` if it is gone."""
+        return found(self.queue.name, self.id, self.queue.backend.batch_progress(self.id))
+
+    def as_completed(self, timeout_s: float | None = None) -> Iterator[J]:
+        """Each member's job as it reaches a final state (completed, failed, cancelled),
+        once each, on whatever worker it ran; from the batch's start, so a second handle
+        (another process, after a restart) streams the same members. A member retried
+        meanwhile (``retry_failed``) is yielded when it ends again; the iteration ends when
+        every member is final, that is when the batch is done. ``TimeoutError`` when
+        ``timeout_s`` passes first, ``BatchNotFound`` if the batch is (or becomes) gone."""
+        reader = StreamReader(self.id, self.total, timeout_s)
+        self.progress()  # BatchNotFound at once, not after a read times out
+        backend, job = self.queue.backend, self.queue.job
+        while reader.left:
+            cursor, rows = backend.batch_finished(self.id, reader.cursor, reader.block_s())
+            if not rows:
+                self.progress()  # still there?
+            for job_id in reader.took(cursor, rows):
+                yield job(job_id)
+
+    def wait(self, timeout_s: float | None = None) -> BatchProgress:
+        """Block until every member is final; the batch's progress then."""
+        for _job in self.as_completed(timeout_s):
+            pass
+        return self.progress()
+
+    def results(self, timeout_s: float | None = None) -> list[Any]:
+        """Every member's result in input order, once all are final: a failed or cancelled
+        member's slot holds its ``JobFailed`` (a member gone: its ``JobNotFound``), never
+        raised, so one failure does not hide the other results."""
+        self.wait(timeout_s)
+        q = self.queue
+        out: list[Any] = []
+        for ids in result_chunks(self.id, self.total):
+            out += member_values(q.name, ids, q.backend.get_many(ids), q.allowed_codecs)
+        return out
+
+    def cancel(self) -> int:
+        """Cancel every member not yet final: waiting ones never start, running ones are
+        cancelled with the fenced hand-over (``Job.cancel``). Returns how many."""
+        acted = self.queue.backend.batch_each(self.id, "cancel")
+        return found(self.queue.name, self.id, acted)
+
+    def retry_failed(self) -> int:
+        """Run the failed and cancelled members again (``Job.retry``). Returns how many.
+        A batch that was done is not done until they end again; its ``then`` follow-up,
+        already sent, is not sent again."""
+        acted = self.queue.backend.batch_each(self.id, "retry")
+        return found(self.queue.name, self.id, acted)
+
+    def forget(self) -> None:
+        """Delete the batch and its members now (else they go ``batch_ttl_s`` after it is
+        done). ``ConfigError`` while a member may still run: cancel the batch first."""
+        if not self.queue.backend.forget_batch(self.id):
+            raise batch_not_found(self.queue.name, self.id)
+
+
+class AsyncBatch(_Handle[J]):
+    """``Batch`` for asyncio (``sandboxq.aio.Queue.batch``): the same names and answers,
+    awaitable; ``as_completed`` is an async iterator (``async for job in ...``)."""
+
+    queue: AsyncBatchQueue[J]
+
+    def __init__(self, queue: AsyncBatchQueue[J], batch_id: str, total: int) -> None:
+        super().__init__(queue, batch_id, total)
+
+    async def progress(self) -> BatchProgress:
+        """As ``Batch.progress``."""
+        return found(self.queue.name, self.id, await self.queue.backend.batch_progress(self.id))
+
+    async def as_completed(self, timeout_s: float | None = None) -> AsyncIterator[J]:
+        """As ``Batch.as_completed``; each read is an awaited blocking read, so the event
+        loop runs on while the batch does."""
+        reader = StreamReader(self.id, self.total, timeout_s)
+        await self.progress()
+        backend, job = self.queue.backend, self.queue.job
+        while reader.left:
+            cursor, rows = await backend.batch_finished(self.id, reader.cursor, reader.block_s())
+            if not rows:
+                await self.progress()
+            for job_id in reader.took(cursor, rows):
+                yield job(job_id)
+
+    async def wait(self, timeout_s: float | None = None) -> BatchProgress:
+        """As ``Batch.wait``."""
+        async for _job in self.as_completed(timeout_s):
+            pass
+        return await self.progress()
+
+    async def results(self, timeout_s: float | None = None) -> list[Any]:
+        """As ``Batch.results``."""
+        await self.wait(timeout_s)
+        q = self.queue
+        out: list[Any] = []
+        for ids in result_chunks(self.id, self.total):
+            out += member_values(q.name, ids, await q.backend.get_many(ids), q.allowed_codecs)
+        return out
+
+    async def cancel(self) -> int:
+        """As ``Batch.cancel``."""
+        acted = await self.queue.backend.batch_each(self.id, "cancel")
+        return found(self.queue.name, self.id, acted)
+
+    async def retry_failed(self) -> int:
+        """As ``Batch.retry_failed``."""
+        acted = await self.queue.backend.batch_each(self.id, "retry")
+        return found(self.queue.name, self.id, acted)
+
+    async def forget(self) -> None:
+        """As ``Batch.forget``."""
+        if not await self.queue.backend.forget_batch(self.id):
+            raise batch_not_found(self.queue.name, self.id)

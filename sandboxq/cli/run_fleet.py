@@ -1,0 +1,345 @@
+"""``sandboxq run PROCESSOR INPUT.jsonl --url URL --queue NAME``: the local run, over a fleet.
+
+    INPUT.jsonl ─► read_input (batch.py): good lines become members 0..n-1 of one batch
+        │          (its label: the input's name, the good and the malformed line numbers)
+        ▼
+    QUEUE on Redis ◄── every worker serving it, on any machine; and with --concurrency N,
+        │              a SandboxWorker of N children on a thread here, stopped once the
+        │              batch is done
+        ▼ the batch's stream of finished members (Batch.as_completed's StreamReader)
+    main thread ─► get_many (one round trip per read) ─► Output: the local mode's JSON lines
+                                                     └─► BatchView: progress bar, summary
+
+The output, progress bar, summary and exit statuses are the local mode's (batch.py), so a
+file gives the same lines either way (in the order the lines finish).
+
+Ctrl-C cancels the batch (``Batch.cancel``: members that have not run never will, running
+ones are cancelled with the fenced hand-over), writes what was cancelled as ``not_run``
+once the cancellations are final, and exits 130; a second Ctrl-C stops at once.
+
+``--resume BATCH_ID --output OUT`` re-attaches from any process: the line number of each
+member comes from the batch's label, and what is written already from OUT itself: every
+complete line of OUT is a line written (its ``line`` and ``outcome`` count in the summary),
+a last line cut short by a crash is dropped, and the rest is appended as it finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO, Any
+
+from sandboxq import text
+from sandboxq.backends.base import NewJob
+from sandboxq.batch import RESULTS_CHUNK, Batch, StreamReader, new_batch_id
+from sandboxq.cli.batch import FOLLOW_TICK_S, Item, Output, read_input
+from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
+from sandboxq.cli.options import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Exit,
+    import_from_cwd,
+    setting_flags,
+    shared_url,
+)
+from sandboxq.cli.worker import POOL_FLAGS, settings
+from sandboxq.client import Job, JobMaker, Queue
+from sandboxq.errors import BatchNotFound, ConfigError
+from sandboxq.models import JobOptions, JobState, member_id
+from sandboxq.redaction import redact_url
+from sandboxq.settings import build
+
+#: The flags that become each member's job options (the workers' own settings otherwise).
+JOB_FLAGS = ("soft_timeout_s", "hard_timeout_s", "retries", "max_memory_mb")
+#: The label's key naming the input file: what marks a batch as sent by ``sandboxq run``.
+LABEL_KEY = "sandboxq_run"
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.queue:
+        raise ConfigError("run --url (or --resume) needs --queue NAME: the queue to send to")
+    url = shared_url(args.url)
+    concurrency = args.concurrency or 0
+    if args.resume and args.input:
+        raise ConfigError("run --resume takes no INPUT.jsonl: the batch has its lines")
+    if args.resume and not args.output:
+        raise ConfigError("run --resume needs --output OUT.jsonl: the file the first run wrote")
+    if not args.resume and not (args.processor and args.input):
+        raise ConfigError("run takes PROCESSOR and INPUT.jsonl (or --resume BATCH_ID)")
+    if concurrency and not args.processor:
+        raise ConfigError("run --concurrency N needs PROCESSOR for the children it runs here")
+    options = {k: v for k, v in setting_flags(args, JOB_FLAGS).items() if v is not None}
+    maker = JobMaker("json", build(JobOptions, **options))
+    with Queue(args.queue, url) as queue:
+        if args.resume:
+            batch, lines, malformed = _reattach(queue, args.resume)
+            source = f"batch {batch.id}"
+        else:
+            batch, lines, malformed = _send(queue, maker, args)
+            source = args.input
+        return _follow(queue, batch, lines, malformed, source, concurrency, args)
+
+
+# -- sending and re-attaching -----------------------------------------------------------------
+
+
+def _send(
+    queue: Queue, maker: JobMaker, args: argparse.Namespace
+) -> tuple[Batch[Job], list[int], dict[int, str]]:
+    items = read_input(args.input)
+    good = [item for item in items if item.payload is not None]
+    bad = {item.line: item.error or "" for item in items if item.payload is None}
+    for line, error in bad.items():
+        print(f"sandboxq: {args.input} line {line}: {error}", file=sys.stderr)
+    if bad and args.strict:
+        raise Exit(f"{len(bad)} malformed line(s) in {args.input}; nothing was run", 2)
+    lines = [item.line for item in good]
+    if not good:
+        return Batch(queue, "", 0), lines, bad
+    batch_id = new_batch_id()
+    label = json.dumps(
+        {
+            LABEL_KEY: str(Path(args.input).name),
+            "lines": text.number_ranges(lines),
+            "malformed": text.number_ranges(bad),
+        }
+    )
+    jobs = [_member(maker, batch_id, n, item) for n, item in enumerate(good)]
+    queue.backend.enqueue_batch(batch_id, jobs, label=label)
+    where = redact_url(shared_url(args.url))
+    print(
+        f"sandboxq: batch {batch_id}: {len(good)} line(s) sent to queue {queue.name}; "
+        f"re-attach with: sandboxq run --resume {batch_id} --url {where} "
+        f"--queue {queue.name} --output OUT.jsonl",
+        file=sys.stderr,
+        flush=True,
+    )
+    return Batch(queue, batch_id, len(good)), lines, bad
+
+
+def _member(maker: JobMaker, batch_id: str, n: int, item: Item) -> NewJob:
+    opts = maker.options
+    return NewJob(
+        item.payload or b"",
+        "json",
+        maker.options_json,
+        member_id(batch_id, n),
+        opts.priority,
+        opts.delay_s,
+    )
+
+
+def _reattach(queue: Queue, batch_id: str) -> tuple[Batch[Job], list[int], dict[int, str]]:
+    try:
+        batch = queue.get_batch(batch_id)
+    except BatchNotFound as exc:
+        raise Exit(f"{exc}", EXIT_FAILED) from None
+    label = batch.progress().label
+    try:
+        data = json.loads(label or "")
+        lines = parse_ranges(data["lines"])
+        malformed = parse_ranges(data.get("malformed", ""))
+        assert isinstance(data[LABEL_KEY], str)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise ConfigError(
+            f"batch {batch_id!r} was not sent by sandboxq run: its label holds no line numbers"
+        ) from None
+    if len(lines) != batch.total:
+        raise ConfigError(
+            f"batch {batch_id!r}: its label names {len(lines)} lines for {batch.total} members"
+        )
+    why = f"malformed (reported by the run that sent batch {batch_id})"
+    return batch, lines, dict.fromkeys(malformed, why)
+
+
+def parse_ranges(spans: str) -> list[int]:
+    """``text.number_ranges`` read back: ``"1-3, 5"`` -> ``[1, 2, 3, 5]``."""
+    out: list[int] = []
+    for span in filter(None, (s.strip() for s in spans.split(","))):
+        first, _, last = span.partition("-")
+        out += range(int(first), int(last or first) + 1)
+    return out
+
+
+def written_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line, outcome) of every complete line of ``path``; a last line cut short by a crash
+    (no newline, or not JSON) is cut off the file, so appending starts on a line of its own."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    whole = raw[: raw.rfind(b"\n") + 1]
+    if len(whole) != len(raw):
+        with open(path, "r+b") as f:
+            f.truncate(len(whole))
+    for n, row in enumerate(whole.splitlines(), 1):
+        try:
+            record = json.loads(row)
+            yield int(record["line"]), str(record["outcome"])
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
+
+
+# -- following ------------------------------------------------------------------------------
+
+
+class _Stop:
+    """SIGINT / SIGTERM while following: counted here, acted on by the main thread."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.requests += 1
+
+
+def _follow(
+    queue: Queue,
+    batch: Batch[Job],
+    lines: list[int],
+    malformed: dict[int, str],
+    source: str,
+    concurrency: int,
+    args: argparse.Namespace,
+) -> int:
+    tally = Tally()
+    stop = _Stop()
+    with ExitStack() as stack:
+        file: IO[str] | None = None
+        done = list(written_lines(args.output)) if args.resume else []
+        if args.output:
+            file = stack.enter_context(_open(args.output, append=bool(args.resume)))
+        output = Output(file, tally)
+        for line, outcome in done:  # written by an earlier run: counted, not written again
+            output.written.add(line)
+            tally.add(outcome, line)
+        for line, error in malformed.items():
+            output.write(line, MALFORMED, attempts=0, error=error)
+        left = [line for line in lines if line not in output.written]
+        redirect = file is None and sys.stdout.isatty()
+        view = stack.enter_context(BatchView(len(left), tally, redirect_stdout=redirect))
+        if left and not concurrency and not queue.backend.workers():
+            view.console.print(
+                f"[yellow]no worker serves queue {text.clip(queue.name, 200)} yet: the lines "
+                "run once one does (--concurrency N runs N children here)[/]",
+                markup=True,
+            )
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        stack.callback(lambda: [signal.signal(s, h) for s, h in previous.items()])
+        worker = _local_worker(args, queue, concurrency) if concurrency and left else None
+        try:
+            if left:
+                _stream(queue, batch, lines, output, view, stop, worker)
+        finally:
+            if worker is not None:
+                worker.stop(now=stop.requests > 1)
+                worker.thread.join()
+        _not_run(queue, batch, lines, output)
+    view.summary(source, interrupted=stop.requests > 0)
+    if worker is not None and worker.failure:
+        raise worker.failure[0]
+    if stop.requests:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if tally.all_ok else EXIT_FAILED
+
+
+def _stream(
+    queue: Queue,
+    batch: Batch[Job],
+    lines: list[int],
+    output: Output,
+    view: BatchView,
+    stop: _Stop,
+    worker: _LocalWorker | None,
+) -> None:
+    """Write each member's line as it finishes, until every member is final."""
+    reader = StreamReader(batch.id, batch.total, None)
+    backend = queue.backend
+    cancelled = False
+    while reader.left:
+        if stop.requests and not cancelled:
+            cancelled = True
+            view.stopping(
+                now=False,
+                text="stopping: the batch's unfinished members are cancelled; "
+                "Ctrl-C again to stop now",
+            )
+            batch.cancel()
+        if stop.requests > 1:
+            view.stopping(now=True, text="stopping now: unfinished lines are written as not_run")
+            return
+        if worker is not None and worker.failure:
+            return
+        cursor, rows = backend.batch_finished(batch.id, reader.cursor, FOLLOW_TICK_S)
+        ids = reader.took(cursor, rows)
+        if not rows:
+            batch.progress()  # BatchNotFound if it was forgotten meanwhile
+        todo = [i for i in ids if lines[_index(i)] not in output.written]
+        for start in range(0, len(todo), RESULTS_CHUNK):
+            chunk = todo[start : start + RESULTS_CHUNK]
+            for job_id, (info, data) in zip(chunk, backend.get_many(chunk), strict=True):
+                line = lines[_index(job_id)]
+                if info is None or not info.state.finished:
+                    continue  # retried since: it comes again when it ends again
+                if cancelled and info.state is JobState.CANCELLED:
+                    output.stopped(line, info)
+                else:
+                    output.finished(line, info, data)
+                view.finished()
+
+
+def _not_run(queue: Queue, batch: Batch[Job], lines: list[int], output: Output) -> None:
+    """What the stream did not deliver (a second Ctrl-C): written as not run."""
+    todo = [member_id(batch.id, n) for n, line in enumerate(lines) if line not in output.written]
+    for start in range(0, len(todo), RESULTS_CHUNK):
+        chunk = todo[start : start + RESULTS_CHUNK]
+        for job_id, (info, _data) in zip(chunk, queue.backend.get_many(chunk), strict=True):
+            output.stopped(lines[_index(job_id)], info)
+
+
+def _index(job_id: str) -> int:
+    return int(job_id.rpartition(".")[2])
+
+
+def _open(path: str, *, append: bool) -> IO[str]:
+    try:
+        return open(path, "a" if append else "w", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+class _LocalWorker:
+    """A SandboxWorker for the batch's queue on a thread here (``--concurrency N``)."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.failure: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="sandboxq-run-worker", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as exc:  # re-raised on the main thread
+            self.failure.append(exc)
+
+    def stop(self, now: bool) -> None:
+        self.worker.stop(now=now)
+
+
+def _local_worker(args: argparse.Namespace, queue: Queue, concurrency: int) -> _LocalWorker:
+    from sandboxq.worker import SandboxWorker
+
+    flags = setting_flags(args, POOL_FLAGS)
+    chosen = settings(args, queue=queue.name, url=shared_url(args.url), **flags)
+    import_from_cwd()
+    return _LocalWorker(SandboxWorker(**chosen.model_dump()))

@@ -1,0 +1,236 @@
+"""The contract of batches (design invariant 14): counters exact after every move,
+the stream of finished members, the follow-up sent exactly once, members kept past
+retention and purge, cancel / retry / forget, and refusals that add nothing."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from sandboxq.backends.base import Backend, Claimed, NewJob
+from sandboxq.errors import ConfigError
+from sandboxq.models import BatchProgress, JobState, member_id
+from tests.support.contract.support import (
+    LEASE_S,
+    SLACK_S,
+    MakeBackend,
+    add,
+    claim_one,
+    finish,
+    info,
+    new_job,
+)
+
+
+def members(batch_id: str, n: int, **options: object) -> list[NewJob]:
+    jobs = [new_job(**options) for _ in range(n)]  # type: ignore[arg-type]
+    for i, job in enumerate(jobs):
+        job.job_id = member_id(batch_id, i)
+    return jobs
+
+
+def counts(progress: BatchProgress | None) -> dict[str, int]:
+    assert progress is not None
+    names = ("waiting", "active", "delayed", "completed", "failed", "cancelled")
+    return {name: getattr(progress, name) for name in names if getattr(progress, name)}
+
+
+def follow_ups(backend: Backend, batch_id: str) -> list[str]:
+    """The batch's follow-up jobs on its own queue, in any state."""
+    ids = [i for state in JobState for i in backend.list_jobs(state, 1000)]
+    return [i for i in ids if i == batch_id + ".then"]
+
+
+class BatchContract:
+    def test_counters_follow_every_move(self, backend: Backend) -> None:
+        jobs = members("b1", 5)
+        jobs[4].delay_s = 30.0
+        assert backend.enqueue_batch("b1", jobs) == 5
+        assert counts(backend.batch_progress("b1")) == {"waiting": 4, "delayed": 1}
+        first, second, third = (claim_one(backend) for _ in range(3))
+        assert counts(backend.batch_progress("b1")) == {"waiting": 1, "active": 3, "delayed": 1}
+        finish(backend, first)
+        finish(backend, second, "fail", error="boom")
+        finish(backend, third, "retry", retry_delay_s=30.0)
+        progress = backend.batch_progress("b1")
+        assert counts(progress) == {"waiting": 1, "delayed": 2, "completed": 1, "failed": 1}
+        assert progress is not None and not progress.done and progress.total == 5
+        backend.cancel(member_id("b1", 4))
+        fourth = claim_one(backend)
+        backend.release("w1", [(fourth.id, fourth.token)])
+        assert counts(backend.batch_progress("b1")) == {
+            "waiting": 1,
+            "delayed": 1,
+            "completed": 1,
+            "failed": 1,
+            "cancelled": 1,
+        }
+        assert backend.batch_progress("nope") is None
+
+    def test_stalled_recovery_moves_the_counters(self, backend: Backend) -> None:
+        backend.enqueue_batch("b1", members("b1", 1, max_stalls=0))
+        claim_one(backend, lease_s=LEASE_S)
+        time.sleep(LEASE_S + SLACK_S)
+        assert backend.recover_stalled() == [(member_id("b1", 0), "failed")]
+        progress = backend.batch_progress("b1")
+        assert counts(progress) == {"failed": 1} and progress is not None and progress.done
+
+    def test_batches_are_listed_newest_first_until_forgotten(self, backend: Backend) -> None:
+        for bid in ("b1", "b2", "b3"):
+            backend.enqueue_batch(bid, members(bid, 1))
+        assert [p.batch_id for p in backend.list_batches()] == ["b3", "b2", "b1"]
+        assert [p.batch_id for p in backend.list_batches(2)] == ["b3", "b2"]
+        assert backend.batch_each("b2", "cancel") == 1
+        assert backend.forget_batch("b2")
+        listed = backend.list_batches()
+        assert [(p.batch_id, p.total) for p in listed] == [("b3", 1), ("b1", 1)]
+
+    def test_a_label_is_kept_with_the_batch(self, backend: Backend) -> None:
+        label = '{"run": "in.jsonl", "lines": "1-3"} é <b>'
+        backend.enqueue_batch("b1", members("b1", 2), label=label)
+        backend.enqueue_batch("b2", members("b2", 1), label="")
+        backend.enqueue_batch("b3", members("b3", 1))
+        labels = [backend.batch_progress(b) for b in ("b1", "b2", "b3")]
+        assert [p.label if p else "gone" for p in labels] == [label, "", None]
+
+    def test_finished_members_stream_from_the_start_for_any_reader(self, backend: Backend) -> None:
+        backend.enqueue_batch("b1", members("b1", 3))
+        claimed = [claim_one(backend) for _ in range(3)]
+        finish(backend, claimed[2])
+        finish(backend, claimed[0], "fail", error="boom")
+        cursor, rows = backend.batch_finished("b1", "0")
+        assert rows == [(2, JobState.COMPLETED), (0, JobState.FAILED)]
+        assert backend.batch_finished("b1", cursor) == (cursor, [])
+        started = time.monotonic()
+        threading.Timer(0.2, lambda: finish(backend, claimed[1])).start()
+        _later, more = backend.batch_finished("b1", cursor, block_s=5.0)
+        assert more == [(1, JobState.COMPLETED)] and time.monotonic() - started < 4
+        # a second reader from the start sees the same sequence
+        assert backend.batch_finished("b1", "0")[1] == rows + more
+
+    def test_the_follow_up_is_sent_once_and_not_again_after_a_retry(self, backend: Backend) -> None:
+        then = backend.queue  # on its own queue: both backends reach it from the script
+        backend.enqueue_batch("b1", members("b1", 2), then=then)
+        one, two = claim_one(backend), claim_one(backend)
+        finish(backend, one)
+        assert follow_ups(backend, "b1") == []
+        finish(backend, two, "fail", error="boom")
+        progress = backend.batch_progress("b1")
+        assert progress is not None and progress.done and progress.then_sent
+        assert follow_ups(backend, "b1") == ["b1.then"]
+        detail = backend.job_detail("b1.then")
+        assert detail is not None and detail.payload is not None
+        args, kwargs = json.loads(detail.payload)
+        assert kwargs == {}
+        assert args == [
+            {
+                "batch_id": "b1",
+                "queue": backend.queue,
+                "total": 2,
+                "completed": 1,
+                "failed": 1,
+                "cancelled": 0,
+            }
+        ]
+        # the failed member runs again: the batch is not done; done again, nothing is sent
+        assert backend.batch_each("b1", "retry") == 1
+        progress = backend.batch_progress("b1")
+        assert progress is not None and not progress.done and progress.waiting == 1
+        again = next(c for c in backend.claim("w1", 5, LEASE_S) if c.id == member_id("b1", 1))
+        finish(backend, again)
+        progress = backend.batch_progress("b1")
+        assert progress is not None and progress.done and progress.completed == 2
+        assert len(follow_ups(backend, "b1")) == 1
+        assert backend.get("b1.then") is not None
+        # the stream tells a reader the member left its final state, then ended again
+        assert backend.batch_finished("b1", "0")[1] == [
+            (0, JobState.COMPLETED),
+            (1, JobState.FAILED),
+            (1, JobState.WAITING),
+            (1, JobState.COMPLETED),
+        ]
+
+    def test_the_last_two_finishing_at_once_send_one_follow_up(self, backend: Backend) -> None:
+        then = backend.queue
+        backend.enqueue_batch("b1", members("b1", 2), then=then)
+        claimed = [claim_one(backend, "w1"), claim_one(backend, "w2")]
+        barrier = threading.Barrier(2)
+        answers: list[bool] = []
+
+        def end(job: Claimed, worker: str) -> None:
+            barrier.wait()
+            answers.append(finish(backend, job, worker_id=worker).accepted)
+
+        threads = [
+            threading.Thread(target=end, args=(job, worker))
+            for job, worker in zip(claimed, ("w1", "w2"), strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(5)
+        assert answers == [True, True]
+        assert follow_ups(backend, "b1") == ["b1.then"]
+
+    def test_members_outlive_retention_and_purge_until_forgotten(
+        self, make_backend: MakeBackend
+    ) -> None:
+        backend = make_backend(retain_completed=1, retain_failed=1, retain_s=0)
+        backend.enqueue_batch("b1", members("b1", 4))
+        for _ in range(3):
+            finish(backend, claim_one(backend))
+        finish(backend, claim_one(backend), "fail", error="boom")
+        others = [add(backend) for _ in range(3)]  # plain jobs trimmed as ever
+        for _ in others:
+            finish(backend, claim_one(backend))
+        assert backend.purge(JobState.COMPLETED) >= 0
+        for i in range(4):
+            assert info(backend, member_id("b1", i)).state in (
+                JobState.COMPLETED,
+                JobState.FAILED,
+            )
+        assert sum(backend.get(job_id) is not None for job_id in others) <= 1
+        assert backend.forget_batch("b1") is True
+        assert backend.batch_progress("b1") is None
+        assert all(backend.get(member_id("b1", i)) is None for i in range(4))
+        assert backend.forget_batch("b1") is False
+
+    def test_a_done_batch_goes_batch_ttl_s_later(self, make_backend: MakeBackend) -> None:
+        backend = make_backend(batch_ttl_s=0)
+        backend.enqueue_batch("b1", members("b1", 2))
+        finish(backend, claim_one(backend))
+        finish(backend, claim_one(backend))
+        time.sleep(0.01)
+        add(backend)
+        finish(backend, claim_one(backend))  # entering a finished state sweeps
+        assert backend.batch_progress("b1") is None
+        assert backend.get(member_id("b1", 0)) is None
+
+    def test_forget_is_refused_while_a_member_may_run(self, backend: Backend) -> None:
+        backend.enqueue_batch("b1", members("b1", 2))
+        claim_one(backend)
+        with pytest.raises(ConfigError, match="cancel it first"):
+            backend.forget_batch("b1")
+        assert backend.batch_each("b1", "cancel") == 2
+        assert backend.forget_batch("b1") is True
+
+    def test_cancel_stops_waiting_members_and_revokes_running_ones(self, backend: Backend) -> None:
+        backend.enqueue_batch("b1", members("b1", 3))
+        running = claim_one(backend)
+        assert backend.batch_each("b1", "cancel") == 3
+        assert backend.claim("w1", 5, LEASE_S) == []
+        assert not finish(backend, running).accepted  # its lease was revoked
+        progress = backend.batch_progress("b1")
+        assert counts(progress) == {"cancelled": 3} and progress is not None and progress.done
+        assert backend.batch_each("b1", "cancel") == 0
+        assert backend.batch_each("nope", "cancel") is None
+
+    def test_refusals_add_nothing(self, backend: Backend) -> None:
+        add(backend, member_id("b2", 1))
+        with pytest.raises(ConfigError, match="taken"):
+            backend.enqueue_batch("b2", members("b2", 3))
+        assert backend.batch_progress("b2") is None
+        assert backend.get(member_id("b2", 0)) is None

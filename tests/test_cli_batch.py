@@ -1,0 +1,90 @@
+"""``sandboxq batch QUEUE ID`` against a real redis-server: progress, failures grouped by
+outcome, --json, --retry-failed, --cancel, and the errors of a batch that does not exist.
+
+In-process (``main([...])`` with capsys): only the output and the exit status matter."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sandboxq import Queue
+from sandboxq.cli import main
+from sandboxq.testing.workers import BackgroundWorkers
+
+H = "sandboxq.testing.handlers:"
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def sq(capsys: pytest.CaptureFixture[str]) -> Run:
+    def run(line: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(shlex.split(line))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
+def q(redis_url: str, queue_name: str) -> Iterator[Queue]:
+    with Queue(queue_name, redis_url) as queue:
+        yield queue
+
+
+@pytest.mark.timeout(60)
+def test_progress_and_failures_grouped_by_outcome_then_retry(
+    sq: Run, q: Queue, redis_url: str, workers: BackgroundWorkers
+) -> None:
+    at = f"{q.name} {{}} --url {redis_url}"
+    calls = [([0, i], {}) for i in range(4)]  # succeed_after(0, i) returns i
+    calls += [(["x"], {}) for _ in range(3)]  # TypeError: error
+    batch = q.options(hard_timeout_s=0.5).batch([*calls, ([5, "late"], {})])  # hard_timeout
+    code, out, _ = sq(f"batch {at.format(batch.id)} --json")
+    data = json.loads(out)
+    assert code == 0 and (data["total"], data["waiting"], data["done"]) == (8, 8, False)
+    assert data["failures"] == []
+    workers.start(q, H + "succeed_after", concurrency=2)
+    batch.wait(timeout_s=40)
+    code, out, _ = sq(f"batch {at.format(batch.id)} --json")
+    data = json.loads(out)
+    assert code == 0 and (data["completed"], data["failed"], data["done"]) == (4, 4, True)
+    groups = {g["outcome"]: g for g in data["failures"]}
+    assert set(groups) == {"error", "hard_timeout"}
+    assert groups["error"]["count"] == 3 and len(groups["error"]["job_ids"]) == 3
+    assert groups["hard_timeout"]["job_ids"] == [f"{batch.id}.7"]
+    assert data["failures"][0]["outcome"] == "error"  # most first
+    code, out, _ = sq(f"batch {at.format(batch.id)}")
+    assert code == 0 and f"batch {batch.id}" in out and "done" in out
+    assert "hard_timeout" in out and f"{batch.id}.7" in out and "error" in out
+    code, out, _ = sq(f"batch {at.format(batch.id)} --retry-failed")
+    assert code == 0 and f"retried 4 member(s) of batch {batch.id}" in out
+    assert batch.wait(timeout_s=40).failed == 4
+    code, out, err = sq(f"batch {at.format(batch.id)} --cancel")
+    assert code == 1 and "has no unfinished members" in err
+
+
+def test_cancel_and_the_errors_of_a_batch_that_does_not_exist(
+    sq: Run, q: Queue, redis_url: str
+) -> None:
+    batch = q.batch([([i], {}) for i in range(3)])
+    code, out, _ = sq(f"batch {q.name} {batch.id} --url {redis_url} --cancel --json")
+    assert code == 0 and json.loads(out) == {"cancelled": 3, "batch_id": batch.id}
+    code, out, err = sq(f"batch {q.name} {batch.id} --url {redis_url}")
+    assert code == 0 and "no failed" not in out and "cancelled" in out
+    code, out, err = sq(f"batch {q.name} {batch.id} --url {redis_url} --retry-failed")
+    assert code == 0 and "retried 3" in out
+    code, out, err = sq(f"batch {q.name} 0123456789abcdef --url {redis_url}")
+    assert (code, out) == (1, "") and "no batch '0123456789abcdef'" in err
+    assert len(err.strip().splitlines()) == 1
+    code, out, err = sq(f"batch {q.name} 0123456789abcdef --url {redis_url} --cancel")
+    assert code == 1 and "no batch" in err
+    code, out, err = sq(f"batch {q.name} 'a.b<x>' --url {redis_url}")
+    assert code == 2 and err.startswith("sandboxq: error: batch id") and "Traceback" not in err
+    code, out, err = sq(f"batch {q.name} {batch.id} --url {redis_url} --cancel --retry-failed")
+    assert code == 2 and "not allowed with" in err

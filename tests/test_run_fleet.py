@@ -1,0 +1,180 @@
+"""``sandboxq run ... --url URL --queue NAME``: the JSONL run as a batch over a fleet, driven
+as a real process against a real redis-server: the same lines as the local mode, Ctrl-C
+(SIGINT) cancelling what has not run, and --resume after the first run was SIGKILLed.
+
+Workers serving the queue run on threads of this process (BackgroundWorkers) or as the
+run's own children (--concurrency N); handlers wait on files (tests/support/gates.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandboxq import JobState, Queue
+from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers
+
+H = "sandboxq.testing.handlers:"
+GATES = "tests.support.gates:"
+CLI = [sys.executable, "-m", "sandboxq", "run"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sandboxq_run(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def start(*argv: str, stderr: Path) -> subprocess.Popen[bytes]:
+    with open(stderr, "wb") as err:
+        return subprocess.Popen([*CLI, *argv], stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+
+
+def lines_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(row) for row in path.read_text().splitlines()]
+
+
+def batch_id_in(stderr: Path) -> str:
+    for row in stderr.read_text().splitlines():
+        if row.startswith("sandboxq: batch "):
+            return row.split()[2].rstrip(":")
+    raise AssertionError(f"no batch id in: {stderr.read_text()}")
+
+
+@pytest.mark.timeout(120)
+def test_the_fleet_writes_what_the_local_mode_writes(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        '{"args": [0, 1]}\n\n{"args": ["x"]}\nnot json\n{"args": [0, "five"]}\n'
+        + "".join(f'{{"args": [0, {i}]}}\n' for i in range(6, 30))
+    )
+    local, fleet, here = (tmp_path / name for name in ("local", "fleet", "here"))
+    run_local = sandboxq_run(H + "succeed_after", str(source), "--output", str(local))
+    workers.start(queue_name, H + "succeed_after", url=redis_url, concurrency=1)
+    workers.start(queue_name, H + "succeed_after", url=redis_url, concurrency=1)
+    at = ["--url", redis_url, "--queue", queue_name]
+    run_fleet = sandboxq_run(
+        H + "succeed_after", str(source), *at, "--concurrency", "0", "--output", str(fleet)
+    )
+    assert (run_local.returncode, run_fleet.returncode) == (1, 1), run_fleet.stderr
+    by_line = sorted(lines_of(local), key=lambda r: r["line"])
+    assert sorted(lines_of(fleet), key=lambda r: r["line"]) == by_line
+    assert [r["line"] for r in by_line] == [1, 3, 4, 5, *range(6, 30)]
+    assert {r["outcome"] for r in by_line} == {"ok", "error", "malformed"}
+    for proc in (run_local, run_fleet):  # the same summary
+        assert "28 line(s) of" in proc.stderr and "malformed" in proc.stderr
+    # the workers took part: every member ran on one of them
+    bid = next(w for w in run_fleet.stderr.split() if len(w) == 17 and w.endswith(":"))[:-1]
+    with Queue(queue_name, redis_url) as q:
+        ran_on = {job.info().history[0].worker_id for job in q.get_batch(bid).jobs()}
+    assert len(ran_on) == 2
+    # --concurrency 2 alone, no worker serving the queue: the run's own children
+    workers.stop_all()
+    alone = sandboxq_run(
+        H + "succeed_after", str(source), *at[:2], "--queue", queue_name + "-b",
+        "--concurrency", "2", "--output", str(here),
+    )  # fmt: skip
+    assert alone.returncode == 1, alone.stderr
+    assert sorted(lines_of(here), key=lambda r: r["line"]) == by_line
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_cancels_what_has_not_run_and_exits_130(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    log, gate = tmp_path / "log", tmp_path / "gate"  # the gate is never opened
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"args": [str(log), str(gate)]}) + "\n" for _ in range(3)))
+    out, err = tmp_path / "out", tmp_path / "err"
+    proc = start(
+        GATES + "run_then_wait", str(source), "--url", redis_url, "--queue", queue_name,
+        "--concurrency", "1", "--output", str(out), stderr=err,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: log.exists() and "start" in log.read_text(), 60, "a line to start")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rows = lines_of(out)
+    assert sorted(r["line"] for r in rows) == [1, 2, 3]
+    assert {r["outcome"] for r in rows} == {"not_run"}, rows
+    assert "did not run: 1-3" in err.read_text()
+    with Queue(queue_name, redis_url) as q:
+        progress = q.get_batch(batch_id_in(err)).progress()
+        assert (progress.cancelled, progress.done) == (3, True)
+        assert q.counts()[JobState.ACTIVE] == 0
+    assert log.read_text().count("start") == 1  # the other two never started
+
+
+@pytest.mark.timeout(120)
+def test_resume_after_the_first_run_was_killed_writes_each_line_once(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path
+) -> None:
+    open_gate, later = tmp_path / "open", tmp_path / "later"
+    open_gate.touch()
+    gates = [open_gate, open_gate, later, later]
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        "\n".join(json.dumps({"args": [str(g), i]}) for i, g in enumerate(gates)) + "\nbad\n"
+    )
+    workers.start(queue_name, GATES + "report_then_wait", url=redis_url, concurrency=2)
+    out, err = tmp_path / "out", tmp_path / "err"
+    at = ["--url", redis_url, "--queue", queue_name]
+    first = start(GATES + "report_then_wait", str(source), *at, "--output", str(out), stderr=err)
+    try:
+        wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 3, 60, "3 lines")
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    before = lines_of(out)
+    assert sorted(r["line"] for r in before) == [1, 2, 5]  # the malformed one, two that ran
+    with open(out, "a") as f:
+        f.write('{"line": 3, "outc')  # a write the kill cut short
+    bid = batch_id_in(err)
+    later.touch()
+    resumed = sandboxq_run("--resume", bid, *at, "--output", str(out))
+    assert resumed.returncode == 1, resumed.stderr  # line 5 is malformed: as in one run
+    rows = lines_of(out)
+    assert sorted(r["line"] for r in rows) == [1, 2, 3, 4, 5]
+    assert rows[:3] == before
+    assert [r["result"] for r in sorted(rows, key=lambda r: r["line"]) if "result" in r] == [
+        0, 1, 2, 3,
+    ]  # fmt: skip
+    assert "5 line(s) of batch" in resumed.stderr
+    again = sandboxq_run("--resume", bid, *at, "--output", str(out))  # nothing left to write
+    assert again.returncode == 1 and lines_of(out) == rows
+
+
+def test_clear_errors(redis_url: str, queue_name: str, tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n')
+    at = ["--url", redis_url, "--queue", queue_name]
+    cases = [
+        (["--resume", "0123456789abcdef", *at, "--output", str(tmp_path / "o")], 1,
+         "batch '0123456789abcdef' of queue"),
+        (["--resume", "0123456789abcdef", *at], 2, "needs --output"),
+        ([H + "echo", str(source), "--url", redis_url], 2, "needs --queue NAME"),
+        (["--resume", "x", *at, "--output", "o", "--concurrency", "1"], 2, "needs PROCESSOR"),
+    ]  # fmt: skip
+    for argv, code, needle in cases:
+        proc = sandboxq_run(*argv)
+        assert proc.returncode == code, (argv, proc.stderr)
+        assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    with Queue(queue_name, redis_url) as q:
+        plain = q.batch([([1], {})])
+    proc = sandboxq_run("--resume", plain.id, *at, "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "was not sent by sandboxq run" in proc.stderr
