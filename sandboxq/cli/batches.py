@@ -18,7 +18,8 @@ import argparse
 from typing import Any
 
 from sandboxq import text
-from sandboxq.batch import Batch, failures
+from sandboxq.batch import Batch
+from sandboxq.batch_failures import failures
 from sandboxq.cli import render
 from sandboxq.cli.options import EXIT_FAILED, EXIT_OK, Exit, add_json, add_url, open_queue
 from sandboxq.client import Job, Queue

@@ -14,7 +14,7 @@ page only through ``esc`` (and links through ``href``).
 from __future__ import annotations
 
 from sandboxq.backends.base import Backend
-from sandboxq.batch import failures
+from sandboxq.batch_failures import failures
 from sandboxq.models import BatchProgress
 from sandboxq.web.html import Safe, ago, clip, esc, fields, href, link, table, when
 from sandboxq.web.views import Ctx

@@ -1,0 +1,80 @@
+"""A batch's failed and cancelled members grouped by outcome: what ``sandboxq batch`` and
+the dashboard's batch page show.
+
+    the batch's stream of finished members, from its start (a member's last entry says
+    where it is) ──► the records of those that ended failed or cancelled, a chunk a
+    round trip ──► groups by outcome, the most first, with a few job ids each
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sandboxq.backends.base import Backend
+from sandboxq.batch import RESULTS_CHUNK
+from sandboxq.models import JobState, member_id
+
+__all__ = ["FailureGroup", "Failures", "failures"]
+
+#: Job ids shown per outcome.
+EXAMPLES = 5
+
+
+@dataclass(slots=True)
+class FailureGroup:
+    """The members of a batch that ended with one ``outcome`` (failed or cancelled): how
+    many, and the first few ids."""
+
+    outcome: str
+    count: int = 0
+    job_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """``groups`` by count, most first; ``examined``: failed or cancelled members looked at,
+    ``read``: finished-stream entries read (``complete``: all of them)."""
+
+    groups: list[FailureGroup]
+    examined: int
+    read: int
+    complete: bool
+
+
+def failures(
+    backend: Backend, batch_id: str, *, stream_limit: int | None = None, examples: int = EXAMPLES
+) -> Failures:
+    """A batch's failed and cancelled members grouped by their outcome: its stream of
+    finished members read from the start (a member's last entry says where it is; up to
+    ``stream_limit`` entries: bounded work for a page), then the records of those that
+    ended failed or cancelled, ``RESULTS_CHUNK`` a round trip."""
+    ended: dict[int, None] = {}  # failed or cancelled at their last entry, in stream order
+    cursor, read = "0", 0
+    complete = True
+    while True:
+        cursor, rows = backend.batch_finished(batch_id, cursor)
+        if not rows:
+            break
+        read += len(rows)
+        for index, state in rows:
+            if state in (JobState.FAILED, JobState.CANCELLED):
+                ended[index] = None
+            else:
+                ended.pop(index, None)
+        if stream_limit is not None and read >= stream_limit:
+            complete = False
+            break
+    groups: dict[str, FailureGroup] = {}
+    ids = [member_id(batch_id, index) for index in ended]
+    for start in range(0, len(ids), RESULTS_CHUNK):
+        chunk = ids[start : start + RESULTS_CHUNK]
+        for job_id, (info, _data) in zip(chunk, backend.get_many(chunk), strict=True):
+            if info is None or info.state not in (JobState.FAILED, JobState.CANCELLED):
+                continue  # retried (or forgotten) since its entry was read
+            outcome = info.outcome.value if info.outcome else info.state.value
+            group = groups.setdefault(outcome, FailureGroup(outcome))
+            group.count += 1
+            if len(group.job_ids) < examples:
+                group.job_ids.append(job_id)
+    ordered = sorted(groups.values(), key=lambda g: (-g.count, g.outcome))
+    return Failures(ordered, len(ids), read, complete)
