@@ -123,7 +123,7 @@ class Scene:
     url: str
     workers: BackgroundWorkers
     logs: Path
-    shells: list[subprocess.Popen[bytes]]
+    shells: list[tuple[subprocess.Popen[bytes], int]]  # and the worker each one started
 
     def spawn(self, name: str, *, terminal: bool = False) -> int:
         """A `sandboxq worker` with one child running ``HOLD``, leading a process group of
@@ -142,9 +142,10 @@ class Scene:
                 stderr=stderr,
                 start_new_session=True,
             )
-        self.shells.append(shell)
         assert shell.stdout is not None
-        return int(shell.stdout.readline())
+        worker = int(shell.stdout.readline())
+        self.shells.append((shell, worker))
+        return worker
 
 
 @pytest.fixture
@@ -155,12 +156,18 @@ def scene(
     scene = Scene(q, redis_url, workers, tmp_path, [])
     yield scene
     q.close()
-    for shell in scene.shells:
-        os.killpg(shell.pid, signal.SIGKILL)  # the shell's session: the worker's group too
-        os.killpg(shell.pid, signal.SIGCONT)
+    for shell, worker in scene.shells:
+        # Two groups: the worker leads its own (job control), which a kill of the shell's
+        # group would miss; then, re-parented to init, no leak check would see it.
+        for group in (worker, shell.pid):
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         shell.wait(10)
         assert shell.stdout is not None
         shell.stdout.close()
+        wait_for(lambda w=worker: state(w) == "gone", 10, f"the worker {worker} to be gone")
 
 
 def hold(signum: int, worker: int, group: bool) -> None:
