@@ -341,3 +341,29 @@ def test_the_guard_reads_the_table_the_supervisor_writes() -> None:
     table.remove(fence)
     assert reader.entries() == []
     table.close()
+
+
+@pytest.mark.timeout(40)
+def test_a_stopped_guard_is_continued_by_its_pool() -> None:
+    """A guard that is SIGSTOPped is alive: its pidfd never fires. Its beat stops moving,
+    and the supervisor, woken by the lease renewals of a running attempt, continues it."""
+    from sandboxq import Pool
+    from sandboxq.models import Outcome
+    from sandboxq.pool.attempt import Task
+    from sandboxq.pool.guard import STALL_S
+
+    with Pool("sandboxq.testing.handlers:sleep_forever", size=1) as pool:
+        guard = pool._supervisor._guard
+        wait_for(guard.ready, 10, "the guard to read its table")
+        task = pool.execute(Task(b"[[], {}]", "json"), lambda _: None)
+        pid = guard.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        while state(pid) == "stopped":
+            assert time.monotonic() - stopped_at < STALL_S + 10, "the guard stayed stopped"
+            pool.extend_fence(task, time.monotonic() + 60)  # a heartbeat's renewal
+            time.sleep(0.1)
+        print(f"\nthe stopped guard ran again {time.monotonic() - stopped_at:.2f} s later")
+        assert guard.pid == pid, "it was continued, not replaced"
+        pool.kill(task, Outcome.CANCELLED, "the test is over")

@@ -29,9 +29,12 @@ import ctypes
 import logging
 import mmap
 import os
+import signal
 import subprocess
 
 import psutil
+
+from sandboxq.pool.kill import state
 
 log = logging.getLogger("sandboxq.pool")
 
@@ -60,9 +63,12 @@ class Slot(ctypes.Structure):
     )
 
 
-#: The table starts with a header: the guard's pid, written by the guard once it reads the
-#: table, and how many slots have ever been used (the guard reads no further).
-HEADER = 2 * ctypes.sizeof(ctypes.c_int64)
+#: The table starts with a header (``Header``), then the slots.
+HEADER = 3 * ctypes.sizeof(ctypes.c_int64)
+#: A guard whose beat has not moved for this long is stopped or hung (it beats every
+#: ``guard_process.WATCH_S``, or after a sweep, which waits up to a second for what it
+#: killed): continued, and if that does not help, replaced.
+STALL_S = 5.0
 
 
 #: A slot as the guard reads it in bulk (``struct``): the same bytes as ``Slot``.
@@ -74,12 +80,13 @@ def table_size(capacity: int) -> int:
 
 
 class Header(ctypes.Structure):
-    _fields_ = (("ready_pid", ctypes.c_int64), ("used", ctypes.c_int64))
+    _fields_ = (("ready_pid", ctypes.c_int64), ("used", ctypes.c_int64), ("beat", ctypes.c_int64))
 
 
 def header_of(buffer: mmap.mmap) -> Header:
     """``ready_pid``: the guard that is reading the table (0: none yet); ``used``: slots
-    below this index may be in use (the lowest free slot is always taken first)."""
+    below this index may be in use (the lowest free slot is always taken first); ``beat``:
+    the guard's count of its looks at the table."""
     return Header.from_buffer(buffer)
 
 
@@ -136,6 +143,7 @@ class Guard:
         self._alive_w: int | None = None
         #: Guards started after the first (the worker's metrics and logs).
         self.restarts = 0
+        self._beat = (-1, 0.0)  # the beat last seen, and when it last moved
 
     # -- the table -------------------------------------------------------------------------
 
@@ -179,6 +187,24 @@ class Guard:
     def ready(self) -> bool:
         """Whether the guard process is up and reading the table."""
         return self._process is not None and self._header.ready_pid == self._process.pid
+
+    def check(self, now: float) -> None:
+        """A guard that is alive but no longer looks at the table (someone stopped it, or
+        it hangs) is not noticed by its pidfd: its beat says so. Continue it; kill it if
+        it is not stopped (its death then restarts it)."""
+        beat, moved = self._beat
+        if not self.ready() or self._header.beat != beat:
+            self._beat = (self._header.beat, now)
+            return
+        if now - moved < STALL_S or self._process is None:
+            return
+        self._beat = (beat, now)  # one act per stall
+        if state(self._process.pid) in (b"T", b"t"):
+            log.warning("the pool's fence guard (pid %d) was stopped; continuing it", self.pid)
+            os.kill(self._process.pid, signal.SIGCONT)
+        else:
+            log.error("the pool's fence guard (pid %d) hangs; replacing it", self.pid)
+            self._process.kill()
 
     def start(self) -> int | None:
         """Start the guard process; returns its pidfd (None: it could not be started, and

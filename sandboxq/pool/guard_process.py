@@ -115,6 +115,7 @@ def main(argv: list[str]) -> int:
     guard.header.ready_pid = os.getpid()
     watched = [worker_fd, alive_fd]
     while True:
+        guard.header.beat += 1  # the supervisor sees a stopped or hung guard by it
         wait_s = guard.next_wait_s(guard.entries(), time.monotonic())
         if select.select(watched, [], [], wait_s)[0]:
             guard.end_everything()

@@ -214,6 +214,9 @@ class Supervisor:
         queue, live, pending, collect = self._mail.take(), self._live, self._pending, self._collect
         while queue:
             commands.run(queue.popleft(), live, pending, self._children, collect)
+        # Commands come with every lease renewal while jobs run: the guard's beat is
+        # looked at that often, and costs a read of shared memory.
+        self._guard.check(time.monotonic())
 
     def _spawn(self) -> None:
         try:
