@@ -26,25 +26,12 @@ end
 
 local count = tonumber(ARGV[10])
 local blob = ARGV[11]
--- A job as enqueue.lua frames it, read from `pos`: its fields and where the next starts.
-local function unframe(pos)
-  local id_len, payload_len, codec_len, opts_len, priority, delay, max_stalls, at =
-    struct.unpack('>I2I4I2I4i2i8I2', blob, pos)
-  local id = string.sub(blob, at, at + id_len - 1)
-  at = at + id_len
-  local payload = string.sub(blob, at, at + payload_len - 1)
-  at = at + payload_len
-  local codec = string.sub(blob, at, at + codec_len - 1)
-  at = at + codec_len
-  local opts = string.sub(blob, at, at + opts_len - 1)
-  return at + opts_len, id, payload, codec, opts, priority, delay, max_stalls
-end
 -- Every id is checked before anything is written (the frames are read twice rather than
 -- kept: a table per member cost more than reading its frame again).
 local pos = 1
 for _ = 1, count do
   local id
-  pos, id = unframe(pos)
+  pos, id = unframe(blob, pos)
   if redis.call('EXISTS', PREFIX .. id) == 1 then
     return redis.error_reply('BATCH job id ' .. id .. ' of batch ' .. bid .. ' is taken')
   end
@@ -62,7 +49,7 @@ local waiting, delayed = 0, 0
 pos = 1
 for _ = 1, count do
   local id, payload, codec, opts, priority, delay, max_stalls
-  pos, id, payload, codec, opts, priority, delay, max_stalls = unframe(pos)
+  pos, id, payload, codec, opts, priority, delay, max_stalls = unframe(blob, pos)
   seq = seq + 1
   local state = 'waiting'
   if delay > 0 then state = 'delayed' end

@@ -40,6 +40,21 @@ local function int(x)
   return string.format('%d', x)
 end
 
+-- A job as redis/enqueue.py frames it (ENQUEUE_HEADER), read from `pos` of `blob`: where
+-- the next one starts, then its fields (enqueue.lua, batch_enqueue.lua).
+local function unframe(blob, pos)
+  local id_len, payload_len, codec_len, opts_len, priority, delay, max_stalls, at =
+    struct.unpack('>I2I4I2I4i2i8I2', blob, pos)
+  local id = string.sub(blob, at, at + id_len - 1)
+  at = at + id_len
+  local payload = string.sub(blob, at, at + payload_len - 1)
+  at = at + payload_len
+  local codec = string.sub(blob, at, at + codec_len - 1)
+  at = at + codec_len
+  local opts = string.sub(blob, at, at + opts_len - 1)
+  return at + opts_len, id, payload, codec, opts, priority, delay, max_stalls
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -22,16 +22,8 @@ local created = {}
 local added = 0
 local pos = 1
 for j = 1, count do
-  local id_len, payload_len, codec_len, opts_len, priority, delay, max_stalls, at =
-    struct.unpack('>I2I4I2I4i2i8I2', blob, pos)
-  local id = string.sub(blob, at, at + id_len - 1)
-  at = at + id_len
-  local payload = string.sub(blob, at, at + payload_len - 1)
-  at = at + payload_len
-  local codec = string.sub(blob, at, at + codec_len - 1)
-  at = at + codec_len
-  local opts = string.sub(blob, at, at + opts_len - 1)
-  pos = at + opts_len
+  local id, payload, codec, opts, priority, delay, max_stalls
+  pos, id, payload, codec, opts, priority, delay, max_stalls = unframe(blob, pos)
   local key = PREFIX .. id
   seq = seq + 1
   if redis.call('EXISTS', key) == 1 then
