@@ -449,10 +449,12 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
   return out
 end
 
--- The caller's lease is the job's current lease (design invariant 1).
-local function owns(key, worker, token)
-  local f = hmget(key, 'owner', 'token', 'state')
-  return f ~= nil and f[1] == worker and f[2] == token and f[3] == 'active'
+-- The caller's lease is the job's current lease (design invariant 1). Returns the job's
+-- fields (owner, token, state, then the `...` named: read in the same call), or nil.
+local function owns(key, worker, token, ...)
+  local f = hmget(key, 'owner', 'token', 'state', ...)
+  if f ~= nil and f[1] == worker and f[2] == token and f[3] == 'active' then return f end
+  return nil
 end
 
 -- The (job id, token) pairs of ARGV from index `first` on, for `for id, token in ...`.

@@ -30,7 +30,9 @@ local function finish_one(base)
   local has_result, result, delay = ARGV[base + 6], ARGV[base + 7], tonumber(ARGV[base + 8])
   local infra = ARGV[base + 9]
   local key = PREFIX .. id
-  if not owns(key, worker, token) then return 0 end
+  local f = owns(key, worker, token, 'batch') -- its batch read in the same call: one per job
+  if not f then return 0 end
+  local to -- the state it goes to
   -- the worker read the count with its claim and decided requeue or poison itself
   if infra ~= '' then redis.call('HINCRBY', key, 'infra_deaths', 1) end
   redis.call('ZREM', ACTIVE, id)
@@ -49,6 +51,7 @@ local function finish_one(base)
   end
 
   if action == 'complete' then
+    to = 'completed'
     if has_result == '1' then
       set('state', 'completed', 'finished_ms', int(now), 'result', result)
     else
@@ -58,11 +61,13 @@ local function finish_one(base)
     emit('completed', id, 'outcome', outcome)
     trim_finished(COMPLETED, RETAIN_COMPLETED, now)
   elseif action == 'fail' then
+    to = 'failed'
     set('state', 'failed', 'finished_ms', int(now))
     redis.call('ZADD', FAILED, int(now), id)
     emit('failed', id, 'outcome', outcome, 'error', err)
     trim_finished(FAILED, RETAIN_FAILED, now)
   elseif action == 'retry' then
+    to = delay > 0 and 'delayed' or 'waiting'
     if delay > 0 then
       set('state', 'delayed', 'ready_ms', int(now + delay))
       redis.call('ZADD', DELAYED, int(now + delay), id)
@@ -75,13 +80,14 @@ local function finish_one(base)
     wake(1)
   else
     -- requeue: the attempt is not charged, and the job keeps its place in line
+    to = 'waiting'
     set(back_in_line(key, id))
     emit('requeued', id, 'outcome', outcome)
     wake(1)
   end
   -- batches (common.lua): counters, done, the follow-up; 3: accepted, but the batch this
   -- made done could not send its follow-up (the batch's then_error says why)
-  if batch_after(id, 'active', now) then return 3 end
+  if f[4] and batch_move(f[4], id, 'active', to, now) then return 3 end
   return 1
 end
 
