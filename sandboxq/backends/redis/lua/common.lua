@@ -269,7 +269,12 @@ end
 -- Retention (trim_finished) takes a member out of its finished set's index, never its
 -- record: the batch keeps it until the batch goes (sweep_batch).
 local function drop_unless_member(id)
-  if redis.pcall('HEXISTS', PREFIX .. id, 'batch') ~= 1 then drop_job(id) end
+  -- Only an id shaped like a member's (models.member_id: "<batch id>.<index>") is looked
+  -- up: trimming runs on every finish past the limit, and most jobs are not members.
+  if string.match(id, '^[%w_%-]+%.%d+$') and redis.pcall('HEXISTS', PREFIX .. id, 'batch') == 1 then
+    return
+  end
+  drop_job(id)
 end
 
 -- Delete up to `budget` members of batch `bid` (from where the last call stopped), then
