@@ -283,10 +283,12 @@ class Batch(_Handle[J]):
             out += member_values(q.name, ids, q.backend.get_many(ids), q.allowed_codecs)
         return out
 
-    def cancel(self) -> int:
+    def cancel(self, *, running: bool = True) -> int:
         """Cancel every member not yet final: waiting ones never start, running ones are
-        cancelled with the fenced hand-over (``Job.cancel``). Returns how many."""
-        acted = self.queue.backend.batch_each(self.id, "cancel")
+        cancelled with the fenced hand-over (``Job.cancel``); with ``running=False`` the
+        running ones go on to their end. Returns how many were cancelled."""
+        action: BatchAction = "cancel" if running else "cancel_unstarted"
+        acted = self.queue.backend.batch_each(self.id, action)
         return found(self.queue.name, self.id, acted)
 
     def retry_failed(self) -> int:
@@ -344,9 +346,10 @@ class AsyncBatch(_Handle[J]):
             out += member_values(q.name, ids, await q.backend.get_many(ids), q.allowed_codecs)
         return out
 
-    async def cancel(self) -> int:
+    async def cancel(self, *, running: bool = True) -> int:
         """As ``Batch.cancel``."""
-        acted = await self.queue.backend.batch_each(self.id, "cancel")
+        action: BatchAction = "cancel" if running else "cancel_unstarted"
+        acted = await self.queue.backend.batch_each(self.id, action)
         return found(self.queue.name, self.id, acted)
 
     async def retry_failed(self) -> int:

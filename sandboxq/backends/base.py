@@ -38,7 +38,7 @@ from sandboxq.models import (
 )
 
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
-BatchAction = Literal["cancel", "retry"]
+BatchAction = Literal["cancel", "cancel_unstarted", "retry"]
 
 
 # NewJob, Claimed and Ack are made once per job on the hot path: plain slotted dataclasses,
@@ -381,9 +381,11 @@ class Backend(Protocol):
 
     def batch_each(self, batch_id: str, action: BatchAction) -> int | None:
         """``cancel`` (waiting and delayed members never start; running ones are cancelled
-        with the fenced hand-over of ``cancel``) or ``retry`` (failed and cancelled members,
-        as ``retry_failed``) every member; returns how many it acted on, None if there is no
-        such batch. Bounded work per backend call (``rules.BATCH_CHUNK`` members)."""
+        with the fenced hand-over of ``cancel``), ``cancel_unstarted`` (the same for the
+        waiting and delayed members only: the running ones go on) or ``retry`` (failed and
+        cancelled members, as ``retry_failed``) every member; returns how many it acted
+        on, None if there is no such batch. Bounded work per backend call
+        (``rules.BATCH_CHUNK`` members)."""
         ...
 
     def list_batches(self, limit: int = 50) -> list[BatchProgress]:

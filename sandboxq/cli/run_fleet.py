@@ -13,9 +13,10 @@
 The output, progress bar, summary and exit statuses are the local mode's (batch.py), so a
 file gives the same lines either way (in the order the lines finish).
 
-Ctrl-C cancels the batch (``Batch.cancel``: members that have not run never will, running
-ones are cancelled with the fenced hand-over), writes what was cancelled as ``not_run``
-once the cancellations are final, and exits 130; a second Ctrl-C stops at once.
+Ctrl-C, as in the local mode, cancels what has not started (``Batch.cancel(running=False)``:
+those members never run) and lets the running ones finish, writes what was cancelled as
+``not_run`` once the cancellations are final, and exits 130; a second Ctrl-C cancels the
+running ones too (the fenced hand-over) and stops at once.
 
 ``--resume BATCH_ID --output OUT`` re-attaches from any process: the line number of each
 member comes from the batch's label, and what is written already from OUT itself: every
@@ -27,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -55,6 +58,11 @@ from sandboxq.errors import BatchNotFound, ConfigError
 from sandboxq.models import JobOptions, JobState, member_id
 from sandboxq.redaction import redact_url
 from sandboxq.settings import build
+
+#: After a Ctrl-C, how often the lines not started are cancelled again while the local
+#: worker stops: what it had claimed ahead and hands back is waiting again, and only then
+#: can it be cancelled. A pass reads every member, so not at every tick.
+RECANCEL_S = 1.0
 
 #: The flags that become each member's job options (the workers' own settings otherwise).
 JOB_FLAGS = ("soft_timeout_s", "hard_timeout_s", "retries", "max_memory_mb")
@@ -265,17 +273,27 @@ def _stream(
     reader = StreamReader(batch.id, batch.total, None)
     backend = queue.backend
     cancelled = False
+    recancel_at = math.inf
     while reader.left:
         if stop.requests and not cancelled:
             cancelled = True
             view.stopping(
                 now=False,
-                text="stopping: the batch's unfinished members are cancelled; "
+                text="stopping: lines not started are cancelled, running ones finish; "
                 "Ctrl-C again to stop now",
             )
-            batch.cancel()
+            if worker is not None:
+                worker.stop(now=False)  # it hands back what it claimed and did not start
+                recancel_at = time.monotonic() + RECANCEL_S
+            batch.cancel(running=False)  # as the local mode: what runs goes on to its end
+        if time.monotonic() >= recancel_at:
+            # What the stopping local worker handed back is waiting again: cancelled too.
+            batch.cancel(running=False)
+            draining = worker is not None and worker.thread.is_alive()
+            recancel_at = time.monotonic() + RECANCEL_S if draining else math.inf
         if stop.requests > 1:
             view.stopping(now=True, text="stopping now: unfinished lines are written as not_run")
+            batch.cancel()  # the running ones too: nothing of the run goes on without it
             return
         if worker is not None and worker.failure:
             return

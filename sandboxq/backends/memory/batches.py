@@ -215,10 +215,20 @@ class Batches:
             ids = [f"{batch_id}.{i}" for i in range(last)]
             # only members: an id an enqueue stopped before may be another job's
             ids = [i for i in ids if (job := self._store.jobs.get(i)) and job.batch == batch_id]
-        act = self.cancel if action == "cancel" else self.retry_failed
-        acted = sum(1 for job_id in ids if act(job_id))
+        if action == "retry":
+            acted = sum(1 for job_id in ids if self.retry_failed(job_id))
+        else:
+            acted = sum(1 for job_id in ids if self._cancel_member(job_id, action))
         self.send_follow_ups()
         return acted
+
+    def _cancel_member(self, job_id: str, action: BatchAction) -> bool:
+        if action == "cancel_unstarted":
+            with self._store.cond:
+                job = self._store.jobs.get(job_id)
+                if job is None or job.state is JobState.ACTIVE:
+                    return False  # running: it goes on
+        return self.cancel(job_id)
 
     def list_batches(self, limit: int = 50) -> list[BatchProgress]:
         store = self._store

@@ -228,6 +228,16 @@ class BatchContract:
         assert backend.batch_each("b1", "cancel") == 0
         assert backend.batch_each("nope", "cancel") is None
 
+    def test_cancel_unstarted_leaves_running_members_to_their_end(self, backend: Backend) -> None:
+        backend.enqueue_batch("b3", members("b3", 3))
+        running = claim_one(backend)
+        assert backend.batch_each("b3", "cancel_unstarted") == 2
+        assert backend.claim("w1", 5, LEASE_S) == []
+        assert finish(backend, running).accepted  # its lease still holds
+        progress = backend.batch_progress("b3")
+        assert counts(progress) == {"cancelled": 2, "completed": 1}
+        assert progress is not None and progress.done
+
     def test_refusals_add_nothing(self, backend: Backend) -> None:
         add(backend, member_id("b2", 1))
         with pytest.raises(ConfigError, match="taken"):

@@ -1,6 +1,7 @@
 -- batch_each.lua: cancel, or retry, the members of a batch from one index on.
 -- KEYS: the standard list (common.lua).
--- ARGV: 1-4 standard; 5 batch id, 6 'cancel' or 'retry', 7 first index, 8 how many
+-- ARGV: 1-4 standard; 5 batch id, 6 'cancel', 'cancel_unstarted' (running members go on)
+--       or 'retry', 7 first index, 8 how many
 --       members (rules.BATCH_CHUNK), 9 the cancel channel (PUBLISH target).
 -- Returns: {members acted on, the batch's member count} (-1 as the count: no such batch).
 -- Upholds: what cancel.lua and retry_failed.lua uphold, member by member (a running
@@ -17,10 +18,10 @@ for i = first, math.min(last, first + n) - 1 do
   local id = bid .. '.' .. i
   if redis.pcall('HGET', PREFIX .. id, 'batch') ~= bid then
     -- not a member (an enqueue stopped before it, and the id is another job's)
-  elseif action == 'cancel' then
-    acted = acted + cancel_job(id, ARGV[9])
-  else
+  elseif action == 'retry' then
     acted = acted + retry_job(id)
+  elseif action == 'cancel' or redis.call('HGET', PREFIX .. id, 'state') ~= 'active' then
+    acted = acted + cancel_job(id, ARGV[9])
   end
 end
 return {acted, last}
