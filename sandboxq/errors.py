@@ -108,13 +108,17 @@ class AttemptFailed(SandboxqError):
 
 
 class JobFailed(SandboxqError):
-    """A job whose final state is ``failed`` or ``cancelled``."""
+    """A job whose final state is ``failed`` or ``cancelled``. ``traceback`` and ``output``
+    are its last attempt's (``AttemptRecord``): where the handler raised, or the stack it
+    was in when it was stopped or crashed, and the end of what it wrote."""
 
-    _fields = ("job_id", "outcome", "attempts", "error")
+    _fields = ("job_id", "outcome", "attempts", "error", "traceback", "output")
     job_id: str
     outcome: str | None
     attempts: int
     error: str | None
+    traceback: str | None
+    output: str | None
 
 
 class JobNotFound(SandboxqError):

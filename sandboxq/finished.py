@@ -34,12 +34,15 @@ def finished_value(job_id: str, info: JobInfo, data: bytes | None, allowed: Coll
     in ``allowed``), or ``JobFailed``."""
     if info.state is JobState.COMPLETED:
         return decode_result(info, data, allowed)
+    last = info.history[-1] if info.history else None
     raise JobFailed(
         f"job {job_id!r} {info.state}: {info.error or info.outcome or 'no cause recorded'}",
         job_id=job_id,
         outcome=str(info.outcome) if info.outcome else None,
         attempts=info.attempts,
         error=info.error,
+        traceback=last.traceback if last else None,
+        output=last.output if last else None,
     )
 
 

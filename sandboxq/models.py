@@ -218,7 +218,15 @@ def parse_job_options(options_json: str) -> JobOptions:
 
 
 class AttemptRecord(_Frozen):
-    """One execution of a job: the answer to "why did my job die"."""
+    """One execution of a job: the answer to "why did my job die", and where.
+
+    ``attempt`` is the attempt's number in the job's history: it counts every attempt
+    started, across requeues and manual retries (the retry budget counts separately).
+    ``traceback``: the handler's traceback when it raised, or the stack the child was in
+    when it was stopped at a timeout or crashed (bounded: the innermost frames are kept,
+    and a line says how much was cut). ``output``: the last bytes of what the child wrote
+    to stdout and stderr during the attempt (``capture_output``).
+    """
 
     attempt: int
     outcome: Outcome
@@ -230,6 +238,8 @@ class AttemptRecord(_Frozen):
     started_ms: int | None = None
     ended_ms: int | None = None
     error: str | None = None
+    traceback: str | None = None
+    output: str | None = None
 
     @classmethod
     def refused(
@@ -274,8 +284,25 @@ class WorkerRecord(_Frozen):
     containment: str | None
 
 
+class RunningAttempt(_Frozen):
+    """The attempt of an active job, as far as the backend knows it: the history only
+    holds attempts that ended. ``pid`` is the child's, from its worker's registry record
+    (None until the worker's next heartbeat publishes it); ``started_ms`` is when it was
+    claimed and ``lease_expires_ms`` when its lease runs out unless renewed (both on the
+    backend's clock)."""
+
+    attempt: int
+    worker_id: str | None = None
+    pid: int | None = None
+    started_ms: int | None = None
+    lease_expires_ms: int | None = None
+
+
 class JobInfo(_Frozen):
-    """A job as a user sees it (``job.info()``)."""
+    """A job as a user sees it (``job.info()``). ``attempts`` counts the attempts its
+    retry budget charged (a requeued attempt is not charged, and a manual retry starts
+    the count again, while the numbers of its ``history`` keep counting); ``running`` is
+    the attempt of an active job."""
 
     id: str
     queue: str
@@ -291,6 +318,7 @@ class JobInfo(_Frozen):
     outcome: Outcome | None = None
     error: str | None = None
     history: list[AttemptRecord] = []
+    running: RunningAttempt | None = None
     #: Parts of the stored record that could not be read (a record edited by hand), each
     #: naming the field and what it held; those fields show their defaults instead.
     unreadable: list[str] = []

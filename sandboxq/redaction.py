@@ -3,8 +3,11 @@
     redis://user:pw@host:6379/0?ssl_password=x  ->  redis://user:***@host:6379/0?ssl_password=***
 
 Every error message, log line, ``repr`` and worker record that names a server goes
-through ``redact_url``; nothing else in sandboxq formats a URL it was given. Imports
-nothing heavy, so the backend chooser can use it before any backend is loaded.
+through ``redact_url``; nothing else in sandboxq formats a URL it was given. What a
+handler says of itself (an attempt's error, traceback and output) goes through
+``redact_text``, which hides the password of every URL written in it: a handler that
+fails to connect somewhere often prints the URL it was given. Imports nothing heavy, so
+the backend chooser can use it before any backend is loaded.
 """
 
 from __future__ import annotations
@@ -54,3 +57,16 @@ def _hide_userinfo(url: str) -> str:
 
 
 _SECRET_VALUE = re.compile(r"([?&][^=&]*" + _SECRET_OPTION.pattern + r"[^=&]*=)[^&]*", re.I)
+
+
+#: ``scheme://user:password@`` anywhere in a text; the password ends at the last '@' before
+#: the next blank, quote or bracket.
+_URL_USERINFO = re.compile(r"([A-Za-z][\w+.-]*://[^\s/@:'\"<>()\[\]]*):[^\s'\"<>()\[\]]*@")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the password of every URL in it (and the values of secret query
+    options) shown as ``***``: for what a handler wrote, which no one checked."""
+    if "://" not in text and "=" not in text:
+        return text  # the common case, at no cost
+    return _SECRET_VALUE.sub(r"\1***", _URL_USERINFO.sub(r"\1:***@", text))

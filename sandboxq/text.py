@@ -8,6 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
+#: Characters of a job's arguments or result shown before "show all" (the dashboard,
+#: ``sandboxq job``).
+PREVIEW_CHARS = 2000
+
 
 def when(ms: int | None, *, date: bool = True) -> str:
     """A stored timestamp as local time (``date=False``: the time of day only)."""

@@ -73,7 +73,8 @@ class Lease:
     worker: str
     tokens: tuple[str, str]  # (memory, redis)
     short: bool
-    attempt: int
+    attempt: int  # charged: what the retry budget counts
+    number: int  # its place in the history
 
 
 @dataclass
@@ -81,7 +82,8 @@ class MJob:
     """What the model knows of one job."""
 
     state: JobState
-    attempts: int = 0
+    attempts: int = 0  # started: the numbers of its history, never reset
+    uncharged: int = 0  # started but not counted by the retry budget
     stalls: int = 0
     lease: Lease | None = None  # the current lease, while active
     fence: Lease | None = None  # a cancelled active lease not yet confirmed
@@ -172,7 +174,9 @@ class BackendsAgree(RuleBasedStateMachine):
         mem = self.memory.claim(worker, count, lease_s)
         red = self.redis.claim(worker, count, lease_s)
         pairs: list[tuple[Claimed, Claimed]] = list(zip(mem, red, strict=True))
-        assert [(m.id, m.attempt) for m, _ in pairs] == [(r.id, r.attempt) for _, r in pairs]
+        assert [(m.id, m.attempt, m.number) for m, _ in pairs] == [
+            (r.id, r.attempt, r.number) for _, r in pairs
+        ]
         waiting = [i for i, job in self.jobs.items() if job.state is JobState.WAITING]
         assert len(pairs) == min(count, len(waiting))
         claimed = []
@@ -180,8 +184,8 @@ class BackendsAgree(RuleBasedStateMachine):
             job = self.jobs[m.id]
             assert job.state is JobState.WAITING
             job.state, job.attempts = JobState.ACTIVE, job.attempts + 1
-            assert m.attempt == job.attempts
-            job.lease = Lease(m.id, worker, (m.token, r.token), short, m.attempt)
+            assert (m.attempt, m.number) == (job.attempts - job.uncharged, job.attempts)
+            job.lease = Lease(m.id, worker, (m.token, r.token), short, m.attempt, m.number)
             claimed.append(job.lease)
         if short:  # both clocks past the expiry: the lease has run out on either backend
             end = now_ms() + 2
@@ -213,7 +217,7 @@ class BackendsAgree(RuleBasedStateMachine):
         outcome = Outcome.OK if action == "complete" else Outcome.ERROR
         if action == "requeue":
             outcome = Outcome.INTERRUPTED
-        record = AttemptRecord(attempt=lease.attempt, outcome=outcome, worker_id=lease.worker)
+        record = AttemptRecord(attempt=lease.number, outcome=outcome, worker_id=lease.worker)
         error = None if action == "complete" else "boom"
         answers = []
         for backend, token in ((self.memory, lease.tokens[0]), (self.redis, lease.tokens[1])):
@@ -232,8 +236,8 @@ class BackendsAgree(RuleBasedStateMachine):
         elif action == "fail":
             self.finished(lease.job_id, JobState.FAILED)
         else:
-            if action == "requeue":
-                job.attempts -= 1
+            if action == "requeue":  # not charged, but its number is used: it has a record
+                job.uncharged += 1
             delayed = action == "retry" and delay > 0
             job.state, job.lease = (JobState.DELAYED if delayed else JobState.WAITING), None
 
@@ -280,7 +284,7 @@ class BackendsAgree(RuleBasedStateMachine):
         if not expected or job is None:
             return
         self.unfinish(job_id)
-        job.attempts = job.stalls = 0
+        job.uncharged, job.stalls = job.attempts, 0  # the budget starts again; numbers go on
         fenced = job.fence is not None and not job.fence.short
         if not fenced:
             job.fence = None
@@ -359,8 +363,11 @@ class BackendsAgree(RuleBasedStateMachine):
                 assert mem is None
                 continue
             assert mem is not None
-            assert (mem.state, mem.attempts, mem.stalls) == (job.state, job.attempts, job.stalls)
+            charged = job.attempts - job.uncharged
+            assert (mem.state, mem.attempts, mem.stalls) == (job.state, charged, job.stalls)
             assert [h.outcome for h in mem.history] == job.history
+            numbers = [h.attempt for h in mem.history]  # they keep counting: never repeated
+            assert numbers == sorted(set(numbers)), numbers
         # Orders and pages agree where the two backends' clocks cannot make them differ:
         # waiting is ordered by sequence, and jobs finish in distinct milliseconds. (Ties
         # in due time or lease expiry are the contract's: tests.support.contract.order.)

@@ -250,6 +250,7 @@ def test_requeue_does_not_charge_an_attempt(backend: RedisBackend) -> None:
     assert [h.outcome for h in info.history] == [Outcome.INTERRUPTED]
     [again] = backend.claim("w2", 1, lease_s=30)
     assert again.id == "a" and again.attempt == 1  # and it kept its place ahead of "b"
+    assert again.number == 2  # the history keeps counting
 
 
 def test_finish_claims_the_next_job_in_the_same_call(backend: RedisBackend) -> None:

@@ -58,7 +58,8 @@ class NewJob:
 
 @dataclass(slots=True)
 class Claimed:
-    """A job leased to the caller. ``attempt`` counts attempts charged so far, this one included.
+    """A job leased to the caller. ``attempt`` counts attempts charged so far, this one included
+    (what the retry budget counts); ``number`` is its place in the job's history.
 
     ``claimed_at`` is ``time.monotonic()`` just before the request that claimed it was sent:
     the lease cannot have started earlier, so the caller's own deadline for it (the fence,
@@ -79,6 +80,10 @@ class Claimed:
     #: Deaths of the pool's helpers or of a worker while it ran so far (design invariant
     #: 11): a job with any runs alone, and fails as ``poison`` at ``max_infra_deaths``.
     infra_deaths: int = 0
+    #: The attempt's number in the job's history (``AttemptRecord.attempt``): counts every
+    #: attempt started, across requeues and manual retries, where ``attempt`` counts only
+    #: those the retry budget charges. 0: not known (the same as ``attempt``).
+    number: int = 0
 
 
 @dataclass(frozen=True, slots=True)

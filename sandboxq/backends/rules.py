@@ -32,6 +32,10 @@ from sandboxq.models import (
 )
 
 #: Attempt records kept per job.
+#: Entries per claimed job in a claim or finish reply (common.lua's claim_jobs): id, token,
+#: payload, codec, opts, charged attempt, wait ms, infra deaths, history number.
+CLAIM_ROW = 9
+
 HISTORY_CAP = 1000
 #: A job's ``max_stalls`` when its record has none: the option's own default.
 DEFAULT_MAX_STALLS: int = JobOptions.model_fields["max_stalls"].default
@@ -215,6 +219,7 @@ def lua_constants() -> str:
     """The rules above as Lua locals, put in front of common.lua by scripts.py."""
     values = {
         "HISTORY_CAP": HISTORY_CAP,
+        "CLAIM_ROW": CLAIM_ROW,
         "MAX_PRIORITY": MAX_PRIORITY,
         "DEFAULT_MAX_STALLS": DEFAULT_MAX_STALLS,
         "PROMOTE_LIMIT": PROMOTE_LIMIT,

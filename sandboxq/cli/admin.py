@@ -15,16 +15,13 @@ text is printed as text (``render.plain``), never as markup or terminal escapes.
 from __future__ import annotations
 
 import argparse
-import json
-import signal
-from collections.abc import Collection
 from typing import Any
 
 from sandboxq import text
 from sandboxq.backends.base import Backend
 from sandboxq.cli import render
+from sandboxq.cli.job_view import job, lease_left
 from sandboxq.cli.options import (
-    EXIT_ERROR,
     EXIT_OK,
     Exit,
     add_allow_pickle,
@@ -32,8 +29,7 @@ from sandboxq.cli.options import (
     add_url,
     open_queue,
 )
-from sandboxq.client import read_result
-from sandboxq.errors import BackendError, ConfigError, SerializationError
+from sandboxq.errors import BackendError, ConfigError
 from sandboxq.models import JobInfo, JobState, now_ms
 
 STATES = [state.value for state in JobState]
@@ -131,7 +127,7 @@ def info(args: argparse.Namespace) -> int:
     out.print(render.table(f"live workers ({len(workers)})", columns, rows, keep=["worker"]))
     held = [
         (j["id"], j["attempt"], w["worker_id"], j["pid"] or "not started",
-         _lease_left(j["lease_left_s"]))
+         lease_left(j["lease_left_s"]))
         for w in workers
         for j in w["jobs"]
     ]  # fmt: skip
@@ -144,10 +140,6 @@ def info(args: argparse.Namespace) -> int:
         title = f"unreadable parts of worker records ({len(damaged)})"
         out.print(render.table(title, ["worker", "unreadable"], damaged, wrap="unreadable"))
     return EXIT_OK
-
-
-def _lease_left(seconds: float) -> str:
-    return text.duration(seconds) if seconds > 0 else "expired: the worker stopped renewing"
 
 
 # -- jobs and job -------------------------------------------------------------------------
@@ -212,101 +204,6 @@ def jobs(args: argparse.Namespace) -> int:
     )
     out.print(table)
     return EXIT_OK
-
-
-def job_data(backend: Backend, job_id: str, allowed: Collection[str]) -> dict[str, Any]:
-    """The job's record; a completed job's ``result`` decoded only with ``allowed`` codecs,
-    else ``result_error`` saying why it is not shown (the rest of the record still is)."""
-    info = backend.get(job_id)
-    if info is None:
-        raise Exit(f"no job {job_id!r} in queue {backend.queue!r} (unknown, or trimmed)")
-    data = info.model_dump(mode="json")
-    if info.state is JobState.COMPLETED:
-        try:
-            data["result"] = _jsonable(read_result(backend, info, allowed))
-        except SerializationError as exc:
-            data["result_error"] = str(exc)
-    return data
-
-
-def _jsonable(value: Any) -> Any:
-    """A decoded result as JSON can print it (a pickled result may hold anything)."""
-    if isinstance(value, set | frozenset):
-        value = list(value)
-    try:
-        json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError, RecursionError):
-        return repr(value)[:10_000]
-    return value
-
-
-def job(args: argparse.Namespace) -> int:
-    with open_queue(args) as queue:
-        data = job_data(queue.backend, args.id, queue.allowed_codecs)
-    status = EXIT_OK
-    if "result_error" in data:
-        # The record is shown, then the refusal ends the command with an error status.
-        status = EXIT_ERROR
-    if args.json:
-        render.print_json(data)
-        return _refused(data, status)
-    out = render.stdout()
-    fields = [
-        ("state", data["state"]),
-        ("attempts", f"{data['attempts']} (stalls: {data['stalls']})"),
-        ("outcome", data["outcome"]),
-        ("error", data["error"]),
-        ("created", text.when(data["created_ms"])),
-        ("finished", text.when(data["finished_ms"])),
-        ("options", json.dumps({k: v for k, v in data["options"].items() if v is not None})),
-    ]
-    if "result" in data:
-        fields.append(("result", json.dumps(data["result"], ensure_ascii=False)))
-    if data.get("unreadable"):
-        fields.append(("unreadable", "\n".join(data["unreadable"])))
-    title = f"job {data['id']} (queue {data['queue']})"
-    out.print(render.table(title, ["", "value"], fields, wrap="value", header=False))
-    history = [
-        (
-            a["attempt"],
-            a["outcome"],
-            a["action"],
-            a["worker_id"],
-            a["pid"],
-            _ended_by(a),
-            text.when(a["started_ms"], date=False),
-            _took(a),
-            a["error"],
-        )
-        for a in data["history"]
-    ]
-    columns = ["#", "outcome", "action", "worker", "pid", "exit", "started", "took", "error"]
-    if history:
-        out.print(render.table("attempts", columns, history, keep=["worker"], wrap="error"))
-    else:
-        out.print("no attempts yet")
-    return _refused(data, status)
-
-
-def _refused(data: dict[str, Any], status: int) -> int:
-    if "result_error" in data:
-        raise Exit(f"result not shown: {data['result_error']}", status)
-    return status
-
-
-def _ended_by(attempt: dict[str, Any]) -> str:
-    if attempt.get("signal"):
-        try:
-            return signal.Signals(attempt["signal"]).name
-        except ValueError:
-            return f"signal {attempt['signal']}"
-    code = attempt.get("exitcode")
-    return "" if code is None else f"code {code}"
-
-
-def _took(attempt: dict[str, Any]) -> str:
-    start, end = attempt.get("started_ms"), attempt.get("ended_ms")
-    return text.duration((end - start) / 1000) if start and end else ""
 
 
 # -- retry, cancel, purge -----------------------------------------------------------------

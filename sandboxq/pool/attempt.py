@@ -59,6 +59,11 @@ class AttemptResult:
     #: what died and how, in words. The worker counts it against the job: a job present
     #: at ``max_infra_deaths`` such deaths is ``poison`` (design invariant 11).
     infra_death: str | None = None
+    #: Where it was: the traceback of a raise, or the stack captured at a timeout or a
+    #: crash; bounded by the pool.
+    traceback: str | None = None
+    #: The last bytes the child wrote to stdout and stderr during the attempt.
+    output: str | None = None
 
     @property
     def cause(self) -> str:

@@ -16,12 +16,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 from sandboxq.models import now_ms
-from sandboxq.text import clip, duration, when
+from sandboxq.text import PREVIEW_CHARS, clip, duration, when
 
-__all__ = ["Safe", "clip", "duration", "esc", "now_ms", "when"]
-
-#: Characters of an argument or result shown before "show all".
-PREVIEW_CHARS = 2000
+__all__ = ["PREVIEW_CHARS", "Safe", "clip", "duration", "esc", "now_ms", "when"]
 
 
 class Safe(str):

@@ -32,6 +32,7 @@ child has ended, which ``confirm_dead`` tells the backend.
 from __future__ import annotations
 
 import logging
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -42,6 +43,7 @@ from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Claimed, FinishAction
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, Action, AttemptRecord, Outcome, now_ms
 from sandboxq.pool.attempt import AttemptResult
+from sandboxq.redaction import redact_text
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -119,8 +121,10 @@ def ack_for(
         delay = backoff_s(options.backoff_s, job.attempt) if decided is Action.RETRY else 0.0
     # Validated construction on purpose: it runs in pydantic's compiled core and measured
     # twice as fast as model_construct, which is plain Python.
+    if error is not None:
+        error = redact_text(error)
     record = AttemptRecord(
-        attempt=job.attempt,
+        attempt=job.number or job.attempt,
         outcome=outcome,
         action=decided,
         worker_id=worker_id,
@@ -130,6 +134,9 @@ def ack_for(
         started_ms=attempt.started_ms,
         ended_ms=attempt.ended_ms,
         error=error,
+        # what the handler wrote of itself: bounded by the pool, its secrets hidden here
+        traceback=redact_text(attempt.traceback) if attempt.traceback else None,
+        output=redact_text(attempt.output) if attempt.output else None,
     )
     result = attempt.result if action == "complete" else None
     return Ack(job.id, job.token, action, record, result, error, delay, attempt.infra_death)
@@ -137,7 +144,7 @@ def ack_for(
 
 def refusal_ack(job: Claimed, cause: str, worker_id: str) -> Ack:
     """The ack that fails ``job``, which never ran: it cannot run on this worker."""
-    record = AttemptRecord.refused(job.attempt, worker_id, cause, now_ms())
+    record = AttemptRecord.refused(job.number or job.attempt, worker_id, cause, now_ms())
     return Ack(job.id, job.token, "fail", record, error=cause)
 
 
@@ -202,7 +209,9 @@ def count_acks(
 
     The lines of one batch go out as one record: under load a batch holds many jobs,
     and a record per job (format, write, flush) was a third of this thread's time.
-    The command line's formatter puts its prefix in front of every line.
+    The command line's formatter puts its prefix in front of every line. An attempt with
+    a traceback (it raised, or was stopped or crashed where the stack says) has it under
+    its line, indented: the one place a worker's log shows it.
     """
     unacked: list[Unacked] = []
     lines: list[str] | None = [] if log.isEnabledFor(logging.INFO) else None
@@ -220,7 +229,10 @@ def count_acks(
         if lines is not None:
             cause = f" ({ack.error})" if ack.error else ""
             outcome = ack.attempt.outcome.value
-            lines.append(f"job {job.id} attempt {job.attempt}: {outcome} -> {ack.action}{cause}")
+            number = ack.attempt.attempt
+            lines.append(f"job {job.id} attempt {number}: {outcome} -> {ack.action}{cause}")
+            if ack.attempt.traceback:  # once, here: where it raised, hung or crashed
+                lines.append(textwrap.indent(ack.attempt.traceback.rstrip("\n"), "    "))
     if lines:
         log.info("%s", "\n".join(lines))
     return unacked

@@ -290,7 +290,7 @@ class SandboxWorker:
             jobs.append(
                 WorkerJobRecord(
                     id=held.job.id,
-                    attempt=held.job.attempt,
+                    attempt=held.job.number or held.job.attempt,
                     pid=pid,
                     rss_mb=round(tree_rss(pid)[0] / 2**20, 1) if pid else None,
                     lease_renewed_s_ago=round(now - held.lease.renewed_at, 3),

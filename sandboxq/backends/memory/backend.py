@@ -170,7 +170,7 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
             delay_ms = str(job.due_ms - now)
             store.emit("retried", job_id, outcome=outcome, error=ack.error or "", delay_ms=delay_ms)
         else:  # requeue: interrupted by a shutdown, not by the job, so it is not charged
-            job.attempts = max(0, job.attempts - 1)
+            job.uncharged += 1  # its number stays used: the record was written
             store.move(job, WAITING, now, keep_place=True)
             store.emit("requeued", job_id, outcome=outcome)
         return True
@@ -197,6 +197,16 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
     def unregister_worker(self, worker_id: str) -> None:
         with self._store.cond:
             self._workers.pop(worker_id, None)
+
+    def running_pid(self, job_id: str, worker_id: str | None) -> int | None:
+        """The pid of the child running ``job_id``, from its worker's registry record
+        (common.lua's running_attempt); the caller holds the store's lock."""
+        entry = self._workers.get(worker_id) if worker_id is not None else None
+        for held in entry[0].get("jobs", ()) if entry is not None else ():
+            if isinstance(held, dict) and held.get("id") == job_id:
+                pid = held.get("pid")
+                return pid if isinstance(pid, int) else None
+        return None
 
     def workers(self) -> list[dict[str, Any]]:
         with self._store.cond:

@@ -39,6 +39,8 @@ class Management:
 
         def send_follow_ups(self) -> None: ...  # Batches'
 
+        def running_pid(self, job_id: str, worker_id: str | None) -> int | None: ...  # backend
+
     def recover_stalled(
         self, max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS
     ) -> list[tuple[str, str]]:
@@ -77,6 +79,8 @@ class Management:
             outcome=outcome,
             action=Action.FAIL if state is FAILED else Action.RETRY,
             worker_id=job.owner,
+            pid=self.running_pid(job.id, job.owner),
+            started_ms=job.claimed_ms,
             ended_ms=now,
             error=cause,
         )
@@ -107,6 +111,8 @@ class Management:
                     attempt=job.attempts,
                     outcome=Outcome.CANCELLED,
                     worker_id=job.owner,
+                    pid=self.running_pid(job.id, job.owner),
+                    started_ms=job.claimed_ms,
                     ended_ms=now,
                     error=cause,
                 )
@@ -133,7 +139,8 @@ class Management:
                 return False
             # Stalls restart too: a job failed for stalling would otherwise fail again at
             # its very next stall. The history stays; the last attempt's verdict goes.
-            job.attempts = job.stalls = job.infra_deaths = 0
+            # The retry budget starts again; the history's numbers go on.
+            job.uncharged, job.stalls, job.infra_deaths = job.attempts, 0, 0
             job.result = job.outcome = job.error = None
             now = now_ms()
             if job.fenced(now):

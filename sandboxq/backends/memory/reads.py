@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import (
@@ -22,14 +23,18 @@ from sandboxq.backends.base import (
     JobPage,
     JobSummary,
 )
-from sandboxq.backends.memory.store import COMPLETED, WAITING, Job, Store
+from sandboxq.backends.memory.store import ACTIVE, COMPLETED, WAITING, Job, Store
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobInfo, JobState
+from sandboxq.models import JobInfo, JobState, RunningAttempt
 
 
 class Reads:
     queue: str
     _store: Store
+
+    if TYPE_CHECKING:
+
+        def running_pid(self, job_id: str, worker_id: str | None) -> int | None: ...  # backend
 
     def get(self, job_id: str) -> JobInfo | None:
         with self._store.cond:
@@ -42,7 +47,7 @@ class Reads:
             queue=self.queue,
             state=job.state,
             codec=job.new.codec,
-            attempts=job.attempts,
+            attempts=job.attempts - job.uncharged,
             stalls=job.stalls,
             infra_deaths=job.infra_deaths,
             options=job.options,
@@ -51,6 +56,18 @@ class Reads:
             outcome=job.outcome,
             error=job.error,
             history=list(job.history),
+            running=self._running(job),
+        )
+
+    def _running(self, job: Job) -> RunningAttempt | None:
+        if job.state is not ACTIVE:
+            return None
+        return RunningAttempt(
+            attempt=job.attempts,
+            worker_id=job.owner,
+            pid=self.running_pid(job.id, job.owner),
+            started_ms=job.claimed_ms,
+            lease_expires_ms=job.lease_ms,
         )
 
     def get_result(self, job_id: str) -> bytes | None:
@@ -158,7 +175,7 @@ def _summary(job: Job) -> JobSummary:
     return JobSummary(
         id=job.id,
         state=job.state.value,
-        attempts=job.attempts,
+        attempts=job.attempts - job.uncharged,
         outcome=job.outcome.value if job.outcome else None,
         error=rules.clip_error(job.error, ERROR_CLIP) if job.error else None,
         created_ms=job.created_ms,

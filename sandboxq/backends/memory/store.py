@@ -47,7 +47,9 @@ class Job:
     seq: int = 0  # the seq of the job's live heap entry; a new one on every (re-)entry
     due_ms: int = 0
     ready_ms: int = 0  # when it last became claimable (enqueued, due, retried, recovered)
-    attempts: int = 0
+    attempts: int = 0  # started, never reset: the numbers of its history
+    uncharged: int = 0  # of those, the ones the retry budget does not count (common.lua)
+    claimed_ms: int | None = None  # when the attempt it is active for was claimed
     stalls: int = 0
     infra_deaths: int = 0  # helper or worker deaths while it ran (poison at the limit)
     owner: str | None = None
@@ -132,7 +134,7 @@ class Store:
             job.ready_ms = now
         job.state = state
         if state is not ACTIVE:
-            job.owner = job.token = None
+            job.owner = job.token = job.claimed_ms = None
         finished = state in FINISHED
         job.finished_ms = now if finished else None
         if finished:
@@ -227,6 +229,7 @@ class Store:
             if job is None:
                 continue
             job.attempts += 1
+            job.claimed_ms = now
             job.owner, job.token = worker_id, f"{base}.{len(claimed) + 1}"
             job.lease_ms = now + rules.lease_ms(lease_s)
             self.move(job, ACTIVE, now)
@@ -247,10 +250,11 @@ class Store:
             new.payload,
             new.codec,
             job.options,
-            job.attempts,
+            max(1, job.attempts - job.uncharged),
             claimed_at,
             waited_s,
             job.infra_deaths,
+            job.attempts,
         )
 
     def replay(self, worker_id: str, token_base: str) -> list[Claimed]:

@@ -29,7 +29,7 @@ from sandboxq.backends.redis.connection import Connections, Lane
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Script
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobState
+from sandboxq.models import JobState, RunningAttempt
 
 # ARGV 1-4 of every script are retention settings; these scripts only read.
 _UNUSED: list[Arg] = [0, 0, 0, 0]
@@ -99,11 +99,15 @@ class Pages:
 
 
 def job_detail(
-    queue: str, job_id: str, fields: dict[bytes, bytes], history: list[bytes]
+    queue: str,
+    job_id: str,
+    fields: dict[bytes, bytes],
+    history: list[bytes],
+    running: RunningAttempt | None = None,
 ) -> JobDetail | None:
     if not fields:
         return None
-    info = records.job_info(queue, job_id, fields, history)
+    info = records.job_info(queue, job_id, fields, history, running=running)
     progress: float | None
     try:
         progress = float(fields[b"progress"]) if b"progress" in fields else None

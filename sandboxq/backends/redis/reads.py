@@ -99,8 +99,26 @@ class Reads:
             pipe = self._conns.main.pipeline(transaction=False)
             pipe.hgetall(self.keys.job(job_id))
             pipe.lrange(self.keys.history(job_id), 0, -1)
-            fields, history = pipe.execute()
-        return pages.job_detail(self.queue, job_id, fields, history)
+            pipe.zscore(self.keys.active, job_id)
+            fields, history, expiry = pipe.execute()
+            running = None
+            if fields.get(b"state") == b"active":
+                raw = self._owner_record(fields.get(b"owner"))
+                running = records.running_attempt(job_id, fields, expiry, raw)
+        return pages.job_detail(self.queue, job_id, fields, history, running)
+
+    def _owner_record(self, owner: bytes | None) -> bytes | None:
+        """An active job's owner's registry record (it says the child's pid), read as
+        read_job.lua reads it: not at all when it is over the cap or not a string."""
+        if not owner:
+            return None
+        key = self.keys.worker(records.text(owner))
+        pipe = self._conns.main.pipeline(transaction=False)
+        pipe.strlen(key)
+        pipe.getrange(key, 0, records.MAX_FIELD_BYTES)
+        size, raw = pipe.execute(raise_on_error=False)
+        ok = isinstance(size, int) and size <= records.MAX_FIELD_BYTES and isinstance(raw, bytes)
+        return raw if ok and raw else None
 
     def oldest_waiting_ms(self) -> int | None:
         with self._conns.errors("read the oldest waiting job"):
@@ -132,7 +150,7 @@ def job_from_reply(queue: str, keys: QueueKeys, job_id: str, reply: Any) -> JobI
             f"job {job_id!r} in queue {queue!r}: its record "
             f"{keys.job(job_id)} holds a {kind}, not a hash (changed by hand?)"
         )
-    total, sizes, values, history = reply[2:]
+    total, sizes, values, history = reply[2:6]
     oversized = {
         name: int(size)
         for name, size in zip(fields, sizes, strict=True)
@@ -146,6 +164,12 @@ def job_from_reply(queue: str, keys: QueueKeys, job_id: str, reply: Any) -> JobI
     damaged = []
     if history_kind not in ("list", "none"):
         damaged.append(f"history: {keys.history(job_id)} holds a {history_kind}, not a list")
+    running = None
+    if len(reply) > 6 and reply[6]:
+        expiry, owner_record = reply[6]
+        running = records.running_attempt(
+            job_id, found, float(expiry) if expiry else None, owner_record or None
+        )
     return records.job_info(
         queue,
         job_id,
@@ -154,6 +178,7 @@ def job_from_reply(queue: str, keys: QueueKeys, job_id: str, reply: Any) -> JobI
         oversized=oversized,
         damaged=damaged,
         history_total=int(total),
+        running=running,
     )
 
 

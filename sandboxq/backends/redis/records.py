@@ -31,6 +31,7 @@ from sandboxq.models import (
     JobOptions,
     JobState,
     Outcome,
+    RunningAttempt,
     parse_job_options,
 )
 
@@ -63,6 +64,9 @@ INFO_FIELDS = (
     "finished_ms",
     "outcome",
     "error",
+    "owner",
+    "claimed_ms",
+    "uncharged",
 )
 
 
@@ -87,8 +91,8 @@ def over_cap(size: int, cap: int = MAX_FIELD_BYTES) -> str:
     return f"{size} bytes, over the read limit of {cap} bytes"
 
 
-#: Entries per claimed job in a claim/finish reply (see lua/claim.lua).
-CLAIM_ROW = 8
+#: Entries per claimed job in a claim/finish reply (common.lua's claim_jobs).
+CLAIM_ROW = rules.CLAIM_ROW
 
 
 def text(value: bytes | str) -> str:
@@ -101,7 +105,9 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
     (None when they validate)."""
     rows: list[tuple[Claimed, str | None]] = []
     for i in range(0, len(flat), CLAIM_ROW):
-        job_id, token, payload, codec, opts, attempt, wait_ms, deaths = flat[i : i + CLAIM_ROW]
+        job_id, token, payload, codec, opts, attempt, wait_ms, deaths, number = flat[
+            i : i + CLAIM_ROW
+        ]
         problem: str | None = None
         try:
             options = parse_job_options(opts.decode("utf-8"))
@@ -125,6 +131,7 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
             # a replayed claim (lua/finish.lua) says -1: it was measured when first made
             wait_s=int(wait_ms) / 1000 if int(wait_ms) >= 0 else None,
             infra_deaths=int(deaths),
+            number=int(number),
         )
         rows.append((claimed, problem))
     return rows
@@ -153,6 +160,7 @@ def job_info(
     oversized: dict[str, int] | None = None,
     damaged: Sequence[str] = (),
     history_total: int | None = None,
+    running: RunningAttempt | None = None,
 ) -> JobInfo:
     """``JobInfo`` from a job hash and its history list.
 
@@ -218,7 +226,8 @@ def job_info(
         state=state,
         # Exactly what is stored ("" stays ""): readers check it against their own codecs.
         codec=_codec(f, oversized or {}),
-        attempts=read("attempts", _count) or 0,
+        # charged: what the retry budget counts (the history's numbers count them all)
+        attempts=max(0, (read("attempts", _count) or 0) - (read("uncharged", _count) or 0)),
         stalls=read("stalls", _count) or 0,
         infra_deaths=read("infra_deaths", _count) or 0,
         options=read("opts", parse_job_options) or JobOptions(),
@@ -227,8 +236,44 @@ def job_info(
         outcome=read("outcome", lambda raw: Outcome(raw.decode())),
         error=read("error", text),
         history=history_records,
+        running=running if state is JobState.ACTIVE else None,
         unreadable=unreadable,
     )
+
+
+def running_attempt(
+    job_id: str,
+    fields: dict[bytes, bytes],
+    lease_expiry_ms: float | None,
+    owner_record: bytes | None,
+) -> RunningAttempt:
+    """The attempt an active job is in, from its hash (``attempts``, ``owner``,
+    ``claimed_ms``), its lease's expiry and its owner's registry record (the child's pid,
+    once the owner's heartbeat published it)."""
+    owner = text(fields[b"owner"]) if b"owner" in fields else None
+    pid = None
+    if owner is not None and owner_record is not None:
+        for held in worker_record(owner, owner_record).get("jobs") or ():
+            if held.get("id") == job_id and isinstance(held.get("pid"), int):
+                pid = held["pid"]
+    return RunningAttempt(
+        attempt=_count_or_zero(fields.get(b"attempts")),
+        worker_id=owner,
+        pid=pid,
+        started_ms=_count_or_none(fields.get(b"claimed_ms")),
+        lease_expires_ms=None if lease_expiry_ms is None else int(lease_expiry_ms),
+    )
+
+
+def _count_or_none(raw: bytes | None) -> int | None:
+    try:
+        return None if raw is None else _count(raw)
+    except ValueError:
+        return None
+
+
+def _count_or_zero(raw: bytes | None) -> int:
+    return _count_or_none(raw) or 0
 
 
 def _codec(fields: dict[str, bytes], oversized: dict[str, int]) -> str:

@@ -4,8 +4,9 @@
 -- ARGV: 1-4 standard; 5 worker id, 6 count (> 0: a claim of none never gets here), 7 lease
 --       ms (rules.lease_ms), 8 token base (random per call, rules.token_base; made unique
 --       per job by the suffix ".<n>").
--- Returns: {wait_ms, then 8 entries per claimed job: id, token, payload, codec, opts,
---          attempt, waited ms, infra deaths}. wait_ms, when nothing was claimed, is how long until the
+-- Returns: {wait_ms, then CLAIM_ROW entries per claimed job: id, token, payload, codec, opts,
+--          attempt (charged), waited ms, infra deaths, number (its place in the history)}.
+--          wait_ms, when nothing was claimed, is how long until the
 --          next delayed job falls due (-1: none), so an idle worker blocks exactly that
 --          long at most. "waited ms" is how long the job waited since it was ready
 --          (ready_ms: enqueued, due or retried; created_ms for older records).

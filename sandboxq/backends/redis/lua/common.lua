@@ -355,7 +355,7 @@ local function fail_malformed(id, reason, now, bad_field)
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', DELAYED, id)
   redis.call('ZREM', ACTIVE, id)
-  redis.call('HDEL', key, 'owner', 'token')
+  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms')
   redis.call('HSET', key, 'state', 'failed', 'outcome', 'error', 'error', err,
     'finished_ms', int(now))
   redis.call('ZADD', FAILED, int(now), id)
@@ -367,7 +367,7 @@ end
 -- Why a job popped from waiting cannot be claimed (nil when it can), plus its fields.
 local function claim_problem(key)
   local f = hmget(key, 'payload', 'codec', 'opts', 'attempts', 'state', 'ready_ms', 'created_ms',
-    'batch', 'infra_deaths')
+    'batch', 'infra_deaths', 'uncharged')
   if not f then return 'the job key is not a hash' end
   if not f[1] and not f[2] and not f[5] then return 'the job hash is missing' end
   if not f[1] then return 'the payload field is missing' end
@@ -409,8 +409,12 @@ local function promote_due(now)
 end
 
 -- Lease up to `count` waiting jobs (design invariant 1: a fresh token per claim, owner = worker;
--- design invariant 2: expiry from the server clock). Returns a flat list of
--- id, token, payload, codec, opts, attempt, wait ms, infra deaths for each claimed job.
+-- design invariant 2: expiry from the server clock). Returns a flat list of CLAIM_ROW entries
+-- per claimed job: id, token, payload, codec, opts, attempt (charged: what the retry budget
+-- counts), wait ms, infra deaths, number (the attempt's place in the job's history).
+-- 'attempts' counts every attempt started, never reset, so history numbers keep counting
+-- across requeues and manual retries; 'uncharged' (absent: 0) counts those the retry budget
+-- does not: requeued ones (back_in_line) and those before a manual retry (retry_job).
 local function claim_jobs(worker, count, lease_ms, token_base, now)
   promote_due(now)
   local out = {}
@@ -427,18 +431,20 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
     else
       n = n + 1
       local token = token_base .. '.' .. n
-      local attempt = count_or(f[4], 0) + 1
+      local number = count_or(f[4], 0) + 1
       redis.call('HSET', key, 'state', 'active', 'owner', worker, 'token', token,
-        'attempts', int(attempt))
+        'attempts', int(number), 'claimed_ms', int(now))
       redis.call('ZADD', ACTIVE, expiry, id)
-      emit('active', id, 'worker', worker, 'attempt', int(attempt))
+      emit('active', id, 'worker', worker, 'attempt', int(number))
       if f[8] then batch_move(f[8], id, 'waiting', 'active', now) end
       local i = #out
       out[i + 1], out[i + 2], out[i + 3] = id, token, f[1]
-      out[i + 4], out[i + 5], out[i + 6] = f[2], f[3], attempt
+      out[i + 4], out[i + 5] = f[2], f[3]
+      out[i + 6] = math.max(1, number - (count_or(f[10], 0)))
       -- how long it waited since it was ready (enqueued, due, retried): sandboxq_wait_seconds
       out[i + 7] = int(math.max(0, now - (tonumber(f[6]) or tonumber(f[7]) or now)))
       out[i + 8] = count_or(f[9], 0) -- the worker fails it as poison at its limit
+      out[i + 9] = number
     end
   end
   -- Nothing left to claim: drop stale wake entries so idle workers block instead of
@@ -471,13 +477,38 @@ local function lease_pairs(first)
   end
 end
 
--- A claimed job back in line without charging its attempt (requeue, release): one
--- attempt fewer, and its old place (seq), since it was claimed first. Returns the fields
--- to HSET.
-local function back_in_line(key, id)
-  local f = redis.call('HMGET', key, 'attempts', 'priority', 'seq')
+-- A claimed job back in line without charging its attempt (requeue, release), at its old
+-- place (seq), since it was claimed first. `ran`: the attempt started and has a record, so
+-- its number stays used (one more uncharged attempt: the history keeps counting); else
+-- (released before it started) the number is given back. Returns the fields to HSET.
+local function back_in_line(key, id, ran)
+  local f = redis.call('HMGET', key, 'uncharged', 'priority', 'seq', 'attempts')
   redis.call('ZADD', WAITING, waiting_score(f[2], count_or(f[3], nil) or next_seq()), id)
-  return 'state', 'waiting', 'attempts', int(math.max(count_or(f[1], 1) - 1, 0))
+  if ran then return 'state', 'waiting', 'uncharged', int(count_or(f[1], 0) + 1) end
+  return 'state', 'waiting', 'attempts', int(math.max(count_or(f[4], 1) - 1, 0))
+end
+
+-- When the attempt a job's owner holds started (its claim) and the pid of its child, from
+-- the owner's registry record (absent until its heartbeat published it): for the record
+-- of an attempt that ends without its worker (cancelled, lease lost). A record that does
+-- not decode is skipped: it is another process's word.
+local function running_attempt(key, id, owner)
+  local started = tonumber(redis.call('HGET', key, 'claimed_ms'))
+  local pid
+  if owner then
+    local raw = redis.pcall('GET', QUEUE_BASE .. 'worker:' .. owner)
+    if type(raw) == 'string' and #raw <= 1048576 then
+      local ok, rec = pcall(cjson.decode, raw)
+      if ok and type(rec) == 'table' and type(rec.jobs) == 'table' then
+        for _, job in ipairs(rec.jobs) do
+          if type(job) == 'table' and job.id == id and type(job.pid) == 'number' then
+            pid = job.pid
+          end
+        end
+      end
+    end
+  end
+  return started, pid
 end
 
 -- Cancel one job (cancel.lua, and batch_each.lua for a batch's members): see cancel.lua.
@@ -501,12 +532,13 @@ local function cancel_job(id, channel)
     local record = {attempt = count_or(f[4], 0), outcome = 'cancelled', ended_ms = now,
       error = err}
     if f[2] then record.worker_id = f[2] end
+    record.started_ms, record.pid = running_attempt(key, id, f[2])
     append_history(id, cjson.encode(record))
   end
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', DELAYED, id)
   redis.call('ZREM', ACTIVE, id)
-  redis.call('HDEL', key, 'owner', 'token')
+  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms')
   redis.call('HSET', key, 'state', 'cancelled', 'finished_ms', int(now), 'outcome', 'cancelled',
     'error', err)
   redis.call('ZADD', CANCELLED, int(now), id)
@@ -521,8 +553,10 @@ end
 -- batch's members): see retry_failed.lua. Returns 1 put back, 0 not failed/cancelled.
 local function retry_job(id)
   local key = PREFIX .. id
-  local f = hmget(key, 'state', 'priority', 'fence_token', 'fenced_until_ms')
+  local f = hmget(key, 'state', 'priority', 'fence_token', 'fenced_until_ms', 'attempts')
   if not f or (f[1] ~= 'failed' and f[1] ~= 'cancelled') then return 0 end
+  -- the retry budget starts again; the history's numbers go on (claim_jobs)
+  local uncharged = int(count_or(f[5], 0))
   local now = now_ms()
   redis.call('ZREM', FAILED, id)
   redis.call('ZREM', CANCELLED, id)
@@ -531,7 +565,7 @@ local function retry_job(id)
   local until_ms = tonumber(f[4])
   if f[3] and until_ms and not (until_ms < now) then -- fenced (rules.fence_lifted)
     -- due, and so ready, the first millisecond the fence is lifted
-    redis.call('HSET', key, 'state', 'delayed', 'attempts', '0', 'stalls', '0',
+    redis.call('HSET', key, 'state', 'delayed', 'uncharged', uncharged, 'stalls', '0',
       'infra_deaths', '0', 'ready_ms', int(until_ms + 1))
     redis.call('ZADD', DELAYED, int(until_ms + 1), id)
     emit('retried', id, 'manual', '1', 'fenced_until_ms', int(until_ms))
@@ -541,7 +575,7 @@ local function retry_job(id)
   end
   redis.call('HDEL', key, 'fence_owner', 'fence_token', 'fenced_until_ms')
   local seq = next_seq()
-  redis.call('HSET', key, 'state', 'waiting', 'attempts', '0', 'stalls', '0',
+  redis.call('HSET', key, 'state', 'waiting', 'uncharged', uncharged, 'stalls', '0',
     'infra_deaths', '0', 'seq', int(seq), 'ready_ms', int(now))
   redis.call('ZADD', WAITING, waiting_score(f[2], seq), id)
   emit('retried', id, 'manual', '1')

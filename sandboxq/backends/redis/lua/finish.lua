@@ -9,7 +9,7 @@
 --       one); then replay_of: the token base of an earlier call whose reply was lost
 --       ('' = none).
 -- Returns: {N, accepted_1 .. accepted_N (1 / 0; 3: accepted, and it made a batch done whose
---          follow-up could not be sent), then 8 entries per claimed job as in
+--          follow-up could not be sent), then CLAIM_ROW entries per claimed job as in
 --          claim.lua}. A single rejected ack claims nothing ("nothing changed"). With
 --          replay_of, the jobs still leased to the worker under tokens "<replay_of>.<n>"
 --          come first among the claimed (a scan of the active set: only on that rare path).
@@ -39,9 +39,9 @@ local function finish_one(base)
   append_history(id, record)
   -- one HDEL and one HSET per branch: every call inside a script costs a few microseconds
   if err ~= '' then
-    redis.call('HDEL', key, 'owner', 'token')
+    redis.call('HDEL', key, 'owner', 'token', 'claimed_ms')
   else
-    redis.call('HDEL', key, 'owner', 'token', 'error')
+    redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'error')
   end
   local fields = {'outcome', outcome}
   if err ~= '' then fields[3], fields[4] = 'error', err end
@@ -81,7 +81,7 @@ local function finish_one(base)
   else
     -- requeue: the attempt is not charged, and the job keeps its place in line
     to = 'waiting'
-    set(back_in_line(key, id))
+    set(back_in_line(key, id, true))
     emit('requeued', id, 'outcome', outcome)
     wake(1)
   end
@@ -99,13 +99,15 @@ if replay_of ~= '' then
   local prefix = replay_of .. '.'
   for _, id in ipairs(redis.call('ZRANGE', ACTIVE, 0, -1)) do
     local f = hmget(PREFIX .. id, 'owner', 'token', 'payload', 'codec', 'opts', 'attempts',
-      'infra_deaths')
+      'infra_deaths', 'uncharged')
     if f and f[1] == worker and f[2] and string.sub(f[2], 1, #prefix) == prefix then
-      local i = #replayed
+      local i, number = #replayed, count_or(f[6], 1)
       replayed[i + 1], replayed[i + 2], replayed[i + 3] = id, f[2], f[3]
-      replayed[i + 4], replayed[i + 5], replayed[i + 6] = f[4], f[5], count_or(f[6], 0)
+      replayed[i + 4], replayed[i + 5] = f[4], f[5]
+      replayed[i + 6] = math.max(1, number - count_or(f[8], 0))
       replayed[i + 7] = -1 -- no wait to report: it was measured when first claimed
       replayed[i + 8] = count_or(f[7], 0)
+      replayed[i + 9] = number
     end
   end
 end
@@ -122,7 +124,7 @@ for i = 1, n do
   accepted = accepted + ok
 end
 for i = 1, #replayed do out[#out + 1] = replayed[i] end
-local count = tonumber(ARGV[6]) - #replayed / 7
+local count = tonumber(ARGV[6]) - #replayed / CLAIM_ROW
 if count > 0 and not (n == 1 and accepted == 0) then
   local claimed = claim_jobs(worker, count, tonumber(ARGV[7]), ARGV[8], now)
   for i = 1, #claimed do out[#out + 1] = claimed[i] end

@@ -37,12 +37,17 @@ while found < limit and scanned < budget do
     scanned = scanned + 1
     if s == score then ties = ties + 1 else score, ties = s, 1 end
     local f = hmget(PREFIX .. id, 'state', 'attempts', 'outcome', 'error', 'created_ms',
-      'finished_ms')
+      'finished_ms', 'uncharged')
     if f and f[1] and (want == '' or f[3] == want) then
       local err = f[4]
       if err then err = string.sub(err, 1, clip) end
+      -- charged attempts, as job_info counts them (claim_jobs: 'attempts' counts every start)
+      local charged = f[2] or ''
+      if f[7] and is_count(f[2]) then
+        charged = tostring(math.max(0, tonumber(f[2]) - (count_or(f[7], 0))))
+      end
       local j = #rows
-      rows[j + 1], rows[j + 2], rows[j + 3], rows[j + 4] = id, f[1], f[2] or '', f[3] or ''
+      rows[j + 1], rows[j + 2], rows[j + 3], rows[j + 4] = id, f[1], charged, f[3] or ''
       rows[j + 5], rows[j + 6], rows[j + 7] = err or '', f[5] or '', f[6] or ''
       found = found + 1
       if found >= limit then

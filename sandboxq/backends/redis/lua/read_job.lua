@@ -4,7 +4,9 @@
 --       takes in; 7 how many attempt records (the newest); 8... the hash fields to read.
 -- Returns: {type of the job key, type of the history key, length of the history,
 --           {size of each field}, {each field's value; false if absent or over the cap},
---           {the newest attempt records; an integer (its size) for one over the cap}}
+--           {the newest attempt records; an integer (its size) for one over the cap},
+--           {the lease's expiry ms, the owner's registry record (false if absent or over
+--           the cap)} for an active job, else {}}
 --           Only the types when the job key is not a hash.
 -- Upholds: design invariant 13 (readers trust nothing in Redis): a record someone rewrote by
 -- hand costs a reader at most the cap per field, however large it was made; and the
@@ -39,4 +41,18 @@ if hkind == 'list' then
     end
   end
 end
-return {kind, hkind, total, sizes, values, history}
+-- the attempt running now: the history holds only those that ended
+local running = {}
+if redis.call('HGET', key, 'state') == 'active' then
+  local owner = redis.call('HGET', key, 'owner')
+  local expiry = redis.call('ZSCORE', ACTIVE, id)
+  local record = false
+  if owner then
+    local wkey = QUEUE_BASE .. 'worker:' .. owner
+    if redis.call('TYPE', wkey)['ok'] == 'string' and redis.call('STRLEN', wkey) <= cap then
+      record = redis.call('GET', wkey)
+    end
+  end
+  running = {expiry or false, record}
+end
+return {kind, hkind, total, sizes, values, history, running}

@@ -43,8 +43,9 @@ for _, id in ipairs(expired) do
     local deaths = redis.call('HINCRBY', key, 'infra_deaths', 1)
     local record = {attempt = count_or(f[3], 0), outcome = 'lease_lost', ended_ms = now}
     if f[2] then record.worker_id = f[2] end
+    record.started_ms, record.pid = running_attempt(key, id, f[2])
     local state, err
-    redis.call('HDEL', key, 'owner', 'token')
+    redis.call('HDEL', key, 'owner', 'token', 'claimed_ms')
     local poison = stalls <= max_stalls and deaths >= max_infra -- rules.poisoned
     if stalls > max_stalls or poison then
       state = 'failed'
