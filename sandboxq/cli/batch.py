@@ -190,7 +190,7 @@ class Output:
             )
             self.write(line, outcome, attempts=info.attempts, result=result)
         else:
-            self.write(line, outcome, attempts=info.attempts, error=info.error)
+            self.write(line, outcome, attempts=info.attempts, error=info.error, **_where(info))
 
     def not_run(self, backend: Backend, item: Item) -> None:
         self.stopped(item.line, backend.get(item.job_id))
@@ -202,6 +202,14 @@ class Output:
         if info is not None and info.error:
             why = f"the batch stopped before this line finished (last attempt: {info.error})"
         self.write(line, NOT_RUN, attempts=attempts, error=why)
+
+
+def _where(info: JobInfo) -> dict[str, str]:
+    """A failed line's ``traceback`` and ``output``: its last attempt's, when it has them."""
+    last = info.history[-1] if info.history else None
+    if last is None:
+        return {}
+    return {k: v for k, v in (("traceback", last.traceback), ("output", last.output)) if v}
 
 
 # -- running ------------------------------------------------------------------------------

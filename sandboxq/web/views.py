@@ -19,7 +19,7 @@ from typing import Any
 from sandboxq.backends.base import Backend, JobDetail, JobPage
 from sandboxq.codec import decode_stored, reader_codecs
 from sandboxq.errors import BackendError, CodecRefused, SerializationError
-from sandboxq.models import JobState, Outcome
+from sandboxq.models import JobInfo, JobState, Outcome
 from sandboxq.web.auth import Session
 from sandboxq.web.html import (
     PREVIEW_CHARS,
@@ -273,6 +273,24 @@ def job_page(ctx: Ctx, name: str, detail: JobDetail, full: bool) -> Safe:
         ]
         for a in info.history
     ]
+    running = info.running
+    if running is not None:  # the history holds only attempts that ended
+        left = "" if running.lease_expires_ms is None else (
+            f"lease left: {duration(max(0, running.lease_expires_ms - ctx.now) / 1000)}"
+        )  # fmt: skip
+        history.append(
+            [
+                running.attempt,
+                running.worker_id or "",
+                running.pid or "",
+                "running",
+                "",
+                "",
+                when(running.started_ms),
+                duration(max(0, ctx.now - running.started_ms) / 1000) if running.started_ms else "",
+                left,
+            ]
+        )
     columns = ["attempt", "worker", "pid", "outcome", "action", "exit code or signal",
                "started", "duration", "error"]  # fmt: skip
     actions = Safe("")
@@ -289,9 +307,24 @@ def job_page(ctx: Ctx, name: str, detail: JobDetail, full: bool) -> Safe:
     return Safe(
         f'<h1>Job <span class="job-id" id="job-id">{esc(info.id)}</span></h1>'
         f'<div class="actions">{actions}</div>{record}{progress}{error}'
-        f"<h2>attempts</h2>{table(columns, history, 'history')}"
+        f"<h2>attempts</h2>{table(columns, history, 'history')}{_where(info)}"
         f"<h2>options</h2>{pre(pretty(options))}{''.join(shown)}{unreadable}"
     )
+
+
+def _where(info: JobInfo) -> Safe:
+    """Each attempt's traceback and output, folded under its title (a click opens it)."""
+    parts: list[str] = []
+    for a in info.history:
+        for part in ("traceback", "output"):
+            value = getattr(a, part)
+            if not value:
+                continue
+            parts.append(
+                f'<details class="{part}" id="attempt-{esc(a.attempt)}-{part}">'
+                f"<summary>attempt {esc(a.attempt)}: {part}</summary>{pre(value, part)}</details>"
+            )
+    return Safe("".join(parts))
 
 
 def _percent(fraction: float | None) -> str:

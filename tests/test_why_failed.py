@@ -1,0 +1,200 @@
+"""Why an attempt failed and where: tracebacks, output, the running attempt and attempt
+numbers, end to end (real worker, real children, both backends), as a user reads them:
+``JobFailed``, ``job.info()``, ``sandboxq job`` (table and ``--json``), the worker's log
+and ``sandboxq run``'s output lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sandboxq import Queue
+from sandboxq.cli import main
+from sandboxq.errors import JobFailed
+from sandboxq.models import JobState, Outcome
+from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers
+from sandboxq.worker import SandboxWorker
+
+pytestmark = pytest.mark.timeout(60)
+
+W = "tests.support.why:"
+H = "sandboxq.testing.handlers:"
+CLI = [sys.executable, "-m", "sandboxq"]
+
+StartWorker = Callable[..., SandboxWorker]
+
+
+@pytest.fixture
+def start_worker(workers: BackgroundWorkers, queue: Queue) -> StartWorker:
+    def start(processor: str, **settings: object) -> SandboxWorker:
+        return workers.start(queue, processor, **settings)
+
+    return start
+
+
+def sq(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_raise_two_frames_deep_keeps_its_traceback_everywhere(
+    queue: Queue, start_worker: StartWorker, redis_url: str, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.INFO, logger="sandboxq.worker")
+    start_worker(W + "outer_frame", concurrency=1)
+    job = queue.enqueue("two frames down")
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=30)
+    tb = failed.value.traceback
+    assert tb is not None
+    # both frames, innermost last, and the exception line
+    assert tb.index("in outer_frame") < tb.index("in inner_frame")
+    assert "RuntimeError: two frames down" in tb
+    [record] = job.info().history
+    assert record.outcome is Outcome.ERROR and record.traceback == tb
+    # the worker's log has it once, under the attempt's line
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert logged.count("in inner_frame") == 1
+    if queue.backend.__class__.__name__ != "RedisBackend":
+        return
+    code, out, _ = sq(capsys, "job", queue.name, job.id, "--url", redis_url)
+    assert code == 0
+    assert "attempt 1: traceback" in out and "in inner_frame" in out
+    code, out, _ = sq(capsys, "job", queue.name, job.id, "--url", redis_url, "--json")
+    data = json.loads(out)
+    assert data["history"][0]["traceback"] == tb
+    assert data["arguments"] == {"args": ["two frames down"], "kwargs": {}}
+
+
+def test_secrets_in_what_a_handler_says_are_hidden(queue: Queue, start_worker: StartWorker) -> None:
+    start_worker(W + "fail_with_url", concurrency=1)
+    job = queue.enqueue("redis://app:hunter2-secret@db.internal:6379/0")
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=30)
+    [record] = job.info().history
+    texts = [failed.value.error, record.error, record.traceback, record.output]
+    assert record.traceback and "app:***@db.internal" in record.traceback
+    assert all("hunter2" not in (t or "") for t in texts), texts
+
+
+def test_output_of_the_attempt_is_kept_with_it(queue: Queue, start_worker: StartWorker) -> None:
+    start_worker(W + "print_then_fail", concurrency=1)
+    job = queue.enqueue(3)
+    with pytest.raises(JobFailed) as failed:
+        job.result(timeout_s=30)
+    out = failed.value.output
+    assert out is not None
+    assert "stdout line 2" in out and "stderr line 2" in out
+
+
+def test_attempt_numbers_keep_counting_across_retry_requeue_and_cancel(
+    queue: Queue, start_worker: StartWorker, workers: BackgroundWorkers
+) -> None:
+    worker = start_worker(W + "outer_frame", concurrency=1, retries=1, lease_s=1.5)
+    job = queue.options(backoff_s=0).enqueue("x")
+    with pytest.raises(JobFailed):
+        job.result(timeout_s=30)
+    assert [h.attempt for h in job.info().history] == [1, 2]
+    assert job.info().attempts == 2
+    assert job.retry()
+    with pytest.raises(JobFailed):
+        job.result(timeout_s=30)
+    info = job.info()
+    assert [h.attempt for h in info.history] == [1, 2, 3, 4]  # not 1, 2, 1, 2
+    assert info.attempts == 2  # the retry budget started again
+    workers.stop(worker)
+
+    # a cancelled attempt keeps its number, its child's pid and when it started
+    start_worker(H + "sleep_forever", concurrency=1, lease_s=1.5)
+    hang = queue.enqueue()
+    wait_for(lambda: _running_pid(queue, hang.id) is not None, 20, "the child's pid")
+    pid = _running_pid(queue, hang.id)
+    assert hang.cancel()
+    [cancelled] = hang.info().history
+    assert cancelled.outcome is Outcome.CANCELLED and cancelled.attempt == 1
+    assert cancelled.pid == pid and cancelled.started_ms is not None
+    assert cancelled.started_ms <= (cancelled.ended_ms or 0)
+
+
+def _running_pid(queue: Queue, job_id: str) -> int | None:
+    info = queue.backend.get(job_id)
+    running = info.running if info is not None else None
+    return running.pid if running is not None else None
+
+
+def test_the_running_attempt_is_in_the_story(
+    queue: Queue, start_worker: StartWorker, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    worker = start_worker(H + "sleep_forever", concurrency=1, lease_s=1.5)
+    job = queue.enqueue()
+    wait_for(lambda: _running_pid(queue, job.id) is not None, 20, "the child's pid")
+    info = job.info()
+    assert info.state is JobState.ACTIVE and info.history == []
+    running = info.running
+    assert running is not None and running.attempt == 1
+    assert running.worker_id == worker.id and running.started_ms is not None
+    assert running.lease_expires_ms is not None and running.lease_expires_ms > running.started_ms
+    if queue.backend.__class__.__name__ == "RedisBackend":
+        code, out, _ = sq(capsys, "job", queue.name, job.id, "--url", redis_url)
+        assert code == 0 and "running" in out and str(running.pid) in out
+        assert "lease left" in out
+        code, out, _ = sq(capsys, "job", queue.name, job.id, "--url", redis_url, "--json")
+        assert json.loads(out)["running"]["pid"] == running.pid
+    detail = queue.backend.job_detail(job.id)
+    assert detail is not None and detail.info.running == running
+    job.cancel()
+
+
+def test_sandboxq_job_shows_long_arguments_bounded(
+    redis_url: str, queue_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    q = Queue(queue_name, url=redis_url)
+    try:
+        job = q.enqueue("x" * 10_000, n=1)
+    finally:
+        q.close()
+    code, out, _ = sq(capsys, "job", queue_name, job.id, "--url", redis_url, "--json")
+    data = json.loads(out)
+    assert code == 0 and "arguments" not in data
+    assert len(data["arguments_preview"]) == 2000 and data["arguments_chars"] > 10_000
+    code, out, _ = sq(capsys, "job", queue_name, job.id, "--url", redis_url)
+    assert "(the first 2000 of" in out
+
+
+@pytest.mark.timeout(120)
+def test_sandboxq_run_lines_carry_the_traceback_and_stay_parseable(tmp_path: Path) -> None:
+    data = tmp_path / "in.jsonl"
+    data.write_text('{"args": ["ok"]}\n{"args": ["boom"]}\n')
+    handler = tmp_path / "runjob.py"
+    handler.write_text(
+        "def handle(word):\n"
+        "    print('chatter on stdout')\n"
+        "    if word == 'boom':\n"
+        "        deeper(word)\n"
+        "    return word\n\n"
+        "def deeper(word):\n"
+        "    raise ValueError(word)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(
+        [*CLI, "run", "runjob:handle", str(data), "--retries", "0"],
+        capture_output=True, text=True, timeout=100, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]  # every line is JSON
+    by_line = {r["line"]: r for r in lines}
+    assert by_line[1]["outcome"] == "ok" and by_line[1]["result"] == "ok"
+    failed = by_line[2]
+    assert failed["outcome"] == "error"
+    assert "in deeper" in failed["traceback"] and "ValueError: boom" in failed["traceback"]
+    assert "chatter on stdout" in proc.stderr  # the handlers' stdout went to stderr
