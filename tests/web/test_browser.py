@@ -211,6 +211,43 @@ def test_progress_and_completion_arrive_live(site: Site, tmp_path: Path) -> None
     site.shot("completed")
 
 
+def test_a_failed_attempt_shows_where_it_raised_folded(site: Site) -> None:
+    job = site.q.options(job_id="where-it-raised", retries=0).enqueue("fail", "page-9.png")
+    with pytest.raises(JobFailed):
+        job.result(timeout_s=20)
+    site.open(f"/job?queue=web-demo&id={job.id}")
+    site.wait("the job page", lambda: site.text("#job-id") == "where-it-raised")
+    folded = site.browser.find_element(By.CSS_SELECTOR, "#attempt-1-traceback")
+    text = folded.find_element(By.TAG_NAME, "pre")
+    assert not text.is_displayed()  # folded: a click opens it
+    assert folded.find_element(By.TAG_NAME, "summary").text == "attempt 1: traceback"
+    folded.find_element(By.TAG_NAME, "summary").click()
+    site.wait("the traceback to open", text.is_displayed)
+    assert 'dash_jobs.py", line' in text.text and "in route" in text.text
+    assert "ValueError: failed on purpose: page-9.png" in text.text
+    site.shot("traceback")
+
+
+def test_the_running_attempt_is_the_last_row_of_the_history(site: Site, tmp_path: Path) -> None:
+    gate = tmp_path / "release"
+    job = site.q.options(job_id="running-row").enqueue("gate", str(gate))
+    try:
+
+        def running_row() -> list[str] | None:
+            site.open(f"/job?queue=web-demo&id={job.id}")
+            rows = site.rows("table.history tbody tr")
+            # the child's pid comes with the worker's next registry refresh (every 2 s)
+            return rows[-1] if rows and rows[-1][3] == "running" and rows[-1][2] else None
+
+        row = site.wait("the running attempt with its pid", running_row)
+        assert row[0] == "1" and row[1] == site.worker_id and row[2].isdigit()
+        assert row[8].startswith("lease left: ")
+        site.shot("running")
+    finally:
+        gate.touch()
+    assert job.result(timeout_s=20) == "released"
+
+
 def test_retry_is_refused_without_the_token_and_done_with_it(site: Site) -> None:
     job = site.q.job("resize-photo-17")
     assert job.state() == JobState.FAILED
