@@ -286,7 +286,7 @@ def test_a_script_job_id_renders_as_text(site: Site) -> None:
     assert json.dumps({"echo": hostile}, ensure_ascii=False) in site.text("pre.result")
     site.shot("hostile-id")
     site.open("/")  # the overview once every test has left its jobs: the README's picture
-    site.wait("the counts", lambda: site.texts("table.overview td")[4] == "3")
+    site.wait("the counts", lambda: site.texts("table.overview td")[4] == "4")
     site.shot("overview", readme=True)
 
 
