@@ -279,6 +279,11 @@ class Backend(Protocol):
         """``get`` and ``get_result`` of each job, in order, in one round trip."""
         ...
 
+    def get_arguments(self, job_id: str) -> bytes | None:
+        """The job's encoded ``[args, kwargs]`` as stored (None: no such job);
+        ``SerializationError`` when it is over the payload cap (it is not read)."""
+        ...
+
     def counts(self) -> dict[JobState, int]:
         """Number of jobs in each state (every state present, zero included)."""
         ...

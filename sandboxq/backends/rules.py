@@ -32,6 +32,10 @@ from sandboxq.models import (
 )
 
 #: Attempt records kept per job.
+#: Largest stored text a reader takes in (records.py), and the scripts that read another
+#: process's record (a worker's registry record) as well.
+MAX_FIELD_BYTES = 1 << 20
+
 #: Entries per claimed job in a claim or finish reply (common.lua's claim_jobs): id, token,
 #: payload, codec, opts, charged attempt, wait ms, infra deaths, history number.
 CLAIM_ROW = 9
@@ -220,6 +224,7 @@ def lua_constants() -> str:
     values = {
         "HISTORY_CAP": HISTORY_CAP,
         "CLAIM_ROW": CLAIM_ROW,
+        "MAX_FIELD_BYTES": MAX_FIELD_BYTES,
         "MAX_PRIORITY": MAX_PRIORITY,
         "DEFAULT_MAX_STALLS": DEFAULT_MAX_STALLS,
         "PROMOTE_LIMIT": PROMOTE_LIMIT,

@@ -1,6 +1,6 @@
 """``sandboxq job QUEUE ID``: one job's whole story, in one place.
 
-    backend.job_detail ──► job_data(): one plain dict (what --json prints)
+    backend.get + get_arguments ──► job_data(): one plain dict (what --json prints)
         record, options, arguments (bounded), result or error,
         history: every attempt that ended (traceback, output), then the running one
     └─► otherwise: the record's table, the attempts' table, then each attempt's
@@ -32,12 +32,16 @@ from sandboxq.models import JobState, now_ms
 def job_data(backend: Backend, job_id: str, allowed: Collection[str]) -> dict[str, Any]:
     """The job's record; a completed job's ``result`` decoded only with ``allowed`` codecs,
     else ``result_error`` saying why it is not shown (the rest of the record still is)."""
-    detail = backend.job_detail(job_id)
-    if detail is None:
+    info = backend.get(job_id)
+    if info is None:
         raise Exit(f"no job {job_id!r} in queue {backend.queue!r} (unknown, or trimmed)")
-    info = detail.info
     data = info.model_dump(mode="json")
-    data.update(_arguments(info.id, info.codec, detail.payload, allowed))
+    try:
+        payload = backend.get_arguments(job_id)
+    except SerializationError as exc:
+        data["arguments_error"] = str(exc)
+    else:
+        data.update(_arguments(info.id, info.codec, payload, allowed))
     if info.state is JobState.COMPLETED:
         try:
             data["result"] = _jsonable(read_result(backend, info, allowed))

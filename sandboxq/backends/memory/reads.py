@@ -70,6 +70,11 @@ class Reads:
             lease_expires_ms=job.lease_ms,
         )
 
+    def get_arguments(self, job_id: str) -> bytes | None:
+        with self._store.cond:
+            job = self._store.jobs.get(job_id)
+            return None if job is None else job.new.payload
+
     def get_result(self, job_id: str) -> bytes | None:
         with self._store.cond:
             job = self._store.jobs.get(job_id)

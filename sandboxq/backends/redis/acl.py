@@ -75,6 +75,7 @@ READ_COMMANDS = (
     "xrevrange",
     "smembers",
     "mget",
+    "strlen",
     "select",
     "ping",
 )

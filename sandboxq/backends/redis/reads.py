@@ -41,6 +41,20 @@ class Reads:
             reply = self._scripts.read_result(read_result_args(job_id))
         return result_from_reply(job_id, reply)
 
+    def get_arguments(self, job_id: str) -> bytes | None:
+        # Two plain reads any reader may run (acl.py): the size first, so a payload over
+        # the cap, written by hand, is never read.
+        key = self.keys.job(job_id)
+        with self._conns.errors(f"read the arguments of job {job_id!r}"):
+            size = self._conns.main.hstrlen(key, "payload")
+            if size > records.MAX_PAYLOAD_BYTES:
+                raise SerializationError(
+                    f"job {job_id!r}: the arguments are "
+                    f"{records.over_cap(size, records.MAX_PAYLOAD_BYTES)}; they were not read"
+                )
+            [payload] = self._conns.main.hmget(key, ["payload"])
+        return payload if isinstance(payload, bytes) else None
+
     def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
         calls: list[tuple[Script | None, bytes]] = []
         read_job, read_result = self._scripts.read_job, self._scripts.read_result
@@ -114,11 +128,13 @@ class Reads:
             return None
         key = self.keys.worker(records.text(owner))
         pipe = self._conns.main.pipeline(transaction=False)
+        pipe.type(key)
         pipe.strlen(key)
-        pipe.getrange(key, 0, records.MAX_FIELD_BYTES)
-        size, raw = pipe.execute(raise_on_error=False)
-        ok = isinstance(size, int) and size <= records.MAX_FIELD_BYTES and isinstance(raw, bytes)
-        return raw if ok and raw else None
+        kind, size = pipe.execute(raise_on_error=False)
+        if kind != b"string" or not isinstance(size, int) or size > records.MAX_FIELD_BYTES:
+            return None
+        [raw] = self._conns.main.mget([key])  # what a reader may run on it (acl.py)
+        return raw if isinstance(raw, bytes) and raw else None
 
     def oldest_waiting_ms(self) -> int | None:
         with self._conns.errors("read the oldest waiting job"):

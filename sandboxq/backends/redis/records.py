@@ -39,7 +39,7 @@ T = TypeVar("T")
 
 #: Largest stored text a reader takes in: a job field, attempt record, event field or
 #: worker record. Results and payloads have their own cap (``codec.DEFAULT_MAX_BYTES``).
-MAX_FIELD_BYTES = 1 << 20
+MAX_FIELD_BYTES = rules.MAX_FIELD_BYTES
 
 #: The longest state a waiter takes in (a real one is a few letters).
 MAX_STATE_BYTES = 64

@@ -495,9 +495,11 @@ end
 local function running_attempt(key, id, owner)
   local started = tonumber(redis.call('HGET', key, 'claimed_ms'))
   local pid
-  if owner then
-    local raw = redis.pcall('GET', QUEUE_BASE .. 'worker:' .. owner)
-    if type(raw) == 'string' and #raw <= 1048576 then
+  local wkey = owner and QUEUE_BASE .. 'worker:' .. owner
+  if wkey and redis.call('TYPE', wkey)['ok'] == 'string'
+      and redis.call('STRLEN', wkey) <= MAX_FIELD_BYTES then
+    local raw = redis.call('MGET', wkey)[1] -- what a producer may run on it (acl.py)
+    if type(raw) == 'string' then
       local ok, rec = pcall(cjson.decode, raw)
       if ok and type(rec) == 'table' and type(rec.jobs) == 'table' then
         for _, job in ipairs(rec.jobs) do

@@ -49,8 +49,10 @@ if redis.call('HGET', key, 'state') == 'active' then
   local record = false
   if owner then
     local wkey = QUEUE_BASE .. 'worker:' .. owner
+    -- MGET: what a reader may run on the registry (acl.py); a record that is no string
+    -- or is over the cap is not read
     if redis.call('TYPE', wkey)['ok'] == 'string' and redis.call('STRLEN', wkey) <= cap then
-      record = redis.call('GET', wkey)
+      record = redis.call('MGET', wkey)[1]
     end
   end
   running = {expiry or false, record}
