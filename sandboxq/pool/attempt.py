@@ -59,6 +59,11 @@ class AttemptResult:
     #: what died and how, in words. The worker counts it against the job: a job present
     #: at ``max_infra_deaths`` such deaths is ``poison`` (design invariant 11).
     infra_death: str | None = None
+    #: Where the attempt was: the handler's traceback when it raised, else the Python
+    #: stack of every thread captured when it was killed at its hard deadline, at its
+    #: soft timeout, or when it crashed (SIGSEGV...); None when there is none. Bounded
+    #: (``text.bounded_traceback``).
+    traceback: str | None = None
 
     @property
     def cause(self) -> str:
@@ -78,7 +83,7 @@ class AttemptResult:
             exitcode=self.exitcode,
             signal=self.signal,
             error_type=self.error.type_name if self.error else None,
-            remote_traceback=self.error.traceback if self.error else None,
+            remote_traceback=self.traceback or (self.error.traceback if self.error else None),
         )
         if self.error is not None and self.error.pickled is not None:
             try:

@@ -49,6 +49,7 @@ from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
 from sandboxq.processor import resolve
+from sandboxq.text import bounded_traceback
 
 #: The signal the parent sends at the soft deadline.
 SIGSOFT = signal.SIGUSR1
@@ -125,7 +126,8 @@ def describe(exc: BaseException) -> RemoteError:
         message = str(exc)
     except Exception:
         message = object.__repr__(exc)
-    tb = "".join(traceback.format_exception(exc))
+    # Bounded here, before it crosses the pipe: a recursion error's is megabytes.
+    tb = bounded_traceback("".join(traceback.format_exception(exc)))
     pickled: bytes | None
     try:
         pickled = pickle.dumps(exc)

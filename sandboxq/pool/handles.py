@@ -27,6 +27,7 @@ from sandboxq.pool.child import CHANNEL_LOST, RING, SIGSOFT, STARTED, WITHDRAWN,
 from sandboxq.pool.guard import Fence
 from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
 from sandboxq.pool.messages import Failed, Finished
+from sandboxq.text import bounded_traceback
 
 OnDone = Callable[[AttemptResult], None]
 log = logging.getLogger("sandboxq.pool")
@@ -220,7 +221,9 @@ class Child:
             run.settle(outcome, self.pid, now, at_ms, result=msg.result)
         else:
             outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
-            run.settle(outcome, self.pid, now, at_ms, error=msg.error)
+            # Bounded by the child already; again here, as a handler may send its own.
+            tb = bounded_traceback(msg.error.traceback)
+            run.settle(outcome, self.pid, now, at_ms, error=msg.error, traceback=tb)
         self.jobs_done += 1
         if run.task.max_memory_mb is not None or max_growth_mb is not None:
             self.check_after(run, max_growth_mb)
