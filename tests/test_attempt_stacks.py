@@ -5,12 +5,14 @@ attempt wrote to stdout and stderr."""
 
 from __future__ import annotations
 
+import signal
 from concurrent.futures import Future
 
 import pytest
 
 from sandboxq import AttemptFailed, Pool
 from sandboxq.models import Outcome
+from sandboxq.pool import stacks
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.text import MAX_TRACEBACK_BYTES, bounded_traceback
 
@@ -77,3 +79,121 @@ def test_bounding_says_how_much_was_cut() -> None:
     )
     assert bounded.endswith(" cut ...\n") and len(bounded.encode()) <= 4096
     assert bounded_traceback("short\n") == "short\n"
+
+
+# -- the stack of a hung or crashed child ---------------------------------------------------
+
+HARD = 0.6
+#: A generous bound for a loaded 2-core machine; bench/ measures the real figures.
+KILL_MARGIN_S = 0.25
+
+
+def _innermost(dump: str, frames: int = 2) -> str:
+    """The innermost ``frames`` frames of the first thread of a ``faulthandler`` dump (the
+    handler's function is the first, or below a library's, as ``re.match``)."""
+    return "\n".join(dump.split("(most recent call first):\n")[1].splitlines()[:frames])
+
+
+def _killed_on_time(result: AttemptResult) -> None:
+    assert result.outcome is Outcome.HARD_TIMEOUT, result.cause
+    assert result.runtime_s is not None and HARD <= result.runtime_s < HARD + KILL_MARGIN_S
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("handler", ["spin_in_pure_python", "sleep_in_libc", "regex_with_the_gil"])
+def test_a_hard_killed_handler_names_the_function_it_was_stuck_in(
+    handler: str, containment: str
+) -> None:
+    with Pool(W + handler, size=1, hard_timeout_s=HARD, containment=containment) as pool:
+        result = attempt(pool)
+    _killed_on_time(result)
+    assert result.signal == signal.SIGKILL
+    tb = result.traceback
+    assert tb is not None, result
+    assert "most recent call first" in tb
+    assert f"in {handler}" in _innermost(tb), tb
+    assert len(tb.encode()) <= MAX_TRACEBACK_BYTES
+
+
+@pytest.mark.timeout(30)
+def test_the_libc_call_really_holds_the_gil() -> None:
+    """What makes ``sleep_in_libc`` the GIL-holding case: no other thread ran during it."""
+    with Pool(W + "gil_is_held_in_libc_sleep", size=1) as pool:
+        assert pool.submit().result(timeout=10) is True
+
+
+@pytest.mark.timeout(30)
+def test_the_stack_at_the_soft_signal_when_the_handler_returns_after_it() -> None:
+    with Pool(W + "swallow_soft_timeout_then", 1, soft_timeout_s=0.3, hard_timeout_s=5) as pool:
+        result = attempt(pool, "return")
+    assert result.outcome is Outcome.SOFT_TIMEOUT
+    assert result.traceback is not None
+    assert "in spin_in_pure_python" in _innermost(result.traceback, 1)
+
+
+@pytest.mark.timeout(30)
+def test_the_soft_stack_stays_when_the_hard_dump_is_blocked() -> None:
+    with Pool(W + "swallow_soft_timeout_then", 1, soft_timeout_s=0.3, hard_timeout_s=HARD) as pool:
+        result = attempt(pool, "block", stacks.DUMP_SIGNAL)
+    _killed_on_time(result)
+    assert result.traceback is not None
+    assert "in spin_in_pure_python" in result.traceback
+    assert "spin_after_the_soft_timeout" not in result.traceback
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("handler", "signum"), [("segfault_here", signal.SIGSEGV), ("abort_here", signal.SIGABRT)]
+)
+def test_a_crashing_handler_names_the_function_it_crashed_in(handler: str, signum: int) -> None:
+    with Pool(W + handler, size=1) as pool:
+        result = attempt(pool)
+        assert result.outcome is Outcome.CRASHED and result.signal == signum
+        tb = result.traceback
+        assert tb is not None and tb.startswith("Fatal Python error")
+        assert f"in {handler}" in _innermost(tb), tb
+        # The next attempt, on a fresh child, crashes with a stack of its own.
+        again = attempt(pool)
+        assert again.pid != result.pid and again.traceback is not None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "handler",
+    ["block_the_dump_signal", "own_handler_for_the_dump_signal"],
+)
+def test_a_handler_that_keeps_the_dump_from_coming_is_still_killed_on_time(handler: str) -> None:
+    with Pool(W + handler, size=1, hard_timeout_s=HARD) as pool:
+        result = attempt(pool, stacks.DUMP_SIGNAL)
+        _killed_on_time(result)
+        assert result.traceback is None
+        # The replacement child dumps again.
+        again = attempt(pool, 0)  # signal 0: the handler changes nothing
+        _killed_on_time(again)
+        assert again.traceback is not None and "in spin_in_pure_python" in again.traceback
+
+
+@pytest.mark.timeout(30)
+def test_a_handler_that_resets_the_dump_signal_ends_as_the_hard_timeout_it_was_due() -> None:
+    with Pool(W + "default_action_for_the_dump_signal", size=1, hard_timeout_s=HARD) as pool:
+        result = attempt(pool, stacks.DUMP_SIGNAL)
+    # It dies of the dump signal, a few ms before the deadline: not a crash of its own
+    # (or, when its death is seen only at the deadline, killed there as due).
+    assert result.outcome is Outcome.HARD_TIMEOUT, result.cause
+    assert result.runtime_s is not None and result.runtime_s < HARD + KILL_MARGIN_S
+    if result.runtime_s < HARD:
+        assert "reset that signal to its default action" in result.cause
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("then", "outcome"), [("spin", Outcome.HARD_TIMEOUT), ("segfault", Outcome.CRASHED)]
+)
+def test_a_handler_that_closes_every_descriptor(then: str, outcome: Outcome) -> None:
+    """Its dump file is gone with them: no stack, and still killed on time."""
+    with Pool(W + "close_every_descriptor_then", size=1, hard_timeout_s=HARD) as pool:
+        result = attempt(pool, then)
+        assert result.outcome is outcome, result.cause
+        if outcome is Outcome.HARD_TIMEOUT:
+            _killed_on_time(result)
+        assert result.traceback is None

@@ -23,6 +23,10 @@ a helper alive across jobs on purpose; the child still sweeps when it exits.
 The soft timeout arrives as SIGSOFT: the handler raises ``SoftTimeout`` in the main thread
 only while the processor is running, so a late signal can never break the loop itself.
 
+The stack of every thread is dumped (``faulthandler``, stacks.py) into a file the parent
+holds when the parent asks (at the soft signal, just before the hard kill) and when the
+child crashes.
+
 The fence deadline of the running attempt is not the child's to enforce: the pool's
 guard process (guard.py) kills the child's tree when it passes, whatever the child or
 its parent are doing.
@@ -44,7 +48,7 @@ from typing import Any
 
 from sandboxq import codec
 from sandboxq.errors import SandboxqError, SoftTimeout
-from sandboxq.pool import descriptors, limits, linux
+from sandboxq.pool import descriptors, limits, linux, stacks
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
@@ -208,12 +212,16 @@ def child_main(
     keep_strays: bool = False,
     shared: Any = None,
     setup: limits.ChildSetup | None = None,
+    stack_fd: int | None = None,
 ) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
     global _soft_task_id
     # First, before any of the user's code: nothing of the fork server, the resource
     # tracker or another helper stays reachable (descriptors.py).
-    descriptors.isolate(sock.fileno())
+    given = () if stack_fd is None else (stack_fd,)
+    descriptors.isolate(sock.fileno(), *given)
+    if stack_fd is not None:
+        stacks.arm(stack_fd)  # where it hangs or crashes, for the parent (stacks.py)
     setup = setup or limits.ChildSetup()
     limits.enter(setup)  # then its control group and rlimits cover all that follows
     _soft_task_id = soft_task_id

@@ -1,8 +1,8 @@
 """Starting pool children, and following the fork server they are forked from.
 
     spawn() ──► a channel pair, the child's own page of shared values (memory.py:
-                soft-signal target, started/withdrawn tasks), a control group in a cgroup
-                mode
+                soft-signal target, started/withdrawn tasks), its stack-dump file
+                (stacks.py), a control group in a cgroup mode
             ──► Process(child_main) started (launch.py; through the fork server with the
                 forkserver start method) and registered (server.py) before an orphan
                 sweep can see it
@@ -26,6 +26,7 @@ from sandboxq.pool.child import child_main
 from sandboxq.pool.containment import Containment
 from sandboxq.pool.handles import Child
 from sandboxq.pool.memory import ChildMemory
+from sandboxq.pool.stacks import StackFile
 
 #: Tries to start one child before the pool is broken.
 LAUNCH_TRIES = 4
@@ -65,9 +66,18 @@ class Spawner:
         memory = ChildMemory()
         soft, shared = memory.for_child()
         group, setup = self._contain.new_child()
+        dumps = StackFile()
         process = self._ctx.Process(
             target=child_main,
-            args=(child_end, self._processor, soft, self._keep_strays, shared, setup),
+            args=(
+                child_end,
+                self._processor,
+                soft,
+                self._keep_strays,
+                shared,
+                setup,
+                dumps.for_child(),
+            ),
             name="sandboxq-child",
         )
         try:
@@ -76,12 +86,14 @@ class Spawner:
                 server.register(process.pid)
         except OSError:
             channel.close()
+            dumps.close()
             raise
         finally:
             child_end.close()
             memory.launched()
         child = Child(process, channel, memory.soft, memory.shared)
         child.group = group
+        child.stacks = dumps
         return child
 
     def follow_server(self) -> None:

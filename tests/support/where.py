@@ -49,17 +49,17 @@ def sleep_in_libc() -> None:
 
 
 def gil_is_held_in_libc_sleep() -> bool:
-    """Whether another thread can run while ``sleep_in_libc``'s call (0.5 s) is made."""
+    """Whether a thread that wakes 50 ms into a 0.5 s ``libc.usleep`` made through
+    ``ctypes.PyDLL`` (as ``sleep_in_libc`` does) has to wait for the call to end."""
     import threading
 
-    ran = []
-    thread = threading.Thread(target=lambda: ran.append(time.monotonic()))
-    libc = ctypes.PyDLL(None)
+    woke = []
+    thread = threading.Thread(target=lambda: (time.sleep(0.05), woke.append(time.monotonic())))
     start = time.monotonic()
     thread.start()
-    libc.usleep(500_000)
+    ctypes.PyDLL(None).usleep(500_000)
     thread.join()
-    return ran[0] - start >= 0.45
+    return woke[0] - start >= 0.45
 
 
 def segfault_here() -> None:
@@ -72,13 +72,15 @@ def abort_here() -> None:
 
 def block_the_dump_signal(signum: int) -> None:
     """Blocks ``signum`` (the pool's stack-dump signal) in every thread, then spins."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    if signum:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
     spin_in_pure_python()
 
 
 def own_handler_for_the_dump_signal(signum: int) -> None:
     """Installs its own Python handler for ``signum``, then spins."""
-    signal.signal(signum, lambda *_: None)
+    if signum:
+        signal.signal(signum, lambda *_: None)
     spin_in_pure_python()
 
 
@@ -108,3 +110,23 @@ def print_and_return(text: str, repeat: int = 1, err_text: str = "") -> str:
 def print_then_spin(text: str) -> None:
     print(text, flush=True)
     spin_in_pure_python()
+
+
+def swallow_soft_timeout_then(then: str, signum: int = 0) -> str:
+    """Spins until its soft timeout, catches it, then: ``return``, or blocks ``signum``
+    (the stack-dump signal) and spins on elsewhere until it is killed."""
+    from sandboxq.errors import SoftTimeout
+
+    try:
+        spin_in_pure_python()
+    except SoftTimeout:
+        if then == "return":
+            return "swallowed"
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        spin_after_the_soft_timeout()
+    return "unreachable"
+
+
+def spin_after_the_soft_timeout() -> None:
+    while True:
+        pass

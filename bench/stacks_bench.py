@@ -1,0 +1,146 @@
+"""Stack capture: what asking a hung child for its stack (stacks.py) costs the hard kill.
+
+    python bench/stacks_bench.py [kill|all] [--json OUT] [--quick] [--base COMMIT]
+
+kill  hard-kill overshoot (reaped and outcome recorded, after the deadline) for every hung
+      handler of the catalogue (sandboxq/testing/handlers.py, as bench/pool_bench.py) and
+      a 200-process fork burst, with the capture (this checkout) and without it (``--base``,
+      default: the commit before the capture), alternated run by run in fresh processes.
+      Also counted: how many kills came back with a stack that names a frame.
+
+Figures print beside their targets; JSON goes to bench/results/stacks.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import figures  # noqa: E402
+from pool_bench import KILL_HANDLERS, RECORDS_PIDS  # noqa: E402
+
+#: The commit before the stack capture: the hard kill as it was.
+BASE = "505e9c7"
+HARD_S = 0.25
+BURST_HARD_S = 0.5
+BURST = "fork_burst"
+
+#: One handler's kills, in a fresh process on the checkout at argv[1]; prints
+#: [[overshoot_ms, stack named a frame], ...].
+KILLS = textwrap.dedent(
+    """
+    import json, sys, tempfile
+    sys.path.insert(0, sys.argv[1])
+    from concurrent.futures import Future
+    from sandboxq import Pool
+    handler, kills, hard_s, records = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+    out = []
+    with tempfile.TemporaryDirectory() as tmp, Pool(
+        "sandboxq.testing.handlers:" + handler, size=2, hard_timeout_s=hard_s
+    ) as pool:
+        for i in range(kills // 2):
+            done = [Future(), Future()]
+            for n, f in enumerate(done):
+                pid_file = f"{tmp}/{i}-{n}"
+                args = (pid_file, 200, "hang") if handler == "fork_burst" else (
+                    (pid_file,) if records == "1" else ())
+                pool.execute(pool.make_task(*args), f.set_result)
+            for f in done:
+                r = f.result(timeout=60)
+                assert str(r.outcome) == "hard_timeout", r.cause
+                stack = getattr(r, "traceback", None)
+                out.append([(r.runtime_s - hard_s) * 1000, bool(stack and 'File "' in stack)])
+    print(json.dumps(out))
+    """
+)
+
+
+def _kills(root: str, handler: str, kills: int) -> list[list[Any]]:
+    hard_s = BURST_HARD_S if handler == BURST else HARD_S
+    records = "1" if handler in RECORDS_PIDS else "0"
+    out = subprocess.run(
+        [sys.executable, "-c", KILLS, root, handler, str(kills), str(hard_s), records],
+        capture_output=True,
+        check=True,
+        cwd="/",
+    )
+    result: list[list[Any]] = json.loads(out.stdout)
+    return result
+
+
+def bench_kill(quick: bool = False, base: str = BASE) -> dict[str, Any]:
+    kills, rounds = (4, 1) if quick else (12, 2)
+    out: dict[str, Any] = {"base": base, "handlers": {}, "figures": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", base, "sandboxq"], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        every: dict[str, list[float]] = {"off": [], "on": []}
+        for handler in [*KILL_HANDLERS, BURST]:
+            ms: dict[str, list[float]] = {"off": [], "on": []}
+            named = 0
+            for _ in range(rounds):
+                for name, root in (("off", tmp), ("on", str(ROOT))):
+                    for overshoot, has_stack in _kills(root, handler, kills):
+                        ms[name].append(overshoot)
+                        named += name == "on" and has_stack
+            row: dict[str, Any] = {}
+            for name in ("off", "on"):
+                values = sorted(ms[name])
+                every[name] += values
+                row[name] = {
+                    "median_ms": round(statistics.median(values), 2),
+                    "max_ms": round(values[-1], 2),
+                    "samples_ms": [round(v, 2) for v in values],
+                }
+            row["stacks_named_a_frame"] = f"{named}/{len(ms['on'])}"
+            out["handlers"][handler] = row
+            print(
+                f"  {handler:24} capture off: median {row['off']['median_ms']:6.2f} max "
+                f"{row['off']['max_ms']:6.2f} ms   on: median {row['on']['median_ms']:6.2f} max "
+                f"{row['on']['max_ms']:6.2f} ms   stacks {row['stacks_named_a_frame']}",
+                flush=True,
+            )
+        for name in ("off", "on"):
+            values = sorted(every[name])
+            label = "with stack capture" if name == "on" else f"without ({base})"
+            for fig in (
+                figures.figure(
+                    f"hard-kill overshoot {label}, median", values, "ms", figures.KILL_MEDIAN
+                ),
+                figures.figure(
+                    f"hard-kill overshoot {label}, max", [values[-1]], "ms", figures.KILL_MAX
+                ),
+            ):
+                fig["runs"] = []  # the samples are kept once, per handler
+                out["figures"].append(fig)
+                print(figures.line(fig), flush=True)
+    return out
+
+
+def main() -> None:
+    def add_base(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--base", default=BASE, help="commit without the capture")
+
+    figures.run_sections(
+        __file__,
+        {"kill": lambda args: bench_kill(args.quick, args.base)},
+        HERE / "results" / "stacks.json",
+        add_base,
+    )
+
+
+if __name__ == "__main__":
+    main()
