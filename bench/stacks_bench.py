@@ -1,12 +1,15 @@
-"""Stack capture: what asking a hung child for its stack (stacks.py) costs the hard kill.
+"""Where an attempt was, and what it wrote: what the stack capture (stacks.py) costs the
+hard kill, and what keeping each attempt's output (output.py) costs a job.
 
-    python bench/stacks_bench.py [kill|all] [--json OUT] [--quick] [--base COMMIT]
+    python bench/stacks_bench.py [kill|output|all] [--json OUT] [--quick] [--base COMMIT]
 
 kill  hard-kill overshoot (reaped and outcome recorded, after the deadline) for every hung
       handler of the catalogue (sandboxq/testing/handlers.py, as bench/pool_bench.py) and
       a 200-process fork burst, with the capture (this checkout) and without it (``--base``,
       default: the commit before the capture), alternated run by run in fresh processes.
       Also counted: how many kills came back with a stack that names a frame.
+output no-op jobs/s of a pool of 2 children with ``capture_output`` on and off, back to
+      back in fresh processes, alternated; and the base commit's, for the whole change.
 
 Figures print beside their targets; JSON goes to bench/results/stacks.json.
 """
@@ -146,13 +149,68 @@ def bench_kill(quick: bool = False, base: str = BASE) -> dict[str, Any]:
     return out
 
 
+#: No-op jobs through a pool of 2 on the checkout at argv[1]; prints jobs/s.
+THROUGHPUT = textwrap.dedent(
+    """
+    import sys, time, json
+    sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
+    from concurrent.futures import wait
+    from sandboxq import Pool
+    n, options = int(sys.argv[3]), json.loads(sys.argv[4])
+    with Pool("bench_jobs:noop", size=2, **options) as pool:
+        wait([pool.submit(i) for i in range(2000)])
+        t0 = time.perf_counter()
+        futures = [pool.submit(i) for i in range(n)]
+        wait(futures)
+        print(json.dumps(n / (time.perf_counter() - t0)))
+    """
+)
+
+
+def bench_output(quick: bool = False, base: str = BASE) -> dict[str, Any]:
+    n, rounds = (5000, 2) if quick else (20000, 5)
+    runs = {
+        "capture on": (str(ROOT), {"capture_output": True}),
+        "capture off": (str(ROOT), {"capture_output": False}),
+        f"base {base}": ("", {}),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", base, "sandboxq"], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        for _ in range(rounds):
+            for name, (root, options) in runs.items():
+                argv = [root or tmp, str(HERE), str(n), json.dumps(options)]
+                out = subprocess.run(
+                    [sys.executable, "-c", THROUGHPUT, *argv],
+                    capture_output=True,
+                    check=True,
+                    cwd="/",
+                )
+                rates[name].append(json.loads(out.stdout))
+    out_figures = []
+    for name, values in rates.items():
+        fig = figures.figure(f"pool no-op throughput, {name}", values, "jobs/s", digits=0)
+        print(figures.line(fig), flush=True)
+        out_figures.append(fig)
+    on, off = (statistics.median(rates[k]) for k in ("capture on", "capture off"))
+    change = figures.figure("throughput, capture on vs off", [(on / off - 1) * 100], "%")
+    print(figures.line(change), flush=True)
+    return {"jobs": n, "figures": [*out_figures, change]}
+
+
 def main() -> None:
     def add_base(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--base", default=BASE, help="commit without the capture")
 
     figures.run_sections(
         __file__,
-        {"kill": lambda args: bench_kill(args.quick, args.base)},
+        {
+            "kill": lambda args: bench_kill(args.quick, args.base),
+            "output": lambda args: bench_output(args.quick, args.base),
+        },
         HERE / "results" / "stacks.json",
         add_base,
     )

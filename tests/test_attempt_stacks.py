@@ -5,8 +5,12 @@ attempt wrote to stdout and stderr."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,7 @@ from sandboxq import AttemptFailed, Pool
 from sandboxq.models import Outcome
 from sandboxq.pool import stacks
 from sandboxq.pool.attempt import AttemptResult
+from sandboxq.pool.output import TAIL_BYTES
 from sandboxq.text import MAX_TRACEBACK_BYTES, bounded_traceback
 
 W = "tests.support.where:"
@@ -197,3 +202,110 @@ def test_a_handler_that_closes_every_descriptor(then: str, outcome: Outcome) -> 
         if outcome is Outcome.HARD_TIMEOUT:
             _killed_on_time(result)
         assert result.traceback is None
+
+
+# -- what the attempt wrote ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_the_output_of_an_attempt_is_kept_from_both_streams() -> None:
+    with Pool(W + "print_and_return", size=1, containment="process_tree") as pool:
+        result = attempt(pool, "to stdout", 1, "to stderr")
+    assert result.outcome is Outcome.OK
+    assert result.output is not None
+    assert "to stdout\n" in result.output and "to stderr\n" in result.output
+
+
+@pytest.mark.timeout(30)
+def test_output_is_bounded_to_the_last_8_kib_and_says_what_was_cut() -> None:
+    with Pool(W + "print_numbered", size=1, containment="process_tree") as pool:
+        result = attempt(pool, 20_000)
+    out = result.output
+    assert out is not None
+    note, _, kept = out.partition("\n")
+    assert len(kept.encode()) == TAIL_BYTES
+    assert kept.endswith("line 19999\n")
+    written = sum(len(f"line {n}\n") for n in range(20_000))
+    assert note == f"... {written - TAIL_BYTES:,} bytes before these cut ..."
+
+
+@pytest.mark.timeout(30)
+def test_output_is_per_attempt_on_a_reused_child() -> None:
+    with Pool(W + "print_and_return", size=1, containment="process_tree") as pool:
+        first = attempt(pool, "from the first attempt")
+        second = attempt(pool, "from the second attempt")
+        silent = attempt(pool, "", 0)
+    assert first.pid == second.pid == silent.pid  # one child, reused
+    assert first.output == "from the first attempt\n"
+    assert second.output == "from the second attempt\n"
+    assert silent.output is None
+
+
+@pytest.mark.timeout(30)
+def test_what_a_hard_killed_handler_printed_before_it_hung_is_kept() -> None:
+    with Pool(W + "print_then_spin", 1, hard_timeout_s=HARD, containment="process_tree") as pool:
+        result = attempt(pool, "about to spin")
+    _killed_on_time(result)
+    assert result.output == "about to spin\n"
+
+
+@pytest.mark.timeout(30)
+def test_capture_output_false_leaves_output_none() -> None:
+    with Pool(W + "print_and_return", 1, capture_output=False, containment="process_tree") as pool:
+        result = attempt(pool, "not kept", 1, "nor this")
+    assert result.outcome is Outcome.OK and result.output is None
+
+
+SHOWS_LIVE = """
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+from sandboxq import Pool
+with Pool("tests.support.where:print_and_return", size=1, capture_output=sys.argv[1] == "on",
+          containment="process_tree") as pool:
+    done = Future()
+    pool.execute(pool.make_task("OUT-LINE", 1, "ERR-LINE"), done.set_result)
+    print("kept:", repr(done.result(timeout=20).output), file=sys.stderr)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("capture", ["on", "off"])
+def test_output_is_still_shown_on_the_workers_own_stdout_and_stderr(capture: str) -> None:
+    shown = subprocess.run(
+        [sys.executable, "-c", SHOWS_LIVE, capture], capture_output=True, text=True, timeout=50
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == "OUT-LINE\n"
+    shown_live = [line for line in shown.stderr.splitlines() if not line.startswith("kept:")]
+    assert shown_live == ["ERR-LINE"]
+    kept = "'OUT-LINE\\nERR-LINE\\n'" if capture == "on" else "None"
+    assert f"kept: {kept}" in shown.stderr
+
+
+# -- `sandboxq run` keeps stdout for its results ------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["local", "fleet"])
+@pytest.mark.parametrize("capture", ["on", "off"])
+def test_sandboxq_run_stdout_is_json_lines_when_handlers_print(
+    mode: str, capture: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(f'{{"args": ["printed {n}", 2, "said {n}"]}}\n' for n in range(4)))
+    argv = [sys.executable, "-m", "sandboxq", "run", W + "print_and_return", str(source)]
+    if mode == "fleet":
+        url = request.getfixturevalue("redis_url")
+        argv += ["--url", url, "--queue", f"prints-{capture}", "--concurrency", "1"]
+    if capture == "off":
+        argv.append("--no-capture-output")
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    rows = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert sorted(r["line"] for r in rows) == [1, 2, 3, 4]
+    assert {r["outcome"] for r in rows} == {"ok"}
+    for n in range(4):  # what the handlers printed is not lost: on stderr
+        assert ran.stderr.count(f"printed {n}\n") == 2 and f"said {n}\n" in ran.stderr

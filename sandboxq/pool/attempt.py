@@ -64,6 +64,9 @@ class AttemptResult:
     #: soft timeout, or when it crashed (SIGSEGV...); None when there is none. Bounded
     #: (``text.bounded_traceback``).
     traceback: str | None = None
+    #: The last 8 KiB the child wrote to its stdout and stderr during this attempt (None:
+    #: nothing, or ``capture_output=False``); decoded with errors="replace".
+    output: str | None = None
 
     @property
     def cause(self) -> str:

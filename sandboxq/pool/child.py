@@ -23,6 +23,9 @@ a helper alive across jobs on purpose; the child still sweeps when it exits.
 The soft timeout arrives as SIGSOFT: the handler raises ``SoftTimeout`` in the main thread
 only while the processor is running, so a late signal can never break the loop itself.
 
+With ``capture_output`` its stdout and stderr are pipes to the parent (output.py),
+line-buffered, and flushed at the end of every attempt, before its reply.
+
 The stack of every thread is dumped (``faulthandler``, stacks.py) into a file the parent
 holds when the parent asks (at the soft signal, just before the hard kill) and when the
 child crashes.
@@ -48,7 +51,7 @@ from typing import Any
 
 from sandboxq import codec
 from sandboxq.errors import SandboxqError, SoftTimeout
-from sandboxq.pool import descriptors, limits, linux, stacks
+from sandboxq.pool import descriptors, limits, linux, output, stacks
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
@@ -191,6 +194,7 @@ def run_one(
         reply = Failed(run.task_id, describe(exc))
     finally:
         _current = None
+    output.flush_stdio()  # what it printed is in the pipe before its reply leaves
     if not keep_strays:
         sweep_own_tree()  # before the outcome leaves: nothing the attempt started outlives it
     try:
@@ -213,9 +217,12 @@ def child_main(
     shared: Any = None,
     setup: limits.ChildSetup | None = None,
     stack_fd: int | None = None,
+    output_fds: tuple[int, int] | None = None,
 ) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
     global _soft_task_id
+    if output_fds is not None:
+        output.attach(*output_fds)  # stdout and stderr: pipes to the parent (output.py)
     # First, before any of the user's code: nothing of the fork server, the resource
     # tracker or another helper stays reachable (descriptors.py).
     given = () if stack_fd is None else (stack_fd,)

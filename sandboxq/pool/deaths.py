@@ -56,6 +56,8 @@ def bury(child: Child, exitcode: int | None, pending: deque[Attempt], contain: C
     contain.remove(child.group)  # after: its OOM-kill counter names the outcome
     if child.stacks is not None:
         child.stacks.close()  # after: its last stack was read
+    if child.output is not None:
+        child.output.close()  # after: its last output was taken
     # Queued attempts never started: back to the front of the line, in order.
     for attempt in reversed(child.queued):
         if attempt.kill_outcome is not None:
@@ -89,6 +91,7 @@ def settle_death(child: Child, run: Attempt, exitcode: int | None, pending: dequ
         kill_overshoot_s=overshoot,
         infra_death=run.infra_death,
         traceback=child.stack_at_death(run),
+        output=child.output.take() if child.output is not None else None,
     )
 
 
@@ -131,6 +134,8 @@ def stop_all(children: list[Child], pending: deque[Attempt]) -> None:
             attempt.settle(Outcome.INTERRUPTED, None, detail="the pool stopped")
         if child.stacks is not None:
             child.stacks.close()
+        if child.output is not None:
+            child.output.close()
         child.process.close()
         server.forget(child.pid)
     server.sweep_orphans()  # kept strays and daemons of children that died on their own

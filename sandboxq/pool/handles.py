@@ -28,6 +28,7 @@ from sandboxq.pool.child import CHANNEL_LOST, RING, SIGSOFT, STARTED, WITHDRAWN,
 from sandboxq.pool.guard import Fence
 from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
 from sandboxq.pool.messages import Failed, Finished
+from sandboxq.pool.output import ChildOutput
 from sandboxq.pool.stacks import DUMP_EARLY_S, StackFile
 from sandboxq.text import bounded_traceback
 
@@ -160,6 +161,7 @@ class Child:
         "fence",
         "group",
         "jobs_done",
+        "output",
         "pid",
         "process",
         "queued",
@@ -193,6 +195,7 @@ class Child:
         self.rss_after: int | None = None  # sampled after its last attempt, until the next
         self.group: Group | None = None  # its control group, in a cgroup mode
         self.stacks: StackFile | None = None  # where it dumps its stack (stacks.py)
+        self.output: ChildOutput | None = None  # its stdout and stderr (output.py)
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)
@@ -230,15 +233,18 @@ class Child:
         # the request before the hard kill and the kill); a raise's traceback says it better.
         asked = run.soft_sent or run.hard_stack_asked
         stack = self.asked_stack() if asked else None
+        out = self.output.take() if self.output is not None else None
         if isinstance(msg, Finished):
             outcome = run.soft_outcome if run.soft_sent else Outcome.OK
             stack = (stack or run.soft_stack) if outcome is not Outcome.OK else None
-            run.settle(outcome, self.pid, now, at_ms, result=msg.result, traceback=stack)
+            run.settle(
+                outcome, self.pid, now, at_ms, result=msg.result, traceback=stack, output=out
+            )
         else:
             outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
             # Bounded by the child already; again here, as a handler may send its own.
             tb = bounded_traceback(msg.error.traceback)
-            run.settle(outcome, self.pid, now, at_ms, error=msg.error, traceback=tb)
+            run.settle(outcome, self.pid, now, at_ms, error=msg.error, traceback=tb, output=out)
         self.jobs_done += 1
         if run.task.max_memory_mb is not None or max_growth_mb is not None:
             self.check_after(run, max_growth_mb)

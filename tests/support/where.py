@@ -130,3 +130,8 @@ def swallow_soft_timeout_then(then: str, signum: int = 0) -> str:
 def spin_after_the_soft_timeout() -> None:
     while True:
         pass
+
+
+def print_numbered(count: int) -> None:
+    for n in range(count):
+        print(f"line {n}")
