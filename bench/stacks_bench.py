@@ -70,30 +70,27 @@ KILLS = textwrap.dedent(
 )
 
 
-def _kills(root: str, handler: str, kills: int) -> list[list[Any]]:
-    """One run; tried again (up to 3 times) when its pool broke at the start: on a machine
-    shared with other pools, a control group was seen removed under a starting child."""
+def _script(what: str, script: str, *argv: str) -> Any:
+    """Run ``script`` in a fresh process; its stdout's JSON. Tried again (up to 3 times)
+    when its pool broke at its start: on a machine shared with other pools' tests, a
+    child's control group was seen removed under it as it started."""
     for attempt in range(3):
-        try:
-            return _run_kills(root, handler, kills)
-        except RuntimeError as exc:
-            if "pool is broken" not in str(exc) or attempt == 2:
-                raise
-            print(f"  ({handler}: the pool broke at its start; run again)", flush=True)
+        out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, cwd="/")
+        if out.returncode == 0:
+            return json.loads(out.stdout)
+        error = out.stderr.decode(errors="replace")
+        if "pool is broken" not in error or attempt == 2:
+            raise RuntimeError(f"{what} failed:\n{error[-3000:]}")
+        print(f"  ({what}: the pool broke at its start; run again)", flush=True)
     raise AssertionError("unreachable")
 
 
-def _run_kills(root: str, handler: str, kills: int) -> list[list[Any]]:
+def _kills(root: str, handler: str, kills: int) -> list[list[Any]]:
     hard_s = BURST_HARD_S if handler == BURST else HARD_S
     records = "1" if handler in RECORDS_PIDS else "0"
-    out = subprocess.run(
-        [sys.executable, "-c", KILLS, root, handler, str(kills), str(hard_s), records],
-        capture_output=True,
-        cwd="/",
+    result: list[list[Any]] = _script(
+        handler, KILLS, root, handler, str(kills), str(hard_s), records
     )
-    if out.returncode != 0:
-        raise RuntimeError(f"{handler} on {root} failed:\n{out.stderr.decode()[-3000:]}")
-    result: list[list[Any]] = json.loads(out.stdout)
     return result
 
 
@@ -183,13 +180,7 @@ def bench_output(quick: bool = False, base: str = BASE) -> dict[str, Any]:
         for _ in range(rounds):
             for name, (root, options) in runs.items():
                 argv = [root or tmp, str(HERE), str(n), json.dumps(options)]
-                out = subprocess.run(
-                    [sys.executable, "-c", THROUGHPUT, *argv],
-                    capture_output=True,
-                    check=True,
-                    cwd="/",
-                )
-                rates[name].append(json.loads(out.stdout))
+                rates[name].append(_script(name, THROUGHPUT, *argv))
     out_figures = []
     for name, values in rates.items():
         fig = figures.figure(f"pool no-op throughput, {name}", values, "jobs/s", digits=0)

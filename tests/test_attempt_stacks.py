@@ -22,6 +22,10 @@ from sandboxq.pool.output import TAIL_BYTES
 from sandboxq.text import MAX_TRACEBACK_BYTES, bounded_traceback
 
 W = "tests.support.where:"
+#: What these tests look at does not depend on containment: the process-tree mode, where
+#: no other pool's clean-up of stale control groups can reach them (the hard-kill test
+#: runs in both modes).
+TREE = "process_tree"
 
 
 def attempt(pool: Pool, *args: object, **kwargs: object) -> AttemptResult:
@@ -35,7 +39,7 @@ def attempt(pool: Pool, *args: object, **kwargs: object) -> AttemptResult:
 
 @pytest.mark.timeout(30)
 def test_a_raise_two_frames_deep_keeps_both_frames_and_the_exception() -> None:
-    with Pool(W + "outer_frame_raises", size=1) as pool:
+    with Pool(W + "outer_frame_raises", size=1, containment=TREE) as pool:
         result = attempt(pool, "it broke here")
         assert result.outcome is Outcome.ERROR
         tb = result.traceback
@@ -51,7 +55,7 @@ def test_a_raise_two_frames_deep_keeps_both_frames_and_the_exception() -> None:
 
 @pytest.mark.timeout(30)
 def test_a_huge_traceback_is_bounded_keeping_the_innermost_frames() -> None:
-    with Pool(W + "deep_recursion", size=1) as pool:
+    with Pool(W + "deep_recursion", size=1, containment=TREE) as pool:
         result = attempt(pool)
     tb = result.traceback
     assert result.outcome is Outcome.ERROR and tb is not None
@@ -123,13 +127,15 @@ def test_a_hard_killed_handler_names_the_function_it_was_stuck_in(
 @pytest.mark.timeout(30)
 def test_the_libc_call_really_holds_the_gil() -> None:
     """What makes ``sleep_in_libc`` the GIL-holding case: no other thread ran during it."""
-    with Pool(W + "gil_is_held_in_libc_sleep", size=1) as pool:
+    with Pool(W + "gil_is_held_in_libc_sleep", size=1, containment=TREE) as pool:
         assert pool.submit().result(timeout=10) is True
 
 
 @pytest.mark.timeout(30)
 def test_the_stack_at_the_soft_signal_when_the_handler_returns_after_it() -> None:
-    with Pool(W + "swallow_soft_timeout_then", 1, soft_timeout_s=0.3, hard_timeout_s=5) as pool:
+    with Pool(
+        W + "swallow_soft_timeout_then", 1, soft_timeout_s=0.3, hard_timeout_s=5, containment=TREE
+    ) as pool:
         result = attempt(pool, "return")
     assert result.outcome is Outcome.SOFT_TIMEOUT
     assert result.traceback is not None
@@ -138,7 +144,13 @@ def test_the_stack_at_the_soft_signal_when_the_handler_returns_after_it() -> Non
 
 @pytest.mark.timeout(30)
 def test_the_soft_stack_stays_when_the_hard_dump_is_blocked() -> None:
-    with Pool(W + "swallow_soft_timeout_then", 1, soft_timeout_s=0.3, hard_timeout_s=HARD) as pool:
+    with Pool(
+        W + "swallow_soft_timeout_then",
+        1,
+        soft_timeout_s=0.3,
+        hard_timeout_s=HARD,
+        containment=TREE,
+    ) as pool:
         result = attempt(pool, "block", stacks.DUMP_SIGNAL)
     _killed_on_time(result)
     assert result.traceback is not None
@@ -151,7 +163,7 @@ def test_the_soft_stack_stays_when_the_hard_dump_is_blocked() -> None:
     ("handler", "signum"), [("segfault_here", signal.SIGSEGV), ("abort_here", signal.SIGABRT)]
 )
 def test_a_crashing_handler_names_the_function_it_crashed_in(handler: str, signum: int) -> None:
-    with Pool(W + handler, size=1) as pool:
+    with Pool(W + handler, size=1, containment=TREE) as pool:
         result = attempt(pool)
         assert result.outcome is Outcome.CRASHED and result.signal == signum
         tb = result.traceback
@@ -163,12 +175,36 @@ def test_a_crashing_handler_names_the_function_it_crashed_in(handler: str, signu
 
 
 @pytest.mark.timeout(30)
+def test_a_forked_grandchilds_crash_is_not_taken_for_the_childs_stack() -> None:
+    with Pool(
+        W + "grandchild_crashes_then_spin", size=1, hard_timeout_s=HARD, containment=TREE
+    ) as pool:
+        result = attempt(pool)
+    _killed_on_time(result)
+    assert result.traceback is not None
+    assert "Fatal Python error" not in result.traceback
+    assert "in spin_in_pure_python" in _innermost(result.traceback, 1)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_stacks_and_output_with_either_start_method(start_method: str) -> None:
+    with Pool(
+        W + "print_then_spin", 1, hard_timeout_s=HARD, start_method=start_method, containment=TREE
+    ) as pool:
+        result = attempt(pool, "spinning now")
+    _killed_on_time(result)
+    assert result.output == "spinning now\n"
+    assert result.traceback is not None and "in spin_in_pure_python" in result.traceback
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "handler",
     ["block_the_dump_signal", "own_handler_for_the_dump_signal"],
 )
 def test_a_handler_that_keeps_the_dump_from_coming_is_still_killed_on_time(handler: str) -> None:
-    with Pool(W + handler, size=1, hard_timeout_s=HARD) as pool:
+    with Pool(W + handler, size=1, hard_timeout_s=HARD, containment=TREE) as pool:
         result = attempt(pool, stacks.DUMP_SIGNAL)
         _killed_on_time(result)
         assert result.traceback is None
@@ -180,7 +216,9 @@ def test_a_handler_that_keeps_the_dump_from_coming_is_still_killed_on_time(handl
 
 @pytest.mark.timeout(30)
 def test_a_handler_that_resets_the_dump_signal_ends_as_the_hard_timeout_it_was_due() -> None:
-    with Pool(W + "default_action_for_the_dump_signal", size=1, hard_timeout_s=HARD) as pool:
+    with Pool(
+        W + "default_action_for_the_dump_signal", size=1, hard_timeout_s=HARD, containment=TREE
+    ) as pool:
         result = attempt(pool, stacks.DUMP_SIGNAL)
     # It dies of the dump signal, a few ms before the deadline: not a crash of its own
     # (or, when its death is seen only at the deadline, killed there as due).
@@ -196,7 +234,9 @@ def test_a_handler_that_resets_the_dump_signal_ends_as_the_hard_timeout_it_was_d
 )
 def test_a_handler_that_closes_every_descriptor(then: str, outcome: Outcome) -> None:
     """Its dump file is gone with them: no stack, and still killed on time."""
-    with Pool(W + "close_every_descriptor_then", size=1, hard_timeout_s=HARD) as pool:
+    with Pool(
+        W + "close_every_descriptor_then", size=1, hard_timeout_s=HARD, containment=TREE
+    ) as pool:
         result = attempt(pool, then)
         assert result.outcome is outcome, result.cause
         if outcome is Outcome.HARD_TIMEOUT:
@@ -209,7 +249,7 @@ def test_a_handler_that_closes_every_descriptor(then: str, outcome: Outcome) -> 
 
 @pytest.mark.timeout(30)
 def test_the_output_of_an_attempt_is_kept_from_both_streams() -> None:
-    with Pool(W + "print_and_return", size=1, containment="process_tree") as pool:
+    with Pool(W + "print_and_return", size=1, containment=TREE) as pool:
         result = attempt(pool, "to stdout", 1, "to stderr")
     assert result.outcome is Outcome.OK
     assert result.output is not None
@@ -218,7 +258,7 @@ def test_the_output_of_an_attempt_is_kept_from_both_streams() -> None:
 
 @pytest.mark.timeout(30)
 def test_output_is_bounded_to_the_last_8_kib_and_says_what_was_cut() -> None:
-    with Pool(W + "print_numbered", size=1, containment="process_tree") as pool:
+    with Pool(W + "print_numbered", size=1, containment=TREE) as pool:
         result = attempt(pool, 20_000)
     out = result.output
     assert out is not None
@@ -231,7 +271,7 @@ def test_output_is_bounded_to_the_last_8_kib_and_says_what_was_cut() -> None:
 
 @pytest.mark.timeout(30)
 def test_output_is_per_attempt_on_a_reused_child() -> None:
-    with Pool(W + "print_and_return", size=1, containment="process_tree") as pool:
+    with Pool(W + "print_and_return", size=1, containment=TREE) as pool:
         first = attempt(pool, "from the first attempt")
         second = attempt(pool, "from the second attempt")
         silent = attempt(pool, "", 0)
@@ -243,7 +283,7 @@ def test_output_is_per_attempt_on_a_reused_child() -> None:
 
 @pytest.mark.timeout(30)
 def test_what_a_hard_killed_handler_printed_before_it_hung_is_kept() -> None:
-    with Pool(W + "print_then_spin", 1, hard_timeout_s=HARD, containment="process_tree") as pool:
+    with Pool(W + "print_then_spin", 1, hard_timeout_s=HARD, containment=TREE) as pool:
         result = attempt(pool, "about to spin")
     _killed_on_time(result)
     assert result.output == "about to spin\n"
@@ -251,7 +291,7 @@ def test_what_a_hard_killed_handler_printed_before_it_hung_is_kept() -> None:
 
 @pytest.mark.timeout(30)
 def test_capture_output_false_leaves_output_none() -> None:
-    with Pool(W + "print_and_return", 1, capture_output=False, containment="process_tree") as pool:
+    with Pool(W + "print_and_return", 1, capture_output=False, containment=TREE) as pool:
         result = attempt(pool, "not kept", 1, "nor this")
     assert result.outcome is Outcome.OK and result.output is None
 

@@ -135,3 +135,15 @@ def spin_after_the_soft_timeout() -> None:
 def print_numbered(count: int) -> None:
     for n in range(count):
         print(f"line {n}")
+
+
+def grandchild_crashes_then_spin() -> None:
+    """Forks a process that segfaults, waits for it, then spins until killed."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            segfault_here()
+        finally:
+            os._exit(1)
+    os.waitpid(pid, 0)
+    spin_in_pure_python()
