@@ -94,8 +94,9 @@ class AttemptFailed(SandboxqError):
 
     ``outcome`` is the outcome name (``"error"``, ``"hard_timeout"``, ``"crashed"``...).
     ``exitcode`` / ``signal`` / ``pid`` are set where they apply; ``error_type`` and
-    ``remote_traceback`` describe an exception raised in the child. When the child's
-    exception could be unpickled it is also chained as ``__cause__``.
+    ``remote_traceback`` describe an exception raised in the child (for a child killed at
+    its deadline, soft-timed-out or crashed, ``remote_traceback`` is the stack it was in).
+    When the child's exception could be unpickled it is also chained as ``__cause__``.
     """
 
     _fields = ("outcome", "pid", "exitcode", "signal", "error_type", "remote_traceback")

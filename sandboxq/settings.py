@@ -296,6 +296,11 @@ class ChildSettings(ContainmentSettings):
     start_method: StartMethod = setting_field(
         "forkserver", "how children start: forkserver (the processor preloaded) or spawn"
     )
+    capture_output: Switch = setting_field(
+        True,
+        "keep the last 8 KiB a child wrote to stdout and stderr with each attempt, and "
+        "show it live as before (off: children write straight to the worker's own)",
+    )
     import_timeout_s: Annotated[float | None, NUMBER_ONLY] = setting_field(
         None,
         "how long importing the processor may take",

@@ -57,3 +57,53 @@ def number_ranges(numbers: Iterable[int]) -> str:
         else:
             spans.append([n, n])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+#: The most a traceback or a captured stack keeps, in UTF-8 bytes.
+MAX_TRACEBACK_BYTES = 16 * 1024
+#: Room kept for the line that says what was cut (its numbers at their longest).
+_NOTE_ROOM = len("... 9,999,999,999 lines (9,999,999,999,999 characters) cut ...\n")
+
+
+def bounded_traceback(text: str, max_bytes: int = MAX_TRACEBACK_BYTES) -> str:
+    """``text`` (a Python traceback, or a ``faulthandler`` dump of a stack) cut to at most
+    ``max_bytes`` UTF-8 bytes, keeping the innermost frames and saying how much was cut.
+
+    A traceback lists the innermost frame last, just above the exception line: its first
+    line and its end are kept. A ``faulthandler`` dump says "most recent call first": its
+    beginning is kept (the signalled thread comes first). One line says what went, e.g.
+    ``... 412 lines (38,112 characters) cut ...``, where it was.
+    """
+    if len(text) * 4 <= max_bytes or _size(text) <= max_bytes:
+        return text
+    lines = text.splitlines(keepends=True)
+    innermost_first = "(most recent call first)" in text
+    head = [] if innermost_first else lines[:1]
+    rest = lines if innermost_first else lines[1:]
+    budget = max_bytes - _size("".join(head)) - _NOTE_ROOM
+    kept: list[str] = []
+    whole = 0  # lines kept whole
+    for line in rest if innermost_first else reversed(rest):
+        size = _size(line)
+        if size > budget:
+            if not kept:  # one line longer than all the room (a huge exception message)
+                kept.append(_cut_line(line, budget))
+            break
+        kept.append(line)
+        whole += 1
+        budget -= size
+    if not innermost_first:
+        kept.reverse()
+    chars = len(text) - sum(map(len, head)) - sum(map(len, kept))
+    note = f"... {len(rest) - whole:,} lines ({chars:,} characters) cut ...\n"
+    return "".join([*kept, note] if innermost_first else [*head, note, *kept])
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8", "replace"))
+
+
+def _cut_line(line: str, max_bytes: int) -> str:
+    """The start of ``line`` within ``max_bytes`` UTF-8 bytes, ending in a newline."""
+    data = line.encode("utf-8", "replace")[: max(0, max_bytes - 4)]
+    return data.decode("utf-8", "ignore") + "…\n"

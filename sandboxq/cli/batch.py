@@ -26,14 +26,16 @@ every worker serving that queue (run_fleet.py), with this module's input, Output
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 import uuid
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -51,7 +53,7 @@ from sandboxq.cli.options import (
     json_type,
     setting_flags,
 )
-from sandboxq.cli.worker import POOL_FLAGS, settings
+from sandboxq.cli.worker import FLAG_FORMS, POOL_FLAGS, settings
 from sandboxq.errors import ConfigError, SerializationError
 from sandboxq.models import JobInfo, JobState
 from sandboxq.settings import WorkerSettings
@@ -79,7 +81,7 @@ def add_parser(verbs: Any) -> None:
     r.add_argument("processor", nargs="?", help="the handler, as package.module:function")
     r.add_argument("input", nargs="?", metavar="INPUT.jsonl")
     r.add_argument("--output", metavar="OUT.jsonl", help="write results here (default: stdout)")
-    add_setting_flags(r, WorkerSettings, POOL_FLAGS)
+    add_setting_flags(r, WorkerSettings, POOL_FLAGS, FLAG_FORMS)
     r.add_argument("--strict", action="store_true", help="run nothing if any line is malformed")
     fleet = r.add_argument_group(
         "over a fleet (Redis)",
@@ -216,10 +218,44 @@ def _where(info: JobInfo) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.queue or args.url or args.resume:
-        from sandboxq.cli import run_fleet
+    with ExitStack() as stack:
+        if not args.output:
+            stack.enter_context(stdout_for_results())
+        if args.queue or args.url or args.resume:
+            from sandboxq.cli import run_fleet
 
-        return run_fleet.run(args)
+            return run_fleet.run(args)
+        return _run_here(args)
+
+
+@contextmanager
+def stdout_for_results() -> Iterator[None]:
+    """While results go to stdout, stdout is theirs alone: everything else written to this
+    process's descriptor 1 goes to stderr instead. That is the handlers' own prints: the
+    fork server starts inside, so children inherit descriptor 1 as stderr, and the pool
+    writes what they print (``capture_output``) to descriptor 1 too. ``sys.stdout`` is
+    the real stdout, on a descriptor of its own, so ``sandboxq run ... | jq`` never
+    reads a handler's line."""
+    sys.stdout.flush()
+    results_fd = os.dup(1)
+    os.set_inheritable(results_fd, False)
+    os.dup2(2, 1)
+    previous = sys.stdout
+    # Not a `with`: closing may fail as flushing did (the reader left), after the body's
+    # own error, which must be the one that propagates.
+    results = sys.stdout = open(results_fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+    try:
+        yield
+    finally:
+        sys.stdout = previous
+        with contextlib.suppress(OSError):  # the reader left (BrokenPipeError)
+            results.flush()
+        os.dup2(results_fd, 1)
+        with contextlib.suppress(OSError):
+            results.close()
+
+
+def _run_here(args: argparse.Namespace) -> int:
     if not args.processor or not args.input:
         raise ConfigError("run takes PROCESSOR and INPUT.jsonl (or --resume with --url --queue)")
     from sandboxq.worker import SandboxWorker

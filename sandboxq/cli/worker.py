@@ -47,9 +47,14 @@ POOL_FLAGS = (
     "max_memory_mb",
     *ContainmentSettings.model_fields,
     "stop_timeout_s",
+    "capture_output",
 )
-#: Flags not spelt after their setting: ``--exit-code 3=retry``, once per code.
-FLAG_FORMS = {"exit_codes": ("--exit-code", {"action": "append", "metavar": "N=ACTION"})}
+#: Flags not spelt after their setting: ``--exit-code 3=retry``, once per code; a switch
+#: that is on by default is turned off (``--no-capture-output``).
+FLAG_FORMS = {
+    "exit_codes": ("--exit-code", {"action": "append", "metavar": "N=ACTION"}),
+    "capture_output": ("--no-capture-output", {"action": "store_false"}),
+}
 
 
 def add_parser(verbs: Any) -> None:

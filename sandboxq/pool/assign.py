@@ -108,6 +108,10 @@ class Assigner:
             Run(a.task_id, a.task.payload, a.task.codec, max_bytes, a.task.job_id, a.task.attempt)
             for a in batch
         ]
+        if child.running is None and child.output is not None:
+            # Before the child can start: what it wrote while idle is no attempt's. (A
+            # task queued behind a running one starts where that one's output was taken.)
+            child.output.clear()
         try:
             child.conn.send(*runs)
         except OSError:  # it just died; its sentinel will tell us how

@@ -59,10 +59,13 @@ class AttemptResult:
     #: what died and how, in words. The worker counts it against the job: a job present
     #: at ``max_infra_deaths`` such deaths is ``poison`` (design invariant 11).
     infra_death: str | None = None
-    #: Where it was: the traceback of a raise, or the stack captured at a timeout or a
-    #: crash; bounded by the pool.
+    #: Where the attempt was: the handler's traceback when it raised, else the Python
+    #: stack of every thread captured when it was killed at its hard deadline, at its
+    #: soft timeout, or when it crashed (SIGSEGV...); None when there is none. Bounded
+    #: (``text.bounded_traceback``).
     traceback: str | None = None
-    #: The last bytes the child wrote to stdout and stderr during the attempt.
+    #: The last 8 KiB the child wrote to its stdout and stderr during this attempt (None:
+    #: nothing, or ``capture_output=False``); decoded with errors="replace".
     output: str | None = None
 
     @property
@@ -83,7 +86,7 @@ class AttemptResult:
             exitcode=self.exitcode,
             signal=self.signal,
             error_type=self.error.type_name if self.error else None,
-            remote_traceback=self.error.traceback if self.error else None,
+            remote_traceback=self.traceback or (self.error.traceback if self.error else None),
         )
         if self.error is not None and self.error.pickled is not None:
             try:

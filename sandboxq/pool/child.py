@@ -23,6 +23,13 @@ a helper alive across jobs on purpose; the child still sweeps when it exits.
 The soft timeout arrives as SIGSOFT: the handler raises ``SoftTimeout`` in the main thread
 only while the processor is running, so a late signal can never break the loop itself.
 
+With ``capture_output`` its stdout and stderr are pipes to the parent (output.py),
+line-buffered, and flushed at the end of every attempt, before its reply.
+
+The stack of every thread is dumped (``faulthandler``, stacks.py) into a file the parent
+holds when the parent asks (at the soft signal, just before the hard kill) and when the
+child crashes.
+
 The fence deadline of the running attempt is not the child's to enforce: the pool's
 guard process (guard.py) kills the child's tree when it passes, whatever the child or
 its parent are doing.
@@ -44,11 +51,12 @@ from typing import Any
 
 from sandboxq import codec
 from sandboxq.errors import SandboxqError, SoftTimeout
-from sandboxq.pool import descriptors, limits, linux
+from sandboxq.pool import descriptors, limits, linux, output, stacks
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
 from sandboxq.processor import resolve
+from sandboxq.text import bounded_traceback
 
 #: The signal the parent sends at the soft deadline.
 SIGSOFT = signal.SIGUSR1
@@ -125,7 +133,8 @@ def describe(exc: BaseException) -> RemoteError:
         message = str(exc)
     except Exception:
         message = object.__repr__(exc)
-    tb = "".join(traceback.format_exception(exc))
+    # Bounded here, before it crosses the pipe: a recursion error's is megabytes.
+    tb = bounded_traceback("".join(traceback.format_exception(exc)))
     pickled: bytes | None
     try:
         pickled = pickle.dumps(exc)
@@ -185,6 +194,7 @@ def run_one(
         reply = Failed(run.task_id, describe(exc))
     finally:
         _current = None
+    output.flush_stdio()  # what it printed is in the pipe before its reply leaves
     if not keep_strays:
         sweep_own_tree()  # before the outcome leaves: nothing the attempt started outlives it
     try:
@@ -206,12 +216,19 @@ def child_main(
     keep_strays: bool = False,
     shared: Any = None,
     setup: limits.ChildSetup | None = None,
+    stack_fd: int | None = None,
+    output_fds: tuple[int, int] | None = None,
 ) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
     global _soft_task_id
+    if output_fds is not None:
+        output.attach(*output_fds)  # stdout and stderr: pipes to the parent (output.py)
     # First, before any of the user's code: nothing of the fork server, the resource
     # tracker or another helper stays reachable (descriptors.py).
-    descriptors.isolate(sock.fileno())
+    given = () if stack_fd is None else (stack_fd,)
+    descriptors.isolate(sock.fileno(), *given)
+    if stack_fd is not None:
+        stacks.arm(stack_fd)  # where it hangs or crashes, for the parent (stacks.py)
     setup = setup or limits.ChildSetup()
     limits.enter(setup)  # then its control group and rlimits cover all that follows
     _soft_task_id = soft_task_id

@@ -1,8 +1,9 @@
 """Deadline enforcement: how long the supervisor's select may wait, and what is due when
 it wakes.
 
-A running attempt has up to four times (``Attempt.next_event``): its soft deadline (the
-soft signal), its hard deadline (a tree kill), its fence deadline (a tree kill: the lease
+A running attempt has up to five times (``Attempt.next_event``): its soft deadline (the
+soft signal), ``DUMP_EARLY_S`` before its hard deadline (asked for its stack, stacks.py),
+its hard deadline (a tree kill, whatever the dump did), its fence deadline (a tree kill: the lease
 was not renewed in time) and, where memory is sampled, its next sample. The select waits
 until the nearest of them over every child, so nothing polls and a kill lands within a
 millisecond or two of its deadline.
@@ -15,6 +16,7 @@ from typing import Any
 
 from sandboxq.models import Outcome
 from sandboxq.pool.handles import Child
+from sandboxq.pool.stacks import DUMP_EARLY_S
 
 #: Longest single select(): epoll cannot wait 25 days (2**31 ms), and a 30-day hard timeout
 #: is a legitimate setting, so a far deadline is reached through several waits.
@@ -48,6 +50,9 @@ def enforce(
         else:
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
                 child.signal_soft(run)
+            hard = run.hard_deadline
+            if hard is not None and not run.hard_stack_asked and now >= hard - DUMP_EARLY_S:
+                child.ask_stack_before_kill(run)
             due = run.memory_check_at is not None and now >= run.memory_check_at
             if due and (why := child.over_memory(run, now, memory_every)) is not None:
                 child.kill(Outcome.MEMORY_LIMIT, why)

@@ -5,6 +5,7 @@
         running attempt: started? → settled with the outcome its death explains
                                     (our kill's reason, an OOM kill in its group, the CPU
                                     limit, an exit code, the guard's fence, else a crash)
+                                    and the stack it dumped last (stacks.py)
                          not started → back to the front of pending, uncharged
         queued attempts: never started → back to pending, in order (one killed while
                                     queued ends with its kill's outcome)
@@ -53,6 +54,10 @@ def bury(child: Child, exitcode: int | None, pending: deque[Attempt], contain: C
     if run is not None:
         settle_death(child, run, exitcode, pending)
     contain.remove(child.group)  # after: its OOM-kill counter names the outcome
+    if child.stacks is not None:
+        child.stacks.close()  # after: its last stack was read
+    if child.output is not None:
+        child.output.close()  # after: its last output was taken
     # Queued attempts never started: back to the front of the line, in order.
     for attempt in reversed(child.queued):
         if attempt.kill_outcome is not None:
@@ -85,6 +90,8 @@ def settle_death(child: Child, run: Attempt, exitcode: int | None, pending: dequ
         detail=detail,
         kill_overshoot_s=overshoot,
         infra_death=run.infra_death,
+        traceback=child.stack_at_death(run),
+        output=child.output.take() if child.output is not None else None,
     )
 
 
@@ -125,6 +132,10 @@ def stop_all(children: list[Child], pending: deque[Attempt]) -> None:
             settle_death(child, run, child.process.exitcode, pending)
         for attempt in child.queued:
             attempt.settle(Outcome.INTERRUPTED, None, detail="the pool stopped")
+        if child.stacks is not None:
+            child.stacks.close()
+        if child.output is not None:
+            child.output.close()
         child.process.close()
         server.forget(child.pid)
     server.sweep_orphans()  # kept strays and daemons of children that died on their own

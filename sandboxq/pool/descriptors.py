@@ -48,15 +48,16 @@ def open_descriptors() -> list[int]:
     return found
 
 
-def isolate(channel_fd: int) -> int:
-    """The child's first act: keep only ``channel_fd`` and stdio of what the fork server
-    left it. A child started by ``spawn`` is a fresh program that received only what its
+def isolate(channel_fd: int, *given: int) -> int:
+    """The child's first act: keep only ``channel_fd``, the other descriptors its launch
+    ``given`` it (its stack-dump file) and stdio of what the fork server left it. A child
+    started by ``spawn`` is a fresh program that received only what its
     launch passed: the resource tracker's pipe goes, and its launch pipes stay (the write
     end of one is how its parent sees it alive). Returns how many were replaced."""
     if forkserver.get_inherited_fds() is None:  # spawn
         tracker = resource_tracker._resource_tracker._fd
         return replace([tracker] if tracker is not None else [])
-    return keep_only([channel_fd])
+    return keep_only([channel_fd, *given])
 
 
 def keep_only(keep: Iterable[int]) -> int:

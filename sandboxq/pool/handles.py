@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 from sandboxq.models import Outcome, now_ms
+from sandboxq.pool import stacks
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
@@ -27,6 +28,9 @@ from sandboxq.pool.child import CHANNEL_LOST, RING, SIGSOFT, STARTED, WITHDRAWN,
 from sandboxq.pool.guard import Fence
 from sandboxq.pool.kill import kill_tree, resume, stop, tree_rss
 from sandboxq.pool.messages import Failed, Finished
+from sandboxq.pool.output import ChildOutput
+from sandboxq.pool.stacks import DUMP_EARLY_S, StackFile
+from sandboxq.text import bounded_traceback
 
 OnDone = Callable[[AttemptResult], None]
 log = logging.getLogger("sandboxq.pool")
@@ -59,6 +63,7 @@ class Attempt:
         "child",
         "fence_deadline",
         "hard_deadline",
+        "hard_stack_asked",
         "infra_death",
         "kill_detail",
         "kill_outcome",
@@ -69,6 +74,7 @@ class Attempt:
         "soft_deadline",
         "soft_outcome",
         "soft_sent",
+        "soft_stack",
         "started",
         "started_ms",
         "task",
@@ -89,6 +95,8 @@ class Attempt:
         self.memory_check_at: float | None = None
         self.fence_deadline = task.fence_deadline
         self.soft_sent = False
+        self.soft_stack: str | None = None  # dumped at the soft signal (stacks.py)
+        self.hard_stack_asked = False  # asked for its stack just before the hard kill
         self.soft_outcome = Outcome.SOFT_TIMEOUT  # what ending after the soft signal means
         self.kill_outcome: Outcome | None = None
         self.kill_detail: str | None = None
@@ -139,6 +147,8 @@ class Attempt:
         times = [self.hard_deadline, self.memory_check_at, self.fence_deadline]
         if not self.soft_sent:
             times.append(self.soft_deadline)
+        if self.hard_deadline is not None and not self.hard_stack_asked:
+            times.append(self.hard_deadline - DUMP_EARLY_S)
         return min((t for t in times if t is not None), default=None)
 
 
@@ -151,6 +161,7 @@ class Child:
         "fence",
         "group",
         "jobs_done",
+        "output",
         "pid",
         "process",
         "queued",
@@ -163,6 +174,7 @@ class Child:
         "server_died",
         "shared",
         "soft_task_id",
+        "stacks",
     )
 
     def __init__(self, process: Any, conn: Channel, soft_task_id: Any, shared: Any) -> None:
@@ -182,6 +194,8 @@ class Child:
         self.rss_ready: int = 0  # resident memory when it became ready
         self.rss_after: int | None = None  # sampled after its last attempt, until the next
         self.group: Group | None = None  # its control group, in a cgroup mode
+        self.stacks: StackFile | None = None  # where it dumps its stack (stacks.py)
+        self.output: ChildOutput | None = None  # its stdout and stderr (output.py)
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)
@@ -215,16 +229,53 @@ class Child:
         epoch ms), read once: the end of this attempt is the start of the next."""
         self.running = None
         now, at_ms = time.monotonic(), now_ms()
+        # Where it was when asked (at the soft signal, or it ended in the moment between
+        # the request before the hard kill and the kill); a raise's traceback says it better.
+        asked = run.soft_sent or run.hard_stack_asked
+        stack = self.asked_stack() if asked else None
+        out = self.output.take() if self.output is not None else None
         if isinstance(msg, Finished):
             outcome = run.soft_outcome if run.soft_sent else Outcome.OK
-            run.settle(outcome, self.pid, now, at_ms, result=msg.result)
+            stack = (stack or run.soft_stack) if outcome is not Outcome.OK else None
+            run.settle(
+                outcome, self.pid, now, at_ms, result=msg.result, traceback=stack, output=out
+            )
         else:
             outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
-            run.settle(outcome, self.pid, now, at_ms, error=msg.error)
+            # Bounded by the child already; again here, as a handler may send its own.
+            tb = bounded_traceback(msg.error.traceback)
+            run.settle(outcome, self.pid, now, at_ms, error=msg.error, traceback=tb, output=out)
         self.jobs_done += 1
         if run.task.max_memory_mb is not None or max_growth_mb is not None:
             self.check_after(run, max_growth_mb)
         return now, at_ms
+
+    def asked_stack(self) -> str | None:
+        """The stack the child dumped when asked (stacks.py). Nothing at all means its
+        handler broke its dumping (blocked the signal, replaced its handler, closed the
+        file): the child is replaced once its attempt ends, so the next one has it."""
+        if self.stacks is None:
+            return None
+        stack = self.stacks.take()
+        if stack is None:
+            self.recycle = True
+        return stack
+
+    def ask_stack_before_kill(self, run: Attempt) -> None:
+        """``DUMP_EARLY_S`` before ``run``'s hard deadline: ask for the stack it hangs in
+        (the one dumped at its soft signal is kept, in case this one never comes)."""
+        run.hard_stack_asked = True
+        if self.stacks is None:
+            return
+        if run.soft_sent:
+            run.soft_stack = self.stacks.take()
+        stacks.ask(self.pid)
+
+    def stack_at_death(self, run: Attempt) -> str | None:
+        """Once the child is dead: the stack it dumped last (asked before the hard kill,
+        or written as it crashed), else the one of its soft signal."""
+        stack = self.stacks.take() if self.stacks is not None else None
+        return stack if stack is not None else run.soft_stack
 
     def check_after(self, run: Attempt, max_growth_mb: float | None) -> None:
         """After ``run``: a child over that attempt's limit, or grown by more than
@@ -262,6 +313,8 @@ class Child:
 
     def signal_soft(self, run: Attempt) -> None:
         run.soft_sent = True
+        if self.stacks is not None:
+            stacks.ask(self.pid)  # first: where it is stuck, before SoftTimeout moves it
         # The child raises SoftTimeout only if it still runs this task, so the signal
         # can never land in the next task it took from its channel.
         self.soft_task_id.value = run.task_id
@@ -319,6 +372,17 @@ class Child:
             run.kill_detail = (
                 "the handler closed or broke the child's channel to the parent, so its "
                 "outcome could not be sent; the child was replaced"
+            )
+            return
+        if run.kill_outcome is None and self.process.exitcode == -stacks.DUMP_SIGNAL:
+            # Its handler reset the dump signal to its default action (terminate), and
+            # our request for its stack ended it: the kill we were about to make.
+            hard = run.hard_stack_asked
+            run.kill_outcome = Outcome.HARD_TIMEOUT if hard else run.soft_outcome
+            when = "just before its hard deadline" if hard else "at its soft timeout"
+            run.kill_detail = (
+                f"asked for its stack {when}, it died of {stacks.DUMP_SIGNAL_NAME}: its "
+                "handler had reset that signal to its default action"
             )
             return
         limit, group = run.task.max_memory_mb, self.group

@@ -1,8 +1,9 @@
 """Starting pool children, and following the fork server they are forked from.
 
     spawn() ──► a channel pair, the child's own page of shared values (memory.py:
-                soft-signal target, started/withdrawn tasks), a control group in a cgroup
-                mode
+                soft-signal target, started/withdrawn tasks), its stack-dump file
+                (stacks.py), its stdout and stderr pipes (output.py, with
+                capture_output), a control group in a cgroup mode
             ──► Process(child_main) started (launch.py; through the fork server with the
                 forkserver start method) and registered (server.py) before an orphan
                 sweep can see it
@@ -26,6 +27,8 @@ from sandboxq.pool.child import child_main
 from sandboxq.pool.containment import Containment
 from sandboxq.pool.handles import Child
 from sandboxq.pool.memory import ChildMemory
+from sandboxq.pool.output import ChildOutput, Relay
+from sandboxq.pool.stacks import StackFile
 
 #: Tries to start one child before the pool is broken.
 LAUNCH_TRIES = 4
@@ -46,6 +49,7 @@ class Spawner:
         max_result_bytes: int,
         keep_strays: bool,
         containment: Containment,
+        relay: Relay | None = None,
         selector: selectors.BaseSelector,
         on_server_death: Callable[[], None],
     ) -> None:
@@ -53,6 +57,7 @@ class Spawner:
         self._processor = processor
         self._max_frame = max_result_bytes + FRAME_SLACK
         self._keep_strays = keep_strays
+        self._relay = relay  # None: children write to the worker's stdout as it is
         self._contain = containment
         self._selector = selector
         self._on_server_death = on_server_death
@@ -65,9 +70,20 @@ class Spawner:
         memory = ChildMemory()
         soft, shared = memory.for_child()
         group, setup = self._contain.new_child()
+        dumps = StackFile()
+        out = ChildOutput(self._relay) if self._relay is not None else None
         process = self._ctx.Process(
             target=child_main,
-            args=(child_end, self._processor, soft, self._keep_strays, shared, setup),
+            args=(
+                child_end,
+                self._processor,
+                soft,
+                self._keep_strays,
+                shared,
+                setup,
+                dumps.for_child(),
+                out.for_child() if out is not None else None,
+            ),
             name="sandboxq-child",
         )
         try:
@@ -76,12 +92,22 @@ class Spawner:
                 server.register(process.pid)
         except OSError:
             channel.close()
+            dumps.close()
+            if out is not None:
+                out.discard()
             raise
         finally:
             child_end.close()
             memory.launched()
+            if out is not None and out.writers:
+                out.launched()
         child = Child(process, channel, memory.soft, memory.shared)
         child.group = group
+        child.stacks = dumps
+        if out is not None:
+            assert self._relay is not None
+            child.output = out
+            self._relay.add(out)
         return child
 
     def follow_server(self) -> None:

@@ -56,6 +56,7 @@ from sandboxq.pool.guard import Guard
 from sandboxq.pool.handles import Attempt, Child, OnDone, call, readable
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready
+from sandboxq.pool.output import Relay
 from sandboxq.pool.spawn import Spawner
 
 log = logging.getLogger("sandboxq.pool")
@@ -82,6 +83,7 @@ class Supervisor:
         keep_strays: bool = False,
         max_child_growth_mb: float | None = None,
         containment: Containment | None = None,
+        capture_output: bool = True,
     ) -> None:
         self._size = size
         self._max_jobs_per_child = max_jobs_per_child
@@ -96,12 +98,15 @@ class Supervisor:
         self._idle: list[Child] = []
         self._assigner = Assigner(max_jobs_per_child, max_result_bytes, memory_check_interval_s)
         self._selector = selectors.DefaultSelector()
+        # Children's stdout and stderr, shown live and kept per attempt (output.py).
+        self._relay = Relay() if capture_output else None
         self._spawner = Spawner(
             ctx,
             processor,
             max_result_bytes=max_result_bytes,
             keep_strays=keep_strays,
             containment=self._contain,
+            relay=self._relay,
             selector=self._selector,
             on_server_death=self._on_server_death,
         )
@@ -386,6 +391,8 @@ class Supervisor:
         if (fd := self._guard.pidfd) is not None:
             self._selector.unregister(fd)
         self._guard.close()
+        if self._relay is not None:
+            self._relay.close()
         self._spawner.close()
         self._contain.close()
         self._selector.close()

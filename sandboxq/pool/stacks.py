@@ -1,0 +1,137 @@
+"""Where a hung or crashed child was: its Python stack, every thread, dumped by
+``faulthandler`` into a file the parent reads after the fact.
+
+    parent: StackFile() ── a memfd per child, kept by the parent for the child's life
+              │ for_child(): crosses with the launch (multiprocess's DupFd)
+              ▼
+    child:  arm(fd) ── faulthandler.register(DUMP_SIGNAL) and faulthandler.enable(): both
+                       write to fd, O_APPEND
+    parent: ask(pid) at the soft signal, and DUMP_EARLY_S before the hard kill
+              └► the child's C signal handler writes the stack of every thread (no GIL
+                 needed: it works while the handler sits in a C call that holds it)
+            a crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) writes the same, then dies
+    parent: take() once the attempt ended (or the child died): read, then empty the file
+
+Why a file and not the channel: the child may be dead (killed, crashed) by the time the
+parent wants it, and a hung child cannot send anything. Why the parent holds it: it
+survives the child, and a handler that closes every descriptor cannot take the parent's.
+
+The hard kill is never late for a dump: the parent asks ``DUMP_EARLY_S`` before the hard
+deadline and kills at the deadline, whatever the dump did (a handler that blocks the
+signal, replaced its handler, or closed the file gets no stack, and is killed on time).
+A requested dump that came back empty means the child's dumping was broken by its
+handler: the parent replaces that child once its attempt ends. A handler that reset the
+signal to its default action dies of it: the parent reads that death as the kill it was
+about to make.
+
+Why a real-time signal: nothing the system or common libraries send, and it is queued,
+never merged with the soft-timeout signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import fcntl
+import os
+import signal
+from typing import Any
+
+from multiprocess import reduction
+
+from sandboxq.text import bounded_traceback
+
+#: The signal that makes a child dump its stack.
+DUMP_SIGNAL: int = signal.SIGRTMAX - 2
+#: Its name, as the kernel's documentation writes it (no ``signal.Signals`` member has it).
+DUMP_SIGNAL_NAME = "SIGRTMAX-2"
+#: How long before the hard deadline the child is asked for its stack. The dump itself
+#: takes well under a millisecond, but a child that is runnable and not running (a loaded
+#: machine) takes the signal only once it is scheduled again: 5 ms (the guard's early
+#: kill) missed the stack under the test suite's load, 20 ms under a load of 12 on two
+#: cores. The kill stays at the deadline; a stack from 50 ms before it is the same stack.
+DUMP_EARLY_S = 0.05
+#: The most of a dump the parent reads (faulthandler writes at most 100 frames for each
+#: of at most 100 threads); what is kept is bounded again, to a traceback's size.
+MAX_DUMP_BYTES = 1024 * 1024
+
+
+#: How each of faulthandler's dumps begins: a fatal signal's, the signalled thread's, and
+#: another thread's (a dump of only one thread says "Stack").
+_DUMP_STARTS = ("Fatal Python error: ", "Current thread 0x", "Thread 0x", "Stack (most recent")
+
+
+class StackFile:
+    """One child's dump file, as its parent holds it (supervisor thread only)."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self) -> None:
+        self.fd = os.memfd_create("sandboxq-stack", os.MFD_CLOEXEC)
+
+    def for_child(self) -> _ToChild:
+        """A picklable handle for the child's launch arguments."""
+        return _ToChild(self.fd)
+
+    def take(self) -> str | None:
+        """What was dumped since the last ``take``, bounded (None: nothing), and empty
+        the file for the next dump."""
+        if self.fd < 0:
+            return None
+        data = os.pread(self.fd, MAX_DUMP_BYTES, 0)
+        if not data:
+            return None
+        os.ftruncate(self.fd, 0)
+        text = data.decode("utf-8", "replace")
+        # From where faulthandler's own words start: a handler may have written into its
+        # file (a scribbler writes to every descriptor it holds) and that is no stack.
+        found = [i for i in map(text.find, _DUMP_STARTS) if i >= 0]
+        if not found:
+            return None
+        return bounded_traceback(text[min(found) :].strip("\n") + "\n")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def ask(pid: int) -> None:
+    """Ask child ``pid`` for its stack (it may have died meanwhile)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, DUMP_SIGNAL)
+
+
+class _ToChild:
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _received, (reduction.DupFd(self.fd),)
+
+
+def _received(dup: Any) -> int:
+    fd: int = dup.detach()
+    return fd
+
+
+def arm(fd: int) -> None:
+    """In the child, before any of the handler's code: dump every thread's stack to ``fd``
+    on ``DUMP_SIGNAL`` and on a fatal signal. Appending: the parent empties the file
+    between dumps, and the next one starts at its beginning."""
+    os.set_inheritable(fd, False)
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+    faulthandler.enable(file=fd, all_threads=True)
+    faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True)
+    # A process the handler forks (os.fork, multiprocessing) would inherit both and write
+    # its own crash into this child's file: it is not the child, and its stack is not
+    # what the parent reads there. (A program it executes gets neither: exec resets
+    # handlers, and the file is close-on-exec.)
+    os.register_at_fork(after_in_child=_disarm)
+
+
+def _disarm() -> None:
+    faulthandler.unregister(DUMP_SIGNAL)
+    faulthandler.disable()

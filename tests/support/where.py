@@ -1,0 +1,149 @@
+"""Handlers whose stack a test looks for: each spins, hangs, crashes or prints in a
+function with a name of its own, so the captured traceback can be checked for it."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import sys
+import time
+
+
+def outer_frame_raises(message: str = "deep") -> None:
+    inner_frame_raises(message)
+
+
+def inner_frame_raises(message: str) -> None:
+    raise RuntimeError(message)
+
+
+def deep_recursion() -> None:
+    """Raises RecursionError after ~1,000 frames that alternate between two functions (so
+    Python does not fold them into "[Previous line repeated]"): a traceback far over the
+    bound."""
+    _deeper()
+
+
+def _deeper() -> None:
+    deep_recursion()
+
+
+def spin_in_pure_python() -> None:
+    while True:
+        pass
+
+
+def regex_with_the_gil() -> bool:
+    """A catastrophic backtracking match: one C call that holds the GIL for minutes."""
+    return bool(re.match(r"(a+)+$", "a" * 40 + "b"))
+
+
+def sleep_in_libc() -> None:
+    """``sleep(3)`` in libc through ctypes.PyDLL, which keeps the GIL during the call:
+    no other thread and no Python signal handler runs until it returns."""
+    libc = ctypes.PyDLL(None)
+    while True:  # a signal handler (the stack dump) ends one sleep early
+        libc.sleep(3600)
+
+
+def gil_is_held_in_libc_sleep() -> bool:
+    """Whether a thread that wakes 50 ms into a 0.5 s ``libc.usleep`` made through
+    ``ctypes.PyDLL`` (as ``sleep_in_libc`` does) has to wait for the call to end."""
+    import threading
+
+    woke = []
+    thread = threading.Thread(target=lambda: (time.sleep(0.05), woke.append(time.monotonic())))
+    start = time.monotonic()
+    thread.start()
+    ctypes.PyDLL(None).usleep(500_000)
+    thread.join()
+    return woke[0] - start >= 0.45
+
+
+def segfault_here() -> None:
+    ctypes.string_at(0)
+
+
+def abort_here() -> None:
+    os.abort()
+
+
+def block_the_dump_signal(signum: int) -> None:
+    """Blocks ``signum`` (the pool's stack-dump signal) in every thread, then spins."""
+    if signum:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    spin_in_pure_python()
+
+
+def own_handler_for_the_dump_signal(signum: int) -> None:
+    """Installs its own Python handler for ``signum``, then spins."""
+    if signum:
+        signal.signal(signum, lambda *_: None)
+    spin_in_pure_python()
+
+
+def default_action_for_the_dump_signal(signum: int) -> None:
+    """Resets ``signum`` to its default action (for a real-time signal: terminate)."""
+    signal.signal(signum, signal.SIG_DFL)
+    spin_in_pure_python()
+
+
+def close_every_descriptor_then(then: str) -> str:
+    """Closes every descriptor above stderr (its channel too, so the reply is lost)."""
+    os.closerange(3, 65536)
+    if then == "segfault":
+        segfault_here()
+    spin_in_pure_python()
+    return "unreachable"
+
+
+def print_and_return(text: str, repeat: int = 1, err_text: str = "") -> str:
+    for _ in range(repeat):
+        print(text)
+    if err_text:
+        print(err_text, file=sys.stderr)
+    return "done"
+
+
+def print_then_spin(text: str) -> None:
+    print(text, flush=True)
+    spin_in_pure_python()
+
+
+def swallow_soft_timeout_then(then: str, signum: int = 0) -> str:
+    """Spins until its soft timeout, catches it, then: ``return``, or blocks ``signum``
+    (the stack-dump signal) and spins on elsewhere until it is killed."""
+    from sandboxq.errors import SoftTimeout
+
+    try:
+        spin_in_pure_python()
+    except SoftTimeout:
+        if then == "return":
+            return "swallowed"
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        spin_after_the_soft_timeout()
+    return "unreachable"
+
+
+def spin_after_the_soft_timeout() -> None:
+    while True:
+        pass
+
+
+def print_numbered(count: int) -> None:
+    for n in range(count):
+        print(f"line {n}")
+
+
+def grandchild_crashes_then_spin() -> None:
+    """Forks a process that segfaults, waits for it, then spins until killed."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            segfault_here()
+        finally:
+            os._exit(1)
+    os.waitpid(pid, 0)
+    spin_in_pure_python()

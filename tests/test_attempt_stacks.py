@@ -1,0 +1,351 @@
+"""Where an attempt was when it failed, hung or crashed, against real children: the
+traceback of a raise, the stack of every thread captured (``faulthandler``) at the soft
+signal and just before the hard kill, the stack a crashing child died in, and what the
+attempt wrote to stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from sandboxq import AttemptFailed, Pool
+from sandboxq.models import Outcome
+from sandboxq.pool import stacks
+from sandboxq.pool.attempt import AttemptResult
+from sandboxq.pool.output import TAIL_BYTES
+from sandboxq.text import MAX_TRACEBACK_BYTES, bounded_traceback
+
+W = "tests.support.where:"
+#: What these tests look at does not depend on containment: the process-tree mode, where
+#: no other pool's clean-up of stale control groups can reach them (the hard-kill test
+#: runs in both modes).
+TREE = "process_tree"
+
+
+def attempt(pool: Pool, *args: object, **kwargs: object) -> AttemptResult:
+    done: Future[AttemptResult] = Future()
+    pool.execute(pool.make_task(*args, **kwargs), done.set_result)
+    return done.result(timeout=30)
+
+
+# -- the traceback of a raise --------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_a_raise_two_frames_deep_keeps_both_frames_and_the_exception() -> None:
+    with Pool(W + "outer_frame_raises", size=1, containment=TREE) as pool:
+        result = attempt(pool, "it broke here")
+        assert result.outcome is Outcome.ERROR
+        tb = result.traceback
+        assert tb is not None
+        assert "in outer_frame_raises" in tb and "in inner_frame_raises" in tb
+        assert tb.index("outer_frame_raises") < tb.index("inner_frame_raises")
+        assert tb.rstrip().endswith("RuntimeError: it broke here")
+        with pytest.raises(AttemptFailed) as info:
+            pool.submit("again").result(timeout=10)
+        assert info.value.remote_traceback is not None
+        assert "in inner_frame_raises" in info.value.remote_traceback
+
+
+@pytest.mark.timeout(30)
+def test_a_huge_traceback_is_bounded_keeping_the_innermost_frames() -> None:
+    with Pool(W + "deep_recursion", size=1, containment=TREE) as pool:
+        result = attempt(pool)
+    tb = result.traceback
+    assert result.outcome is Outcome.ERROR and tb is not None
+    assert len(tb.encode()) <= MAX_TRACEBACK_BYTES
+    assert tb.startswith("Traceback (most recent call last):")
+    assert " cut ...\n" in tb
+    assert tb.rstrip().endswith("RecursionError: maximum recursion depth exceeded")
+    assert "in deep_recursion" in tb.split(" cut ...\n")[1]
+
+
+def test_bounding_says_how_much_was_cut() -> None:
+    frames = [f'  File "m.py", line {n}, in f{n}\n    f{n + 1}()\n' for n in range(2000)]
+    text = "Traceback (most recent call last):\n" + "".join(frames) + "ValueError: last\n"
+    bounded = bounded_traceback(text, 4096)
+    assert len(bounded.encode()) <= 4096
+    head, note, *_ = bounded.splitlines()
+    assert head == "Traceback (most recent call last):"
+    kept = bounded.count("\n") - 2
+    lines_cut = text.count("\n") - 1 - kept
+    chars_cut = len(text) - len(bounded) + len(note) + 1
+    assert note == f"... {lines_cut:,} lines ({chars_cut:,} characters) cut ..."
+    assert bounded.endswith("in f1999\n    f2000()\nValueError: last\n")
+    # A stack dump lists the innermost frame first: its beginning is what is kept.
+    dump = "Current thread 0x1 (most recent call first):\n" + "".join(
+        f'  File "m.py", line {n} in f{n}\n' for n in range(2000)
+    )
+    bounded = bounded_traceback(dump, 4096)
+    assert bounded.startswith(
+        'Current thread 0x1 (most recent call first):\n  File "m.py", line 0 in f0\n'
+    )
+    assert bounded.endswith(" cut ...\n") and len(bounded.encode()) <= 4096
+    assert bounded_traceback("short\n") == "short\n"
+
+
+# -- the stack of a hung or crashed child ---------------------------------------------------
+
+HARD = 0.6
+#: A generous bound for a loaded 2-core machine; bench/ measures the real figures.
+KILL_MARGIN_S = 0.25
+
+
+def _innermost(dump: str, frames: int = 2) -> str:
+    """The innermost ``frames`` frames of the first thread of a ``faulthandler`` dump (the
+    handler's function is the first, or below a library's, as ``re.match``)."""
+    return "\n".join(dump.split("(most recent call first):\n")[1].splitlines()[:frames])
+
+
+def _killed_on_time(result: AttemptResult) -> None:
+    assert result.outcome is Outcome.HARD_TIMEOUT, result.cause
+    assert result.runtime_s is not None and HARD <= result.runtime_s < HARD + KILL_MARGIN_S
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("handler", ["spin_in_pure_python", "sleep_in_libc", "regex_with_the_gil"])
+def test_a_hard_killed_handler_names_the_function_it_was_stuck_in(
+    handler: str, containment: str
+) -> None:
+    with Pool(W + handler, size=1, hard_timeout_s=HARD, containment=containment) as pool:
+        result = attempt(pool)
+    _killed_on_time(result)
+    assert result.signal == signal.SIGKILL
+    tb = result.traceback
+    assert tb is not None, result
+    assert "most recent call first" in tb
+    assert f"in {handler}" in _innermost(tb), tb
+    assert len(tb.encode()) <= MAX_TRACEBACK_BYTES
+
+
+@pytest.mark.timeout(30)
+def test_the_libc_call_really_holds_the_gil() -> None:
+    """What makes ``sleep_in_libc`` the GIL-holding case: no other thread ran during it."""
+    with Pool(W + "gil_is_held_in_libc_sleep", size=1, containment=TREE) as pool:
+        assert pool.submit().result(timeout=10) is True
+
+
+@pytest.mark.timeout(30)
+def test_the_stack_at_the_soft_signal_when_the_handler_returns_after_it() -> None:
+    with Pool(
+        W + "swallow_soft_timeout_then", 1, soft_timeout_s=0.3, hard_timeout_s=5, containment=TREE
+    ) as pool:
+        result = attempt(pool, "return")
+    assert result.outcome is Outcome.SOFT_TIMEOUT
+    assert result.traceback is not None
+    assert "in spin_in_pure_python" in _innermost(result.traceback, 1)
+
+
+@pytest.mark.timeout(30)
+def test_the_soft_stack_stays_when_the_hard_dump_is_blocked() -> None:
+    with Pool(
+        W + "swallow_soft_timeout_then",
+        1,
+        soft_timeout_s=0.3,
+        hard_timeout_s=HARD,
+        containment=TREE,
+    ) as pool:
+        result = attempt(pool, "block", stacks.DUMP_SIGNAL)
+    _killed_on_time(result)
+    assert result.traceback is not None
+    assert "in spin_in_pure_python" in result.traceback
+    assert "spin_after_the_soft_timeout" not in result.traceback
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("handler", "signum"), [("segfault_here", signal.SIGSEGV), ("abort_here", signal.SIGABRT)]
+)
+def test_a_crashing_handler_names_the_function_it_crashed_in(handler: str, signum: int) -> None:
+    with Pool(W + handler, size=1, containment=TREE) as pool:
+        result = attempt(pool)
+        assert result.outcome is Outcome.CRASHED and result.signal == signum
+        tb = result.traceback
+        assert tb is not None and tb.startswith("Fatal Python error")
+        assert f"in {handler}" in _innermost(tb), tb
+        # The next attempt, on a fresh child, crashes with a stack of its own.
+        again = attempt(pool)
+        assert again.pid != result.pid and again.traceback is not None
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_grandchilds_crash_is_not_taken_for_the_childs_stack() -> None:
+    with Pool(
+        W + "grandchild_crashes_then_spin", size=1, hard_timeout_s=HARD, containment=TREE
+    ) as pool:
+        result = attempt(pool)
+    _killed_on_time(result)
+    assert result.traceback is not None
+    assert "Fatal Python error" not in result.traceback
+    assert "in spin_in_pure_python" in _innermost(result.traceback, 1)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_stacks_and_output_with_either_start_method(start_method: str) -> None:
+    with Pool(
+        W + "print_then_spin", 1, hard_timeout_s=HARD, start_method=start_method, containment=TREE
+    ) as pool:
+        result = attempt(pool, "spinning now")
+    _killed_on_time(result)
+    assert result.output == "spinning now\n"
+    assert result.traceback is not None and "in spin_in_pure_python" in result.traceback
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "handler",
+    ["block_the_dump_signal", "own_handler_for_the_dump_signal"],
+)
+def test_a_handler_that_keeps_the_dump_from_coming_is_still_killed_on_time(handler: str) -> None:
+    with Pool(W + handler, size=1, hard_timeout_s=HARD, containment=TREE) as pool:
+        result = attempt(pool, stacks.DUMP_SIGNAL)
+        _killed_on_time(result)
+        assert result.traceback is None
+        # The replacement child dumps again.
+        again = attempt(pool, 0)  # signal 0: the handler changes nothing
+        _killed_on_time(again)
+        assert again.traceback is not None and "in spin_in_pure_python" in again.traceback
+
+
+@pytest.mark.timeout(30)
+def test_a_handler_that_resets_the_dump_signal_ends_as_the_hard_timeout_it_was_due() -> None:
+    with Pool(
+        W + "default_action_for_the_dump_signal", size=1, hard_timeout_s=HARD, containment=TREE
+    ) as pool:
+        result = attempt(pool, stacks.DUMP_SIGNAL)
+    # It dies of the dump signal, a few ms before the deadline: not a crash of its own
+    # (or, when its death is seen only at the deadline, killed there as due).
+    assert result.outcome is Outcome.HARD_TIMEOUT, result.cause
+    assert result.runtime_s is not None and result.runtime_s < HARD + KILL_MARGIN_S
+    if result.runtime_s < HARD:
+        assert "reset that signal to its default action" in result.cause
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("then", "outcome"), [("spin", Outcome.HARD_TIMEOUT), ("segfault", Outcome.CRASHED)]
+)
+def test_a_handler_that_closes_every_descriptor(then: str, outcome: Outcome) -> None:
+    """Its dump file is gone with them: no stack, and still killed on time."""
+    with Pool(
+        W + "close_every_descriptor_then", size=1, hard_timeout_s=HARD, containment=TREE
+    ) as pool:
+        result = attempt(pool, then)
+        assert result.outcome is outcome, result.cause
+        if outcome is Outcome.HARD_TIMEOUT:
+            _killed_on_time(result)
+        assert result.traceback is None
+
+
+# -- what the attempt wrote ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_the_output_of_an_attempt_is_kept_from_both_streams() -> None:
+    with Pool(W + "print_and_return", size=1, containment=TREE) as pool:
+        result = attempt(pool, "to stdout", 1, "to stderr")
+    assert result.outcome is Outcome.OK
+    assert result.output is not None
+    assert "to stdout\n" in result.output and "to stderr\n" in result.output
+
+
+@pytest.mark.timeout(30)
+def test_output_is_bounded_to_the_last_8_kib_and_says_what_was_cut() -> None:
+    with Pool(W + "print_numbered", size=1, containment=TREE) as pool:
+        result = attempt(pool, 20_000)
+    out = result.output
+    assert out is not None
+    note, _, kept = out.partition("\n")
+    assert len(kept.encode()) == TAIL_BYTES
+    assert kept.endswith("line 19999\n")
+    written = sum(len(f"line {n}\n") for n in range(20_000))
+    assert note == f"... {written - TAIL_BYTES:,} bytes before these cut ..."
+
+
+@pytest.mark.timeout(30)
+def test_output_is_per_attempt_on_a_reused_child() -> None:
+    with Pool(W + "print_and_return", size=1, containment=TREE) as pool:
+        first = attempt(pool, "from the first attempt")
+        second = attempt(pool, "from the second attempt")
+        silent = attempt(pool, "", 0)
+    assert first.pid == second.pid == silent.pid  # one child, reused
+    assert first.output == "from the first attempt\n"
+    assert second.output == "from the second attempt\n"
+    assert silent.output is None
+
+
+@pytest.mark.timeout(30)
+def test_what_a_hard_killed_handler_printed_before_it_hung_is_kept() -> None:
+    with Pool(W + "print_then_spin", 1, hard_timeout_s=HARD, containment=TREE) as pool:
+        result = attempt(pool, "about to spin")
+    _killed_on_time(result)
+    assert result.output == "about to spin\n"
+
+
+@pytest.mark.timeout(30)
+def test_capture_output_false_leaves_output_none() -> None:
+    with Pool(W + "print_and_return", 1, capture_output=False, containment=TREE) as pool:
+        result = attempt(pool, "not kept", 1, "nor this")
+    assert result.outcome is Outcome.OK and result.output is None
+
+
+SHOWS_LIVE = """
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+from sandboxq import Pool
+with Pool("tests.support.where:print_and_return", size=1, capture_output=sys.argv[1] == "on",
+          containment="process_tree") as pool:
+    done = Future()
+    pool.execute(pool.make_task("OUT-LINE", 1, "ERR-LINE"), done.set_result)
+    print("kept:", repr(done.result(timeout=20).output), file=sys.stderr)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("capture", ["on", "off"])
+def test_output_is_still_shown_on_the_workers_own_stdout_and_stderr(capture: str) -> None:
+    shown = subprocess.run(
+        [sys.executable, "-c", SHOWS_LIVE, capture], capture_output=True, text=True, timeout=50
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == "OUT-LINE\n"
+    shown_live = [line for line in shown.stderr.splitlines() if not line.startswith("kept:")]
+    assert shown_live == ["ERR-LINE"]
+    kept = "'OUT-LINE\\nERR-LINE\\n'" if capture == "on" else "None"
+    assert f"kept: {kept}" in shown.stderr
+
+
+# -- `sandboxq run` keeps stdout for its results ------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["local", "fleet"])
+@pytest.mark.parametrize("capture", ["on", "off"])
+def test_sandboxq_run_stdout_is_json_lines_when_handlers_print(
+    mode: str, capture: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(f'{{"args": ["printed {n}", 2, "said {n}"]}}\n' for n in range(4)))
+    argv = [sys.executable, "-m", "sandboxq", "run", W + "print_and_return", str(source)]
+    if mode == "fleet":
+        url = request.getfixturevalue("redis_url")
+        argv += ["--url", url, "--queue", f"prints-{capture}", "--concurrency", "1"]
+    if capture == "off":
+        argv.append("--no-capture-output")
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    rows = [json.loads(line) for line in ran.stdout.splitlines()]
+    assert sorted(r["line"] for r in rows) == [1, 2, 3, 4]
+    assert {r["outcome"] for r in rows} == {"ok"}
+    for n in range(4):  # what the handlers printed is not lost: on stderr
+        assert ran.stderr.count(f"printed {n}\n") == 2 and f"said {n}\n" in ran.stderr
