@@ -196,7 +196,40 @@ def bench_output(quick: bool = False, base: str = BASE) -> dict[str, Any]:
     on, off = (statistics.median(rates[k]) for k in ("capture on", "capture off"))
     change = figures.figure("throughput, capture on vs off", [(on / off - 1) * 100], "%")
     print(figures.line(change), flush=True)
-    return {"jobs": n, "figures": [*out_figures, change]}
+    costs = [
+        figures.figure(name, runs, "µs", digits=2) for name, runs in _per_job_costs_us().items()
+    ]
+    for fig in costs:
+        print(figures.line(fig), flush=True)
+    return {"jobs": n, "figures": [*out_figures, change, *costs]}
+
+
+def _per_job_costs_us(calls: int = 20_000, rounds: int = 5) -> dict[str, list[float]]:
+    """What capture adds to one job, timed alone (a loaded machine blurs the jobs/s):
+    the supervisor's take() of an attempt that wrote nothing, and clear() before an idle
+    child's task; the child's flush of its stdio at the attempt's end."""
+    import time
+
+    from sandboxq.pool.output import ChildOutput, Relay, flush_stdio
+
+    relay = Relay()
+    out = ChildOutput(relay)
+    relay.add(out)
+    found: dict[str, list[float]] = {
+        "supervisor: take() of a silent attempt": [],
+        "supervisor: clear() before an idle child's task": [],
+        "child: flush of stdout and stderr": [],
+    }
+    for _ in range(rounds):
+        for name, call in zip(found, (out.take, out.clear, flush_stdio), strict=True):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            found[name].append((time.perf_counter() - t0) / calls * 1e6)
+    out.launched()
+    out.close()
+    relay.close()
+    return found
 
 
 def main() -> None:
