@@ -2,6 +2,7 @@
 hard kill, and what keeping each attempt's output (output.py) costs a job.
 
     python bench/stacks_bench.py [kill|output|all] [--json OUT] [--quick] [--base COMMIT]
+                                 [--containment auto|cgroup|process_tree]
 
 kill  hard-kill overshoot (reaped and outcome recorded, after the deadline) for every hung
       handler of the catalogue (sandboxq/testing/handlers.py, as bench/pool_bench.py) and
@@ -48,10 +49,12 @@ KILLS = textwrap.dedent(
     from concurrent.futures import Future
     from sandboxq import Pool
     handler, kills, hard_s, records = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+    containment = sys.argv[6]
     size = 1 if handler == "fork_burst" else 2
     out = []
     with tempfile.TemporaryDirectory() as tmp, Pool(
-        "sandboxq.testing.handlers:" + handler, size=size, hard_timeout_s=hard_s
+        "sandboxq.testing.handlers:" + handler, size=size, hard_timeout_s=hard_s,
+        containment=containment,
     ) as pool:
         for i in range(kills // size):
             done = [Future() for _ in range(size)]
@@ -70,33 +73,37 @@ KILLS = textwrap.dedent(
 )
 
 
+TRIES = 5
+
+
 def _script(what: str, script: str, *argv: str) -> Any:
-    """Run ``script`` in a fresh process; its stdout's JSON. Tried again (up to 3 times)
+    """Run ``script`` in a fresh process; its stdout's JSON. Tried again (``TRIES`` times)
     when its pool broke at its start: on a machine shared with other pools' tests, a
     child's control group was seen removed under it as it started."""
-    for attempt in range(3):
+    for attempt in range(TRIES):
         out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, cwd="/")
         if out.returncode == 0:
             return json.loads(out.stdout)
         error = out.stderr.decode(errors="replace")
-        if "pool is broken" not in error or attempt == 2:
+        if "pool is broken" not in error or attempt == TRIES - 1:
             raise RuntimeError(f"{what} failed:\n{error[-3000:]}")
         print(f"  ({what}: the pool broke at its start; run again)", flush=True)
     raise AssertionError("unreachable")
 
 
-def _kills(root: str, handler: str, kills: int) -> list[list[Any]]:
+def _kills(root: str, handler: str, kills: int, containment: str) -> list[list[Any]]:
     hard_s = BURST_HARD_S if handler == BURST else HARD_S
     records = "1" if handler in RECORDS_PIDS else "0"
     result: list[list[Any]] = _script(
-        handler, KILLS, root, handler, str(kills), str(hard_s), records
+        handler, KILLS, root, handler, str(kills), str(hard_s), records, containment
     )
     return result
 
 
-def bench_kill(quick: bool = False, base: str = BASE) -> dict[str, Any]:
+def bench_kill(quick: bool = False, base: str = BASE, containment: str = "auto") -> dict[str, Any]:
     kills, rounds = (4, 1) if quick else (12, 2)
-    out: dict[str, Any] = {"base": base, "handlers": {}, "figures": []}
+    out: dict[str, Any] = {"base": base, "containment": containment, "handlers": {}}
+    out["figures"] = []
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(
             ["git", "-C", str(ROOT), "archive", base, "sandboxq"], capture_output=True, check=True
@@ -109,7 +116,7 @@ def bench_kill(quick: bool = False, base: str = BASE) -> dict[str, Any]:
             named = 0
             for _ in range(rounds):
                 for name, root in (("off", tmp), ("on", str(ROOT))):
-                    for overshoot, has_stack in _kills(root, handler, kills):
+                    for overshoot, has_stack in _kills(root, handler, kills, containment):
                         ms[name].append(overshoot)
                         named += name == "on" and has_stack
             row: dict[str, Any] = {}
@@ -189,17 +196,56 @@ def bench_output(quick: bool = False, base: str = BASE) -> dict[str, Any]:
     on, off = (statistics.median(rates[k]) for k in ("capture on", "capture off"))
     change = figures.figure("throughput, capture on vs off", [(on / off - 1) * 100], "%")
     print(figures.line(change), flush=True)
-    return {"jobs": n, "figures": [*out_figures, change]}
+    costs = [
+        figures.figure(name, runs, "µs", digits=2) for name, runs in _per_job_costs_us().items()
+    ]
+    for fig in costs:
+        print(figures.line(fig), flush=True)
+    return {"jobs": n, "figures": [*out_figures, change, *costs]}
+
+
+def _per_job_costs_us(calls: int = 20_000, rounds: int = 5) -> dict[str, list[float]]:
+    """What capture adds to one job, timed alone (a loaded machine blurs the jobs/s):
+    the supervisor's take() of an attempt that wrote nothing, and clear() before an idle
+    child's task; the child's flush of its stdio at the attempt's end."""
+    import time
+
+    from sandboxq.pool.output import ChildOutput, Relay, flush_stdio
+
+    relay = Relay()
+    out = ChildOutput(relay)
+    relay.add(out)
+    found: dict[str, list[float]] = {
+        "supervisor: take() of a silent attempt": [],
+        "supervisor: clear() before an idle child's task": [],
+        "child: flush of stdout and stderr": [],
+    }
+    for _ in range(rounds):
+        for name, call in zip(found, (out.take, out.clear, flush_stdio), strict=True):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            found[name].append((time.perf_counter() - t0) / calls * 1e6)
+    out.launched()
+    out.close()
+    relay.close()
+    return found
 
 
 def main() -> None:
     def add_base(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--base", default=BASE, help="commit without the capture")
+        parser.add_argument(
+            "--containment",
+            default="auto",
+            choices=("auto", "cgroup", "process_tree"),
+            help="the pools' containment in the kill section",
+        )
 
     figures.run_sections(
         __file__,
         {
-            "kill": lambda args: bench_kill(args.quick, args.base),
+            "kill": lambda args: bench_kill(args.quick, args.base, args.containment),
             "output": lambda args: bench_output(args.quick, args.base),
         },
         HERE / "results" / "stacks.json",
