@@ -73,13 +73,17 @@ class Trims:
             cap = self.caps.get(state)
             setting = "retain_completed" if state == "completed" else "retain_failed"
             limit = f" of {cap:,} ({setting})" if cap is not None else ""
-            parts.append(f"{n:,} {state} jobs by its count cap{limit}{when}")
+            parts.append(f"{_jobs(n, state)} by its count cap{limit}{when}")
         if self.expired:
             parts.append(
-                f"{self.expired:,} finished jobs past their time to live "
+                f"{_jobs(self.expired, 'finished')} past their time to live "
                 f"(result_ttl_s / failure_ttl_s), the last at {_utc(self.expired_upto_ms)}"
             )
         return "; ".join(parts) if parts else "none yet"
+
+
+def _jobs(n: int, state: str) -> str:
+    return f"{n:,} {state} job{'' if n == 1 else 's'}"
 
 
 def _utc(ms: int | None) -> str:

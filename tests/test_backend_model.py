@@ -136,7 +136,10 @@ class BackendsAgree(RuleBasedStateMachine):
         order.append(job_id)
         while len(order) > RETAIN:  # the count cap first, the oldest first
             del self.jobs[order.pop(0)]
-        if job.ttl0 and job_id in order:  # then the age rule: this one's time is up
+        fenced = job.fence is not None and not job.fence.short
+        # then the age rule: this one's time is up, unless a fence keeps it (its lease
+        # is long: it stays till that lease's expiry, beyond the test)
+        if job.ttl0 and job_id in order and not fenced:
             order.remove(job_id)
             del self.jobs[job_id]
             event(f"retention: {state} with a time to live of 0 taken as it finished")

@@ -292,3 +292,20 @@ def test_batch_members_take_the_option_and_stay_while_their_batch_is_kept(
     for job in batch.jobs():
         assert job.info().options.result_ttl_s == 0
         assert job.result(timeout_s=1) in (0, 1, 2)
+
+
+def test_a_job_cancelled_while_running_outlives_its_time_to_live_while_fenced(
+    opened: Callable[..., Queue],
+) -> None:
+    """Design invariant 12: its old owner may still run it until it confirms the child
+    dead or the lease runs out, so the id must not be enqueued afresh before; retention
+    keeps it (as purge does) and lets it go once the lease would have run out."""
+    q = opened()
+    job = q.options(failure_ttl_s=0, job_id="fenced").enqueue(1)
+    [claimed] = q.backend.claim("w1", 1, lease_s=0.5)
+    assert job.cancel()
+    q.backend.recover_stalled()  # applies the age rule
+    assert job.state() is JobState.CANCELLED
+    assert q.options(job_id="fenced").enqueue(2).info().attempts == 1  # not added again
+    wait_until(lambda: gone_after_tick(q, job.id), timeout_s=10)
+    assert claimed.id == job.id

@@ -308,7 +308,8 @@ class Store:
 
     def expire_due(self, now: int, budget: int = rules.TRIM_BUDGET) -> None:
         """Jobs past their time go, ``budget`` at most, the earliest first (ties by id), as
-        common.lua's ``expire_due`` (``recover_stalled`` calls it too)."""
+        common.lua's ``expire_due`` (``recover_stalled`` calls it too); one still fenced
+        stays until its fence would lift."""
         expired = 0
         while budget and self.expiry:
             expires_ms, job_id = self.expiry[0]
@@ -316,8 +317,13 @@ class Store:
                 heapq.heappop(self.expiry)
             elif rules.retention_over(expires_ms, now):
                 heapq.heappop(self.expiry)
-                self._unindex(self.jobs[job_id])
                 budget -= 1
+                job = self.jobs[job_id]
+                if job.fenced(now):  # kept while fenced (common.lua's expire_due says why)
+                    job.expires_ms = job.fenced_until_ms + 1
+                    heapq.heappush(self.expiry, (job.expires_ms, job_id))
+                    continue
+                self._unindex(job)
                 expired += 1
             else:
                 break

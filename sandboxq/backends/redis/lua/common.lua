@@ -343,25 +343,38 @@ end
 -- Jobs past their time go (any finished set), `budget` at most, the earliest first (ties
 -- by id), deleting their hash and history (a batch member's stay with its batch).
 -- Returns the budget left. recover_stalled.lua calls it too: an idle queue still expires.
+-- A job cancelled while running keeps its fence until its old owner confirms the child
+-- dead or the old lease runs out (design invariant 12, as purge.lua): one still fenced
+-- is kept until the old lease's expiry, so its id cannot be enqueued afresh and run
+-- beside a child that may still live.
 local function expire_due(now, budget)
   if budget <= 0 then return budget end
   local ids = redis.call('ZRANGEBYSCORE', EXPIRY, '-inf', int(now), 'LIMIT', 0, budget)
   if #ids == 0 then return budget end
+  local expired = 0
   for _, gone in ipairs(ids) do
-    -- an entry is only trusted while the job is still finished (never an id enqueued
-    -- again since: purge and retry take their entries out, this is the second guard)
-    local f = hmget(PREFIX .. gone, 'state')
+    local f = hmget(PREFIX .. gone, 'state', 'fence_token', 'fenced_until_ms')
     local state = f and f[1]
-    if state == 'completed' or state == 'failed' or state == 'cancelled' then
-      drop_unless_member(gone)
-      redis.call('ZREM', COMPLETED, gone)
-      redis.call('ZREM', FAILED, gone)
-      redis.call('ZREM', CANCELLED, gone)
+    local until_ms = f and tonumber(f[3])
+    if f and f[2] and until_ms and not (until_ms < now) then -- rules.fence_lifted
+      redis.call('ZADD', EXPIRY, int(until_ms + 1), gone)
+    else
+      redis.call('ZREM', EXPIRY, gone)
+      -- an entry is only trusted while the job is still finished (never an id enqueued
+      -- again since: purge and retry take their entries out, this is the second guard)
+      if state == 'completed' or state == 'failed' or state == 'cancelled' then
+        drop_unless_member(gone)
+        redis.call('ZREM', COMPLETED, gone)
+        redis.call('ZREM', FAILED, gone)
+        redis.call('ZREM', CANCELLED, gone)
+        expired = expired + 1
+      end
     end
   end
-  redis.call('ZREM', EXPIRY, unpack(ids))
-  redis.call('HINCRBY', TRIMS, 'expired', #ids)
-  redis.call('HSET', TRIMS, 'expired_upto_ms', int(now))
+  if expired > 0 then
+    redis.call('HINCRBY', TRIMS, 'expired', expired)
+    redis.call('HSET', TRIMS, 'expired_upto_ms', int(now))
+  end
   return budget - #ids
 end
 
