@@ -82,6 +82,22 @@ class Trims:
         return "; ".join(parts) if parts else "none yet"
 
 
+def why_missing(trims: Trims | None) -> str:
+    """Why a job is not there, as far as the queue's ``trims`` (None: unknown) tell."""
+    if trims is None:
+        return "(never enqueued, removed by retention, or purged)"
+    if not trims.capped and not trims.expired:
+        return (
+            "(never enqueued, purged, or removed with its batch: retention has removed"
+            " no finished job of this queue)"
+        )
+    return (
+        "(never enqueued, removed by retention, or purged); which rule removed it is"
+        " not known (no record of a removed job is kept); retention has removed from"
+        f" this queue: {trims.describe()}"
+    )
+
+
 def _jobs(n: int, state: str) -> str:
     return f"{n:,} {state} job{'' if n == 1 else 's'}"
 
@@ -95,20 +111,7 @@ def _utc(ms: int | None) -> str:
 def no_such_job(queue: str, job_id: str, trims: Trims | None = None) -> JobNotFound:
     """``JobNotFound`` for ``job_id``; with the queue's ``trims``, it says what retention
     has removed there, and plainly that which rule removed this job is not known."""
-    text = f"job {job_id!r} of queue {queue!r} does not exist"
-    if trims is None:
-        text += " (never enqueued, removed by retention, or purged)"
-    elif not trims.capped and not trims.expired:
-        text += (
-            " (never enqueued, purged, or removed with its batch: retention has removed"
-            " no finished job of this queue)"
-        )
-    else:
-        text += (
-            " (never enqueued, removed by retention, or purged); which rule removed it is"
-            " not known (no record of a removed job is kept); retention has removed from"
-            f" this queue: {trims.describe()}"
-        )
+    text = f"job {job_id!r} of queue {queue!r} does not exist {why_missing(trims)}"
     return JobNotFound(text, job_id=job_id)
 
 

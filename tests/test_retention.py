@@ -261,6 +261,9 @@ def test_the_command_line_sets_a_jobs_and_a_workers_retention(
         assert q.job(kept_id).result(timeout_s=1) == 1
     finally:
         q.close()
+    missing = sandboxq("job", queue_name, short_id_text, "--url", redis_url)
+    assert missing.returncode == 1, missing.stderr
+    assert "1 finished job past their time to live" in missing.stderr, missing.stderr
     bad = sandboxq("enqueue", queue_name, "--failure-ttl-s", "-1", "--url", redis_url)
     assert bad.returncode == 2 and "failure_ttl_s" in bad.stderr, bad.stderr
     bad = sandboxq("worker", queue_name, ECHO, "--url", redis_url, "--retain-completed", "-1")

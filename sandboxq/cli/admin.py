@@ -34,6 +34,7 @@ from sandboxq.cli.options import (
 )
 from sandboxq.client import read_result
 from sandboxq.errors import BackendError, ConfigError, SerializationError
+from sandboxq.finished import why_missing
 from sandboxq.models import JobInfo, JobState, now_ms
 
 STATES = [state.value for state in JobState]
@@ -214,12 +215,21 @@ def jobs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def not_found_text(backend: Backend, job_id: str) -> str:
+    """Why ``job_id`` is not there, with what retention has removed (README "Retention")."""
+    try:
+        trims = backend.retention_trims()
+    except BackendError:
+        trims = None
+    return f"no job {job_id!r} in queue {backend.queue!r} {why_missing(trims)}"
+
+
 def job_data(backend: Backend, job_id: str, allowed: Collection[str]) -> dict[str, Any]:
     """The job's record; a completed job's ``result`` decoded only with ``allowed`` codecs,
     else ``result_error`` saying why it is not shown (the rest of the record still is)."""
     info = backend.get(job_id)
     if info is None:
-        raise Exit(f"no job {job_id!r} in queue {backend.queue!r} (unknown, or trimmed)")
+        raise Exit(not_found_text(backend, job_id))
     data = info.model_dump(mode="json")
     if info.state is JobState.COMPLETED:
         try:
