@@ -7,6 +7,7 @@ backends; short times to live and conditions, never long sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -20,9 +21,10 @@ import pytest
 import redis
 
 from sandboxq import JobNotFound, Queue
+from sandboxq.backends.base import Ack
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobState
+from sandboxq.models import AttemptRecord, JobState, Outcome
 from sandboxq.settings import WorkerSettings, from_env
 from sandboxq.testing.workers import CLI, BackgroundWorkers
 
@@ -312,3 +314,32 @@ def test_a_job_cancelled_while_running_outlives_its_time_to_live_while_fenced(
     assert q.options(job_id="fenced").enqueue(2).info().attempts == 1  # not added again
     wait_until(lambda: gone_after_tick(q, job.id), timeout_s=10)
     assert claimed.id == job.id
+
+
+def test_the_asyncio_client_says_the_same(url: str, queue_name: str) -> None:
+    """A count-capped queue, read with ``sandboxq.aio``: its JobNotFound quotes the trims."""
+    from sandboxq import aio
+
+    sync = Queue(queue_name, url=url, retain_completed=1)
+    try:
+        jobs = sync.enqueue_many(([i], {}) for i in range(3))
+        for job in jobs:  # finished by hand, oldest first: the cap keeps the newest one
+            [claimed] = sync.backend.claim("w1", 1, lease_s=30)
+            record = AttemptRecord(attempt=claimed.attempt, outcome=Outcome.OK)
+            ack = Ack(claimed.id, claimed.token, "complete", record, result=b"1")
+            sync.backend.finish_many("w1", [ack])
+            assert claimed.id == job.id
+    finally:
+        sync.close()
+
+    async def main() -> str:
+        q = aio.Queue(queue_name, url=url)
+        try:
+            with pytest.raises(JobNotFound) as caught:
+                await q.job(jobs[0].id).result(timeout_s=1)
+            return str(caught.value)
+        finally:
+            await q.close()
+
+    message = asyncio.run(main())
+    assert "2 completed jobs by its count cap of 1 (retain_completed)" in message
