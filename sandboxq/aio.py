@@ -33,8 +33,8 @@ from sandboxq.batch import (
     new_batch_id,
 )
 from sandboxq.client import Call, Producer, call_pair, check_since
-from sandboxq.errors import ConfigError
-from sandboxq.finished import check_seconds, finished_value, no_such_job
+from sandboxq.errors import ConfigError, JobNotFound, SandboxqError
+from sandboxq.finished import Trims, check_seconds, finished_value, no_such_job
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_batch_id, check_job_id
 
 __all__ = ["AsyncBatch", "AsyncJob", "Queue"]
@@ -53,6 +53,7 @@ class AsyncBackend(AsyncBatchBackend, Protocol):
     async def get(self, job_id: str) -> JobInfo | None: ...
     async def get_result(self, job_id: str) -> bytes | None: ...
     async def counts(self) -> dict[JobState, int]: ...
+    async def retention_trims(self) -> Trims: ...
     async def cancel(self, job_id: str) -> bool: ...
     async def retry_failed(self, job_id: str) -> bool: ...
     async def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None: ...
@@ -111,6 +112,9 @@ class _AsyncMemory:
     async def counts(self) -> dict[JobState, int]:
         return self._b.counts()
 
+    async def retention_trims(self) -> Trims:
+        return self._b.retention_trims()
+
     async def cancel(self, job_id: str) -> bool:
         return self._b.cancel(job_id)
 
@@ -163,11 +167,19 @@ class AsyncJob:
     async def info(self) -> JobInfo:
         info = await self.queue.backend.get(self.id)
         if info is None:
-            raise no_such_job(self.queue.name, self.id)
+            raise await self.not_found()
         return info
 
     async def state(self) -> JobState:
         return (await self.info()).state
+
+    async def not_found(self) -> JobNotFound:
+        """As ``Job.not_found``."""
+        try:
+            trims = await self.queue.backend.retention_trims()
+        except SandboxqError:
+            trims = None
+        return no_such_job(self.queue.name, self.id, trims)
 
     async def result(self, timeout_s: float | None = None) -> Any:
         """The job's return value once it completes; ``JobFailed`` if it failed or was
@@ -179,7 +191,11 @@ class AsyncJob:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"job {self.id!r} did not finish within {timeout_s} s")
-            if await backend.wait_for_finish(self.id, min(left, 3600.0)) is not None:
+            try:
+                state = await backend.wait_for_finish(self.id, min(left, 3600.0))
+            except JobNotFound:
+                raise await self.not_found() from None
+            if state is not None:
                 break
         info = await self.info()
         data = await backend.get_result(self.id) if info.state is JobState.COMPLETED else None

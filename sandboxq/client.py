@@ -51,11 +51,20 @@ class Job:
     def info(self) -> JobInfo:
         info = self.queue.backend.get(self.id)
         if info is None:
-            raise no_such_job(self.queue.name, self.id)
+            raise self.not_found()
         return info
 
     def state(self) -> JobState:
         return self.info().state
+
+    def not_found(self) -> JobNotFound:
+        """``JobNotFound`` for this job, saying what retention has removed from the queue
+        (when that can be read: the error stays about the job if it cannot)."""
+        try:
+            trims = self.queue.backend.retention_trims()
+        except SandboxqError:
+            trims = None
+        return no_such_job(self.queue.name, self.id, trims)
 
     def result(self, timeout_s: float | None = None) -> Any:
         """The job's return value once it completes.
@@ -74,7 +83,7 @@ class Job:
             try:
                 state = self.queue.backend.wait_for_finish(self.id, min(left, 3600.0))
             except JobNotFound:
-                raise no_such_job(self.queue.name, self.id) from None
+                raise self.not_found() from None
             if state is not None:
                 break
         info = self.info()
@@ -96,7 +105,7 @@ class Job:
         if self.queue.backend.retry_failed(self.id):
             return True
         if self.queue.backend.get(self.id) is None:
-            raise no_such_job(self.queue.name, self.id)
+            raise self.not_found()
         return False
 
 

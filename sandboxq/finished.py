@@ -5,8 +5,10 @@ checks of a wait's arguments. No I/O: the sync and asyncio clients and ``Batch``
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar
 
 from sandboxq import codec as codecs
 from sandboxq.errors import ConfigError, JobFailed, JobNotFound
@@ -21,12 +23,96 @@ def decode_result(info: JobInfo, data: bytes | None, allowed: Collection[str]) -
     return codecs.decode_stored(data, info.codec, allowed=allowed, job_id=info.id)
 
 
-def no_such_job(queue: str, job_id: str) -> JobNotFound:
-    return JobNotFound(
-        f"job {job_id!r} of queue {queue!r} does not exist "
-        "(never enqueued, removed by retention, or purged)",
-        job_id=job_id,
+#: The finished states retention trims, by the names of their fields in ``Trims``.
+TRIMMED_STATES = ("completed", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Trims:
+    """What retention has removed from a queue so far (common.lua's ``trims`` hash; the
+    memory backend keeps the same fields): per finished state, the jobs the count cap took
+    (``capped``), the cap then (``caps``) and when the newest of them had finished
+    (``capped_newest_ms``); and the jobs that went past their time to live (``expired``),
+    the last time any did (``expired_upto_ms``). No record of a removed job is kept."""
+
+    capped: dict[str, int] = field(default_factory=dict)
+    caps: dict[str, int] = field(default_factory=dict)
+    capped_newest_ms: dict[str, int] = field(default_factory=dict)
+    expired: int = 0
+    expired_upto_ms: int | None = None
+
+    #: The stored field names, in the order ``from_fields`` reads them.
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        *(f"{s}_{what}" for s in TRIMMED_STATES for what in ("capped", "cap", "capped_newest_ms")),
+        "expired",
+        "expired_upto_ms",
     )
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, int | None]) -> Trims:
+        """From the stored fields (a missing one: nothing of that kind was trimmed)."""
+
+        def per_state(what: str) -> dict[str, int]:
+            found = {s: fields.get(f"{s}_{what}") for s in TRIMMED_STATES}
+            return {s: n for s, n in found.items() if n is not None}
+
+        return cls(
+            capped=per_state("capped"),
+            caps=per_state("cap"),
+            capped_newest_ms=per_state("capped_newest_ms"),
+            expired=fields.get("expired") or 0,
+            expired_upto_ms=fields.get("expired_upto_ms"),
+        )
+
+    def describe(self) -> str:
+        """The trims in words, for ``JobNotFound``."""
+        parts = []
+        for state, n in self.capped.items():
+            newest = self.capped_newest_ms.get(state)
+            when = f", the newest of them finished at {_utc(newest)}" if newest else ""
+            cap = self.caps.get(state)
+            setting = "retain_completed" if state == "completed" else "retain_failed"
+            limit = f" of {cap:,} ({setting})" if cap is not None else ""
+            parts.append(f"{_jobs(n, state)} by its count cap{limit}{when}")
+        if self.expired:
+            parts.append(
+                f"{_jobs(self.expired, 'finished')} past their time to live "
+                f"(result_ttl_s / failure_ttl_s), the last at {_utc(self.expired_upto_ms)}"
+            )
+        return "; ".join(parts) if parts else "none yet"
+
+
+def why_missing(trims: Trims | None) -> str:
+    """Why a job is not there, as far as the queue's ``trims`` (None: unknown) tell."""
+    if trims is None:
+        return "(never enqueued, removed by retention, or purged)"
+    if not trims.capped and not trims.expired:
+        return (
+            "(never enqueued, purged, or removed with its batch: retention has removed"
+            " no finished job of this queue)"
+        )
+    return (
+        "(never enqueued, removed by retention, or purged); which rule removed it is"
+        " not known (no record of a removed job is kept); retention has removed from"
+        f" this queue: {trims.describe()}"
+    )
+
+
+def _jobs(n: int, state: str) -> str:
+    return f"{n:,} {state} job{'' if n == 1 else 's'}"
+
+
+def _utc(ms: int | None) -> str:
+    if ms is None:
+        return "an unknown time"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def no_such_job(queue: str, job_id: str, trims: Trims | None = None) -> JobNotFound:
+    """``JobNotFound`` for ``job_id``; with the queue's ``trims``, it says what retention
+    has removed there, and plainly that which rule removed this job is not known."""
+    text = f"job {job_id!r} of queue {queue!r} does not exist {why_missing(trims)}"
+    return JobNotFound(text, job_id=job_id)
 
 
 def finished_value(job_id: str, info: JobInfo, data: bytes | None, allowed: Collection[str]) -> Any:

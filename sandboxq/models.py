@@ -157,6 +157,20 @@ def setting_field(default: Any, description: str, *, none: str | None = None, **
     return Field(default, description=description, json_schema_extra=extra, **bounds)
 
 
+#: The longest a finished job may be kept (ten years): a time to live beyond it is a typo.
+MAX_TTL_S = 10 * 365 * 24 * 3600.0
+#: How long a finished job is kept by default (README "Retention"): a completed one a day,
+#: a failed or cancelled one a week (time to look into why).
+RESULT_TTL_S = 24 * 3600.0
+FAILURE_TTL_S = 7 * 24 * 3600.0
+#: The count caps, per queue: met only by a runaway queue, so Redis memory stays bounded
+#: (README "Retention" gives the bytes per job). A failed job holds more (its error, and
+#: an attempt's traceback and output), and a queue failing in bulk is itself the runaway:
+#: failed and cancelled jobs are capped at a tenth as many, each.
+RETAIN_COMPLETED = 1_000_000
+RETAIN_FAILED = 100_000
+
+
 class JobOptions(_Frozen):
     """Per-job options; ``None`` means "use the worker's default"."""
 
@@ -197,6 +211,23 @@ class JobOptions(_Frozen):
     )
     max_stalls: Annotated[int, NUMBER_ONLY] = setting_field(
         1, "stalls (expired leases) before the job fails", ge=0, le=1000
+    )
+    # Retention (README "Retention"): how long this job is kept once finished.
+    result_ttl_s: Annotated[float | None, NUMBER_ONLY] = setting_field(
+        None,
+        "keep this job this long once completed",
+        none="the queue's",
+        ge=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
+    )
+    failure_ttl_s: Annotated[float | None, NUMBER_ONLY] = setting_field(
+        None,
+        "keep this job this long once failed or cancelled",
+        none="the queue's",
+        ge=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
     )
 
     @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")

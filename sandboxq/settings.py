@@ -47,7 +47,12 @@ from sandboxq.codec import DEFAULT_MAX_BYTES
 from sandboxq.errors import ConfigError
 from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
+    FAILURE_TTL_S,
+    MAX_TTL_S,
     NUMBER_ONLY,
+    RESULT_TTL_S,
+    RETAIN_COMPLETED,
+    RETAIN_FAILED,
     Action,
     check_timeouts,
     setting_field,
@@ -68,6 +73,9 @@ MAX_INTERVAL_S = 24 * 3600.0
 ExitCode = Annotated[int, NUMBER_ONLY, Field(ge=0, le=255)]
 
 M = TypeVar("M", bound=BaseModel)
+
+#: The worker settings that are its backend's retention options (README "Retention").
+RETENTION_SETTINGS = ("result_ttl_s", "failure_ttl_s", "retain_completed", "retain_failed")
 
 log = logging.getLogger("sandboxq.settings")
 
@@ -398,6 +406,37 @@ class WorkerSettings(ChildSettings):
     metrics_host: str = setting_field(
         "127.0.0.1", "the address metrics are served on", min_length=1
     )
+    # Retention (README "Retention"; backends/rules.py): what the queue keeps of the jobs
+    # this worker finishes. A job's own result_ttl_s / failure_ttl_s wins.
+    result_ttl_s: Number = setting_field(
+        RESULT_TTL_S,
+        "keep a completed job (its result) this long",
+        ge=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
+    )
+    failure_ttl_s: Number = setting_field(
+        FAILURE_TTL_S,
+        "keep a failed or cancelled job this long",
+        ge=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
+    )
+    retain_completed: Count = setting_field(
+        RETAIN_COMPLETED,
+        "most completed jobs the queue keeps, whatever their age (trims are logged)",
+        ge=0,
+    )
+    retain_failed: Count = setting_field(
+        RETAIN_FAILED,
+        "most failed jobs, and most cancelled ones, the queue keeps (trims are logged)",
+        ge=0,
+    )
+
+    @property
+    def retention(self) -> dict[str, float]:
+        """The retention settings as backend options (``backends.rules.Retention``)."""
+        return {name: getattr(self, name) for name in RETENTION_SETTINGS}
 
     @model_validator(mode="after")
     def _renew_within_lease(self) -> WorkerSettings:

@@ -88,6 +88,7 @@ class MJob:
     lease: Lease | None = None  # the current lease, while active
     fence: Lease | None = None  # a cancelled active lease not yet confirmed
     history: list[Outcome] = field(default_factory=list)
+    ttl0: bool = False  # its own time to live is 0: retention takes it as it finishes
 
 
 def comparable(info: JobInfo | None) -> object:
@@ -135,8 +136,15 @@ class BackendsAgree(RuleBasedStateMachine):
         job.state, job.lease = state, None
         order = self.finished_order[state]
         order.append(job_id)
-        while len(order) > RETAIN:
+        while len(order) > RETAIN:  # the count cap first, the oldest first
             del self.jobs[order.pop(0)]
+        fenced = job.fence is not None and not job.fence.short
+        # then the age rule: this one's time is up, unless a fence keeps it (its lease
+        # is long: it stays till that lease's expiry, beyond the test)
+        if job.ttl0 and job_id in order and not fenced:
+            order.remove(job_id)
+            del self.jobs[job_id]
+            event(f"retention: {state} with a time to live of 0 taken as it finished")
         next_ms()  # the next finish lands in a later millisecond
 
     def unfinish(self, job_id: str) -> None:
@@ -146,22 +154,31 @@ class BackendsAgree(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------
 
-    @initialize()
-    def some_jobs(self) -> None:
-        for job_id in IDS[:3]:
-            self.enqueue(job_id, 0, False)
+    @initialize(ttl0=st.lists(st.booleans(), min_size=3, max_size=3))
+    def some_jobs(self, ttl0: list[bool]) -> None:
+        for job_id, zero in zip(IDS[:3], ttl0, strict=True):
+            self.enqueue(job_id, 0, False, zero)
 
     @rule(
         job_id=st.sampled_from(IDS),
         priority=st.integers(-1, 1),
         delayed=st.sampled_from([False, False, False, True]),
+        ttl0=st.sampled_from([False, False, True]),
     )
-    def enqueue(self, job_id: str, priority: int, delayed: bool) -> None:
-        new = NewJob(b"[[], {}]", job_id=job_id, priority=priority, delay_s=600 if delayed else 0)
+    def enqueue(self, job_id: str, priority: int, delayed: bool, ttl0: bool = False) -> None:
+        options = '{"result_ttl_s": 0, "failure_ttl_s": 0}' if ttl0 else "{}"
+        new = NewJob(
+            b"[[], {}]",
+            options_json=options,
+            job_id=job_id,
+            priority=priority,
+            delay_s=600 if delayed else 0,
+        )
         [(_, created)] = self.both("enqueue", [new])  # type: ignore[misc]
         assert created == (job_id not in self.jobs)
         if created:
-            self.jobs[job_id] = MJob(JobState.DELAYED if delayed else JobState.WAITING)
+            state = JobState.DELAYED if delayed else JobState.WAITING
+            self.jobs[job_id] = MJob(state, ttl0=ttl0)
 
     @rule(
         target=leases,
@@ -350,6 +367,11 @@ class BackendsAgree(RuleBasedStateMachine):
 
     @invariant()
     def records_agree(self) -> None:
+        # what retention removed: the same counts (not the times: each backend reads the
+        # clock at its own moment)
+        trims = [backend.retention_trims() for backend in (self.memory, self.redis)]
+        kept = [(t.capped, t.caps, t.expired) for t in trims]
+        assert kept[0] == kept[1], f"trims: memory {kept[0]} but redis {kept[1]}"
         counts = self.both("counts")
         expected = {state: 0 for state in JobState}
         for job in self.jobs.values():

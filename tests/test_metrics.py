@@ -199,6 +199,7 @@ def test_every_declared_worker_series_is_served() -> None:
         renewed_at=lambda: 0.0,
         rejected_acks=lambda: 0,
         recovered=lambda: 0,
+        trimmed=lambda: {"cap": 0, "age": 0},
         restarts=lambda: 0,
         rss=lambda pids: 0,
     )

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from sandboxq.finished import Trims
 from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
     AttemptRecord,
@@ -438,6 +439,11 @@ class Backend(Protocol):
     def oldest_waiting_ms(self) -> int | None:
         """``created_ms`` of the job first in line at each priority, the oldest of those
         (at most ``PRIORITY_BANDS`` priorities looked at); None when nothing waits."""
+        ...
+
+    def retention_trims(self) -> Trims:
+        """What retention has removed from the queue so far (by count cap, by age): the
+        worker logs and counts new cap trims from it, ``JobNotFound`` quotes it."""
         ...
 
 

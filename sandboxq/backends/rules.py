@@ -25,7 +25,11 @@ from typing import get_args
 from sandboxq.backends.base import FinishAction, NewJob
 from sandboxq.errors import ConfigError, JobNotFound
 from sandboxq.models import (
+    FAILURE_TTL_S,
     MAX_PRIORITY,
+    RESULT_TTL_S,
+    RETAIN_COMPLETED,
+    RETAIN_FAILED,
     JobOptions,
     JobState,
     parse_job_options,
@@ -100,25 +104,57 @@ def check_limits(**limits: object) -> None:
 @dataclass(frozen=True)
 class Retention:
     """What a backend keeps, the same options and defaults for every backend: finished
-    jobs by count (``retain_failed`` for failed and for cancelled ones, each) and by age,
-    and the newest ``max_events`` events."""
+    jobs by age (``result_ttl_s`` for completed ones, ``failure_ttl_s`` for failed and
+    cancelled ones; a job's own option of the same name wins) and, as a bound, by count
+    (``retain_completed``; ``retain_failed`` for failed and for cancelled ones, each);
+    and the newest ``max_events`` events. ``retain_s``, the older single age, sets both
+    ages where they are not given."""
 
-    retain_completed: int = 1000
-    retain_failed: int = 10_000
-    retain_s: float = 7 * 24 * 3600
+    retain_completed: int = RETAIN_COMPLETED
+    retain_failed: int = RETAIN_FAILED
+    retain_s: float | None = None
     max_events: int = 10_000
     #: A batch, and every member of it, is kept until this long after it is done (or
     #: ``Batch.forget()``); retention by count and age never removes a member before.
     batch_ttl_s: float = 7 * 24 * 3600
+    result_ttl_s: float | None = None
+    failure_ttl_s: float | None = None
 
     def __post_init__(self) -> None:
         check_limits(
             retain_completed=self.retain_completed,
             retain_failed=self.retain_failed,
-            retain_s=self.retain_s,
             max_events=self.max_events,
             batch_ttl_s=self.batch_ttl_s,
+            **{
+                name: value
+                for name in ("retain_s", "result_ttl_s", "failure_ttl_s")
+                if (value := getattr(self, name)) is not None
+            },
         )
+
+    @property
+    def completed_ttl_ms(self) -> int:
+        """How long a completed job is kept, unless it says otherwise."""
+        return ms(_first(self.result_ttl_s, self.retain_s, RESULT_TTL_S))
+
+    @property
+    def failed_ttl_ms(self) -> int:
+        """How long a failed or cancelled job is kept, unless it says otherwise."""
+        return ms(_first(self.failure_ttl_s, self.retain_s, FAILURE_TTL_S))
+
+    def ttl_ms(self, state: JobState, options: JobOptions) -> int:
+        """How long a job entering finished ``state`` is kept: its own option, else the
+        queue's (common.lua's ``ttl_ms``)."""
+        if state is JobState.COMPLETED:
+            own = options.result_ttl_s
+            return self.completed_ttl_ms if own is None else ms(own)
+        own = options.failure_ttl_s
+        return self.failed_ttl_ms if own is None else ms(own)
+
+
+def _first(*values: float | None) -> float:
+    return next(v for v in values if v is not None)
 
 
 # -- time -------------------------------------------------------------------------------
@@ -147,11 +183,11 @@ def fence_lifted(fenced_until_ms: int, now_ms: int) -> bool:
     return lease_expired(fenced_until_ms, now_ms)
 
 
-def retention_over(finished_ms: int, now_ms: int, retain_ms: int) -> bool:
-    """A job finished at ``finished_ms`` is past its retention at ``now_ms``: ``retain_ms``
-    or more ago (common.lua's ``ZRANGEBYSCORE -inf now-retain``), so ``retain_s=0`` keeps
-    no finished job."""
-    return finished_ms <= now_ms - retain_ms
+def retention_over(expires_ms: int, now_ms: int) -> bool:
+    """A finished job kept until ``expires_ms`` (when it finished plus its time to live) is
+    gone at ``now_ms``: at or after it (common.lua's ``ZRANGEBYSCORE expiry -inf now``), so
+    a time to live of 0 keeps no finished job."""
+    return expires_ms <= now_ms
 
 
 def poisoned(infra_deaths: int, max_infra_deaths: int) -> bool:

@@ -25,8 +25,18 @@ from sandboxq.backends.base import Backend
 from sandboxq.cli import render
 from sandboxq.cli.options import EXIT_ERROR, EXIT_OK, Exit, open_queue
 from sandboxq.client import read_result
-from sandboxq.errors import SerializationError
+from sandboxq.errors import BackendError, SerializationError
+from sandboxq.finished import why_missing
 from sandboxq.models import JobState, now_ms
+
+
+def not_found_text(backend: Backend, job_id: str) -> str:
+    """Why ``job_id`` is not there, with what retention has removed (README "Retention")."""
+    try:
+        trims = backend.retention_trims()
+    except BackendError:
+        trims = None
+    return f"no job {job_id!r} in queue {backend.queue!r} {why_missing(trims)}"
 
 
 def job_data(backend: Backend, job_id: str, allowed: Collection[str]) -> dict[str, Any]:
@@ -34,7 +44,7 @@ def job_data(backend: Backend, job_id: str, allowed: Collection[str]) -> dict[st
     else ``result_error`` saying why it is not shown (the rest of the record still is)."""
     info = backend.get(job_id)
     if info is None:
-        raise Exit(f"no job {job_id!r} in queue {backend.queue!r} (unknown, or trimmed)")
+        raise Exit(not_found_text(backend, job_id))
     data = info.model_dump(mode="json")
     try:
         payload = backend.get_arguments(job_id)

@@ -8,6 +8,7 @@
         inflight             held jobs
         heartbeat.renewed_at lease renewal age
         stats["rejected_acks"] / reaper.recovered / pool.restarts   counters
+        reaper.trims.trimmed   retention's trims, by reason (worker/retention.py)
 
 Children never touch any of this: it lives in the worker's parent and reads the pool's
 bookkeeping. Each ``WorkerMetrics`` has its own ``CollectorRegistry``, so several workers
@@ -83,6 +84,9 @@ WORKER_SERIES: tuple[tuple[str, str, str, str], ...] = (
      "attempt results for jobs this worker no longer held"),
     ("sandboxq_stalled_recoveries_total", "counter", "queue",
      "expired leases (of any worker) this worker's reaper recovered"),
+    ("sandboxq_jobs_trimmed_total", "counter", "queue, reason",
+     "finished jobs the queue's retention removed since this worker started: by the "
+     "count cap (cap: logged) or past their time to live (age)"),
     ("sandboxq_pool_restarts_total", "counter", "queue",
      "children started to replace others (crashed, killed, recycled)"),
     ("sandboxq_containment_info", "info", "queue, mode", "how children are contained"),
@@ -175,7 +179,8 @@ class WorkerMetrics:
     def bind(self, **sources: Callable[..., Any]) -> None:
         """Snapshot functions read at scrape time: ``child_states``, ``held``,
         ``renewed_at`` (monotonic time of the last renewal), ``rejected_acks``,
-        ``recovered``, ``restarts``, ``rss`` (bytes of a list of pids)."""
+        ``recovered``, ``trimmed`` (by reason), ``restarts``, ``rss`` (bytes of a list of
+        pids)."""
         self._sources = dict(sources)
 
     def unbind(self) -> None:
@@ -232,6 +237,9 @@ class _Collector(Collector):
         info = InfoMetricFamily("sandboxq_containment", _help("sandboxq_containment_info"))
         info.add_metric(["queue"], {"queue": m.queue, "mode": m.containment})
         yield info
+        trimmed = m.read("trimmed")
+        if trimmed is not None:
+            yield _counter("sandboxq_jobs_trimmed", ["queue", "reason"], q, trimmed)
         counters = {
             "sandboxq_rejected_acks": m.read("rejected_acks"),
             "sandboxq_stale_events_dropped": m.stale,

@@ -3,7 +3,8 @@
 A worker that died (SIGKILL, lost machine) stops renewing; once its leases expire on the
 backend's clock, the next check puts those jobs back in the queue (or fails them after
 too many stalls). Recovery therefore takes about ``lease_s`` plus ``interval_s``.
-Delayed jobs are promoted by ``claim`` itself, so there is nothing else to sweep.
+Delayed jobs are promoted by ``claim`` itself, so there is nothing else to sweep. The
+same round reads what retention removed (retention.py's ``TrimWatch``), to log and count it.
 """
 
 from __future__ import annotations
@@ -12,14 +13,22 @@ import logging
 
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
+from sandboxq.worker.retention import TrimWatch
 from sandboxq.worker.threads import BackgroundThread
 
 log = logging.getLogger("sandboxq.reaper")
 
 
 class Reaper(BackgroundThread):
-    def __init__(self, backend: Backend, interval_s: float, max_infra_deaths: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        interval_s: float,
+        max_infra_deaths: int,
+        trims: TrimWatch | None = None,
+    ) -> None:
         super().__init__("reaper")
+        self.trims = trims
         self._backend = backend
         self._interval_s = interval_s
         self._max_infra_deaths = max_infra_deaths  # a worker's death counts against its jobs
@@ -35,3 +44,5 @@ class Reaper(BackgroundThread):
             for job_id, state in recovered:
                 log.warning("job %s stalled (its lease expired): now %s", job_id, state)
             self.recovered += len(recovered)
+            if self.trims is not None:
+                self.trims.check()

@@ -5,7 +5,9 @@
                          │                           pool; main thread: acks → finish + claim
                          ├─ Heartbeat (heartbeat.py) renews leases; a lost one is killed
                          ├─ RegistryRefresh          republishes this worker's WorkerRecord
-                         ├─ Reaper (reaper.py)       recovers expired leases (a dead worker's jobs)
+                         ├─ Reaper (reaper.py)       recovers expired leases (a dead worker's jobs);
+                         │                           logs and counts retention's cap trims
+                         │                           (retention.py)
                          ├─ cancellation watch       a cancelled job's child is killed
                          └─ WorkerMetrics (observe/metrics.py, only with metrics_port)
                                                      served on its own thread; reads the parts
@@ -38,6 +40,10 @@ from sandboxq.backends import open_backend
 from sandboxq.errors import BackendError, ConfigError, WorkerFailed
 from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
+    FAILURE_TTL_S,
+    RESULT_TTL_S,
+    RETAIN_COMPLETED,
+    RETAIN_FAILED,
     Outcome,
     WorkerJobRecord,
     WorkerRecord,
@@ -61,6 +67,7 @@ from sandboxq.worker.heartbeat import Heartbeat, Lease, RegistryRefresh
 from sandboxq.worker.inflight import InFlight
 from sandboxq.worker.outcomes import WorkerStats
 from sandboxq.worker.reaper import Reaper
+from sandboxq.worker.retention import TrimWatch
 
 if TYPE_CHECKING:
     from sandboxq.observe.metrics import WorkerMetrics
@@ -117,6 +124,10 @@ class SandboxWorker:
         keep_strays: bool = False,
         max_child_growth_mb: float | None = None,
         capture_output: bool = True,
+        result_ttl_s: float = RESULT_TTL_S,
+        failure_ttl_s: float = FAILURE_TTL_S,
+        retain_completed: int = RETAIN_COMPLETED,
+        retain_failed: int = RETAIN_FAILED,
     ) -> None:
         # Every keyword but backend_options is the setting of that name, with its default.
         self.settings = s = from_call(WorkerSettings, locals())
@@ -124,7 +135,9 @@ class SandboxWorker:
         # import_timeout_s if its import hangs)
         resolve_within(processor, s.import_timeout_s)
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.backend = open_backend(url, queue, **(backend_options or {}))
+        # the queue keeps the jobs this worker finishes as its settings say (README
+        # "Retention"); backend_options, where they name the same, win
+        self.backend = open_backend(url, queue, **{**s.retention, **(backend_options or {})})
         self.stats = WorkerStats()
         self._stop = StopRequest(s.stop_timeout_s)
         self._inflight = InFlight(s.concurrency, s.prefetch, self._stop.asked)
@@ -168,7 +181,7 @@ class SandboxWorker:
             self._lease_lost,
         )
         registry = RegistryRefresh(s.renew_every_s, self._register)
-        reaper = Reaper(self.backend, s.stall_every_s, s.max_infra_deaths)
+        reaper = Reaper(self.backend, s.stall_every_s, s.max_infra_deaths, TrimWatch(self.backend))
         parts = (heartbeat, registry, reaper)
         dispatcher = self._dispatcher = Dispatcher(
             self.id,
@@ -257,6 +270,7 @@ class SandboxWorker:
             renewed_at=lambda: heartbeat.renewed_at[-1] if heartbeat.renewed_at else since,
             rejected_acks=lambda: self.stats.rejected_acks,
             recovered=lambda: reaper.recovered,
+            trimmed=lambda: reaper.trims.trimmed if reaper.trims is not None else None,
             restarts=lambda: pool.restarts,
             rss=lambda pids: sum(tree_rss(pid)[0] for pid in pids),
         )

@@ -49,13 +49,18 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
     @classmethod
     def shared(cls, queue: str, **options: Any) -> MemoryBackend:
         """The process-wide backend for ``queue``. Options apply when it is first created;
-        later callers get that instance as it is, since jobs already live in it."""
+        later callers get that instance, since jobs already live in it, and the retention
+        they give applies from then on (as on Redis, where the worker finishing a job
+        applies its own: a worker's settings are the queue's)."""
         with cls._registry_lock:
             backend = cls._registry.get(queue)
             if backend is None:
                 backend = cls._registry[queue] = cls(queue, **options)
             elif options:
-                cls(queue, **options)  # a misspelt or invalid option is an error all the same
+                # a misspelt or invalid option is an error all the same
+                retention = Retention(**options)
+                with backend._store.cond:
+                    backend._store.keep(retention)
             return backend
 
     # -- producers ---------------------------------------------------------------------------

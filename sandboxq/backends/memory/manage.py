@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sandboxq.backends import rules
+from sandboxq.backends.memory.batches import sweep_batches
 from sandboxq.backends.memory.store import (
     ACTIVE,
     CANCELLED,
@@ -54,6 +55,8 @@ class Management:
             for job in expired[: rules.RECOVER_LIMIT]:
                 state = self._stalled(job, now, max_infra_deaths)
                 recovered.append((job.id, state.value))
+            store.expire_due(now)  # an idle queue's finished jobs go at their time too
+            sweep_batches(store, now)
         if store.outbox:  # a batch this finished is done: its follow-up (batches.py)
             self.send_follow_ups()
         return recovered

@@ -25,6 +25,7 @@ from sandboxq.backends.base import (
 )
 from sandboxq.backends.memory.store import ACTIVE, COMPLETED, WAITING, Job, Store
 from sandboxq.errors import ConfigError
+from sandboxq.finished import Trims
 from sandboxq.models import JobInfo, JobState, RunningAttempt
 
 
@@ -155,6 +156,10 @@ class Reads:
                 progress=float(progress.data["fraction"]) if progress else None,
                 progress_message=progress.data.get("message") if progress else None,
             )
+
+    def retention_trims(self) -> Trims:
+        with self._store.cond:
+            return Trims.from_fields(dict(self._store.trims))
 
     def oldest_waiting_ms(self) -> int | None:
         with self._store.cond:

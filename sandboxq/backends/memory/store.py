@@ -60,6 +60,7 @@ class Job:
     fence_token: str | None = None
     fenced_until_ms: int = 0
     finished_ms: int | None = None
+    expires_ms: int | None = None  # while in a finished state's index: when retention takes it
     outcome: Outcome | None = None
     error: str | None = None
     result: bytes | None = None
@@ -87,13 +88,12 @@ class Store:
 
     def __init__(self, retention: Retention, queue: str = "") -> None:
         self.queue = queue
-        # Cancelled jobs count against the failed limit: both are jobs that did not succeed.
-        self.retain = {
-            COMPLETED: retention.retain_completed,
-            FAILED: retention.retain_failed,
-            CANCELLED: retention.retain_failed,
-        }
-        self.retain_ms = rules.ms(retention.retain_s)
+        self.keep(retention)
+        # (expires_ms, id) of every finished job, as common.lua's expiry set; pruned lazily
+        # like the heaps above (an entry is live while it equals the job's expires_ms)
+        self.expiry: list[tuple[int, str]] = []
+        # what retention removed, the fields of common.lua's trims hash
+        self.trims: dict[str, int] = {}
         self.cond = threading.Condition()
         self.jobs: dict[str, Job] = {}
         # Ids per state, and for each finished state a heap of (finished_ms, id): retention
@@ -114,6 +114,16 @@ class Store:
         self.batches: dict[str, BatchRecord] = {}
         self.batch_ttl_ms = rules.ms(retention.batch_ttl_s)
         self.outbox: list[FollowUp] = []
+
+    def keep(self, retention: Retention) -> None:
+        """Keep finished jobs as ``retention`` says, from the next one that finishes."""
+        self.retention = retention
+        # Cancelled jobs count against the failed limit: both are jobs that did not succeed.
+        self.retain = {
+            COMPLETED: retention.retain_completed,
+            FAILED: retention.retain_failed,
+            CANCELLED: retention.retain_failed,
+        }
 
     def emit(self, kind: str, job_id: str, **data: str) -> None:
         """Every state change emits an event, and emitting notifies *all* waiters: waiting
@@ -137,9 +147,10 @@ class Store:
             job.owner = job.token = job.claimed_ms = None
         finished = state in FINISHED
         job.finished_ms = now if finished else None
+        job.expires_ms = None
         if finished:
             self._enter_finished(job)
-            self.trim(state, now)
+            self.trim(state, now, job)
         else:
             self.by_state[state][job.id] = None
         if state is WAITING:
@@ -275,21 +286,68 @@ class Store:
         job = self.jobs.pop(job_id)
         del self.by_state[job.state][job_id]
 
-    def trim(self, state: JobState, now: int) -> None:
-        """Retention of one finished state, as common.lua's ``trim_finished``: the oldest
-        over the count, then those past the age, ``TRIM_BUDGET`` at most."""
+    def trim(self, state: JobState, now: int, entered: Job | None = None) -> None:
+        """Retention of one finished state, as common.lua's ``trim_finished``: ``entered``
+        (the job that just finished) is kept until its time to live runs out; then the
+        oldest over the count cap go, then those past their time, ``TRIM_BUDGET`` at most."""
+        if entered is not None:
+            entered.expires_ms = now + self.retention.ttl_ms(state, entered.options)
+            heapq.heappush(self.expiry, (entered.expires_ms, entered.id))
+            if len(self.expiry) > 2 * sum(len(self.by_state[s]) for s in FINISHED) + 64:
+                self.expiry[:] = [(e, i) for e, i in self.expiry if self._expiring(e, i)]
+                heapq.heapify(self.expiry)
         excess = max(0, min(rules.TRIM_BUDGET, len(self.by_state[state]) - self.retain[state]))
         budget = rules.TRIM_BUDGET - excess
-        while (oldest := self._oldest(state)) is not None:
-            if excess:
-                excess -= 1
-            elif budget and rules.retention_over(oldest.finished_ms or 0, now, self.retain_ms):
+        for n in range(1, excess + 1):
+            oldest = self._oldest(state)
+            assert oldest is not None  # the index holds more than the cap
+            heapq.heappop(self.finished[state])
+            self._unindex(oldest)
+            if n == excess:
+                self._count_trims(f"{state}_capped", excess)
+                self.trims[f"{state}_capped_newest_ms"] = oldest.finished_ms or 0
+                self.trims[f"{state}_cap"] = self.retain[state]
+        self.expire_due(now, budget)
+        sweep_batches(self, now)
+
+    def expire_due(self, now: int, budget: int = rules.TRIM_BUDGET) -> None:
+        """Jobs past their time go, ``budget`` at most, the earliest first (ties by id), as
+        common.lua's ``expire_due`` (``recover_stalled`` calls it too); one still fenced
+        stays until its fence would lift."""
+        expired = 0
+        while budget and self.expiry:
+            expires_ms, job_id = self.expiry[0]
+            if not self._expiring(expires_ms, job_id):
+                heapq.heappop(self.expiry)
+            elif rules.retention_over(expires_ms, now):
+                heapq.heappop(self.expiry)
                 budget -= 1
+                job = self.jobs[job_id]
+                if job.fenced(now):  # kept while fenced (common.lua's expire_due says why)
+                    job.expires_ms = job.fenced_until_ms + 1
+                    heapq.heappush(self.expiry, (job.expires_ms, job_id))
+                    continue
+                self._unindex(job)
+                expired += 1
             else:
                 break
-            heapq.heappop(self.finished[state])
-            if oldest.batch is None:
-                self.delete(oldest.id)
-            else:  # a member leaves the index only: its batch keeps it (batches.py)
-                del self.by_state[state][oldest.id]
-        sweep_batches(self, now)
+        if expired:
+            self._count_trims("expired", expired)
+            self.trims["expired_upto_ms"] = now
+
+    def _expiring(self, expires_ms: int, job_id: str) -> bool:
+        """The expiry entry is live: its job is still in a finished state's index, with it."""
+        job = self.jobs.get(job_id)
+        return job is not None and job.expires_ms == expires_ms
+
+    def _unindex(self, job: Job) -> None:
+        """Retention takes ``job``: gone, or, a member of a batch, only out of its state's
+        index (its batch keeps it: batches.py)."""
+        job.expires_ms = None
+        if job.batch is None:
+            self.delete(job.id)
+        else:
+            del self.by_state[job.state][job.id]
+
+    def _count_trims(self, name: str, n: int) -> None:
+        self.trims[name] = self.trims.get(name, 0) + n

@@ -13,7 +13,8 @@ itself (``SET``/``SADD``/``SREM`` on the worker registry), blocks on the wake li
 (``BLPOP``) and subscribes to cancellations. A producer-only user lacks those, so a worker
 started with its credentials fails at once with Redis's ``NOPERM`` naming the command.
 The scripts of a batch member's moves also touch the batch's keys (``batch:*``,
-``bdone:*``, ``batches``, ``batch_index``), and a batch's follow-up is written by the
+``bdone:*``, ``batches``, ``batch_index``), a finish or a cancel those of retention
+(``expiry``, ``trims``), and a batch's follow-up is written by the
 finish that ends its last member, on the ``then`` queue: a worker whose rules do not
 reach that queue finishes the member anyway, and the batch records why the follow-up
 was not sent (``then_error``).
@@ -121,6 +122,8 @@ def key_patterns(queue: str, role: Role) -> list[str]:
         keys.batch_done_prefix + "*",
         keys.batches,
         keys.batch_index,
+        keys.expiry,
+        keys.trims,
     ]
     readable = [keys.workers, keys.worker_prefix + "*"]
     return [f"~{key}" for key in writable] + [f"%R~{key}" for key in readable]

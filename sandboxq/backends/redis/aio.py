@@ -49,6 +49,7 @@ from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Script, Scripts, script_settings
 from sandboxq.backends.rules import lease_ms
 from sandboxq.errors import BackendError, ConfigError
+from sandboxq.finished import Trims
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name
 from sandboxq.redaction import redact_url
 
@@ -134,6 +135,12 @@ class AsyncRedisBackend:
             return bool(await self._script(self._scripts.retry_failed, [job_id]) == 1)
 
     # -- reading ------------------------------------------------------------------------
+
+    async def retention_trims(self) -> Trims:
+        """As ``RedisBackend.retention_trims``."""
+        with redis_errors(self.where, "read what retention removed"):
+            raw = await self._main.hmget(self.keys.trims, Trims.FIELDS)
+        return reads.trims_from_reply(raw)
 
     async def get(self, job_id: str) -> JobInfo | None:
         """As ``RedisBackend.get``: read_job.lua, bounded (design invariant 13)."""

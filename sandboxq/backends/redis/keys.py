@@ -18,7 +18,10 @@ any of them atomically.
     sq:{q}:bdone:<bid>         STREAM one entry per member that reached a final state
     sq:{q}:batches             ZSET   done batches by expiry ms (done_ms + ttl)
     sq:{q}:batch_index         ZSET   every batch kept, by created ms (listing)
-                               (common.lua derives these from the job prefix: its batch block)
+    sq:{q}:expiry              ZSET   finished jobs by when retention removes them (ms)
+    sq:{q}:trims               HASH   what retention removed: counts, caps, times
+                               (common.lua derives these from the job prefix: its batch and
+                               retention blocks)
 
 Job ids are chosen by users and may contain anything, ``:`` included, so a key built
 from an id is the id appended to a prefix that no other kind of key starts with. (The
@@ -56,6 +59,8 @@ class QueueKeys:
         self.batch_done_prefix = base + "bdone:"
         self.batches = base + "batches"
         self.batch_index = base + "batch_index"
+        self.expiry = base + "expiry"
+        self.trims = base + "trims"
         #: The KEYS every script receives, in the order common.lua expects.
         self.script_keys: list[str] = [
             self.job_prefix,

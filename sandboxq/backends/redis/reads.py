@@ -22,6 +22,7 @@ from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run
 from sandboxq.codec import DEFAULT_MAX_BYTES as MAX_RESULT_BYTES
 from sandboxq.errors import BackendError, SerializationError
+from sandboxq.finished import Trims
 from sandboxq.models import JobInfo, JobState
 
 
@@ -140,6 +141,11 @@ class Reads:
         with self._conns.errors("read the oldest waiting job"):
             return self._pages.oldest_waiting_ms()
 
+    def retention_trims(self) -> Trims:
+        with self._conns.errors("read what retention removed"):
+            raw = self._conns.main.hmget(self.keys.trims, Trims.FIELDS)
+        return trims_from_reply(raw)
+
     def queue_names(self, budget_s: float = 2.0) -> list[str]:
         """Every queue on this Redis (not only this one), for the dashboard: see pages.py."""
         with self._conns.errors("list the queues"):
@@ -147,6 +153,18 @@ class Reads:
 
 
 # -- one job, for the sync and the asyncio client alike --------------------------------------
+
+
+def trims_from_reply(raw: Sequence[Any]) -> Trims:
+    """The trims hash's fields (HMGET of ``Trims.FIELDS``); one that is not a count (a
+    hand-written value) reads as missing: readers trust nothing in Redis."""
+    fields: dict[str, int | None] = {}
+    for name, value in zip(Trims.FIELDS, raw, strict=True):
+        try:
+            fields[name] = int(value) if value is not None else None
+        except ValueError:
+            fields[name] = None
+    return Trims.from_fields(fields)
 
 
 def read_job_args(job_id: str) -> list[Arg]:

@@ -125,7 +125,7 @@ def script_settings(retention: rules.Retention) -> list[Arg]:
         int(retention.max_events),
         int(retention.retain_completed),
         int(retention.retain_failed),
-        rules.ms(retention.retain_s),
+        f"{retention.completed_ttl_ms} {retention.failed_ttl_ms}",
     ]
 
 

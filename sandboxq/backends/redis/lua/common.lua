@@ -15,7 +15,8 @@
 --  11 history prefix  sq:{q}:history:  (attempt records LIST = prefix..id; an id may hold
 --                     ':', so no key built from an id may extend another one: keys.py)
 -- ARGV 1-4, the same for every script: max events kept in the stream, jobs kept in the
--- completed set, jobs kept in the failed (and cancelled) set, max age of finished jobs ms.
+-- completed set, jobs kept in the failed (and cancelled) set, and how long a finished job
+-- is kept, ms: "<completed> <failed and cancelled>" (a job's own option wins: ttl_ms).
 -- Script-specific arguments start at ARGV[5].
 --
 -- Time: every timestamp is computed here from TIME (design invariant 2: the server's clock,
@@ -27,7 +28,8 @@ local COMPLETED, FAILED, CANCELLED = KEYS[5], KEYS[6], KEYS[7]
 local SEQ, EVENTS, WAKE, HISTORY = KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local MAX_EVENTS = ARGV[1]
 local RETAIN_COMPLETED, RETAIN_FAILED = tonumber(ARGV[2]), tonumber(ARGV[3])
-local RETAIN_MS = tonumber(ARGV[4])
+local COMPLETED_TTL_MS, FAILED_TTL_MS = string.match(ARGV[4], '^(%d+) (%d+)$')
+COMPLETED_TTL_MS, FAILED_TTL_MS = tonumber(COMPLETED_TTL_MS), tonumber(FAILED_TTL_MS)
 
 -- 2^40: with |priority| <= MAX_PRIORITY (< 2^10) and seq < 2^40, every score is below
 -- 2^53 and so exact as a double
@@ -158,6 +160,8 @@ local QUEUE_NAME = string.match(QUEUE_BASE, '^sq:{(.*)}:$')
 local BATCH, BATCH_DONE = QUEUE_BASE .. 'batch:', QUEUE_BASE .. 'bdone:'
 local BATCHES = QUEUE_BASE .. 'batches'
 local BATCH_INDEX = QUEUE_BASE .. 'batch_index'
+-- retention's keys (described with trim_finished)
+local EXPIRY, TRIMS = QUEUE_BASE .. 'expiry', QUEUE_BASE .. 'trims'
 local FINAL_CODE = {completed = 'c', failed = 'f', cancelled = 'x'}
 local COUNTED = {waiting = true, delayed = true, active = true, completed = true,
   failed = true, cancelled = true}
@@ -292,6 +296,7 @@ local function sweep_batch(bid, budget)
       redis.call('ZREM', COMPLETED, id)
       redis.call('ZREM', FAILED, id)
       redis.call('ZREM', CANCELLED, id)
+      redis.call('ZREM', EXPIRY, id)
     end
   end
   if upto >= last then
@@ -311,27 +316,93 @@ local function sweep_batches(now)
 end
 -- ---- end of batches ---------------------------------------------------------------------
 
--- Retention: keep at most `keep` jobs in a finished set and none finished RETAIN_MS or
--- more ago (rules.retention_over), deleting the trimmed jobs' hash and history, oldest
--- first (ties by id, the sorted set's order). Bounded work per call (TRIM_BUDGET);
--- every job entering the set calls it again, so the set converges.
-local function trim_finished(zset, keep, now)
+-- ---- retention (README "Retention"; rules.Retention) -------------------------------------
+--   sq:{q}:expiry  ZSET  every finished job still in its finished set, by when it goes
+--                        (finished ms + its time to live): age is a range read, whatever
+--                        each job's own time to live
+--   sq:{q}:trims   HASH  what retention removed: <state>_capped (jobs trimmed by the count
+--                        cap), <state>_capped_newest_ms (when the newest of them finished),
+--                        <state>_cap (the cap then), expired (jobs removed by age),
+--                        expired_upto_ms (the latest such removal); JobNotFound reads it
+local STATE_OF = {[COMPLETED] = 'completed', [FAILED] = 'failed', [CANCELLED] = 'cancelled'}
+
+-- How long a job entering finished `state` is kept, ms (rules.Retention.ttl_ms): its own
+-- option (checked at enqueue), else the queue's. Its options are decoded only when they
+-- name one: most jobs' are '{}'.
+local function ttl_ms(opts, state)
+  local name = state == 'completed' and 'result_ttl_s' or 'failure_ttl_s'
+  if opts and string.find(opts, name, 1, true) then
+    local ok, o = pcall(cjson.decode, opts)
+    local v = ok and type(o) == 'table' and o[name]
+    if type(v) == 'number' and v >= 0 then return math.max(0, math.ceil(v * 1000)) end
+  end
+  if state == 'completed' then return COMPLETED_TTL_MS end
+  return FAILED_TTL_MS
+end
+
+-- Jobs past their time go (any finished set), `budget` at most, the earliest first (ties
+-- by id), deleting their hash and history (a batch member's stay with its batch).
+-- Returns the budget left. recover_stalled.lua calls it too: an idle queue still expires.
+-- A job cancelled while running keeps its fence until its old owner confirms the child
+-- dead or the old lease runs out (design invariant 12, as purge.lua): one still fenced
+-- is kept until the old lease's expiry, so its id cannot be enqueued afresh and run
+-- beside a child that may still live.
+local function expire_due(now, budget)
+  if budget <= 0 then return budget end
+  local ids = redis.call('ZRANGEBYSCORE', EXPIRY, '-inf', int(now), 'LIMIT', 0, budget)
+  if #ids == 0 then return budget end
+  local expired = 0
+  for _, gone in ipairs(ids) do
+    local f = hmget(PREFIX .. gone, 'state', 'fence_token', 'fenced_until_ms')
+    local state = f and f[1]
+    local until_ms = f and tonumber(f[3])
+    if f and f[2] and until_ms and not (until_ms < now) then -- rules.fence_lifted
+      redis.call('ZADD', EXPIRY, int(until_ms + 1), gone)
+    else
+      redis.call('ZREM', EXPIRY, gone)
+      -- an entry is only trusted while the job is still finished (never an id enqueued
+      -- again since: purge and retry take their entries out, this is the second guard)
+      if state == 'completed' or state == 'failed' or state == 'cancelled' then
+        drop_unless_member(gone)
+        redis.call('ZREM', COMPLETED, gone)
+        redis.call('ZREM', FAILED, gone)
+        redis.call('ZREM', CANCELLED, gone)
+        expired = expired + 1
+      end
+    end
+  end
+  if expired > 0 then
+    redis.call('HINCRBY', TRIMS, 'expired', expired)
+    redis.call('HSET', TRIMS, 'expired_upto_ms', int(now))
+  end
+  return budget - #ids
+end
+
+-- Retention, after job `id` entered finished set `zset` (its options `opts`: its own time
+-- to live): it is kept until now + its time to live; then the set keeps at most `keep`
+-- jobs (the oldest go first, ties by id: the sorted set's order; counted in TRIMS), then
+-- jobs past their time go (expire_due). Bounded work per call (TRIM_BUDGET); every job
+-- entering a finished set calls it again, so the sets converge.
+local function trim_finished(zset, keep, now, id, opts)
+  if id then
+    redis.call('ZADD', EXPIRY, int(now + ttl_ms(opts, STATE_OF[zset])), id)
+  end
   local budget = TRIM_BUDGET
   local excess = redis.call('ZCARD', zset) - keep
   if excess > 0 then
     local n = math.min(excess, budget)
-    local ids = redis.call('ZRANGE', zset, 0, n - 1)
-    for _, id in ipairs(ids) do drop_unless_member(id) end
+    local ids = redis.call('ZRANGE', zset, 0, n - 1, 'WITHSCORES')
+    for i = 1, #ids, 2 do
+      drop_unless_member(ids[i])
+      redis.call('ZREM', EXPIRY, ids[i])
+    end
     redis.call('ZREMRANGEBYRANK', zset, 0, n - 1)
+    local state = STATE_OF[zset]
+    redis.call('HINCRBY', TRIMS, state .. '_capped', n)
+    redis.call('HSET', TRIMS, state .. '_capped_newest_ms', ids[#ids], state .. '_cap', int(keep))
     budget = budget - n
   end
-  if budget > 0 then
-    local ids = redis.call('ZRANGEBYSCORE', zset, '-inf', int(now - RETAIN_MS), 'LIMIT', 0, budget)
-    if #ids > 0 then
-      for _, id in ipairs(ids) do drop_unless_member(id) end
-      redis.call('ZREM', zset, unpack(ids))
-    end
-  end
+  expire_due(now, budget)
   sweep_batches(now)
 end
 
@@ -351,7 +422,7 @@ local function fail_malformed(id, reason, now, bad_field)
     redis.call('HSET', key, bad_field, FIELD_DEFAULTS[bad_field])
   end
   local err = string.format(MALFORMED_TEXT, reason)
-  local prior = hmget(key, 'batch', 'state')
+  local prior = hmget(key, 'batch', 'state', 'opts')
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', DELAYED, id)
   redis.call('ZREM', ACTIVE, id)
@@ -360,7 +431,7 @@ local function fail_malformed(id, reason, now, bad_field)
     'finished_ms', int(now))
   redis.call('ZADD', FAILED, int(now), id)
   emit('failed', id, 'outcome', 'error', 'error', err)
-  trim_finished(FAILED, RETAIN_FAILED, now)
+  trim_finished(FAILED, RETAIN_FAILED, now, id, prior and prior[3])
   if prior and prior[1] then batch_move(prior[1], id, prior[2], 'failed', now) end
 end
 
@@ -517,7 +588,7 @@ end
 -- Returns 1 cancelled, 0 unknown or already finished.
 local function cancel_job(id, channel)
   local key = PREFIX .. id
-  local f = hmget(key, 'state', 'owner', 'token', 'attempts')
+  local f = hmget(key, 'state', 'owner', 'token', 'attempts', 'opts')
   if not f then return 0 end
   local state = f[1]
   if state ~= 'waiting' and state ~= 'delayed' and state ~= 'active' then return 0 end
@@ -545,7 +616,7 @@ local function cancel_job(id, channel)
     'error', err)
   redis.call('ZADD', CANCELLED, int(now), id)
   emit('cancelled', id, 'from', state)
-  trim_finished(CANCELLED, RETAIN_FAILED, now)
+  trim_finished(CANCELLED, RETAIN_FAILED, now, id, f[5])
   batch_after(id, state, now) -- batches (common.lua)
   redis.call('PUBLISH', channel, token .. ' ' .. id)
   return 1
@@ -562,6 +633,7 @@ local function retry_job(id)
   local now = now_ms()
   redis.call('ZREM', FAILED, id)
   redis.call('ZREM', CANCELLED, id)
+  redis.call('ZREM', EXPIRY, id)
   redis.call('HDEL', key, 'finished_ms', 'outcome', 'error', 'result', 'owner', 'token',
     'progress', 'progress_message')
   local until_ms = tonumber(f[4])

@@ -30,7 +30,8 @@ local function finish_one(base)
   local has_result, result, delay = ARGV[base + 6], ARGV[base + 7], tonumber(ARGV[base + 8])
   local infra = ARGV[base + 9]
   local key = PREFIX .. id
-  local f = owns(key, worker, token, 'batch') -- its batch read in the same call: one per job
+  -- its batch and options (its own time to live) read in the same call: one per job
+  local f = owns(key, worker, token, 'batch', 'opts')
   if not f then return 0 end
   local to -- the state it goes to
   -- the worker read the count with its claim and decided requeue or poison itself
@@ -59,13 +60,13 @@ local function finish_one(base)
     end
     redis.call('ZADD', COMPLETED, int(now), id)
     emit('completed', id, 'outcome', outcome)
-    trim_finished(COMPLETED, RETAIN_COMPLETED, now)
+    trim_finished(COMPLETED, RETAIN_COMPLETED, now, id, f[5])
   elseif action == 'fail' then
     to = 'failed'
     set('state', 'failed', 'finished_ms', int(now))
     redis.call('ZADD', FAILED, int(now), id)
     emit('failed', id, 'outcome', outcome, 'error', err)
-    trim_finished(FAILED, RETAIN_FAILED, now)
+    trim_finished(FAILED, RETAIN_FAILED, now, id, f[5])
   elseif action == 'retry' then
     to = delay > 0 and 'delayed' or 'waiting'
     if delay > 0 then

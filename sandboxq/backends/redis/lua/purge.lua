@@ -28,5 +28,8 @@ for _, id in ipairs(ids) do
     dropped[#dropped + 1] = id
   end
 end
-if #dropped > 0 then redis.call('ZREM', zset, unpack(dropped)) end
+if #dropped > 0 then
+  redis.call('ZREM', zset, unpack(dropped))
+  redis.call('ZREM', EXPIRY, unpack(dropped)) -- retention's entries (common.lua)
+end
 return {#dropped, #ids - #dropped}

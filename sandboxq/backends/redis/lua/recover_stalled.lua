@@ -9,7 +9,7 @@
 -- (owner and token are cleared, so the old owner's late renew or ack is rejected),
 -- design invariant 2 (expiry judged by server TIME), design invariant 11 (the worker's death
 -- counts against the job's infra_deaths: at the limit it fails as poison). Each stalled
--- attempt is recorded.
+-- attempt is recorded. Then finished jobs past their time go (bounded: TRIM_BUDGET).
 
 local now = now_ms()
 local max_infra = tonumber(ARGV[6])
@@ -21,7 +21,8 @@ local requeued = 0
 for _, id in ipairs(expired) do
   local key = PREFIX .. id
   redis.call('ZREM', ACTIVE, id)
-  local f = hmget(key, 'state', 'owner', 'attempts', 'stalls', 'max_stalls', 'priority', 'seq')
+  local f = hmget(key, 'state', 'owner', 'attempts', 'stalls', 'max_stalls', 'priority', 'seq',
+    'opts')
   local current = f and f[1]
   if current == 'completed' or current == 'failed' or current == 'cancelled' then
     -- a stale entry: the job moved on (every such move leaves the set; this one did not)
@@ -73,11 +74,15 @@ for _, id in ipairs(expired) do
     emit('stalled', id, 'state', state, 'stalls', int(stalls))
     if state == 'failed' then
       emit('failed', id, 'outcome', record.outcome, 'error', err)
-      trim_finished(FAILED, RETAIN_FAILED, now)
+      trim_finished(FAILED, RETAIN_FAILED, now, id, f[8])
     end
     out[#out + 1], out[#out + 2] = id, state
     batch_after(id, 'active', now) -- batches (common.lua)
   end
 end
 wake(requeued)
+-- retention's age rule runs here too, so a queue where nothing finishes any more still
+-- lets its finished jobs go at their time (common.lua: expire_due)
+expire_due(now, TRIM_BUDGET)
+sweep_batches(now)
 return out

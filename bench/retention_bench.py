@@ -1,0 +1,126 @@
+"""What one retained finished job costs in Redis memory (README "Retention").
+
+    python bench/retention_bench.py [--jobs N] [--runs N] [--json OUT] [--url URL]
+
+N jobs (1,000 by default) run through a real ``sandboxq worker`` process on a real
+redis-server: no-op jobs that complete, and jobs whose handler exits 3 (no exit code
+mapped: failed at its first attempt). Then ``MEMORY USAGE`` (every sample) of each job's
+own keys, its hash (payload, options, state, result or error) and its history list (one
+attempt record), and each job's share of the sorted sets that index it: its finished set
+and retention's ``expiry`` set. Their sum is what a retained job costs; the count caps
+(``retain_completed``, ``retain_failed``) times it bound a queue's memory. The events
+stream is capped on its own (``max_events``), so it is shown apart, per job, and not
+added. Without --url it starts its own redis-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import figures  # noqa: E402
+
+from sandboxq import Queue  # noqa: E402
+from sandboxq.backends.redis.keys import QueueKeys  # noqa: E402
+from sandboxq.models import RETAIN_COMPLETED, RETAIN_FAILED, JobState  # noqa: E402
+from sandboxq.testing.redis_server import RedisServer  # noqa: E402
+
+KINDS = {
+    "completed": ("bench_jobs:noop", JobState.COMPLETED),
+    "failed": ("sandboxq.testing.handlers:sys_exit", JobState.FAILED),
+}
+
+
+def run_burst(url: str, queue: str, processor: str) -> None:
+    """A real worker process that stops once the queue is empty."""
+    env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "sandboxq", "worker", queue, processor, "--url", url]
+    done = subprocess.run(
+        # memory is what is measured here, not containment: the process tree mode runs
+        # on any machine
+        [*command, "--concurrency", "2", "--containment", "process_tree", "--burst"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        check=False,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the worker failed ({done.returncode}): {done.stderr.decode()[-2000:]}")
+
+
+def bytes_per_job(url: str, kind: str, n: int) -> dict[str, float]:
+    """Bytes of one retained job of ``kind``, by part (see the module docstring)."""
+    processor, state = KINDS[kind]
+    name = f"r-{uuid.uuid4().hex[:8]}"
+    keys = QueueKeys(name)
+    r = redis.Redis.from_url(url)
+    q = Queue(name, url=url)
+    try:
+        ids = [job.id for job in q.enqueue_many([((3,), {}) for _ in range(n)])]
+        run_burst(url, name, processor)
+        assert q.counts()[state] == n, q.counts()
+
+        def usage(key: str) -> int:
+            return int(r.memory_usage(key, samples=0) or 0)
+
+        finished = keys.completed if state is JobState.COMPLETED else keys.failed
+        parts = {
+            "hash": sum(usage(keys.job_prefix + i) for i in ids) / n,
+            "history": sum(usage(keys.history_prefix + i) for i in ids) / n,
+            "finished_set": usage(finished) / n,
+            "expiry_set": usage(keys.expiry) / n,
+        }
+        parts["total"] = sum(parts.values())
+        parts["events_stream"] = usage(keys.events) / n
+        return parts
+    finally:
+        q.backend.purge(state)
+        q.close()
+        r.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--json", default=str(HERE / "results" / "retention.json"))
+    parser.add_argument("--url", help="an existing redis-server (default: start one)")
+    args = parser.parse_args()
+    runs: dict[str, dict[str, list[float]]] = {kind: {} for kind in KINDS}
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(RedisServer()).url
+        for _ in range(args.runs):
+            for kind in KINDS:
+                for part, value in bytes_per_job(url, kind, args.jobs).items():
+                    runs[kind].setdefault(part, []).append(value)
+    report: dict[str, Any] = {"jobs": args.jobs, "figures": []}
+    caps = {"completed": RETAIN_COMPLETED, "failed": RETAIN_FAILED}
+    for kind, parts in runs.items():
+        report[kind] = {}
+        for part, values in parts.items():
+            fig = figures.figure(f"Redis bytes per retained {kind} job: {part}", values, "B")
+            report[kind][part] = fig["value"]
+            report["figures"].append(fig)
+        at_cap = report[kind]["total"] * caps[kind] / 2**20
+        fig = figures.figure(f"{kind} jobs at the count cap ({caps[kind]:,})", [at_cap], "MiB")
+        report[kind]["at_cap_mib"] = fig["value"]
+        report["figures"].append(fig)
+    for fig in report["figures"]:
+        print(figures.line(fig))
+    figures.write_json(args.json, report)
+
+
+if __name__ == "__main__":
+    main()
