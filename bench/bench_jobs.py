@@ -34,3 +34,18 @@ def cpu(ms: float) -> int:
 def stamp() -> float:
     """Returns the wall-clock time of its first line (for enqueue→start latency)."""
     return time.time()
+
+
+def loud_failure(frames: int = 3) -> None:
+    """Writes 8 KiB to stdout, then raises from ``frames`` * 12 frames down: a failed job
+    whose record keeps about 4 KiB of traceback and 8 KiB of output."""
+    print("o" * 99 + "\n", end="", flush=False)
+    for _ in range(81):
+        print("x" * 99)
+    _down(frames * 12)
+
+
+def _down(n: int) -> None:
+    if n:
+        _down(n - 1)
+    raise RuntimeError("failed on purpose, deep down")

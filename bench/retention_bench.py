@@ -4,7 +4,8 @@
 
 N jobs (1,000 by default) run through a real ``sandboxq worker`` process on a real
 redis-server: no-op jobs that complete, and jobs whose handler exits 3 (no exit code
-mapped: failed at its first attempt). Then ``MEMORY USAGE`` (every sample) of each job's
+mapped: failed at its first attempt), and jobs that fail with about 4 KiB of traceback
+after writing 8 KiB of output (``bench_jobs.loud_failure``). Then ``MEMORY USAGE`` (every sample) of each job's
 own keys, its hash (payload, options, state, result or error) and its history list (one
 attempt record), and each job's share of the sorted sets that index it: its finished set
 and retention's ``expiry`` set. Their sum is what a retained job costs; the count caps
@@ -39,6 +40,8 @@ from sandboxq.testing.redis_server import RedisServer  # noqa: E402
 KINDS = {
     "completed": ("bench_jobs:noop", JobState.COMPLETED),
     "failed": ("sandboxq.testing.handlers:sys_exit", JobState.FAILED),
+    # a failed attempt that keeps about 4 KiB of traceback and 8 KiB of output
+    "failed_with_traceback": ("bench_jobs:loud_failure", JobState.FAILED),
 }
 
 
@@ -106,7 +109,11 @@ def main() -> None:
                 for part, value in bytes_per_job(url, kind, args.jobs).items():
                     runs[kind].setdefault(part, []).append(value)
     report: dict[str, Any] = {"jobs": args.jobs, "figures": []}
-    caps = {"completed": RETAIN_COMPLETED, "failed": RETAIN_FAILED}
+    caps = {
+        "completed": RETAIN_COMPLETED,
+        "failed": RETAIN_FAILED,
+        "failed_with_traceback": RETAIN_FAILED,
+    }
     for kind, parts in runs.items():
         report[kind] = {}
         for part, values in parts.items():
