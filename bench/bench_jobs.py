@@ -36,16 +36,22 @@ def stamp() -> float:
     return time.time()
 
 
-def loud_failure(frames: int = 3) -> None:
-    """Writes 8 KiB to stdout, then raises from ``frames`` * 12 frames down: a failed job
-    whose record keeps about 4 KiB of traceback and 8 KiB of output."""
-    print("o" * 99 + "\n", end="", flush=False)
-    for _ in range(81):
+def loud_failure(frames: int = 44) -> None:
+    """Writes 8 KiB to stdout, then raises from ``frames`` frames down: a failed job whose
+    record keeps about 4 KiB of traceback and 8 KiB of output."""
+    for _ in range(82):
         print("x" * 99)
-    _down(frames * 12)
+    _down_a(frames)
 
 
-def _down(n: int) -> None:
+# Two functions in turn: Python folds a run of identical frames into one line.
+def _down_a(n: int) -> None:
     if n:
-        _down(n - 1)
+        _down_b(n - 1)
+    raise RuntimeError("failed on purpose, deep down")
+
+
+def _down_b(n: int) -> None:
+    if n:
+        _down_a(n - 1)
     raise RuntimeError("failed on purpose, deep down")
