@@ -3,15 +3,15 @@
     python bench/retention_bench.py [--jobs N] [--runs N] [--json OUT] [--url URL]
 
 N jobs (1,000 by default) run through a real ``sandboxq worker`` process on a real
-redis-server: no-op jobs that complete, and jobs whose handler exits 3 (no exit code
-mapped: failed at its first attempt), and jobs that fail with about 4 KiB of traceback
-after writing 8 KiB of output (``bench_jobs.loud_failure``). Then ``MEMORY USAGE``
-(every sample) of each job's own keys, its hash (payload, options, state, result or
-error) and its history list (one attempt record), and each job's share of the sorted sets that index it: its finished set
-and retention's ``expiry`` set. Their sum is what a retained job costs; the count caps
-(``retain_completed``, ``retain_failed``) times it bound a queue's memory. The events
-stream is capped on its own (``max_events``), so it is shown apart, per job, and not
-added. Without --url it starts its own redis-server.
+redis-server: no-op jobs that complete; jobs whose handler exits 3 (no exit code mapped:
+failed at its first attempt); and jobs that fail with about 4 KiB of traceback after
+writing 8 KiB of output (``bench_jobs.loud_failure``). Then ``MEMORY USAGE`` (every
+sample) of each job's own keys, its hash (payload, options, state, result or error) and
+its history list (one attempt record), and each job's share of the sorted sets that index
+it: its finished set and retention's ``expiry`` set. Their sum is what a retained job
+costs; the count caps (``retain_completed``, ``retain_failed``) times it bound a queue's
+memory. The events stream is capped on its own (``max_events``), so it is shown apart,
+per job, and not added. Without --url it starts its own redis-server.
 """
 
 from __future__ import annotations
