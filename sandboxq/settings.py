@@ -49,6 +49,7 @@ from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
     NUMBER_ONLY,
     Action,
+    check_budgets,
     check_timeouts,
     setting_field,
 )
@@ -363,6 +364,21 @@ class WorkerSettings(ChildSettings):
         ge=1,
         le=1000,
     )
+    max_queue_s: Limit = setting_field(
+        None,
+        "a job not started this long after it became runnable never starts: outcome expired",
+        none="no limit",
+    )
+    deadline_s: Limit = setting_field(
+        None,
+        "a job's whole budget from enqueue, every attempt and backoff: outcome deadline",
+        none="no limit",
+    )
+    progress_timeout_s: Limit = setting_field(
+        None,
+        "end an attempt that did not call progress() for this long: outcome progress_timeout",
+        none="no watchdog",
+    )
     exit_codes: Annotated[dict[ExitCode, Action], NONE_IS_EMPTY] = setting_field(
         None,
         "map a handler's exit code to complete, retry or fail",
@@ -401,6 +417,9 @@ class WorkerSettings(ChildSettings):
                 f"renew_interval_s ({self.renew_interval_s}) must be at most lease_s / 3 "
                 f"({self.lease_s / 3:g}) so a lease survives a missed renewal"
             )
+        check_budgets(
+            self.max_queue_s, self.deadline_s, self.progress_timeout_s, self.hard_timeout_s
+        )
         return self
 
     @property

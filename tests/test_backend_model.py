@@ -86,6 +86,9 @@ class MJob:
     lease: Lease | None = None  # the current lease, while active
     fence: Lease | None = None  # a cancelled active lease not yet confirmed
     history: list[Outcome] = field(default_factory=list)
+    #: What the next claim that pops it makes of it while waiting: a budget that runs out
+    #: at once (max_queue_s or deadline_s of a millisecond) fails it unstarted.
+    late: Outcome | None = None
 
 
 def comparable(info: JobInfo | None) -> object:
@@ -147,19 +150,35 @@ class BackendsAgree(RuleBasedStateMachine):
     @initialize()
     def some_jobs(self) -> None:
         for job_id in IDS[:3]:
-            self.enqueue(job_id, 0, False)
+            self.enqueue(job_id, 0, False, None)
 
     @rule(
         job_id=st.sampled_from(IDS),
         priority=st.integers(-1, 1),
         delayed=st.sampled_from([False, False, False, True]),
+        budget=st.sampled_from([None, None, "roomy", "max_queue_s", "deadline_s"]),
     )
-    def enqueue(self, job_id: str, priority: int, delayed: bool) -> None:
-        new = NewJob(b"[[], {}]", job_id=job_id, priority=priority, delay_s=600 if delayed else 0)
+    def enqueue(self, job_id: str, priority: int, delayed: bool, budget: str | None) -> None:
+        options, late = "{}", None
+        if budget == "roomy":  # budgets that never run out here
+            options = '{"max_queue_s": 600, "deadline_s": 600}'
+        elif budget is not None and not any(job.late for job in self.jobs.values()):
+            # One such job at a time, first in line (it fails in a millisecond of its own,
+            # so retention's choice stays the model's), its budget one millisecond.
+            options, priority = f'{{"{budget}": 0.001}}', 2
+            late = Outcome.EXPIRED if budget == "max_queue_s" else Outcome.DEADLINE
+        new = NewJob(
+            b"[[], {}]",
+            options_json=options,
+            job_id=job_id,
+            priority=priority,
+            delay_s=600 if delayed else 0,
+        )
         [(_, created)] = self.both("enqueue", [new])  # type: ignore[misc]
         assert created == (job_id not in self.jobs)
         if created:
-            self.jobs[job_id] = MJob(JobState.DELAYED if delayed else JobState.WAITING)
+            state = JobState.DELAYED if delayed else JobState.WAITING
+            self.jobs[job_id] = MJob(state, late=late)
 
     @rule(
         target=leases,
@@ -169,10 +188,22 @@ class BackendsAgree(RuleBasedStateMachine):
     )
     def claim(self, worker: str, count: int, short: bool) -> object:
         lease_s = SHORT_S if short else LONG_S
+        late = [i for i, job in self.jobs.items() if job.state is JobState.WAITING and job.late]
+        if late:  # its budget of one millisecond is over on both backends' clocks
+            end = now_ms() + 2
+            while now_ms() <= end:
+                pass
         mem = self.memory.claim(worker, count, lease_s)
         red = self.redis.claim(worker, count, lease_s)
         pairs: list[tuple[Claimed, Claimed]] = list(zip(mem, red, strict=True))
         assert [(m.id, m.attempt) for m, _ in pairs] == [(r.id, r.attempt) for _, r in pairs]
+        for job_id in late:  # popped first (priority 2), failed unstarted
+            job = self.jobs[job_id]
+            job.attempts += 1
+            assert job.late is not None
+            job.history.append(job.late)
+            event(f"claim: {job.late}")
+            self.finished(job_id, JobState.FAILED)
         waiting = [i for i, job in self.jobs.items() if job.state is JobState.WAITING]
         assert len(pairs) == min(count, len(waiting))
         claimed = []

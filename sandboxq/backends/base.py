@@ -79,6 +79,9 @@ class Claimed:
     #: Deaths of the pool's helpers or of a worker while it ran so far (design invariant
     #: 11): a job with any runs alone, and fails as ``poison`` at ``max_infra_deaths``.
     infra_deaths: int = 0
+    #: How long ago it was enqueued, by the backend's clock at the claim: what is left of
+    #: its ``deadline_s`` counts from ``claimed_at`` minus this.
+    age_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

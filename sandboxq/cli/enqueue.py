@@ -31,7 +31,17 @@ from sandboxq.models import JobOptions
 
 #: The JobOptions that have a flag, made from the model's fields (the rest take the
 #: queue's defaults).
-JOB_OPTIONS = ("job_id", "soft_timeout_s", "hard_timeout_s", "retries", "priority", "delay_s")
+JOB_OPTIONS = (
+    "job_id",
+    "soft_timeout_s",
+    "hard_timeout_s",
+    "retries",
+    "priority",
+    "delay_s",
+    "max_queue_s",
+    "deadline_s",
+    "progress_timeout_s",
+)
 
 
 def add_parser(verbs: Any) -> None:

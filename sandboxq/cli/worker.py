@@ -47,6 +47,9 @@ POOL_FLAGS = (
     "max_memory_mb",
     *ContainmentSettings.model_fields,
     "stop_timeout_s",
+    "max_queue_s",
+    "deadline_s",
+    "progress_timeout_s",
 )
 #: Flags not spelt after their setting: ``--exit-code 3=retry``, once per code.
 FLAG_FORMS = {"exit_codes": ("--exit-code", {"action": "append", "metavar": "N=ACTION"})}

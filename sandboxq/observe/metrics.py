@@ -123,6 +123,8 @@ class WorkerMetrics:
         self.containment = containment
         self.registry = CollectorRegistry(auto_describe=False)
         self.attempts: dict[str, int] = {}
+        #: jobs failed unstarted, by outcome (expired, deadline), counted among the attempts
+        self.unstarted: dict[str, int] = {}
         self.finished: dict[str, int] = {}
         self._finished_lock = threading.Lock()
         self.durations: dict[str, _Histogram] = {}
@@ -166,6 +168,14 @@ class WorkerMetrics:
                 state = _FINISHED.get(ack.action) if ok else None
                 if state is not None:
                     self.finished[state] = self.finished.get(state, 0) + 1
+
+    def not_started(self, outcome: Outcome) -> None:
+        """A job this worker claimed and failed without running it, past its deadline_s
+        or max_queue_s (``tasks.unstarted``; the fetcher's thread too: under the lock).
+        Jobs the backend failed at claim for their own budget never reach a worker: the
+        events stream has them (``failed`` with their outcome)."""
+        with self._finished_lock:
+            self.unstarted[outcome.value] = self.unstarted.get(outcome.value, 0) + 1
 
     def stale_dropped(self) -> None:
         self.stale += 1
@@ -224,7 +234,10 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m, q = self._m, [self._m.queue]
-        yield _counter("sandboxq_attempts", ["queue", "outcome"], q, m.attempts)
+        attempts = dict(m.attempts)
+        for outcome, n in list(m.unstarted.items()):
+            attempts[outcome] = attempts.get(outcome, 0) + n
+        yield _counter("sandboxq_attempts", ["queue", "outcome"], q, attempts)
         yield _counter("sandboxq_jobs_finished", ["queue", "state"], q, m.finished)
         yield _histograms("sandboxq_attempt_duration_seconds", ["queue", "outcome"], q, m.durations)
         yield _histograms("sandboxq_wait_seconds", ["queue"], q, {"": m.waits})

@@ -3,7 +3,9 @@ it wakes.
 
 A running attempt has up to four times (``Attempt.next_event``): its soft deadline (the
 soft signal), its hard deadline (a tree kill), its fence deadline (a tree kill: the lease
-was not renewed in time) and, where memory is sampled, its next sample. The select waits
+was not renewed in time) and, where memory is sampled, its next sample. A policy may end
+it too, as a hard timeout does (the soft signal, then a tree kill ``end_grace_s`` later):
+its job's ``deadline_s`` and the progress watchdog (``Attempt.ending_due``). The select waits
 until the nearest of them over every child, so nothing polls and a kill lands within a
 millisecond or two of its deadline.
 """
@@ -45,7 +47,13 @@ def enforce(
             child.kill(Outcome.HARD_TIMEOUT, f"killed at the hard deadline of {hard:g} s")
         elif run.fence_deadline is not None and now >= run.fence_deadline:
             child.kill(Outcome.LEASE_LOST, "the lease could not be renewed in time")
+        elif run.ending is not None and run.end_kill_at is not None and now >= run.end_kill_at:
+            child.kill(
+                run.ending, f"{run.end_detail}; killed after a grace of {run.task.end_grace_s:g} s"
+            )
         else:
+            if run.ending is None and (ending := run.ending_due(now)) is not None:
+                child.end_softly(run, *ending, now)
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
                 child.signal_soft(run)
             due = run.memory_check_at is not None and now >= run.memory_check_at

@@ -57,6 +57,9 @@ class Attempt:
 
     __slots__ = (
         "child",
+        "end_detail",
+        "end_kill_at",
+        "ending",
         "fence_deadline",
         "hard_deadline",
         "infra_death",
@@ -65,6 +68,7 @@ class Attempt:
         "live",
         "memory_check_at",
         "on_done",
+        "progress_deadline",
         "rss_base",
         "soft_deadline",
         "soft_outcome",
@@ -95,6 +99,11 @@ class Attempt:
         self.infra_death: str | None = None  # a helper of the pool died while it ran: what
         self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
         self.rss_base = 0  # the child's resident memory when this attempt started
+        # A policy's end (deadline_s, the progress watchdog): soft signal, then tree kill.
+        self.progress_deadline: float | None = None
+        self.ending: Outcome | None = None  # the outcome of that end, once begun
+        self.end_detail: str | None = None
+        self.end_kill_at: float | None = None
 
     def start(self, now: float, memory_every: float, at_ms: int | None = None) -> None:
         task = self.task
@@ -103,6 +112,26 @@ class Attempt:
         self.soft_deadline = now + task.soft_timeout_s if task.soft_timeout_s else None
         self.hard_deadline = now + task.hard_timeout_s if task.hard_timeout_s else None
         self.memory_check_at = now + memory_every if task.max_memory_mb else None
+        if task.progress_timeout_s:
+            self.progress_deadline = now + task.progress_timeout_s
+
+    def progressed(self, now: float) -> None:
+        """It called ``progress()``: the watchdog counts again from ``now``."""
+        if self.progress_deadline is not None and self.ending is None:
+            self.progress_deadline = now + (self.task.progress_timeout_s or 0.0)
+
+    def ending_due(self, now: float) -> tuple[Outcome, str] | None:
+        """The policy that ends this attempt at ``now``, if one has come: its job's
+        deadline_s, else the watchdog (the parent judges from the progress it sees)."""
+        task = self.task
+        if task.deadline_at is not None and now >= task.deadline_at:
+            return Outcome.DEADLINE, "the job's deadline_s ran out during this attempt"
+        if self.progress_deadline is not None and now >= self.progress_deadline:
+            return (
+                Outcome.PROGRESS_TIMEOUT,
+                f"no progress() for {task.progress_timeout_s:g} s: ended as hung",
+            )
+        return None
 
     def settle(
         self,
@@ -139,6 +168,10 @@ class Attempt:
         times = [self.hard_deadline, self.memory_check_at, self.fence_deadline]
         if not self.soft_sent:
             times.append(self.soft_deadline)
+        if self.ending is None:
+            times += (self.task.deadline_at, self.progress_deadline)
+        else:
+            times.append(self.end_kill_at)
         return min((t for t in times if t is not None), default=None)
 
 
@@ -269,6 +302,16 @@ class Child:
             os.kill(self.pid, SIGSOFT)
         except ProcessLookupError:
             pass
+
+    def end_softly(self, run: Attempt, outcome: Outcome, detail: str, now: float) -> None:
+        """End ``run`` as a hard timeout ends (a policy's end: its deadline_s, the
+        watchdog): the soft signal now, unless it was sent already, so that however it
+        ends it is ``outcome``; its tree is killed ``end_grace_s`` later (deadlines.py)."""
+        run.ending, run.end_detail = outcome, detail
+        run.soft_outcome = outcome
+        run.end_kill_at = now + run.task.end_grace_s
+        if not run.soft_sent:
+            self.signal_soft(run)
 
     def lose_server(self, why: str, what: str) -> bool:
         """The fork server died (and this child with it): its attempt is interrupted, not

@@ -295,6 +295,8 @@ class Supervisor:
             self._advance(child, now, at_ms)
             child.sync_fence()
         elif kind is Progress:
+            if run and run.task_id == msg.task_id and run.progress_deadline is not None:
+                run.progressed(time.monotonic())  # the watchdog counts again
             if run and run.task_id == msg.task_id and run.task.on_progress:
                 call(run.task.on_progress, msg.fraction, msg.message)
         elif kind is Ready:

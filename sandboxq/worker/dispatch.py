@@ -65,9 +65,10 @@ from sandboxq.worker.outcomes import (
     ack_for,
     count_acks,
     refusal_ack,
+    unstarted_ack,
 )
 from sandboxq.worker.progress import ProgressWriter
-from sandboxq.worker.tasks import refusal, task_for
+from sandboxq.worker.tasks import deadline_at, refusal, task_for, unstarted
 from sandboxq.worker.threads import BackgroundThread
 
 if TYPE_CHECKING:
@@ -150,6 +151,11 @@ class Dispatcher:
             return False
         if (cause := refusal(job, self._settings.allow_pickle)) is not None:
             self._reject(job, cause)
+            return False
+        if (late := unstarted(job, self._settings)) is not None:  # the worker's budgets
+            if self._metrics is not None:  # metrics
+                self._metrics.not_started(late[0])
+            self._finish([(job, unstarted_ack(job, *late, self._id))], held=False)
             return False
         token = job.token
         lease = Lease(job.id, token, 0, job.claimed_at)
@@ -317,7 +323,15 @@ class Dispatcher:
         if attempt.runtime_s is not None:
             self._inflight.record_runtime(attempt.runtime_s)
         s = self._settings
-        ack = ack_for(job, attempt, self._policy, s.retries, self._id, s.max_infra_deaths)
+        ack = ack_for(
+            job,
+            attempt,
+            self._policy,
+            s.retries,
+            self._id,
+            s.max_infra_deaths,
+            deadline_at(job, s),
+        )
         failed_here = self.failure is not None and attempt.outcome is not Outcome.OK
         if failed_here and ack.attempt.outcome is not Outcome.POISON:
             # The worker broke, not the job: hand it back uncharged, with what happened

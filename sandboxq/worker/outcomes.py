@@ -15,9 +15,11 @@ answered.
 The policy's defaults are the outcome table of docs/design.md (and of the README):
 
     outcome ──► actions (DEFAULT_ACTIONS) ──► complete / retry / fail
-       exit(N) ──► the exit_codes map; unmapped codes fail
+       exit(N) ──► the exit_codes map; unmapped codes fail; retry_uncharged: requeued,
+                   the attempt not counted (bounded only by the job's deadline_s)
     retry, once the attempt number is past ``retries`` ──► fail
     retry ──► backoff_s(base, attempt): base, 2 x base, 4 x base... capped at MAX_BACKOFF_S
+    retry whose backoff would end past the job's deadline_s ──► fail (past_deadline)
 
 A worker builds its policy from ``exit_codes`` alone (``SandboxWorker(exit_codes=...)``,
 ``--exit-code``); every other outcome keeps its default action. ``lease_lost`` and
@@ -32,6 +34,7 @@ child has ended, which ``confirm_dead`` tells the backend.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -55,6 +58,18 @@ DEFAULT_ACTIONS: dict[Outcome, Action] = {
     Outcome.MEMORY_LIMIT: Action.FAIL,
     Outcome.CPU_LIMIT: Action.FAIL,
     Outcome.POISON: Action.FAIL,  # decided by the backend, from its count of deaths
+    Outcome.EXPIRED: Action.FAIL,  # never ran: decided at claim
+    Outcome.DEADLINE: Action.FAIL,  # the job's whole budget is spent
+    Outcome.PROGRESS_TIMEOUT: Action.RETRY,  # hung: as a hard timeout
+}
+
+#: What ``finish`` does for each action: ``retry_uncharged`` puts the job back in line
+#: with its attempt not counted, as an interrupted attempt is (Kubernetes' ``Ignore``).
+FINISH_OF: Final[Mapping[Action, FinishAction]] = {
+    Action.COMPLETE: "complete",
+    Action.RETRY: "retry",
+    Action.FAIL: "fail",
+    Action.RETRY_UNCHARGED: "requeue",
 }
 
 #: Longest wait between two attempts, whatever the backoff and attempt number.
@@ -97,6 +112,7 @@ def ack_for(
     default_retries: int,
     worker_id: str,
     max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS,
+    deadline_at: float | None = None,
 ) -> Ack:
     """The ack for ``job``'s attempt that ended as ``attempt`` says, with its record."""
     outcome = attempt.outcome
@@ -115,8 +131,12 @@ def ack_for(
         options = job.options
         retries = options.retries if options.retries is not None else default_retries
         decided = policy.decide(outcome, attempt.exitcode, job.attempt, retries)
-        action = decided.value
+        action = FINISH_OF[decided]
         delay = backoff_s(options.backoff_s, job.attempt) if decided is Action.RETRY else 0.0
+        if decided is Action.RETRY and past_deadline(deadline_at, delay):
+            # deadline_s: no retry whose backoff would end after the job's budget
+            decided, action = Action.FAIL, "fail"
+            error = f"{error}; not retried: {NO_RETRY_TEXT % delay}"
     # Validated construction on purpose: it runs in pydantic's compiled core and measured
     # twice as fast as model_construct, which is plain Python.
     record = AttemptRecord(
@@ -133,6 +153,30 @@ def ack_for(
     )
     result = attempt.result if action == "complete" else None
     return Ack(job.id, job.token, action, record, result, error, delay, attempt.infra_death)
+
+
+#: Why a retry was not scheduled (``%g``: its backoff, seconds).
+NO_RETRY_TEXT = "its backoff of %g s would end past the job's deadline_s"
+
+
+def past_deadline(deadline_at: float | None, delay_s: float) -> bool:
+    """Whether a retry ``delay_s`` from now would start at or after ``deadline_at``
+    (``time.monotonic()``; None: no deadline)."""
+    return deadline_at is not None and time.monotonic() + delay_s >= deadline_at
+
+
+def unstarted_ack(job: Claimed, outcome: Outcome, cause: str, worker_id: str) -> Ack:
+    """The ack that fails ``job`` unstarted: past the worker's deadline_s or max_queue_s
+    (``tasks.unstarted``; outcome deadline or expired)."""
+    record = AttemptRecord(
+        attempt=job.attempt,
+        outcome=outcome,
+        action=Action.FAIL,
+        worker_id=worker_id,
+        ended_ms=now_ms(),
+        error=cause,
+    )
+    return Ack(job.id, job.token, "fail", record, error=cause)
 
 
 def refusal_ack(job: Claimed, cause: str, worker_id: str) -> Ack:

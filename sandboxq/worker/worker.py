@@ -116,6 +116,9 @@ class SandboxWorker:
         core_dumps: bool = False,
         keep_strays: bool = False,
         max_child_growth_mb: float | None = None,
+        max_queue_s: Seconds = None,
+        deadline_s: Seconds = None,
+        progress_timeout_s: Seconds = None,
     ) -> None:
         # Every keyword but backend_options is the setting of that name, with its default.
         self.settings = s = from_call(WorkerSettings, locals())

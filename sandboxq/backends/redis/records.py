@@ -88,7 +88,7 @@ def over_cap(size: int, cap: int = MAX_FIELD_BYTES) -> str:
 
 
 #: Entries per claimed job in a claim/finish reply (see lua/claim.lua).
-CLAIM_ROW = 8
+CLAIM_ROW = 9
 
 
 def text(value: bytes | str) -> str:
@@ -101,7 +101,9 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
     (None when they validate)."""
     rows: list[tuple[Claimed, str | None]] = []
     for i in range(0, len(flat), CLAIM_ROW):
-        job_id, token, payload, codec, opts, attempt, wait_ms, deaths = flat[i : i + CLAIM_ROW]
+        job_id, token, payload, codec, opts, attempt, wait_ms, deaths, age_ms = flat[
+            i : i + CLAIM_ROW
+        ]
         problem: str | None = None
         try:
             options = parse_job_options(opts.decode("utf-8"))
@@ -125,6 +127,7 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
             # a replayed claim (lua/finish.lua) says -1: it was measured when first made
             wait_s=int(wait_ms) / 1000 if int(wait_ms) >= 0 else None,
             infra_deaths=int(deaths),
+            age_s=int(age_ms) / 1000,
         )
         rows.append((claimed, problem))
     return rows

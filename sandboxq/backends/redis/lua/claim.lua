@@ -4,10 +4,12 @@
 -- ARGV: 1-4 standard; 5 worker id, 6 count (> 0: a claim of none never gets here), 7 lease
 --       ms (rules.lease_ms), 8 token base (random per call, rules.token_base; made unique
 --       per job by the suffix ".<n>").
--- Returns: {wait_ms, then 8 entries per claimed job: id, token, payload, codec, opts,
---          attempt, waited ms, infra deaths}. wait_ms, when nothing was claimed, is how long until the
---          next delayed job falls due (-1: none), so an idle worker blocks exactly that
---          long at most. "waited ms" is how long the job waited since it was ready
+-- Returns: {wait_ms, then 9 entries per claimed job: id, token, payload, codec, opts,
+--          attempt, waited ms, infra deaths, age ms (since enqueue: what the worker has
+--          left of its deadline_s)}. A job past its deadline_s or max_queue_s is failed
+--          (outcome deadline / expired, never run) instead of claimed: no scan finds it.
+--          wait_ms, when nothing was claimed, is how long until the next delayed job
+--          falls due (-1: none), so an idle worker blocks exactly that long at most. "waited ms" is how long the job waited since it was ready
 --          (ready_ms: enqueued, due or retried; created_ms for older records).
 -- Upholds: design invariants 1 (fresh token and owner per lease; highest priority first,
 -- FIFO within a priority), 2 (expiry = server TIME + lease) and 7 (a broken record fails

@@ -383,7 +383,40 @@ local function claim_problem(key)
   if f[5] ~= 'waiting' then
     return 'state is ' .. short(f[5] or '(missing)') .. ' but the job was in the waiting set'
   end
-  return nil, f
+  return nil, f, nil, decoded
+end
+
+-- rules.budget_passed: why a popped job must not start (its deadline_s from created_ms
+-- passed: 'deadline'; it waited over its max_queue_s since ready_ms: 'expired'), or nil.
+local function budget_passed(opts, created_ms, ready_ms, now, attempt)
+  local deadline, max_queue = opts.deadline_s, opts.max_queue_s
+  if type(deadline) == 'number' then
+    local deadline_ms = math.max(0, math.ceil(deadline * 1000))
+    if now - created_ms > deadline_ms then
+      return 'deadline', string.format(DEADLINE_TEXT, deadline_ms, attempt)
+    end
+  end
+  if type(max_queue) == 'number' then
+    local max_ms = math.max(0, math.ceil(max_queue * 1000))
+    if now - ready_ms > max_ms then
+      return 'expired', string.format(EXPIRED_TEXT, max_ms)
+    end
+  end
+  return nil
+end
+
+-- A job a claim popped that must not start (budget_passed): failed with `outcome` as
+-- attempt `attempt` of `worker`, which never ran; the claim goes on to the next job.
+local function fail_unstarted(id, worker, attempt, outcome, err, bid, now)
+  local key = PREFIX .. id
+  append_history(id, cjson.encode({attempt = attempt, outcome = outcome, action = 'fail',
+    worker_id = worker, ended_ms = now, error = err}))
+  redis.call('HSET', key, 'state', 'failed', 'attempts', int(attempt), 'outcome', outcome,
+    'error', err, 'finished_ms', int(now))
+  redis.call('ZADD', FAILED, int(now), id)
+  emit('failed', id, 'outcome', outcome, 'error', err)
+  trim_finished(FAILED, RETAIN_FAILED, now)
+  if bid then batch_move(bid, id, 'waiting', 'failed', now) end
 end
 
 -- Move due delayed jobs to waiting (PROMOTE_LIMIT per call), due time first, then id.
@@ -410,7 +443,8 @@ end
 
 -- Lease up to `count` waiting jobs (design invariant 1: a fresh token per claim, owner = worker;
 -- design invariant 2: expiry from the server clock). Returns a flat list of
--- id, token, payload, codec, opts, attempt, wait ms, infra deaths for each claimed job.
+-- id, token, payload, codec, opts, attempt, wait ms, infra deaths, age ms for each
+-- claimed job. A job past its deadline_s or max_queue_s is failed instead (budget_passed).
 local function claim_jobs(worker, count, lease_ms, token_base, now)
   promote_due(now)
   local out = {}
@@ -421,13 +455,19 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
     if #popped == 0 then break end
     local id = popped[1]
     local key = PREFIX .. id
-    local problem, f, bad_field = claim_problem(key)
+    local problem, f, bad_field, opts = claim_problem(key)
+    local attempt, created, late, why
+    if not problem then
+      attempt, created = count_or(f[4], 0) + 1, tonumber(f[7]) or now
+      late, why = budget_passed(opts, created, tonumber(f[6]) or created, now, attempt)
+    end
     if problem then
       fail_malformed(id, problem, now, bad_field)
+    elseif late then
+      fail_unstarted(id, worker, attempt, late, why, f[8], now)
     else
       n = n + 1
       local token = token_base .. '.' .. n
-      local attempt = count_or(f[4], 0) + 1
       redis.call('HSET', key, 'state', 'active', 'owner', worker, 'token', token,
         'attempts', int(attempt))
       redis.call('ZADD', ACTIVE, expiry, id)
@@ -439,6 +479,7 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
       -- how long it waited since it was ready (enqueued, due, retried): sandboxq_wait_seconds
       out[i + 7] = int(math.max(0, now - (tonumber(f[6]) or tonumber(f[7]) or now)))
       out[i + 8] = count_or(f[9], 0) -- the worker fails it as poison at its limit
+      out[i + 9] = int(math.max(0, now - created)) -- its age: what is left of deadline_s
     end
   end
   -- Nothing left to claim: drop stale wake entries so idle workers block instead of

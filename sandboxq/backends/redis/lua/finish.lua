@@ -9,7 +9,7 @@
 --       one); then replay_of: the token base of an earlier call whose reply was lost
 --       ('' = none).
 -- Returns: {N, accepted_1 .. accepted_N (1 / 0; 3: accepted, and it made a batch done whose
---          follow-up could not be sent), then 8 entries per claimed job as in
+--          follow-up could not be sent), then 9 entries per claimed job as in
 --          claim.lua}. A single rejected ack claims nothing ("nothing changed"). With
 --          replay_of, the jobs still leased to the worker under tokens "<replay_of>.<n>"
 --          come first among the claimed (a scan of the active set: only on that rare path).
@@ -99,13 +99,14 @@ if replay_of ~= '' then
   local prefix = replay_of .. '.'
   for _, id in ipairs(redis.call('ZRANGE', ACTIVE, 0, -1)) do
     local f = hmget(PREFIX .. id, 'owner', 'token', 'payload', 'codec', 'opts', 'attempts',
-      'infra_deaths')
+      'infra_deaths', 'created_ms')
     if f and f[1] == worker and f[2] and string.sub(f[2], 1, #prefix) == prefix then
       local i = #replayed
       replayed[i + 1], replayed[i + 2], replayed[i + 3] = id, f[2], f[3]
       replayed[i + 4], replayed[i + 5], replayed[i + 6] = f[4], f[5], count_or(f[6], 0)
       replayed[i + 7] = -1 -- no wait to report: it was measured when first claimed
       replayed[i + 8] = count_or(f[7], 0)
+      replayed[i + 9] = int(math.max(0, now - (tonumber(f[8]) or now)))
     end
   end
 end
@@ -122,7 +123,7 @@ for i = 1, n do
   accepted = accepted + ok
 end
 for i = 1, #replayed do out[#out + 1] = replayed[i] end
-local count = tonumber(ARGV[6]) - #replayed / 7
+local count = tonumber(ARGV[6]) - #replayed / 9
 if count > 0 and not (n == 1 and accepted == 0) then
   local claimed = claim_jobs(worker, count, tonumber(ARGV[7]), ARGV[8], now)
   for i = 1, #claimed do out[#out + 1] = claimed[i] end
