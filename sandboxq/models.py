@@ -287,6 +287,10 @@ class AttemptRecord(_Frozen):
     started_ms: int | None = None
     ended_ms: int | None = None
     error: str | None = None
+    #: The memory limit the attempt ran under, and the most its process tree grew (from
+    #: its control group where it had one, else the sampled tree RSS), MB.
+    memory_limit_mb: float | None = None
+    peak_memory_mb: float | None = None
 
     @classmethod
     def refused(

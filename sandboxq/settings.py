@@ -379,6 +379,14 @@ class WorkerSettings(ChildSettings):
         "end an attempt that did not call progress() for this long: outcome progress_timeout",
         none="no watchdog",
     )
+    memory_retry_factor: Limit = setting_field(
+        None,
+        "after a memory_limit attempt, retry with the limit times this (> 1)",
+        none="off: memory_limit fails",
+    )
+    memory_retry_max_mb: Limit = setting_field(
+        None, "the most memory_retry_factor may raise a job's limit to", none="no cap"
+    )
     exit_codes: Annotated[dict[ExitCode, Action], NONE_IS_EMPTY] = setting_field(
         None,
         "map a handler's exit code to complete, retry or fail",
@@ -420,7 +428,21 @@ class WorkerSettings(ChildSettings):
         check_budgets(
             self.max_queue_s, self.deadline_s, self.progress_timeout_s, self.hard_timeout_s
         )
+        self._check_memory_retries()
         return self
+
+    def _check_memory_retries(self) -> None:
+        factor, cap, limit = self.memory_retry_factor, self.memory_retry_max_mb, self.max_memory_mb
+        if factor is not None and factor <= 1:
+            raise ConfigError(
+                f"memory_retry_factor ({factor:g}) must be above 1: a retry after "
+                "memory_limit needs more memory than max_memory_mb gave it"
+            )
+        if cap is not None and limit is not None and cap < limit:
+            raise ConfigError(
+                f"memory_retry_max_mb ({cap:g}) is under max_memory_mb ({limit:g}): "
+                "the cap would lower the limit it raises"
+            )
 
     @property
     def renew_every_s(self) -> float:

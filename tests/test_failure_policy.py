@@ -245,3 +245,60 @@ def test_metrics_count_the_new_outcomes(
             assert line in text, text
         # ended by the soft signal: no kill, so no kill lateness either
         assert 'reason="progress_timeout"' not in text
+
+
+# -- memory-aware retries -----------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_job_out_of_memory_is_retried_with_a_raised_limit(
+    workers: BackgroundWorkers, url: str, queue_name: str, containment: str
+) -> None:
+    with Queue(queue_name, url) as q:
+        workers.start(
+            q,
+            H + "use_memory",
+            url=url,
+            containment=containment,
+            max_memory_mb=60,
+            memory_retry_factor=2.0,
+            memory_retry_max_mb=500,
+        )
+        job = q.options(retries=3, backoff_s=0.01).enqueue(100)
+        assert job.result(timeout_s=40) == 100
+        first, second = job.info().history
+        assert (first.outcome, first.action, first.memory_limit_mb) == (
+            Outcome.MEMORY_LIMIT,
+            Action.RETRY,
+            60,
+        )
+        assert (second.outcome, second.memory_limit_mb) == (Outcome.OK, 120)
+        # what it ran with is kept: its peak (the group's high-water mark, or sampled RSS)
+        assert first.peak_memory_mb is not None and first.peak_memory_mb >= 50
+        assert second.peak_memory_mb is not None and 90 <= second.peak_memory_mb <= 120
+
+
+@pytest.mark.timeout(60)
+def test_memory_retries_stop_at_the_cap(
+    workers: BackgroundWorkers, url: str, queue_name: str
+) -> None:
+    with Queue(queue_name, url) as q:
+        workers.start(
+            q, H + "use_memory", url=url, max_memory_mb=40, memory_retry_factor=1.5,
+            memory_retry_max_mb=70,
+        )  # fmt: skip
+        job = q.options(retries=5, backoff_s=0.01).enqueue(150)
+        error = failed(job, timeout_s=40)
+        assert error.outcome == "memory_limit"
+        history = job.info().history
+        assert [a.memory_limit_mb for a in history] == [40, 60, 70]  # 40, x1.5, capped
+        assert "not retried: it ran at memory_retry_max_mb (70 MB) already" in str(error)
+
+
+def test_memory_retry_settings_are_checked_at_worker_start(queue_name: str) -> None:
+    with pytest.raises(ConfigError, match=r"memory_retry_factor \(1\) must be above 1"):
+        SandboxWorker(queue_name, H + "echo", "memory://", memory_retry_factor=1)
+    with pytest.raises(ConfigError, match=r"memory_retry_max_mb \(50\).*max_memory_mb \(100\)"):
+        SandboxWorker(
+            queue_name, H + "echo", "memory://", max_memory_mb=100, memory_retry_max_mb=50
+        )

@@ -50,6 +50,8 @@ POOL_FLAGS = (
     "max_queue_s",
     "deadline_s",
     "progress_timeout_s",
+    "memory_retry_factor",
+    "memory_retry_max_mb",
 )
 #: Flags not spelt after their setting: ``--exit-code 3=retry``, once per code.
 FLAG_FORMS = {"exit_codes": ("--exit-code", {"action": "append", "metavar": "N=ACTION"})}

@@ -73,6 +73,11 @@ class AttemptResult:
     #: what died and how, in words. The worker counts it against the job: a job present
     #: at ``max_infra_deaths`` such deaths is ``poison`` (design invariant 11).
     infra_death: str | None = None
+    #: The memory limit it ran under (``Task.max_memory_mb``) and the most its process
+    #: tree grew over its start, MB: the control group's high-water mark where there is
+    #: one, else the largest sampled tree RSS (None: not measured, no limit was set).
+    memory_limit_mb: float | None = None
+    peak_memory_mb: float | None = None
 
     @property
     def cause(self) -> str:

@@ -68,6 +68,7 @@ class Attempt:
         "live",
         "memory_check_at",
         "on_done",
+        "peak_rss",
         "progress_deadline",
         "rss_base",
         "soft_deadline",
@@ -104,6 +105,8 @@ class Attempt:
         self.ending: Outcome | None = None  # the outcome of that end, once begun
         self.end_detail: str | None = None
         self.end_kill_at: float | None = None
+        # the most the sampled tree grew over rss_base (process_tree; None: no sample yet)
+        self.peak_rss: int | None = None
 
     def start(self, now: float, memory_every: float, at_ms: int | None = None) -> None:
         task = self.task
@@ -155,7 +158,19 @@ class Attempt:
             runtime_s=now - self.started if self.started_ms else None,
             **fields,
         )
+        if self.task.max_memory_mb is not None and self.started_ms:  # a memory-limited run
+            result.memory_limit_mb = self.task.max_memory_mb
+            result.peak_memory_mb = self.peak_mb()
         call(self.on_done, result)
+
+    def peak_mb(self) -> float | None:
+        """The most its tree grew over its start, MB: its control group's high-water mark
+        where it has one, else the largest sample (``Child.over_memory``)."""
+        group = self.child.group if self.child is not None else None
+        peak = group.peak_growth() if group is not None else None
+        if peak is None:
+            peak = self.peak_rss
+        return None if peak is None else round(peak / MB, 1)
 
     def due(self, now: float) -> bool:
         """Whether a deadline or a memory sample of this attempt has come."""
@@ -238,6 +253,8 @@ class Child:
         if self.group is not None:
             # In a cgroup mode the kernel enforces the attempt's limit: no sampling.
             self.group.limit_memory(int(limit * MB) if limit else None)
+            if limit:
+                self.group.start_peak()  # its high-water mark: the attempt's peak
             run.memory_check_at = None
 
     def finish(
@@ -381,6 +398,7 @@ class Child:
         run.tree = list({p.pid: p for p in (*run.tree, *tree)}.values())
         run.memory_check_at = now + every
         grown = rss - run.rss_base
+        run.peak_rss = grown if run.peak_rss is None else max(run.peak_rss, grown)
         if grown > run.task.max_memory_mb * MB:
             return (
                 f"used {grown / MB:.0f} MB more than at its start, over the limit of "

@@ -51,8 +51,10 @@ reported (``f`` is an optional pid file, ``then`` how the attempt ends: "return"
 | exit_at_next_start        | ok; the child dies before its next task, which is not  |
 |                           | charged for it (it runs again)                         |
 | progress_then_hang(n, s)  | progress_timeout under ``progress_timeout_s``          |
+| progress_then_deaf(n, s)  | progress_timeout, killed a grace after the soft signal |
 | progress_every(n, s)      | ok, however short the watchdog, if it is above ``s``   |
 | exit_once(f, code)        | exit ``code`` once, then ok                            |
+| use_memory(mb, s)         | ok under a limit above ``mb``, else memory_limit       |
 
 Handlers that start processes take an optional ``pid_file``: they append each pid they
 start to it, so a test can check that nothing outlived the kill.
@@ -572,6 +574,14 @@ def progress_then_hang(steps: int = 3, every_s: float = 0.05) -> None:
     sleep_forever()
 
 
+def progress_then_deaf(steps: int = 3, every_s: float = 0.05) -> None:
+    """Ignores the soft signal (and SIGTERM, SIGINT), reports progress ``steps`` times
+    ``every_s`` apart, then hangs: ``progress_timeout``, killed after the grace."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    progress_then_hang(steps, every_s)
+
+
 def progress_every(steps: int, every_s: float) -> int:
     """Reports progress ``steps`` times, ``every_s`` apart, then returns ``steps`` (ok):
     busy for longer than a watchdog shorter than ``steps * every_s``, never silent for it."""
@@ -591,3 +601,13 @@ def exit_once(marker: str, code: int = 3) -> str:
             f.write("exited")
         os._exit(code)
     return "ok"
+
+
+def use_memory(mb: int, hold_s: float = 0.3) -> int:
+    """Holds ``mb`` MB (written) for ``hold_s`` seconds, frees them and returns ``mb``:
+    ok under a limit above ``mb``, memory_limit under one below it."""
+    block = bytearray(mb * 1024 * 1024)
+    block[:: mmap.PAGESIZE] = b"\x01" * len(block[:: mmap.PAGESIZE])
+    time.sleep(hold_s)
+    del block
+    return mb

@@ -58,6 +58,7 @@ from sandboxq.worker.events import (
 from sandboxq.worker.fetcher import Fetcher
 from sandboxq.worker.heartbeat import Lease
 from sandboxq.worker.inflight import Held, InFlight
+from sandboxq.worker.memory_retry import retry_memory_mb
 from sandboxq.worker.outcomes import (
     ExitPolicy,
     Unacked,
@@ -107,7 +108,7 @@ class Dispatcher:
         self._request_stop = request_stop  # SandboxWorker.stop(now): also wakes its parts
         self._parts = parts  # the worker's other threads, watched with the fetcher
         self._metrics = metrics
-        self._policy = ExitPolicy(exit_codes=settings.exit_codes)
+        self._policy = ExitPolicy.of(settings)
         #: What the other threads tell the main thread (events.py); run() reads it.
         self.events: SimpleQueue[DispatchEvent] = SimpleQueue()
         self.fetcher: Fetcher | None = None
@@ -168,7 +169,9 @@ class Dispatcher:
         def progress(fraction: float, message: str | None) -> None:
             events.put(ProgressReported(token, fraction, message))
 
-        task = task_for(job, self._settings, progress)
+        task = task_for(
+            job, self._settings, progress, retry_memory_mb(self._backend, job, self._settings)
+        )
         try:
             lease.task_id = self._pool.execute(task, ended)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged

@@ -45,6 +45,8 @@ from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Claimed, FinishAction
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, Action, AttemptRecord, Outcome, now_ms
 from sandboxq.pool.attempt import AttemptResult
+from sandboxq.settings import WorkerSettings
+from sandboxq.worker.memory_retry import AT_CAP_TEXT, at_cap
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -81,6 +83,21 @@ class ExitPolicy(BaseModel):
 
     actions: dict[Outcome, Action] = Field(default_factory=lambda: dict(DEFAULT_ACTIONS))
     exit_codes: dict[int, Action] = Field(default_factory=dict)
+    #: memory_retry_max_mb: a memory_limit attempt that ran at it is not retried
+    memory_cap_mb: float | None = None
+
+    @classmethod
+    def of(cls, settings: WorkerSettings) -> ExitPolicy:
+        """A worker's policy: its ``exit_codes``; with ``memory_retry_factor``, memory_limit
+        is retried (memory_retry.py) up to ``memory_retry_max_mb``."""
+        actions = dict(DEFAULT_ACTIONS)
+        if settings.memory_retry_factor is not None:
+            actions[Outcome.MEMORY_LIMIT] = Action.RETRY
+        return cls(
+            actions=actions,
+            exit_codes=settings.exit_codes,
+            memory_cap_mb=settings.memory_retry_max_mb,
+        )
 
     def decide(self, outcome: Outcome, exitcode: int | None, attempt: int, retries: int) -> Action:
         """The action for ``attempt`` (1-based) of a job allowed ``retries`` retries."""
@@ -133,6 +150,13 @@ def ack_for(
         decided = policy.decide(outcome, attempt.exitcode, job.attempt, retries)
         action = FINISH_OF[decided]
         delay = backoff_s(options.backoff_s, job.attempt) if decided is Action.RETRY else 0.0
+        if (
+            outcome is Outcome.MEMORY_LIMIT
+            and decided is Action.RETRY
+            and at_cap(attempt.memory_limit_mb, policy.memory_cap_mb)
+        ):
+            decided, action = Action.FAIL, "fail"
+            error = f"{error}; {AT_CAP_TEXT % (policy.memory_cap_mb or 0)}"
         if decided is Action.RETRY and past_deadline(deadline_at, delay):
             # deadline_s: no retry whose backoff would end after the job's budget
             decided, action = Action.FAIL, "fail"
@@ -150,6 +174,8 @@ def ack_for(
         started_ms=attempt.started_ms,
         ended_ms=attempt.ended_ms,
         error=error,
+        memory_limit_mb=attempt.memory_limit_mb,
+        peak_memory_mb=attempt.peak_memory_mb,
     )
     result = attempt.result if action == "complete" else None
     return Ack(job.id, job.token, action, record, result, error, delay, attempt.infra_death)

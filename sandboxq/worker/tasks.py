@@ -62,8 +62,10 @@ def task_for(
     job: Claimed,
     settings: WorkerSettings,
     on_progress: Callable[[float, str | None], None],
+    memory_mb: float | None = None,
 ) -> Task:
-    """The attempt the pool runs for ``job``, under its lease's fence."""
+    """The attempt the pool runs for ``job``, under its lease's fence (``memory_mb``: a
+    memory limit raised for a retry, memory_retry.py)."""
     s, options = settings, job.options
     soft = options.soft_timeout_s or s.soft_timeout_s
     hard = options.hard_timeout_s or s.hard_timeout_s
@@ -74,7 +76,7 @@ def task_for(
         job.codec,  # type: ignore[arg-type]
         soft_timeout_s=soft,
         hard_timeout_s=hard,
-        max_memory_mb=options.max_memory_mb or s.max_memory_mb,
+        max_memory_mb=memory_mb or options.max_memory_mb or s.max_memory_mb,
         job_id=job.id,
         attempt=job.attempt,
         on_progress=on_progress,

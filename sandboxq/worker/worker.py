@@ -119,6 +119,8 @@ class SandboxWorker:
         max_queue_s: Seconds = None,
         deadline_s: Seconds = None,
         progress_timeout_s: Seconds = None,
+        memory_retry_factor: float | None = None,
+        memory_retry_max_mb: float | None = None,
     ) -> None:
         # Every keyword but backend_options is the setting of that name, with its default.
         self.settings = s = from_call(WorkerSettings, locals())
