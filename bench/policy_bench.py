@@ -1,6 +1,6 @@
 """Failure policies: how late the progress watchdog and a job's deadline_s act.
 
-    python bench/policy_bench.py [watchdog|deadline|all] [--json OUT] [--quick]
+    python bench/policy_bench.py [watchdog|deadline|budget|all] [--json OUT] [--quick]
 
 - watchdog: a pool runs ``progress_then_hang`` (two reports, then silence) under
   ``progress_timeout_s``; the parent's clock reads each report as it arrives and the
@@ -13,6 +13,11 @@
   hard timeout, with retries left and a short backoff, under ``deadline_s``. Lateness:
   from enqueue + ``deadline_s`` to the job's end as the producer sees it (target
   <= 100 ms past the deadline, plus the grace for a handler deaf to the soft signal).
+- budget: a pool of 4 children under ``pool_memory_mb=400`` (in a control group where
+  the machine allows: the mode is in the JSON) runs 4 attempts that grow together to
+  150 MB each. Figures: processes the kernel's OOM killer ended (target 0: the pool ends
+  the newest attempts first, outcome ``memory_pressure``), how many the pool ended, and
+  from the last outcome to a new attempt's result (the pool serves again).
 
 The JSON goes to bench/results/policy.json.
 """
@@ -152,9 +157,67 @@ def bench_deadline(quick: bool = False) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _budget_round(pool: Any, size: int) -> tuple[int, int, float]:
+    """``size`` attempts growing together past the budget: (ended by the pool, killed by
+    the kernel's OOM killer, ms from the last of them settled to a new attempt's result)."""
+    from sandboxq.models import Outcome
+    from sandboxq.pool.attempt import Task
+
+    settled: list[Any] = []
+    done = threading.Event()
+
+    def on_done(result: Any) -> None:
+        settled.append(result)
+        if len(settled) == size:
+            done.set()
+
+    oom_before = pool._containment.pool_oom_kills()
+    for _ in range(size):
+        pool.execute(Task(b'[["grow_to", 150, 5, 0.02, 0.5], {}]', "json"), on_done)
+    done.wait(60)
+    assert len(settled) == size, settled
+    pressed = sum(r.outcome is Outcome.MEMORY_PRESSURE for r in settled)
+    oom = pool._containment.pool_oom_kills() - oom_before
+    t0 = time.monotonic()
+    again = threading.Event()
+    pool.execute(Task(b'[["succeed_after", 0, 1], {}]', "json"), lambda _: again.set())
+    again.wait(30)
+    return pressed, oom, (time.monotonic() - t0) * 1000
+
+
+def bench_budget(quick: bool = False) -> dict[str, Any]:
+    """4 children growing 250 MB/s each to 150 MB, under pool_memory_mb=400."""
+    from sandboxq import Pool
+
+    rounds = 2 if quick else 8
+    runs = []
+    with Pool(H + "call", size=4, pool_memory_mb=400, containment="auto") as pool:
+        mode = pool.containment
+        _budget_round(pool, 1)  # warm: every child started
+        runs = [_budget_round(pool, 4) for _ in range(rounds)]
+    pressed = [float(r[0]) for r in runs]
+    oom = [float(r[1]) for r in runs]
+    serve = [r[2] for r in runs]
+    print(f"  ({mode}) ended by the pool: {pressed}; OOM-killed: {oom}")
+    print(f"  serving again, ms: {', '.join(f'{v:.1f}' for v in serve)}")
+    return {
+        "containment": mode,
+        "figures": [
+            figures.figure(f"pool_memory_mb ({mode}): processes the OOM killer ended",
+                           [max(oom)], "processes", figures.Target("==", 0), digits=0),
+            figures.figure(f"pool_memory_mb ({mode}): attempts the pool ended per round",
+                           pressed, "attempts", digits=0),
+            figures.figure(f"pool_memory_mb ({mode}): last outcome → the pool serves again",
+                           serve, "ms", digits=1),
+        ],
+    }  # fmt: skip
+
+
 if __name__ == "__main__":
     figures.run_sections(
         __file__,
-        figures.quick_only({"watchdog": bench_watchdog, "deadline": bench_deadline}),
+        figures.quick_only(
+            {"watchdog": bench_watchdog, "deadline": bench_deadline, "budget": bench_budget}
+        ),
         HERE / "results" / "policy.json",
     )

@@ -294,6 +294,11 @@ class ChildSettings(ContainmentSettings):
     max_jobs_per_child: CountOrNone = setting_field(
         None, "replace a child after this many attempts", none="never", ge=1
     )
+    pool_memory_mb: Limit = setting_field(
+        None,
+        "the children's memory together: near it the newest attempt ends (memory_pressure)",
+        none="no budget",
+    )
     start_method: StartMethod = setting_field(
         "forkserver", "how children start: forkserver (the processor preloaded) or spawn"
     )

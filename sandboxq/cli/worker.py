@@ -52,6 +52,7 @@ POOL_FLAGS = (
     "progress_timeout_s",
     "memory_retry_factor",
     "memory_retry_max_mb",
+    "pool_memory_mb",
 )
 #: Flags not spelt after their setting: ``--exit-code 3=retry``, once per code.
 FLAG_FORMS = {"exit_codes": ("--exit-code", {"action": "append", "metavar": "N=ACTION"})}

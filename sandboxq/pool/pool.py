@@ -97,6 +97,7 @@ class Pool:
         max_file_size_mb: float | None = None,
         max_address_space_mb: float | None = None,
         core_dumps: bool = False,
+        pool_memory_mb: float | None = None,
     ) -> None:
         # Every keyword is the setting of that name, with its default.
         s = from_call(PoolSettings, locals())
@@ -140,6 +141,7 @@ class Pool:
             keep_strays=s.keep_strays,
             max_child_growth_mb=s.max_child_growth_mb,
             containment=self._containment,
+            pool_memory_mb=s.pool_memory_mb,
         )
         self._supervisor.start()
         _live_pools.add(self)

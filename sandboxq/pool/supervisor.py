@@ -49,6 +49,7 @@ from sandboxq.models import Outcome
 from sandboxq.pool import commands, deadlines, deaths, server
 from sandboxq.pool.assign import Assigner
 from sandboxq.pool.attempt import Task
+from sandboxq.pool.budget import MemoryBudget
 from sandboxq.pool.channel import BadMessage
 from sandboxq.pool.commands import Close, Command, Mailbox, Submit
 from sandboxq.pool.containment import Containment
@@ -82,6 +83,7 @@ class Supervisor:
         keep_strays: bool = False,
         max_child_growth_mb: float | None = None,
         containment: Containment | None = None,
+        pool_memory_mb: float | None = None,
     ) -> None:
         self._size = size
         self._max_jobs_per_child = max_jobs_per_child
@@ -116,6 +118,12 @@ class Supervisor:
         self.broken: PoolBroken | None = None
         self._spawned = threading.Event()
         self._thread = threading.Thread(target=self._main, name="sandboxq-supervisor", daemon=True)
+        #: pool_memory_mb: the children's memory together (budget.py)
+        self.budget = (
+            MemoryBudget(pool_memory_mb, self._contain, memory_check_interval_s)
+            if pool_memory_mb is not None
+            else None
+        )
 
     # -- any thread -------------------------------------------------------------------
 
@@ -197,15 +205,26 @@ class Supervisor:
                 if self._pending:
                     self._assigner.assign(self._pending, self._idle, self._children)
                 timeout = deadlines.wait_s(self._children, time.monotonic())
+                if self.budget is not None:  # pool_memory_mb
+                    timeout = self._budget_wait(timeout)
                 for key, _ in self._selector.select(timeout):
                     key.data(key.fileobj)
                 deadlines.enforce(self._children, time.monotonic(), collect, memory_every)
+                if self.budget is not None:
+                    self.budget.check(self._children, time.monotonic())
         except BaseException as exc:
             log.exception("pool supervisor crashed")
             self.broken = PoolBroken(f"the pool supervisor crashed: {exc!r}")
         finally:
             self._closing = True
             self._shutdown()
+
+    def _budget_wait(self, timeout: float | None) -> float | None:
+        at = self.budget.wake_at(self._children) if self.budget is not None else None
+        if at is None:
+            return timeout
+        left = max(0.0, at - time.monotonic())
+        return left if timeout is None else min(timeout, left)
 
     def _busy(self) -> bool:
         return any(c.running is not None or c.queued for c in self._children)

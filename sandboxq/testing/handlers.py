@@ -55,6 +55,7 @@ reported (``f`` is an optional pid file, ``then`` how the attempt ends: "return"
 | progress_every(n, s)      | ok, however short the watchdog, if it is above ``s``   |
 | exit_once(f, code)        | exit ``code`` once, then ok                            |
 | use_memory(mb, s)         | ok under a limit above ``mb``, else memory_limit       |
+| grow_to(mb, ...)          | ok; several outgrow ``pool_memory_mb``: memory_pressure |
 
 Handlers that start processes take an optional ``pid_file``: they append each pid they
 start to it, so a test can check that nothing outlived the kill.
@@ -610,4 +611,16 @@ def use_memory(mb: int, hold_s: float = 0.3) -> int:
     block[:: mmap.PAGESIZE] = b"\x01" * len(block[:: mmap.PAGESIZE])
     time.sleep(hold_s)
     del block
+    return mb
+
+
+def grow_to(mb: int, step_mb: int = 5, pause_s: float = 0.02, hold_s: float = 1.0) -> int:
+    """Grows by ``step_mb`` every ``pause_s`` up to ``mb`` MB, holds it ``hold_s``, returns
+    ``mb`` (ok): several of them together outgrow a pool's ``pool_memory_mb``, and the
+    newest ones end as ``memory_pressure``."""
+    blocks = []
+    for _ in range(mb // step_mb):
+        blocks.append(bytearray(step_mb * 1024 * 1024))
+        time.sleep(pause_s)
+    time.sleep(hold_s)
     return mb

@@ -1,7 +1,7 @@
 """What an ended attempt means to the queue: the exit policy, the ack, and what the backend
 answered.
 
-    AttemptResult ── interrupted ──────────────► requeue (the attempt is not charged; a
+    AttemptResult ── interrupted, memory_pressure ► requeue (the attempt is not charged; a
                      helper of the pool died under it: + infra_death, which the backend
                      counts against the job; at max_infra_deaths: fail, outcome poison)
                   ── any other outcome ─► ExitPolicy ─► complete (result stored)
@@ -142,7 +142,8 @@ def ack_for(
         # counts this one with the ack (design invariant 11).
         outcome, action, decided, delay = Outcome.POISON, "fail", Action.FAIL, 0.0
         error = rules.POISON_TEXT % (deaths, attempt.infra_death)
-    elif outcome is Outcome.INTERRUPTED:
+    elif outcome is Outcome.INTERRUPTED or outcome is Outcome.MEMORY_PRESSURE:
+        # not charged (memory_pressure: counted as infra_death, bounded as poison is)
         action, decided, delay = "requeue", None, 0.0
     else:
         options = job.options

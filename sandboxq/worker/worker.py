@@ -121,6 +121,7 @@ class SandboxWorker:
         progress_timeout_s: Seconds = None,
         memory_retry_factor: float | None = None,
         memory_retry_max_mb: float | None = None,
+        pool_memory_mb: float | None = None,
     ) -> None:
         # Every keyword but backend_options is the setting of that name, with its default.
         self.settings = s = from_call(WorkerSettings, locals())
