@@ -302,3 +302,39 @@ def test_memory_retry_settings_are_checked_at_worker_start(queue_name: str) -> N
         SandboxWorker(
             queue_name, H + "echo", "memory://", max_memory_mb=100, memory_retry_max_mb=50
         )
+
+
+# -- the other doors: CLI flags, SANDBOXQ_* variables ------------------------------------
+
+
+def test_the_cli_and_the_environment_take_the_new_settings(
+    redis_url: str, queue_name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sandboxq.cli import main
+    from sandboxq.settings import WorkerSettings, from_env
+
+    code = main(["enqueue", queue_name, "--url", redis_url, "--deadline-s", "2",
+                 "--max-queue-s", "3"])  # fmt: skip
+    assert code == 2
+    assert "deadline_s (2)" in capsys.readouterr().err
+    main(["enqueue", queue_name, "--url", redis_url, "--deadline-s", "60",
+          "--max-queue-s", "3", "--progress-timeout-s", "1"])  # fmt: skip
+    job_id = capsys.readouterr().out.strip()
+    with Queue(queue_name, redis_url) as q:
+        options = q.job(job_id).info().options
+    assert (options.deadline_s, options.max_queue_s, options.progress_timeout_s) == (60, 3, 1)
+    env = {
+        "SANDBOXQ_DEADLINE_S": "30",
+        "SANDBOXQ_MEMORY_RETRY_FACTOR": "1.5",
+        "SANDBOXQ_POOL_MEMORY_MB": "512",
+    }
+    s = from_env(WorkerSettings, env, defaults={"concurrency": 1}, queue="q", processor="a.b:c")
+    assert (s.deadline_s, s.memory_retry_factor, s.pool_memory_mb) == (30, 1.5, 512)
+    with pytest.raises(ConfigError, match=r"progress_timeout_s.*hard_timeout_s.*SANDBOXQ_"):
+        from_env(
+            WorkerSettings,
+            {"SANDBOXQ_PROGRESS_TIMEOUT_S": "9", "SANDBOXQ_HARD_TIMEOUT_S": "3"},
+            defaults={"concurrency": 1},
+            queue="q",
+            processor="a.b:c",
+        )
