@@ -9,6 +9,7 @@ handlers really hang, really ignore the soft signal, really exit.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -338,3 +339,31 @@ def test_the_cli_and_the_environment_take_the_new_settings(
             queue="q",
             processor="a.b:c",
         )
+
+
+# -- the pool: a deadline already past when the attempt starts ----------------------------
+
+
+@pytest.mark.timeout(30)
+def test_an_attempt_starting_past_its_deadline_ends_at_once_not_after_the_grace() -> None:
+    """The soft signal lands before the handler is armed (it was due at once): the child
+    still raises SoftTimeout as the handler begins, instead of losing the signal and
+    running until the kill a whole grace later."""
+    from sandboxq import Pool
+    from sandboxq.pool.attempt import AttemptResult, Task
+
+    with Pool(H + "sleep_forever", size=1, containment="process_tree") as pool:
+        for _ in range(5):
+            ended: list[AttemptResult] = []
+            done = threading.Event()
+            task = Task(
+                b"[[], {}]",
+                "json",
+                deadline_at=time.monotonic() - 1.0,
+                end_grace_s=20.0,
+            )
+            t0 = time.monotonic()
+            pool.execute(task, lambda r, e=ended, d=done: (e.append(r), d.set()))
+            assert done.wait(10), "the attempt ran on into its grace"
+            assert ended[0].outcome is Outcome.DEADLINE
+            assert time.monotonic() - t0 < 5

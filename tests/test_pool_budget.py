@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sandboxq import Pool, Queue
+from sandboxq import JobFailed, Pool, Queue
 from sandboxq.models import JobState, Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.testing.workers import BackgroundWorkers
@@ -88,3 +88,21 @@ def test_pool_memory_mb_is_a_setting_of_both(queue_name: str) -> Any:
 
     with pytest.raises(ConfigError, match="pool_memory_mb"):
         SandboxWorker(queue_name, H + "echo", "memory://", pool_memory_mb=-5)
+
+
+@pytest.mark.timeout(60)
+def test_a_job_that_alone_outgrows_the_budget_every_time_is_stopped_as_poison(
+    workers: BackgroundWorkers, url: str, queue_name: str
+) -> None:
+    with Queue(queue_name, url) as q:
+        workers.start(
+            q, H + "grow_to", url=url, concurrency=1, pool_memory_mb=200,
+            containment="process_tree", max_infra_deaths=2,
+        )  # fmt: skip
+        job = q.options(retries=5).enqueue(400, 5, 0.02, 0.1)
+        with pytest.raises(JobFailed) as info:
+            job.result(timeout_s=40)
+        assert info.value.outcome == "poison"
+        history = job.info().history
+        assert [a.outcome for a in history] == [Outcome.MEMORY_PRESSURE, Outcome.POISON]
+        assert "pool_memory_mb 200" in (info.value.error or "")
