@@ -367,3 +367,31 @@ def test_an_attempt_starting_past_its_deadline_ends_at_once_not_after_the_grace(
             assert done.wait(10), "the attempt ran on into its grace"
             assert ended[0].outcome is Outcome.DEADLINE
             assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.timeout(30)
+def test_an_attempt_whose_deadline_passes_while_it_waits_for_a_child_never_starts() -> None:
+    from sandboxq import Pool
+    from sandboxq.pool.attempt import AttemptResult, Task
+
+    with Pool(H + "call", size=1, containment="process_tree") as pool:
+        ended: dict[str, AttemptResult] = {}
+        both = threading.Event()
+
+        def record(name: str) -> Any:
+            def on_done(result: AttemptResult) -> None:  # on the supervisor's thread
+                ended[name] = result
+                if len(ended) == 2:
+                    both.set()
+
+            return on_done
+
+        # the only child is busy until its hard timeout; the second waits for it, and
+        # its budget runs out meanwhile
+        pool.execute(Task(b'[["sleep_forever"], {}]', "json", hard_timeout_s=0.8), record("busy"))
+        waiting = Task(b'[["succeed_after", 0, 1], {}]', "json", deadline_at=time.monotonic() + 0.3)
+        pool.execute(waiting, record("waiting"))
+        assert both.wait(20), ended
+        assert ended["busy"].outcome is Outcome.HARD_TIMEOUT
+        late = ended["waiting"]
+        assert late.outcome is Outcome.DEADLINE and late.started_ms is None and late.pid is None

@@ -1,7 +1,7 @@
 """The pool's memory budget (``pool_memory_mb``): its children together stay under it, and
 the pool, not the kernel's OOM killer, picks which attempt ends.
 
-    supervisor select ── its timeout includes the budget's next check (while any runs)
+    supervisor select ── wait_s: its timeout includes the next check (while any runs)
     MemoryBudget.check(children, now), every CGROUP_CHECK_S (cgroup modes: one file
     read) or memory_check_interval_s (process_tree: every child's tree RSS, summed):
         usage >= budget - margin, and no pressure kill still in flight
@@ -20,6 +20,7 @@ so they are never the ones to die.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from sandboxq.models import Outcome
@@ -48,9 +49,13 @@ class MemoryBudget:
         self.kills = 0
         contain.limit_pool_memory(int(budget_mb * MB))
 
-    def wake_at(self, children: Iterable[Child]) -> float | None:
-        """When the select must wake for the next check (None: nothing runs)."""
-        return self._next if any(c.running is not None for c in children) else None
+    def wait_s(self, children: Iterable[Child], timeout: float | None) -> float | None:
+        """The select's ``timeout``, shortened to wake for the next check while any
+        attempt runs."""
+        if not any(c.running is not None for c in children):
+            return timeout
+        left = max(0.0, self._next - time.monotonic())
+        return left if timeout is None else min(timeout, left)
 
     def check(self, children: list[Child], now: float) -> None:
         if now < self._next:

@@ -12,11 +12,12 @@ millisecond or two of its deadline.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from sandboxq.models import Outcome
-from sandboxq.pool.handles import Child
+from sandboxq.pool.handles import Attempt, Child
 
 #: Longest single select(): epoll cannot wait 25 days (2**31 ms), and a 30-day hard timeout
 #: is a legitimate setting, so a far deadline is reached through several waits.
@@ -27,6 +28,18 @@ def wait_s(children: Iterable[Child], now: float) -> float | None:
     """How long the select may wait from ``now`` (None: until something happens)."""
     times = [t for c in children if c.running and (t := c.running.next_event())]
     return min(MAX_SELECT_S, max(0.0, min(times) - now)) if times else None
+
+
+def end_overdue(pending: deque[Attempt], now: float) -> None:
+    """Attempts still waiting for a child when their job's deadline_s passed end now,
+    never started: a wait for a replacement child must not become a run past it."""
+    if not any(a.task.deadline_at is not None and now >= a.task.deadline_at for a in pending):
+        return
+    for attempt in list(pending):
+        if attempt.task.deadline_at is not None and now >= attempt.task.deadline_at:
+            pending.remove(attempt)
+            detail = "the job's deadline_s passed before the attempt could start"
+            attempt.settle(Outcome.DEADLINE, None, now, detail=detail)
 
 
 def enforce(

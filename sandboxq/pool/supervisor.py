@@ -203,10 +203,11 @@ class Supervisor:
                     self._replace -= 1
                     self._spawn()
                 if self._pending:
+                    deadlines.end_overdue(self._pending, time.monotonic())  # deadline_s
                     self._assigner.assign(self._pending, self._idle, self._children)
                 timeout = deadlines.wait_s(self._children, time.monotonic())
                 if self.budget is not None:  # pool_memory_mb
-                    timeout = self._budget_wait(timeout)
+                    timeout = self.budget.wait_s(self._children, timeout)
                 for key, _ in self._selector.select(timeout):
                     key.data(key.fileobj)
                 deadlines.enforce(self._children, time.monotonic(), collect, memory_every)
@@ -218,13 +219,6 @@ class Supervisor:
         finally:
             self._closing = True
             self._shutdown()
-
-    def _budget_wait(self, timeout: float | None) -> float | None:
-        at = self.budget.wake_at(self._children) if self.budget is not None else None
-        if at is None:
-            return timeout
-        left = max(0.0, at - time.monotonic())
-        return left if timeout is None else min(timeout, left)
 
     def _busy(self) -> bool:
         return any(c.running is not None or c.queued for c in self._children)
