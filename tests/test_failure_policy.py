@@ -8,6 +8,7 @@ handlers really hang, really ignore the soft signal, really exit.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -395,3 +396,33 @@ def test_an_attempt_whose_deadline_passes_while_it_waits_for_a_child_never_start
         assert ended["busy"].outcome is Outcome.HARD_TIMEOUT
         late = ended["waiting"]
         assert late.outcome is Outcome.DEADLINE and late.started_ms is None and late.pid is None
+
+
+@pytest.mark.timeout(60)
+def test_sandboxq_run_takes_the_watchdog_and_the_deadline(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sandboxq.cli import main
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        '{"args": ["progress_then_hang", 1, 0.01]}\n'  # 1 hung after one report
+        '{"args": ["progress_every", 8, 0.1]}\n'  # 2 busy 0.8 s, reporting every 0.1 s
+        '{"args": ["sleep_forever"]}\n'  # 3 reports nothing, ends at the deadline
+    )
+    code = main(["run", H + "call", str(source), "--concurrency", "3",
+                 "--progress-timeout-s", "0.4", "--deadline-s", "0.3"])  # fmt: skip
+    assert code == 1
+    rows = {row["line"]: row for row in map(json.loads, capsys.readouterr().out.splitlines())}
+    # line 3: the deadline (0.3 s) comes before its watchdog (0.4 s); line 1 too, but
+    # its report reset the watchdog: the deadline ends it first as well
+    assert rows[3]["outcome"] == "deadline" and rows[1]["outcome"] == "deadline"
+    assert rows[2]["outcome"] == "deadline"  # 0.8 s of work in a 0.3 s budget
+    code = main(["run", H + "call", str(source), "--concurrency", "3",
+                 "--progress-timeout-s", "0.4"])  # fmt: skip
+    rows = {row["line"]: row for row in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert {n: rows[n]["outcome"] for n in rows} == {
+        1: "progress_timeout",
+        2: "ok",
+        3: "progress_timeout",
+    }
