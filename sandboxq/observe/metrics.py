@@ -71,7 +71,7 @@ WORKER_SERIES: tuple[tuple[str, str, str, str], ...] = (
     ("sandboxq_wait_seconds", "histogram", "queue",
      "from enqueue (or due / retry time) to claim"),
     ("sandboxq_kill_overshoot_seconds", "histogram", "queue, reason",
-     "how late each deadline kill landed (hard_timeout, lease_lost)"),
+     "how late each deadline kill landed (hard_timeout, lease_lost, deadline, progress_timeout)"),
     ("sandboxq_children", "gauge", "queue, state", "children by state: busy, idle, starting"),
     ("sandboxq_held_jobs", "gauge", "queue", "jobs this worker holds a lease on"),
     ("sandboxq_lease_renewal_age_seconds", "gauge", "queue",
