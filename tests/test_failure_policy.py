@@ -324,7 +324,10 @@ def test_the_cli_and_the_environment_take_the_new_settings(
     job_id = capsys.readouterr().out.strip()
     with Queue(queue_name, redis_url) as q:
         options = q.job(job_id).info().options
+        batch = q.options(deadline_s=60, max_queue_s=3).batch([((1,), {}), ((2,), {})])
+        member = q.job(f"{batch.id}.1").info().options
     assert (options.deadline_s, options.max_queue_s, options.progress_timeout_s) == (60, 3, 1)
+    assert (member.deadline_s, member.max_queue_s) == (60, 3)  # the batch API too
     env = {
         "SANDBOXQ_DEADLINE_S": "30",
         "SANDBOXQ_MEMORY_RETRY_FACTOR": "1.5",
