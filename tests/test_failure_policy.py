@@ -30,8 +30,13 @@ SLACK_S = 1.0
 
 @pytest.fixture
 def start_worker(workers: BackgroundWorkers, url: str, queue_name: str) -> StartWorker:
+    """A worker in the process-tree mode: time budgets and the watchdog act the same in
+    either mode (the parent decides, and kills through the one kill path); what control
+    groups change, the memory limit and its peak, is tested in both modes below."""
+
     def start(processor: str, **kwargs: Any) -> SandboxWorker:
-        return workers.start(queue_name, H + processor, url=url, **{"lease_s": 5.0, **kwargs})
+        defaults = {"lease_s": 5.0, "containment": "process_tree"}
+        return workers.start(queue_name, H + processor, url=url, **{**defaults, **kwargs})
 
     return start
 
