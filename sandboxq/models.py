@@ -91,6 +91,11 @@ class Outcome(StrEnum):
     INTERRUPTED = "interrupted"  # stopped by a worker shutdown; requeued, not charged
     #: present at ``max_infra_deaths`` deaths of the pool's helpers or of its worker
     POISON = "poison"
+    EXPIRED = "expired"  # not started within max_queue_s of becoming runnable; never ran
+    DEADLINE = "deadline"  # the job's deadline_s passed (ended, or never started)
+    PROGRESS_TIMEOUT = "progress_timeout"  # no progress() for progress_timeout_s: hung
+    #: ended to keep the pool within pool_memory_mb; requeued, not charged (bounded)
+    MEMORY_PRESSURE = "memory_pressure"
 
 
 class Action(StrEnum):
@@ -99,6 +104,8 @@ class Action(StrEnum):
     COMPLETE = "complete"
     RETRY = "retry"
     FAIL = "fail"
+    #: retry without spending an attempt (an ``exit_codes`` value; Kubernetes' ``Ignore``)
+    RETRY_UNCHARGED = "retry_uncharged"
 
 
 class JobState(StrEnum):
@@ -147,6 +154,31 @@ def check_timeouts(soft_timeout_s: float | None, hard_timeout_s: float | None) -
     ):
         raise ConfigError(
             f"soft_timeout_s ({soft_timeout_s}) must be less than hard_timeout_s ({hard_timeout_s})"
+        )
+
+
+def check_budgets(
+    max_queue_s: float | None,
+    deadline_s: float | None,
+    progress_timeout_s: float | None,
+    hard_timeout_s: float | None,
+) -> None:
+    """The cross-checks of a job's time budgets, shared by job options and settings: a
+    deadline shorter than the wait allowed before the start, or a progress watchdog longer
+    than the hard timeout, is a setting that can never act as written."""
+    if max_queue_s is not None and deadline_s is not None and deadline_s < max_queue_s:
+        raise ConfigError(
+            f"deadline_s ({deadline_s:g}) must not be shorter than max_queue_s "
+            f"({max_queue_s:g}): the job would pass its deadline while still allowed to wait"
+        )
+    if (
+        progress_timeout_s is not None
+        and hard_timeout_s is not None
+        and progress_timeout_s > hard_timeout_s
+    ):
+        raise ConfigError(
+            f"progress_timeout_s ({progress_timeout_s:g}) must not be longer than "
+            f"hard_timeout_s ({hard_timeout_s:g}): the hard timeout would always come first"
         )
 
 
@@ -229,8 +261,30 @@ class JobOptions(_Frozen):
         le=MAX_TTL_S,
         allow_inf_nan=False,
     )
+    max_queue_s: Annotated[float | None, NUMBER_ONLY] = setting_field(
+        None,
+        "never start this job after it waited this long to be claimed: outcome expired",
+        none="the worker's",
+    )
+    deadline_s: Annotated[float | None, NUMBER_ONLY] = setting_field(
+        None,
+        "this job's whole budget from enqueue, every attempt and backoff: outcome deadline",
+        none="the worker's",
+    )
+    progress_timeout_s: Annotated[float | None, NUMBER_ONLY] = setting_field(
+        None,
+        "end an attempt that did not call progress() for this long: outcome progress_timeout",
+        none="the worker's",
+    )
 
-    @field_validator("soft_timeout_s", "hard_timeout_s", "max_memory_mb")
+    @field_validator(
+        "soft_timeout_s",
+        "hard_timeout_s",
+        "max_memory_mb",
+        "max_queue_s",
+        "deadline_s",
+        "progress_timeout_s",
+    )
     @classmethod
     def _positive(cls, value: float | None, info: Any) -> float | None:
         return _positive_seconds(info.field_name, value)
@@ -238,6 +292,9 @@ class JobOptions(_Frozen):
     @model_validator(mode="after")
     def _soft_before_hard(self) -> JobOptions:
         check_timeouts(self.soft_timeout_s, self.hard_timeout_s)
+        check_budgets(
+            self.max_queue_s, self.deadline_s, self.progress_timeout_s, self.hard_timeout_s
+        )
         return self
 
 
@@ -271,6 +328,10 @@ class AttemptRecord(_Frozen):
     error: str | None = None
     traceback: str | None = None
     output: str | None = None
+    #: The memory limit the attempt ran under, and the most its process tree grew (from
+    #: its control group where it had one, else the sampled tree RSS), MB.
+    memory_limit_mb: float | None = None
+    peak_memory_mb: float | None = None
 
     @classmethod
     def refused(

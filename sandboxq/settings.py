@@ -54,6 +54,7 @@ from sandboxq.models import (
     RETAIN_COMPLETED,
     RETAIN_FAILED,
     Action,
+    check_budgets,
     check_timeouts,
     setting_field,
 )
@@ -301,6 +302,11 @@ class ChildSettings(ContainmentSettings):
     max_jobs_per_child: CountOrNone = setting_field(
         None, "replace a child after this many attempts", none="never", ge=1
     )
+    pool_memory_mb: Limit = setting_field(
+        None,
+        "the children's memory together: near it the newest attempt ends (memory_pressure)",
+        none="no budget",
+    )
     start_method: StartMethod = setting_field(
         "forkserver", "how children start: forkserver (the processor preloaded) or spawn"
     )
@@ -376,6 +382,29 @@ class WorkerSettings(ChildSettings):
         ge=1,
         le=1000,
     )
+    max_queue_s: Limit = setting_field(
+        None,
+        "a job not started this long after it became runnable never starts: outcome expired",
+        none="no limit",
+    )
+    deadline_s: Limit = setting_field(
+        None,
+        "a job's whole budget from enqueue, every attempt and backoff: outcome deadline",
+        none="no limit",
+    )
+    progress_timeout_s: Limit = setting_field(
+        None,
+        "end an attempt that did not call progress() for this long: outcome progress_timeout",
+        none="no watchdog",
+    )
+    memory_retry_factor: Limit = setting_field(
+        None,
+        "after a memory_limit attempt, retry with the limit times this (> 1)",
+        none="off: memory_limit fails",
+    )
+    memory_retry_max_mb: Limit = setting_field(
+        None, "the most memory_retry_factor may raise a job's limit to", none="no cap"
+    )
     exit_codes: Annotated[dict[ExitCode, Action], NONE_IS_EMPTY] = setting_field(
         None,
         "map a handler's exit code to complete, retry or fail",
@@ -445,7 +474,24 @@ class WorkerSettings(ChildSettings):
                 f"renew_interval_s ({self.renew_interval_s}) must be at most lease_s / 3 "
                 f"({self.lease_s / 3:g}) so a lease survives a missed renewal"
             )
+        check_budgets(
+            self.max_queue_s, self.deadline_s, self.progress_timeout_s, self.hard_timeout_s
+        )
+        self._check_memory_retries()
         return self
+
+    def _check_memory_retries(self) -> None:
+        factor, cap, limit = self.memory_retry_factor, self.memory_retry_max_mb, self.max_memory_mb
+        if factor is not None and factor <= 1:
+            raise ConfigError(
+                f"memory_retry_factor ({factor:g}) must be above 1: a retry after "
+                "memory_limit needs more memory than max_memory_mb gave it"
+            )
+        if cap is not None and limit is not None and cap < limit:
+            raise ConfigError(
+                f"memory_retry_max_mb ({cap:g}) is under max_memory_mb ({limit:g}): "
+                "the cap would lower the limit it raises"
+            )
 
     @property
     def renew_every_s(self) -> float:

@@ -20,6 +20,7 @@ retention trims (the backends break ties by id, which the model does not follow)
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -89,6 +90,9 @@ class MJob:
     fence: Lease | None = None  # a cancelled active lease not yet confirmed
     history: list[Outcome] = field(default_factory=list)
     ttl0: bool = False  # its own time to live is 0: retention takes it as it finishes
+    #: What the next claim that pops it makes of it while waiting: a budget that runs out
+    #: at once (max_queue_s or deadline_s of a millisecond) fails it unstarted.
+    late: Outcome | None = None
 
 
 def comparable(info: JobInfo | None) -> object:
@@ -157,16 +161,28 @@ class BackendsAgree(RuleBasedStateMachine):
     @initialize(ttl0=st.lists(st.booleans(), min_size=3, max_size=3))
     def some_jobs(self, ttl0: list[bool]) -> None:
         for job_id, zero in zip(IDS[:3], ttl0, strict=True):
-            self.enqueue(job_id, 0, False, zero)
+            self.enqueue(job_id, 0, False, None, zero)
 
     @rule(
         job_id=st.sampled_from(IDS),
         priority=st.integers(-1, 1),
         delayed=st.sampled_from([False, False, False, True]),
+        budget=st.sampled_from([None, None, "roomy", "max_queue_s", "deadline_s"]),
         ttl0=st.sampled_from([False, False, True]),
     )
-    def enqueue(self, job_id: str, priority: int, delayed: bool, ttl0: bool = False) -> None:
-        options = '{"result_ttl_s": 0, "failure_ttl_s": 0}' if ttl0 else "{}"
+    def enqueue(
+        self, job_id: str, priority: int, delayed: bool, budget: str | None, ttl0: bool = False
+    ) -> None:
+        chosen: dict[str, float] = {"result_ttl_s": 0, "failure_ttl_s": 0} if ttl0 else {}
+        late = None
+        if budget == "roomy":  # budgets that never run out here
+            chosen.update(max_queue_s=600, deadline_s=600)
+        elif budget is not None and not any(job.late for job in self.jobs.values()):
+            # One such job at a time, first in line (it fails in a millisecond of its own,
+            # so retention's choice stays the model's), its budget one millisecond.
+            chosen[budget], priority = 0.001, 2
+            late = Outcome.EXPIRED if budget == "max_queue_s" else Outcome.DEADLINE
+        options = json.dumps(chosen)
         new = NewJob(
             b"[[], {}]",
             options_json=options,
@@ -178,7 +194,7 @@ class BackendsAgree(RuleBasedStateMachine):
         assert created == (job_id not in self.jobs)
         if created:
             state = JobState.DELAYED if delayed else JobState.WAITING
-            self.jobs[job_id] = MJob(state, ttl0=ttl0)
+            self.jobs[job_id] = MJob(state, ttl0=ttl0, late=late)
 
     @rule(
         target=leases,
@@ -188,12 +204,24 @@ class BackendsAgree(RuleBasedStateMachine):
     )
     def claim(self, worker: str, count: int, short: bool) -> object:
         lease_s = SHORT_S if short else LONG_S
+        late = [i for i, job in self.jobs.items() if job.state is JobState.WAITING and job.late]
+        if late:  # its budget of one millisecond is over on both backends' clocks
+            end = now_ms() + 2
+            while now_ms() <= end:
+                pass
         mem = self.memory.claim(worker, count, lease_s)
         red = self.redis.claim(worker, count, lease_s)
         pairs: list[tuple[Claimed, Claimed]] = list(zip(mem, red, strict=True))
         assert [(m.id, m.attempt, m.number) for m, _ in pairs] == [
             (r.id, r.attempt, r.number) for _, r in pairs
         ]
+        for job_id in late:  # popped first (priority 2), failed unstarted
+            job = self.jobs[job_id]
+            job.attempts += 1
+            assert job.late is not None
+            job.history.append(job.late)
+            event(f"claim: {job.late}")
+            self.finished(job_id, JobState.FAILED)
         waiting = [i for i, job in self.jobs.items() if job.state is JobState.WAITING]
         assert len(pairs) == min(count, len(waiting))
         claimed = []

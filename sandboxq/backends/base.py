@@ -85,6 +85,9 @@ class Claimed:
     #: attempt started, across requeues and manual retries, where ``attempt`` counts only
     #: those the retry budget charges. 0: not known (the same as ``attempt``).
     number: int = 0
+    #: How long ago it was enqueued, by the backend's clock at the claim: what is left of
+    #: its ``deadline_s`` counts from ``claimed_at`` minus this.
+    age_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from sandboxq.models import (
     RETAIN_FAILED,
     JobOptions,
     JobState,
+    Outcome,
     parse_job_options,
 )
 
@@ -41,8 +42,8 @@ from sandboxq.models import (
 MAX_FIELD_BYTES = 1 << 20
 
 #: Entries per claimed job in a claim or finish reply (common.lua's claim_jobs): id, token,
-#: payload, codec, opts, charged attempt, wait ms, infra deaths, history number.
-CLAIM_ROW = 9
+#: payload, codec, opts, charged attempt, wait ms, infra deaths, history number, age ms.
+CLAIM_ROW = 10
 
 HISTORY_CAP = 1000
 #: A job's ``max_stalls`` when its record has none: the option's own default.
@@ -84,6 +85,12 @@ WORKER_DEATH_TEXT = "the worker holding its lease died or stopped renewing it"
 CANCELLED_TEXT = "cancelled while %s"
 #: The error of a job whose record is too broken to run (``%s``: what is wrong).
 MALFORMED_TEXT = "malformed job record: %s"
+#: The error of a job not started within its ``max_queue_s`` (``%d``: that in ms) of
+#: becoming runnable; it never ran (outcome expired).
+EXPIRED_TEXT = "not started within max_queue_s (%d ms) of becoming runnable"
+#: The error of a job whose ``deadline_s`` (``%d`` ms from enqueue) passed before attempt
+#: ``%d`` could start (outcome deadline).
+DEADLINE_TEXT = "its deadline_s (%d ms from enqueue) passed before attempt %d could start"
 
 
 # -- what a backend keeps ------------------------------------------------------------------
@@ -195,6 +202,24 @@ def poisoned(infra_deaths: int, max_infra_deaths: int) -> bool:
     return infra_deaths >= max_infra_deaths
 
 
+def budget_passed(
+    options: JobOptions, created_ms: int, ready_ms: int, now_ms: int, attempt: int
+) -> tuple[Outcome, str] | None:
+    """Whether a job popped by a claim must not start (claim_jobs in common.lua): its
+    ``deadline_s`` from ``created_ms`` has passed (outcome deadline), or it waited longer
+    than its ``max_queue_s`` since ``ready_ms`` (outcome expired); strictly after, as for
+    leases. None: it may start. ``attempt`` is the one that would have run."""
+    if options.deadline_s is not None:
+        deadline_ms = ms(options.deadline_s)
+        if now_ms - created_ms > deadline_ms:
+            return Outcome.DEADLINE, DEADLINE_TEXT % (deadline_ms, attempt)
+    if options.max_queue_s is not None:
+        max_ms = ms(options.max_queue_s)
+        if now_ms - ready_ms > max_ms:
+            return Outcome.EXPIRED, EXPIRED_TEXT % max_ms
+    return None
+
+
 # -- checks and texts ---------------------------------------------------------------------
 
 
@@ -272,6 +297,8 @@ def lua_constants() -> str:
         "MALFORMED_TEXT": MALFORMED_TEXT,
         "POISON_TEXT": POISON_TEXT,
         "WORKER_DEATH_TEXT": WORKER_DEATH_TEXT,
+        "EXPIRED_TEXT": EXPIRED_TEXT,
+        "DEADLINE_TEXT": DEADLINE_TEXT,
     }
     lines = ["-- generated from sandboxq/backends/rules.py: do not edit here"]
     lines += [f"local {name} = {_lua(value)}" for name, value in values.items()]

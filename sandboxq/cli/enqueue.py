@@ -40,6 +40,9 @@ JOB_OPTIONS = (
     "delay_s",
     "result_ttl_s",
     "failure_ttl_s",
+    "max_queue_s",
+    "deadline_s",
+    "progress_timeout_s",
 )
 
 

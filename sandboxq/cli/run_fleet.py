@@ -65,7 +65,15 @@ from sandboxq.settings import build
 RECANCEL_S = 1.0
 
 #: The flags that become each member's job options (the workers' own settings otherwise).
-JOB_FLAGS = ("soft_timeout_s", "hard_timeout_s", "retries", "max_memory_mb")
+JOB_FLAGS = (
+    "soft_timeout_s",
+    "hard_timeout_s",
+    "retries",
+    "max_memory_mb",
+    "max_queue_s",
+    "deadline_s",
+    "progress_timeout_s",
+)
 #: The label's key naming the input file: what marks a batch as sent by ``sandboxq run``.
 LABEL_KEY = "sandboxq_run"
 

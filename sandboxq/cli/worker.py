@@ -48,6 +48,12 @@ POOL_FLAGS = (
     *ContainmentSettings.model_fields,
     "stop_timeout_s",
     "capture_output",
+    "max_queue_s",
+    "deadline_s",
+    "progress_timeout_s",
+    "memory_retry_factor",
+    "memory_retry_max_mb",
+    "pool_memory_mb",
 )
 #: Flags not spelt after their setting: ``--exit-code 3=retry``, once per code; a switch
 #: that is on by default is turned off (``--no-capture-output``).

@@ -72,7 +72,7 @@ WORKER_SERIES: tuple[tuple[str, str, str, str], ...] = (
     ("sandboxq_wait_seconds", "histogram", "queue",
      "from enqueue (or due / retry time) to claim"),
     ("sandboxq_kill_overshoot_seconds", "histogram", "queue, reason",
-     "how late each deadline kill landed (hard_timeout, lease_lost)"),
+     "how late each deadline kill landed (hard_timeout, lease_lost, deadline, progress_timeout)"),
     ("sandboxq_children", "gauge", "queue, state", "children by state: busy, idle, starting"),
     ("sandboxq_held_jobs", "gauge", "queue", "jobs this worker holds a lease on"),
     ("sandboxq_lease_renewal_age_seconds", "gauge", "queue",
@@ -127,6 +127,8 @@ class WorkerMetrics:
         self.containment = containment
         self.registry = CollectorRegistry(auto_describe=False)
         self.attempts: dict[str, int] = {}
+        #: jobs failed unstarted, by outcome (expired, deadline), counted among the attempts
+        self.unstarted: dict[str, int] = {}
         self.finished: dict[str, int] = {}
         self._finished_lock = threading.Lock()
         self.durations: dict[str, _Histogram] = {}
@@ -170,6 +172,14 @@ class WorkerMetrics:
                 state = _FINISHED.get(ack.action) if ok else None
                 if state is not None:
                     self.finished[state] = self.finished.get(state, 0) + 1
+
+    def not_started(self, outcome: Outcome) -> None:
+        """A job this worker claimed and failed without running it, past its deadline_s
+        or max_queue_s (``tasks.unstarted``; the fetcher's thread too: under the lock).
+        Jobs the backend failed at claim for their own budget never reach a worker: the
+        events stream has them (``failed`` with their outcome)."""
+        with self._finished_lock:
+            self.unstarted[outcome.value] = self.unstarted.get(outcome.value, 0) + 1
 
     def stale_dropped(self) -> None:
         self.stale += 1
@@ -229,7 +239,10 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m, q = self._m, [self._m.queue]
-        yield _counter("sandboxq_attempts", ["queue", "outcome"], q, m.attempts)
+        attempts = dict(m.attempts)
+        for outcome, n in list(m.unstarted.items()):
+            attempts[outcome] = attempts.get(outcome, 0) + n
+        yield _counter("sandboxq_attempts", ["queue", "outcome"], q, attempts)
         yield _counter("sandboxq_jobs_finished", ["queue", "state"], q, m.finished)
         yield _histograms("sandboxq_attempt_duration_seconds", ["queue", "outcome"], q, m.durations)
         yield _histograms("sandboxq_wait_seconds", ["queue"], q, {"": m.waits})

@@ -18,6 +18,11 @@ from sandboxq.errors import AttemptFailed
 from sandboxq.models import Outcome
 from sandboxq.pool.messages import RemoteError
 
+#: How long an attempt ended by a policy (``deadline_s``, the progress watchdog) has from
+#: its soft signal to clean up before its tree is killed, when it has no soft and hard
+#: timeout of its own to take the gap between them from.
+END_GRACE_S = 1.0
+
 
 @dataclass(slots=True)
 class Task:
@@ -37,6 +42,15 @@ class Task:
     #: Run with no other attempt of the pool beside it (assign.py): a job suspected of
     #: killing the pool's helpers, whose next kill must be charged to it alone.
     alone: bool = False
+    #: ``time.monotonic()`` at which the job's whole budget (``deadline_s``) runs out: the
+    #: attempt is then ended as a hard timeout is (soft signal, a grace, a tree kill) with
+    #: outcome ``deadline``.
+    deadline_at: float | None = None
+    #: The watchdog: an attempt silent (no ``progress()``) this long since it started or
+    #: last reported is ended the same way, with outcome ``progress_timeout``.
+    progress_timeout_s: float | None = None
+    #: Between the soft signal of such an end and the tree kill.
+    end_grace_s: float = END_GRACE_S
 
 
 @dataclass(slots=True)
@@ -67,6 +81,11 @@ class AttemptResult:
     #: The last 8 KiB the child wrote to its stdout and stderr during this attempt (None:
     #: nothing, or ``capture_output=False``); decoded with errors="replace".
     output: str | None = None
+    #: The memory limit it ran under (``Task.max_memory_mb``) and the most its process
+    #: tree grew over its start, MB: the control group's high-water mark where there is
+    #: one, else the largest sampled tree RSS (None: not measured, no limit was set).
+    memory_limit_mb: float | None = None
+    peak_memory_mb: float | None = None
 
     @property
     def cause(self) -> str:

@@ -79,6 +79,7 @@ class Group:
     __slots__ = (
         "_limited",
         "_oom_at_start",
+        "_usage_at_start",
         "_version",
         "dirs",
         "memory_dir",
@@ -94,6 +95,7 @@ class Group:
         self.procs_files = tuple(os.path.join(d, "cgroup.procs") for d in dirs.values())
         self._oom_at_start = 0
         self._limited = False
+        self._usage_at_start = 0  # the group's charge when the attempt began (peak_growth)
 
     @classmethod
     def create(cls, version: int, dirs: dict[str, str], max_processes: int | None) -> Group:
@@ -233,6 +235,30 @@ class Group:
         except OSError as exc:
             if exc.errno != errno.EBUSY:  # v1: over the new limit already; keep the old one
                 raise
+
+    def start_peak(self) -> None:
+        """The attempt now starting is measured from here: v1 resets the group's high-water
+        mark to its present charge (writing 0 to ``memory.max_usage_in_bytes``)."""
+        current = "memory.current" if self._version == 2 else "memory.usage_in_bytes"
+        try:
+            self._usage_at_start = int(_read(os.path.join(self.memory_dir, current)))
+            if self._version == 1:
+                _write(os.path.join(self.memory_dir, "memory.max_usage_in_bytes"), "0")
+        except (OSError, ValueError):
+            self._usage_at_start = 0
+
+    def peak_growth(self) -> int | None:
+        """The most the group's charge grew over its start (``start_peak``), in bytes: the
+        kernel's own high-water mark (v1 ``memory.max_usage_in_bytes``, v2 ``memory.peak``,
+        which older kernels lack and cannot be reset: None then)."""
+        name = "memory.peak" if self._version == 2 else "memory.max_usage_in_bytes"
+        if self._version == 2:
+            return None  # memory.peak counts since the group was made, not this attempt
+        try:
+            peak = int(_read(os.path.join(self.memory_dir, name)))
+        except (OSError, ValueError):
+            return None
+        return max(0, peak - self._usage_at_start)
 
     def oom_kills(self) -> int:
         """The kernel's count of OOM kills in this group (v1 ``memory.oom_control``, v2

@@ -182,6 +182,11 @@ def run_one(
         args, kwargs = codec.decode_call(run.codec, run.payload)
         job.armed = True
         try:
+            if _soft_task_id is not None and _soft_task_id.value == run.task_id:
+                # the soft signal came before the handler began (its job's deadline_s
+                # had passed): it was meant for this task, so it counts now
+                job.armed = False
+                raise SoftTimeout(f"soft timeout of job {job.job_id or job.task_id}")
             value = processor(*args, **kwargs)
         finally:
             job.armed = False

@@ -88,6 +88,34 @@ class Containment:
         """Remove the groups ``remove`` left behind whose processes have exited since."""
         self._lingering = [g for g in self._lingering if not g.remove()]
 
+    def limit_pool_memory(self, max_bytes: int) -> None:
+        """Limit the pool's group, every child's group within it, to ``max_bytes``
+        (pool_memory_mb: budget.py); nothing to do without groups."""
+        memory = self._pool_dirs.get("memory", self._pool_dirs.get("unified"))
+        if memory is not None:
+            name = "memory.max" if self.mode == "cgroup_v2" else "memory.limit_in_bytes"
+            with open(os.path.join(memory, name), "w") as f:
+                f.write(str(max_bytes))
+
+    def pool_usage(self) -> int | None:
+        """What the pool's group is charged now, in bytes (None: no groups)."""
+        memory = self._pool_dirs.get("memory", self._pool_dirs.get("unified"))
+        if memory is None:
+            return None
+        name = "memory.current" if self.mode == "cgroup_v2" else "memory.usage_in_bytes"
+        try:
+            with open(os.path.join(memory, name)) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def pool_oom_kills(self) -> int:
+        """The kernel's count of OOM kills in the pool's group (0 without groups)."""
+        memory = self._pool_dirs.get("memory", self._pool_dirs.get("unified"))
+        if memory is None:
+            return 0
+        return Group(2 if self.mode == "cgroup_v2" else 1, {"memory": memory}).oom_kills()
+
     def close(self) -> None:
         """Remove every group of this pool (killing what is still inside)."""
         if self.cgroups and not cgroups.remove_tree(self._pool_dirs, CLOSE_WAIT_S):

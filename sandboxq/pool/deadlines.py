@@ -3,19 +3,22 @@ it wakes.
 
 A running attempt has up to five times (``Attempt.next_event``): its soft deadline (the
 soft signal), ``DUMP_EARLY_S`` before its hard deadline (asked for its stack, stacks.py),
-its hard deadline (a tree kill, whatever the dump did), its fence deadline (a tree kill: the lease
-was not renewed in time) and, where memory is sampled, its next sample. The select waits
-until the nearest of them over every child, so nothing polls and a kill lands within a
-millisecond or two of its deadline.
+its hard deadline (a tree kill, whatever the dump did), its fence deadline (a tree kill:
+the lease was not renewed in time) and, where memory is sampled, its next sample. A policy
+may end it too, as a hard timeout does (the soft signal, then a tree kill ``end_grace_s``
+later): its job's ``deadline_s`` and the progress watchdog (``Attempt.ending_due``). The
+select waits until the nearest of them over every child, so nothing polls and a kill lands
+within a millisecond or two of its deadline.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from sandboxq.models import Outcome
-from sandboxq.pool.handles import Child
+from sandboxq.pool.handles import Attempt, Child
 from sandboxq.pool.stacks import DUMP_EARLY_S
 
 #: Longest single select(): epoll cannot wait 25 days (2**31 ms), and a 30-day hard timeout
@@ -27,6 +30,18 @@ def wait_s(children: Iterable[Child], now: float) -> float | None:
     """How long the select may wait from ``now`` (None: until something happens)."""
     times = [t for c in children if c.running and (t := c.running.next_event())]
     return min(MAX_SELECT_S, max(0.0, min(times) - now)) if times else None
+
+
+def end_overdue(pending: deque[Attempt], now: float) -> None:
+    """Attempts still waiting for a child when their job's deadline_s passed end now,
+    never started: a wait for a replacement child must not become a run past it."""
+    if not any(a.task.deadline_at is not None and now >= a.task.deadline_at for a in pending):
+        return
+    for attempt in list(pending):
+        if attempt.task.deadline_at is not None and now >= attempt.task.deadline_at:
+            pending.remove(attempt)
+            detail = "the job's deadline_s passed before the attempt could start"
+            attempt.settle(Outcome.DEADLINE, None, now, detail=detail)
 
 
 def enforce(
@@ -47,11 +62,17 @@ def enforce(
             child.kill(Outcome.HARD_TIMEOUT, f"killed at the hard deadline of {hard:g} s")
         elif run.fence_deadline is not None and now >= run.fence_deadline:
             child.kill(Outcome.LEASE_LOST, "the lease could not be renewed in time")
+        elif run.ending is not None and run.end_kill_at is not None and now >= run.end_kill_at:
+            child.kill(
+                run.ending, f"{run.end_detail}; killed after a grace of {run.task.end_grace_s:g} s"
+            )
         else:
+            if run.ending is None and (ending := run.ending_due(now)) is not None:
+                child.end_softly(run, *ending, now)
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
                 child.signal_soft(run)
-            hard = run.hard_deadline
-            if hard is not None and not run.hard_stack_asked and now >= hard - DUMP_EARLY_S:
+            kill_at = run.kill_at()
+            if kill_at is not None and not run.hard_stack_asked and now >= kill_at - DUMP_EARLY_S:
                 child.ask_stack_before_kill(run)
             due = run.memory_check_at is not None and now >= run.memory_check_at
             if due and (why := child.over_memory(run, now, memory_every)) is not None:

@@ -148,6 +148,8 @@ def kill_overshoot_s(run: Attempt, outcome: Outcome, now: float) -> float | None
     lost earlier than that (a rejected renewal) had no deadline to be late for."""
     if outcome is Outcome.HARD_TIMEOUT and run.hard_deadline is not None:
         return max(0.0, now - run.hard_deadline)
+    if outcome is run.ending and run.end_kill_at is not None:  # deadline_s, the watchdog
+        return max(0.0, now - run.end_kill_at)
     fence = run.fence_deadline
     if outcome is Outcome.LEASE_LOST and fence is not None and now + GUARD_EARLY_S >= fence:
         return max(0.0, now - fence)

@@ -61,6 +61,9 @@ class Attempt:
 
     __slots__ = (
         "child",
+        "end_detail",
+        "end_kill_at",
+        "ending",
         "fence_deadline",
         "hard_deadline",
         "hard_stack_asked",
@@ -70,6 +73,8 @@ class Attempt:
         "live",
         "memory_check_at",
         "on_done",
+        "peak_rss",
+        "progress_deadline",
         "rss_base",
         "soft_deadline",
         "soft_outcome",
@@ -103,6 +108,13 @@ class Attempt:
         self.infra_death: str | None = None  # a helper of the pool died while it ran: what
         self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
         self.rss_base = 0  # the child's resident memory when this attempt started
+        # A policy's end (deadline_s, the progress watchdog): soft signal, then tree kill.
+        self.progress_deadline: float | None = None
+        self.ending: Outcome | None = None  # the outcome of that end, once begun
+        self.end_detail: str | None = None
+        self.end_kill_at: float | None = None
+        # the most the sampled tree grew over rss_base (process_tree; None: no sample yet)
+        self.peak_rss: int | None = None
 
     def start(self, now: float, memory_every: float, at_ms: int | None = None) -> None:
         task = self.task
@@ -111,6 +123,26 @@ class Attempt:
         self.soft_deadline = now + task.soft_timeout_s if task.soft_timeout_s else None
         self.hard_deadline = now + task.hard_timeout_s if task.hard_timeout_s else None
         self.memory_check_at = now + memory_every if task.max_memory_mb else None
+        if task.progress_timeout_s:
+            self.progress_deadline = now + task.progress_timeout_s
+
+    def progressed(self, now: float) -> None:
+        """It called ``progress()``: the watchdog counts again from ``now``."""
+        if self.progress_deadline is not None and self.ending is None:
+            self.progress_deadline = now + (self.task.progress_timeout_s or 0.0)
+
+    def ending_due(self, now: float) -> tuple[Outcome, str] | None:
+        """The policy that ends this attempt at ``now``, if one has come: its job's
+        deadline_s, else the watchdog (the parent judges from the progress it sees)."""
+        task = self.task
+        if task.deadline_at is not None and now >= task.deadline_at:
+            return Outcome.DEADLINE, "the job's deadline_s ran out during this attempt"
+        if self.progress_deadline is not None and now >= self.progress_deadline:
+            return (
+                Outcome.PROGRESS_TIMEOUT,
+                f"no progress() for {task.progress_timeout_s:g} s: ended as hung",
+            )
+        return None
 
     def settle(
         self,
@@ -134,12 +166,33 @@ class Attempt:
             runtime_s=now - self.started if self.started_ms else None,
             **fields,
         )
+        if self.task.max_memory_mb is not None and self.started_ms:  # a memory-limited run
+            result.memory_limit_mb = self.task.max_memory_mb
+            result.peak_memory_mb = self.peak_mb()
         call(self.on_done, result)
+
+    def peak_mb(self) -> float | None:
+        """The most its tree grew over its start, MB: its control group's high-water mark
+        where it has one, else the largest sample (``Child.over_memory``)."""
+        group = self.child.group if self.child is not None else None
+        peak = group.peak_growth() if group is not None else None
+        if peak is None:
+            peak = self.peak_rss
+        return None if peak is None else round(peak / MB, 1)
 
     def due(self, now: float) -> bool:
         """Whether a deadline or a memory sample of this attempt has come."""
         event = self.next_event()
         return event is not None and now >= event
+
+    def kill_at(self) -> float | None:
+        """When a deadline kills it, the sooner of its hard deadline and a policy's end
+        (``deadline_s``, the progress watchdog): its stack is asked ``DUMP_EARLY_S`` before."""
+        if self.end_kill_at is None:
+            return self.hard_deadline
+        if self.hard_deadline is None:
+            return self.end_kill_at
+        return min(self.hard_deadline, self.end_kill_at)
 
     def next_event(self) -> float | None:
         if self.kill_outcome is not None:
@@ -147,8 +200,13 @@ class Attempt:
         times = [self.hard_deadline, self.memory_check_at, self.fence_deadline]
         if not self.soft_sent:
             times.append(self.soft_deadline)
-        if self.hard_deadline is not None and not self.hard_stack_asked:
-            times.append(self.hard_deadline - DUMP_EARLY_S)
+        kill_at = self.kill_at()
+        if kill_at is not None and not self.hard_stack_asked:
+            times.append(kill_at - DUMP_EARLY_S)
+        if self.ending is None:
+            times += (self.task.deadline_at, self.progress_deadline)
+        else:
+            times.append(self.end_kill_at)
         return min((t for t in times if t is not None), default=None)
 
 
@@ -219,6 +277,8 @@ class Child:
         if self.group is not None:
             # In a cgroup mode the kernel enforces the attempt's limit: no sampling.
             self.group.limit_memory(int(limit * MB) if limit else None)
+            if limit:
+                self.group.start_peak()  # its high-water mark: the attempt's peak
             run.memory_check_at = None
 
     def finish(
@@ -323,6 +383,16 @@ class Child:
         except ProcessLookupError:
             pass
 
+    def end_softly(self, run: Attempt, outcome: Outcome, detail: str, now: float) -> None:
+        """End ``run`` as a hard timeout ends (a policy's end: its deadline_s, the
+        watchdog): the soft signal now, unless it was sent already, so that however it
+        ends it is ``outcome``; its tree is killed ``end_grace_s`` later (deadlines.py)."""
+        run.ending, run.end_detail = outcome, detail
+        run.soft_outcome = outcome
+        run.end_kill_at = now + run.task.end_grace_s
+        if not run.soft_sent:
+            self.signal_soft(run)
+
     def lose_server(self, why: str, what: str) -> bool:
         """The fork server died (and this child with it): its attempt is interrupted, not
         charged, and its exit code (multiprocess's 255) is not the handler's. Returns
@@ -402,6 +472,7 @@ class Child:
         run.tree = list({p.pid: p for p in (*run.tree, *tree)}.values())
         run.memory_check_at = now + every
         grown = rss - run.rss_base
+        run.peak_rss = grown if run.peak_rss is None else max(run.peak_rss, grown)
         if grown > run.task.max_memory_mb * MB:
             return (
                 f"used {grown / MB:.0f} MB more than at its start, over the limit of "

@@ -98,6 +98,7 @@ class Pool:
         max_address_space_mb: float | None = None,
         core_dumps: bool = False,
         capture_output: bool = True,
+        pool_memory_mb: float | None = None,
     ) -> None:
         # Every keyword is the setting of that name, with its default.
         s = from_call(PoolSettings, locals())
@@ -142,6 +143,7 @@ class Pool:
             max_child_growth_mb=s.max_child_growth_mb,
             containment=self._containment,
             capture_output=s.capture_output,
+            pool_memory_mb=s.pool_memory_mb,
         )
         self._supervisor.start()
         _live_pools.add(self)

@@ -49,6 +49,7 @@ from sandboxq.models import Outcome
 from sandboxq.pool import commands, deadlines, deaths, server
 from sandboxq.pool.assign import Assigner
 from sandboxq.pool.attempt import Task
+from sandboxq.pool.budget import MemoryBudget
 from sandboxq.pool.channel import BadMessage
 from sandboxq.pool.commands import Close, Command, Mailbox, Submit
 from sandboxq.pool.containment import Containment
@@ -84,6 +85,7 @@ class Supervisor:
         max_child_growth_mb: float | None = None,
         containment: Containment | None = None,
         capture_output: bool = True,
+        pool_memory_mb: float | None = None,
     ) -> None:
         self._size = size
         self._max_jobs_per_child = max_jobs_per_child
@@ -121,6 +123,12 @@ class Supervisor:
         self.broken: PoolBroken | None = None
         self._spawned = threading.Event()
         self._thread = threading.Thread(target=self._main, name="sandboxq-supervisor", daemon=True)
+        #: pool_memory_mb: the children's memory together (budget.py)
+        self.budget = (
+            MemoryBudget(pool_memory_mb, self._contain, memory_check_interval_s)
+            if pool_memory_mb is not None
+            else None
+        )
 
     # -- any thread -------------------------------------------------------------------
 
@@ -200,11 +208,16 @@ class Supervisor:
                     self._replace -= 1
                     self._spawn()
                 if self._pending:
+                    deadlines.end_overdue(self._pending, time.monotonic())  # deadline_s
                     self._assigner.assign(self._pending, self._idle, self._children)
                 timeout = deadlines.wait_s(self._children, time.monotonic())
+                if self.budget is not None:  # pool_memory_mb
+                    timeout = self.budget.wait_s(self._children, timeout)
                 for key, _ in self._selector.select(timeout):
                     key.data(key.fileobj)
                 deadlines.enforce(self._children, time.monotonic(), collect, memory_every)
+                if self.budget is not None:
+                    self.budget.check(self._children, time.monotonic())
         except BaseException as exc:
             log.exception("pool supervisor crashed")
             self.broken = PoolBroken(f"the pool supervisor crashed: {exc!r}")
@@ -300,6 +313,8 @@ class Supervisor:
             self._advance(child, now, at_ms)
             child.sync_fence()
         elif kind is Progress:
+            if run and run.task_id == msg.task_id and run.progress_deadline is not None:
+                run.progressed(time.monotonic())  # the watchdog counts again
             if run and run.task_id == msg.task_id and run.task.on_progress:
                 call(run.task.on_progress, msg.fraction, msg.message)
         elif kind is Ready:

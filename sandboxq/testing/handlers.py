@@ -50,6 +50,12 @@ reported (``f`` is an optional pid file, ``then`` how the attempt ends: "return"
 | progress_bad_arguments    | ok; returns what each bad ``progress()`` call raised   |
 | exit_at_next_start        | ok; the child dies before its next task, which is not  |
 |                           | charged for it (it runs again)                         |
+| progress_then_hang(n, s)  | progress_timeout under ``progress_timeout_s``          |
+| progress_then_deaf(n, s)  | progress_timeout, killed a grace after the soft signal |
+| progress_every(n, s)      | ok, however short the watchdog, if it is above ``s``   |
+| exit_once(f, code)        | exit ``code`` once, then ok                            |
+| use_memory(mb, s)         | ok under a limit above ``mb``, else memory_limit       |
+| grow_to(mb, ...)          | ok; several outgrow ``pool_memory_mb``: memory_pressure |
 
 Handlers that start processes take an optional ``pid_file``: they append each pid they
 start to it, so a test can check that nothing outlived the kill.
@@ -552,3 +558,69 @@ def cpu_loop(n: int) -> float:
     for i in range(n):
         total += i * i % 7
     return time.process_time() - t0
+
+
+# -- failure policies: the progress watchdog, exit codes retried without charge -------------
+
+
+def progress_then_hang(steps: int = 3, every_s: float = 0.05) -> None:
+    """Reports progress ``steps`` times, ``every_s`` apart, then sleeps forever: ended as
+    ``progress_timeout`` by a watchdog (``progress_timeout_s``) long before any hard
+    timeout."""
+    from sandboxq.pool.child import current_job
+
+    for i in range(1, steps + 1):
+        current_job().progress(i / (steps + 1), f"step {i}")
+        time.sleep(every_s)
+    sleep_forever()
+
+
+def progress_then_deaf(steps: int = 3, every_s: float = 0.05) -> None:
+    """Ignores the soft signal (and SIGTERM, SIGINT), reports progress ``steps`` times
+    ``every_s`` apart, then hangs: ``progress_timeout``, killed after the grace."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    progress_then_hang(steps, every_s)
+
+
+def progress_every(steps: int, every_s: float) -> int:
+    """Reports progress ``steps`` times, ``every_s`` apart, then returns ``steps`` (ok):
+    busy for longer than a watchdog shorter than ``steps * every_s``, never silent for it."""
+    from sandboxq.pool.child import current_job
+
+    for i in range(1, steps + 1):
+        time.sleep(every_s)
+        current_job().progress(i / steps)
+    return steps
+
+
+def exit_once(marker: str, code: int = 3) -> str:
+    """Exits with ``code`` the first time (it writes ``marker``), returns "ok" after: one
+    exit code mapped to ``retry_uncharged`` costs the job no attempt."""
+    if not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write("exited")
+        os._exit(code)
+    return "ok"
+
+
+def use_memory(mb: int, hold_s: float = 0.3) -> int:
+    """Holds ``mb`` MB (written) for ``hold_s`` seconds, frees them and returns ``mb``:
+    ok under a limit above ``mb``, memory_limit under one below it."""
+    block = bytearray(mb * 1024 * 1024)
+    block[:: mmap.PAGESIZE] = b"\x01" * len(block[:: mmap.PAGESIZE])
+    time.sleep(hold_s)
+    del block
+    return mb
+
+
+def grow_to(mb: int, step_mb: int = 5, pause_s: float = 0.02, hold_s: float = 1.0) -> int:
+    """Grows by ``step_mb`` every ``pause_s`` up to ``mb`` MB, holds it ``hold_s``, returns
+    ``mb`` (ok): several of them together outgrow a pool's ``pool_memory_mb``, and the
+    newest ones end as ``memory_pressure``."""
+    blocks = []
+    for _ in range(mb // step_mb):
+        blocks.append(bytearray(step_mb * 1024 * 1024))
+        time.sleep(pause_s)
+    time.sleep(hold_s)
+    return mb

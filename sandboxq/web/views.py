@@ -217,6 +217,14 @@ def _payload(
     return text[:PREVIEW_CHARS], True
 
 
+def _memory(limit_mb: float | None, peak_mb: float | None) -> str:
+    """An attempt's peak memory and the limit it ran under (memory-aware retries)."""
+    if limit_mb is None and peak_mb is None:
+        return ""
+    peak = "?" if peak_mb is None else f"{peak_mb:g}"
+    return f"{peak} / {limit_mb:g} MB" if limit_mb is not None else f"{peak} MB"
+
+
 def _ended_by(exitcode: int | None, signum: int | None) -> str:
     if signum:
         try:
@@ -270,6 +278,7 @@ def job_page(ctx: Ctx, name: str, detail: JobDetail, full: bool) -> Safe:
             when(a.started_ms),
             duration((a.ended_ms - a.started_ms) / 1000) if a.started_ms and a.ended_ms else "",
             clip(a.error, 200),
+            _memory(a.memory_limit_mb, a.peak_memory_mb),
         ]
         for a in info.history
     ]
@@ -292,7 +301,7 @@ def job_page(ctx: Ctx, name: str, detail: JobDetail, full: bool) -> Safe:
             ]
         )
     columns = ["attempt", "worker", "pid", "outcome", "action", "exit code or signal",
-               "started", "duration", "error"]  # fmt: skip
+               "started", "duration", "error", "memory: peak / limit"]  # fmt: skip
     actions = Safe("")
     if info.state in (JobState.FAILED, JobState.CANCELLED):
         actions = ctx.form("Retry", {"action": "retry", "queue": name, "id": info.id})

@@ -58,6 +58,7 @@ from sandboxq.worker.events import (
 from sandboxq.worker.fetcher import Fetcher
 from sandboxq.worker.heartbeat import Lease
 from sandboxq.worker.inflight import Held, InFlight
+from sandboxq.worker.memory_retry import retry_memory_mb
 from sandboxq.worker.outcomes import (
     ExitPolicy,
     Unacked,
@@ -65,9 +66,10 @@ from sandboxq.worker.outcomes import (
     ack_for,
     count_acks,
     refusal_ack,
+    unstarted_ack,
 )
 from sandboxq.worker.progress import ProgressWriter
-from sandboxq.worker.tasks import refusal, task_for
+from sandboxq.worker.tasks import deadline_at, refusal, task_for, unstarted
 from sandboxq.worker.threads import BackgroundThread
 
 if TYPE_CHECKING:
@@ -106,7 +108,7 @@ class Dispatcher:
         self._request_stop = request_stop  # SandboxWorker.stop(now): also wakes its parts
         self._parts = parts  # the worker's other threads, watched with the fetcher
         self._metrics = metrics
-        self._policy = ExitPolicy(exit_codes=settings.exit_codes)
+        self._policy = ExitPolicy.of(settings)
         #: What the other threads tell the main thread (events.py); run() reads it.
         self.events: SimpleQueue[DispatchEvent] = SimpleQueue()
         self.fetcher: Fetcher | None = None
@@ -151,6 +153,11 @@ class Dispatcher:
         if (cause := refusal(job, self._settings.allow_pickle)) is not None:
             self._reject(job, cause)
             return False
+        if (late := unstarted(job, self._settings)) is not None:  # the worker's budgets
+            if self._metrics is not None:  # metrics
+                self._metrics.not_started(late[0])
+            self._finish([(job, unstarted_ack(job, *late, self._id))], held=False)
+            return False
         token = job.token
         lease = Lease(job.id, token, 0, job.claimed_at)
         self._inflight.add(Held(job, lease))
@@ -162,7 +169,9 @@ class Dispatcher:
         def progress(fraction: float, message: str | None) -> None:
             events.put(ProgressReported(token, fraction, message))
 
-        task = task_for(job, self._settings, progress)
+        task = task_for(
+            job, self._settings, progress, retry_memory_mb(self._backend, job, self._settings)
+        )
         try:
             lease.task_id = self._pool.execute(task, ended)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
@@ -317,7 +326,15 @@ class Dispatcher:
         if attempt.runtime_s is not None:
             self._inflight.record_runtime(attempt.runtime_s)
         s = self._settings
-        ack = ack_for(job, attempt, self._policy, s.retries, self._id, s.max_infra_deaths)
+        ack = ack_for(
+            job,
+            attempt,
+            self._policy,
+            s.retries,
+            self._id,
+            s.max_infra_deaths,
+            deadline_at(job, s),
+        )
         failed_here = self.failure is not None and attempt.outcome is not Outcome.OK
         if failed_here and ack.attempt.outcome is not Outcome.POISON:
             # The worker broke, not the job: hand it back uncharged, with what happened

@@ -1,7 +1,7 @@
 """What an ended attempt means to the queue: the exit policy, the ack, and what the backend
 answered.
 
-    AttemptResult ── interrupted ──────────────► requeue (the attempt is not charged; a
+    AttemptResult ── interrupted, memory_pressure ► requeue (the attempt is not charged; a
                      helper of the pool died under it: + infra_death, which the backend
                      counts against the job; at max_infra_deaths: fail, outcome poison)
                   ── any other outcome ─► ExitPolicy ─► complete (result stored)
@@ -15,9 +15,11 @@ answered.
 The policy's defaults are the outcome table of docs/design.md (and of the README):
 
     outcome ──► actions (DEFAULT_ACTIONS) ──► complete / retry / fail
-       exit(N) ──► the exit_codes map; unmapped codes fail
+       exit(N) ──► the exit_codes map; unmapped codes fail; retry_uncharged: requeued,
+                   the attempt not counted (bounded only by the job's deadline_s)
     retry, once the attempt number is past ``retries`` ──► fail
     retry ──► backoff_s(base, attempt): base, 2 x base, 4 x base... capped at MAX_BACKOFF_S
+    retry whose backoff would end past the job's deadline_s ──► fail (past_deadline)
 
 A worker builds its policy from ``exit_codes`` alone (``SandboxWorker(exit_codes=...)``,
 ``--exit-code``); every other outcome keeps its default action. ``lease_lost`` and
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import textwrap
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -44,6 +47,8 @@ from sandboxq.backends.base import Ack, Claimed, FinishAction
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, Action, AttemptRecord, Outcome, now_ms
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.redaction import redact_text
+from sandboxq.settings import WorkerSettings
+from sandboxq.worker.memory_retry import AT_CAP_TEXT, at_cap
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -57,6 +62,18 @@ DEFAULT_ACTIONS: dict[Outcome, Action] = {
     Outcome.MEMORY_LIMIT: Action.FAIL,
     Outcome.CPU_LIMIT: Action.FAIL,
     Outcome.POISON: Action.FAIL,  # decided by the backend, from its count of deaths
+    Outcome.EXPIRED: Action.FAIL,  # never ran: decided at claim
+    Outcome.DEADLINE: Action.FAIL,  # the job's whole budget is spent
+    Outcome.PROGRESS_TIMEOUT: Action.RETRY,  # hung: as a hard timeout
+}
+
+#: What ``finish`` does for each action: ``retry_uncharged`` puts the job back in line
+#: with its attempt not counted, as an interrupted attempt is (Kubernetes' ``Ignore``).
+FINISH_OF: Final[Mapping[Action, FinishAction]] = {
+    Action.COMPLETE: "complete",
+    Action.RETRY: "retry",
+    Action.FAIL: "fail",
+    Action.RETRY_UNCHARGED: "requeue",
 }
 
 #: Longest wait between two attempts, whatever the backoff and attempt number.
@@ -68,6 +85,21 @@ class ExitPolicy(BaseModel):
 
     actions: dict[Outcome, Action] = Field(default_factory=lambda: dict(DEFAULT_ACTIONS))
     exit_codes: dict[int, Action] = Field(default_factory=dict)
+    #: memory_retry_max_mb: a memory_limit attempt that ran at it is not retried
+    memory_cap_mb: float | None = None
+
+    @classmethod
+    def of(cls, settings: WorkerSettings) -> ExitPolicy:
+        """A worker's policy: its ``exit_codes``; with ``memory_retry_factor``, memory_limit
+        is retried (memory_retry.py) up to ``memory_retry_max_mb``."""
+        actions = dict(DEFAULT_ACTIONS)
+        if settings.memory_retry_factor is not None:
+            actions[Outcome.MEMORY_LIMIT] = Action.RETRY
+        return cls(
+            actions=actions,
+            exit_codes=settings.exit_codes,
+            memory_cap_mb=settings.memory_retry_max_mb,
+        )
 
     def decide(self, outcome: Outcome, exitcode: int | None, attempt: int, retries: int) -> Action:
         """The action for ``attempt`` (1-based) of a job allowed ``retries`` retries."""
@@ -99,6 +131,7 @@ def ack_for(
     default_retries: int,
     worker_id: str,
     max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS,
+    deadline_at: float | None = None,
 ) -> Ack:
     """The ack for ``job``'s attempt that ended as ``attempt`` says, with its record."""
     outcome = attempt.outcome
@@ -111,14 +144,26 @@ def ack_for(
         # counts this one with the ack (design invariant 11).
         outcome, action, decided, delay = Outcome.POISON, "fail", Action.FAIL, 0.0
         error = rules.POISON_TEXT % (deaths, attempt.infra_death)
-    elif outcome is Outcome.INTERRUPTED:
+    elif outcome is Outcome.INTERRUPTED or outcome is Outcome.MEMORY_PRESSURE:
+        # not charged (memory_pressure: counted as infra_death, bounded as poison is)
         action, decided, delay = "requeue", None, 0.0
     else:
         options = job.options
         retries = options.retries if options.retries is not None else default_retries
         decided = policy.decide(outcome, attempt.exitcode, job.attempt, retries)
-        action = decided.value
+        action = FINISH_OF[decided]
         delay = backoff_s(options.backoff_s, job.attempt) if decided is Action.RETRY else 0.0
+        if (
+            outcome is Outcome.MEMORY_LIMIT
+            and decided is Action.RETRY
+            and at_cap(attempt.memory_limit_mb, policy.memory_cap_mb)
+        ):
+            decided, action = Action.FAIL, "fail"
+            error = f"{error}; {AT_CAP_TEXT % (policy.memory_cap_mb or 0)}"
+        if decided is Action.RETRY and past_deadline(deadline_at, delay):
+            # deadline_s: no retry whose backoff would end after the job's budget
+            decided, action = Action.FAIL, "fail"
+            error = f"{error}; not retried: {NO_RETRY_TEXT % delay}"
     # Validated construction on purpose: it runs in pydantic's compiled core and measured
     # twice as fast as model_construct, which is plain Python.
     if error is not None:
@@ -137,9 +182,35 @@ def ack_for(
         # what the handler wrote of itself: bounded by the pool, its secrets hidden here
         traceback=redact_text(attempt.traceback) if attempt.traceback else None,
         output=redact_text(attempt.output) if attempt.output else None,
+        memory_limit_mb=attempt.memory_limit_mb,
+        peak_memory_mb=attempt.peak_memory_mb,
     )
     result = attempt.result if action == "complete" else None
     return Ack(job.id, job.token, action, record, result, error, delay, attempt.infra_death)
+
+
+#: Why a retry was not scheduled (``%g``: its backoff, seconds).
+NO_RETRY_TEXT = "its backoff of %g s would end past the job's deadline_s"
+
+
+def past_deadline(deadline_at: float | None, delay_s: float) -> bool:
+    """Whether a retry ``delay_s`` from now would start at or after ``deadline_at``
+    (``time.monotonic()``; None: no deadline)."""
+    return deadline_at is not None and time.monotonic() + delay_s >= deadline_at
+
+
+def unstarted_ack(job: Claimed, outcome: Outcome, cause: str, worker_id: str) -> Ack:
+    """The ack that fails ``job`` unstarted: past the worker's deadline_s or max_queue_s
+    (``tasks.unstarted``; outcome deadline or expired)."""
+    record = AttemptRecord(
+        attempt=job.number or job.attempt,
+        outcome=outcome,
+        action=Action.FAIL,
+        worker_id=worker_id,
+        ended_ms=now_ms(),
+        error=cause,
+    )
+    return Ack(job.id, job.token, "fail", record, error=cause)
 
 
 def refusal_ack(job: Claimed, cause: str, worker_id: str) -> Ack:

@@ -128,6 +128,12 @@ class SandboxWorker:
         failure_ttl_s: float = FAILURE_TTL_S,
         retain_completed: int = RETAIN_COMPLETED,
         retain_failed: int = RETAIN_FAILED,
+        max_queue_s: Seconds = None,
+        deadline_s: Seconds = None,
+        progress_timeout_s: Seconds = None,
+        memory_retry_factor: float | None = None,
+        memory_retry_max_mb: float | None = None,
+        pool_memory_mb: float | None = None,
     ) -> None:
         # Every keyword but backend_options is the setting of that name, with its default.
         self.settings = s = from_call(WorkerSettings, locals())

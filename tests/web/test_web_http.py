@@ -149,6 +149,22 @@ def test_what_a_job_carries_is_rendered_as_text(redis_url: str, q: Queue, tmp_pa
     assert not planted.exists()
 
 
+def test_the_job_page_shows_the_new_options_and_an_attempts_memory(
+    redis_url: str, q: Queue
+) -> None:
+    q.options(deadline_s=90, max_queue_s=30, progress_timeout_s=5).enqueue("x")
+    claimed = claim_one(q.backend)
+    attempt = record(claimed, Outcome.ERROR, error="over").model_copy(
+        update={"outcome": Outcome.MEMORY_LIMIT, "memory_limit_mb": 60.0, "peak_memory_mb": 61.5}
+    )
+    q.backend.finish("w1", claimed.id, claimed.token, "fail", attempt, error="over")
+    app = create_app(redis_url, queues=[q.name], token=TOKEN)
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        page = http.get("/job", params={"queue": q.name, "id": claimed.id}).text
+    for shown in ("deadline_s", "max_queue_s", "progress_timeout_s", "61.5 / 60 MB"):
+        assert shown in page, shown
+
+
 def test_mounted_under_a_prefix_every_link_stays_under_it(redis_url: str, q: Queue) -> None:
     from fastapi import FastAPI
 

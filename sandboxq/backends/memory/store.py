@@ -30,7 +30,7 @@ from sandboxq.backends import rules
 from sandboxq.backends.base import Claimed, Event, NewJob
 from sandboxq.backends.memory.batches import BatchRecord, FollowUp, batch_moved, sweep_batches
 from sandboxq.backends.rules import Retention
-from sandboxq.models import AttemptRecord, JobOptions, JobState, Outcome, now_ms
+from sandboxq.models import Action, AttemptRecord, JobOptions, JobState, Outcome, now_ms
 
 WAITING, DELAYED, ACTIVE = JobState.WAITING, JobState.DELAYED, JobState.ACTIVE
 COMPLETED, FAILED, CANCELLED = JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED
@@ -240,6 +240,11 @@ class Store:
             if job is None:
                 continue
             job.attempts += 1
+            ready_ms = job.ready_ms or job.created_ms
+            late = rules.budget_passed(job.options, job.created_ms, ready_ms, now, job.attempts)
+            if late is not None:  # past its deadline_s or max_queue_s: fails, never runs
+                self.fail_unstarted(job, worker_id, *late, now)
+                continue
             job.claimed_ms = now
             job.owner, job.token = worker_id, f"{base}.{len(claimed) + 1}"
             job.lease_ms = now + rules.lease_ms(lease_s)
@@ -247,6 +252,23 @@ class Store:
             self.emit("active", job.id, worker=worker_id, attempt=str(job.attempts))
             claimed.append(self.claimed(job, claimed_at, now))
         return claimed
+
+    def fail_unstarted(
+        self, job: Job, worker_id: str, outcome: Outcome, error: str, now: int
+    ) -> None:
+        """``job``, popped by a claim, must not start (``rules.budget_passed``): it fails
+        as attempt ``job.attempts``, which never ran (common.lua's ``fail_unstarted``)."""
+        record = AttemptRecord(
+            attempt=job.attempts,
+            outcome=outcome,
+            action=Action.FAIL,
+            worker_id=worker_id,
+            ended_ms=now,
+            error=error,
+        )
+        self.record(job, record, error)
+        self.move(job, FAILED, now)
+        self.emit("failed", job.id, outcome=outcome.value, error=error)
 
     @staticmethod
     def claimed(job: Job, claimed_at: float, now: int | None = None) -> Claimed:
@@ -266,6 +288,7 @@ class Store:
             waited_s,
             job.infra_deaths,
             job.attempts,
+            max(0, (now if now is not None else now_ms()) - job.created_ms) / 1000,
         )
 
     def replay(self, worker_id: str, token_base: str) -> list[Claimed]:

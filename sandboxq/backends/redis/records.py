@@ -105,7 +105,7 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
     (None when they validate)."""
     rows: list[tuple[Claimed, str | None]] = []
     for i in range(0, len(flat), CLAIM_ROW):
-        job_id, token, payload, codec, opts, attempt, wait_ms, deaths, number = flat[
+        job_id, token, payload, codec, opts, attempt, wait_ms, deaths, number, age_ms = flat[
             i : i + CLAIM_ROW
         ]
         problem: str | None = None
@@ -132,6 +132,7 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
             wait_s=int(wait_ms) / 1000 if int(wait_ms) >= 0 else None,
             infra_deaths=int(deaths),
             number=int(number),
+            age_s=int(age_ms) / 1000,
         )
         rows.append((claimed, problem))
     return rows

@@ -25,6 +25,7 @@ The suite is a package, one module per concern (each a mixin ``BackendContract``
     pages      the dashboard's reads
     order      the orders and boundaries both backends share (ties, ready times, limits)
     batches    batch counters, the finished stream, the follow-up, retention of members
+    budgets    deadline_s and max_queue_s at claim (outcomes deadline, expired), a job's age
 
 Everything runs on real time: short leases, real sleeps and real waits across threads, no
 mocked clock and no stand-in for the backend, so a backend that computes expiry wrongly or
@@ -37,6 +38,7 @@ from __future__ import annotations
 from tests.support.contract import support
 from tests.support.contract.admin import AdminContract
 from tests.support.contract.batches import BatchContract
+from tests.support.contract.budgets import BudgetContract
 from tests.support.contract.leases import LeaseContract
 from tests.support.contract.order import OrderContract
 from tests.support.contract.pages import PageContract
@@ -55,5 +57,6 @@ class BackendContract(
     PageContract,
     OrderContract,
     BatchContract,
+    BudgetContract,
 ):
     """The tests; subclass it and provide the ``make_backend`` and ``backend`` fixtures."""

@@ -5,10 +5,12 @@
 --       ms (rules.lease_ms), 8 token base (random per call, rules.token_base; made unique
 --       per job by the suffix ".<n>").
 -- Returns: {wait_ms, then CLAIM_ROW entries per claimed job: id, token, payload, codec, opts,
---          attempt (charged), waited ms, infra deaths, number (its place in the history)}.
---          wait_ms, when nothing was claimed, is how long until the
---          next delayed job falls due (-1: none), so an idle worker blocks exactly that
---          long at most. "waited ms" is how long the job waited since it was ready
+--          attempt (charged), waited ms, infra deaths, number (its place in the history),
+--          age ms (since enqueue: what the worker has left of its deadline_s)}. A job past
+--          its deadline_s or max_queue_s is failed (outcome deadline / expired, never run)
+--          instead of claimed: no scan finds it. wait_ms, when nothing was claimed, is how
+--          long until the next delayed job falls due (-1: none), so an idle worker blocks
+--          exactly that long at most. "waited ms" is how long the job waited since it was ready
 --          (ready_ms: enqueued, due or retried; created_ms for older records).
 -- Upholds: design invariants 1 (fresh token and owner per lease; highest priority first,
 -- FIFO within a priority), 2 (expiry = server TIME + lease) and 7 (a broken record fails

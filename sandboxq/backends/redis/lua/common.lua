@@ -454,7 +454,41 @@ local function claim_problem(key)
   if f[5] ~= 'waiting' then
     return 'state is ' .. short(f[5] or '(missing)') .. ' but the job was in the waiting set'
   end
-  return nil, f
+  return nil, f, nil, decoded
+end
+
+-- rules.budget_passed: why a popped job must not start (its deadline_s from created_ms
+-- passed: 'deadline'; it waited over its max_queue_s since ready_ms: 'expired'), or nil.
+local function budget_passed(opts, created_ms, ready_ms, now, attempt)
+  local deadline, max_queue = opts.deadline_s, opts.max_queue_s
+  if type(deadline) == 'number' then
+    local deadline_ms = math.max(0, math.ceil(deadline * 1000))
+    if now - created_ms > deadline_ms then
+      return 'deadline', string.format(DEADLINE_TEXT, deadline_ms, attempt)
+    end
+  end
+  if type(max_queue) == 'number' then
+    local max_ms = math.max(0, math.ceil(max_queue * 1000))
+    if now - ready_ms > max_ms then
+      return 'expired', string.format(EXPIRED_TEXT, max_ms)
+    end
+  end
+  return nil
+end
+
+-- A job a claim popped that must not start (budget_passed): failed with `outcome` as
+-- attempt `attempt` of `worker`, which never ran; the claim goes on to the next job.
+-- `opts`: its stored options (retention reads its own time to live there).
+local function fail_unstarted(id, worker, attempt, outcome, err, bid, now, opts)
+  local key = PREFIX .. id
+  append_history(id, cjson.encode({attempt = attempt, outcome = outcome, action = 'fail',
+    worker_id = worker, ended_ms = now, error = err}))
+  redis.call('HSET', key, 'state', 'failed', 'attempts', int(attempt), 'outcome', outcome,
+    'error', err, 'finished_ms', int(now))
+  redis.call('ZADD', FAILED, int(now), id)
+  emit('failed', id, 'outcome', outcome, 'error', err)
+  trim_finished(FAILED, RETAIN_FAILED, now, id, opts)
+  if bid then batch_move(bid, id, 'waiting', 'failed', now) end
 end
 
 -- Move due delayed jobs to waiting (PROMOTE_LIMIT per call), due time first, then id.
@@ -482,7 +516,9 @@ end
 -- Lease up to `count` waiting jobs (design invariant 1: a fresh token per claim, owner = worker;
 -- design invariant 2: expiry from the server clock). Returns a flat list of CLAIM_ROW entries
 -- per claimed job: id, token, payload, codec, opts, attempt (charged: what the retry budget
--- counts), wait ms, infra deaths, number (the attempt's place in the job's history).
+-- counts), wait ms, infra deaths, number (the attempt's place in the job's history), age ms
+-- (since enqueue: what the worker has left of its deadline_s). A job past its deadline_s or
+-- max_queue_s is failed instead (budget_passed).
 -- 'attempts' counts every attempt started, never reset, so history numbers keep counting
 -- across requeues and manual retries; 'uncharged' (absent: 0) counts those the retry budget
 -- does not: requeued ones (back_in_line) and those before a manual retry (retry_job).
@@ -496,13 +532,19 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
     if #popped == 0 then break end
     local id = popped[1]
     local key = PREFIX .. id
-    local problem, f, bad_field = claim_problem(key)
+    local problem, f, bad_field, opts = claim_problem(key)
+    local number, created, late, why
+    if not problem then
+      number, created = count_or(f[4], 0) + 1, tonumber(f[7]) or now
+      late, why = budget_passed(opts, created, tonumber(f[6]) or created, now, number)
+    end
     if problem then
       fail_malformed(id, problem, now, bad_field)
+    elseif late then
+      fail_unstarted(id, worker, number, late, why, f[8], now, f[3])
     else
       n = n + 1
       local token = token_base .. '.' .. n
-      local number = count_or(f[4], 0) + 1
       redis.call('HSET', key, 'state', 'active', 'owner', worker, 'token', token,
         'attempts', int(number), 'claimed_ms', int(now))
       redis.call('ZADD', ACTIVE, expiry, id)
@@ -516,6 +558,7 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
       out[i + 7] = int(math.max(0, now - (tonumber(f[6]) or tonumber(f[7]) or now)))
       out[i + 8] = count_or(f[9], 0) -- the worker fails it as poison at its limit
       out[i + 9] = number
+      out[i + 10] = int(math.max(0, now - created)) -- its age: what is left of deadline_s
     end
   end
   -- Nothing left to claim: drop stale wake entries so idle workers block instead of

@@ -100,7 +100,7 @@ if replay_of ~= '' then
   local prefix = replay_of .. '.'
   for _, id in ipairs(redis.call('ZRANGE', ACTIVE, 0, -1)) do
     local f = hmget(PREFIX .. id, 'owner', 'token', 'payload', 'codec', 'opts', 'attempts',
-      'infra_deaths', 'uncharged')
+      'infra_deaths', 'uncharged', 'created_ms')
     if f and f[1] == worker and f[2] and string.sub(f[2], 1, #prefix) == prefix then
       local i, number = #replayed, count_or(f[6], 1)
       replayed[i + 1], replayed[i + 2], replayed[i + 3] = id, f[2], f[3]
@@ -109,6 +109,7 @@ if replay_of ~= '' then
       replayed[i + 7] = -1 -- no wait to report: it was measured when first claimed
       replayed[i + 8] = count_or(f[7], 0)
       replayed[i + 9] = number
+      replayed[i + 10] = int(math.max(0, now - (tonumber(f[9]) or now)))
     end
   end
 end
