@@ -5,13 +5,16 @@ attempt wrote to stdout and stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
 import signal
 import subprocess
 import sys
 from concurrent.futures import Future
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sandboxq import AttemptFailed, Pool
@@ -279,6 +282,19 @@ def test_output_is_per_attempt_on_a_reused_child() -> None:
     assert first.output == "from the first attempt\n"
     assert second.output == "from the second attempt\n"
     assert silent.output is None
+
+
+@pytest.mark.timeout(30)
+def test_a_process_the_attempt_left_printing_does_not_reach_the_next_attempt() -> None:
+    with Pool(W + "leave_a_printer_or_say", size=1, containment=TREE) as pool:
+        first = attempt(pool, "stray")
+        second = attempt(pool, "the second attempt")
+    assert first.output is not None and "from the stray" in first.output
+    assert second.pid == first.pid
+    assert second.output == "the second attempt\n"
+    printer = pickle.loads(first.result or b"")
+    with contextlib.suppress(psutil.NoSuchProcess):  # swept before the first reply
+        assert psutil.Process(printer).status() == psutil.STATUS_ZOMBIE
 
 
 @pytest.mark.timeout(30)
