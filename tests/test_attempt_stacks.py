@@ -353,6 +353,7 @@ def test_sandboxq_run_stdout_is_json_lines_when_handlers_print(
     source = tmp_path / "in.jsonl"
     source.write_text("".join(f'{{"args": ["printed {n}", 2, "said {n}"]}}\n' for n in range(4)))
     argv = [sys.executable, "-m", "sandboxq", "run", W + "print_and_return", str(source)]
+    argv += ["--containment", TREE]
     if mode == "fleet":
         url = request.getfixturevalue("redis_url")
         argv += ["--url", url, "--queue", f"prints-{capture}", "--concurrency", "1"]
