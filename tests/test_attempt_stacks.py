@@ -5,13 +5,16 @@ attempt wrote to stdout and stderr."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
 import signal
 import subprocess
 import sys
 from concurrent.futures import Future
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sandboxq import AttemptFailed, Pool
@@ -282,6 +285,19 @@ def test_output_is_per_attempt_on_a_reused_child() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_process_the_attempt_left_printing_does_not_reach_the_next_attempt() -> None:
+    with Pool(W + "leave_a_printer_or_say", size=1, containment=TREE) as pool:
+        first = attempt(pool, "stray")
+        second = attempt(pool, "the second attempt")
+    assert first.output is not None and "from the stray" in first.output
+    assert second.pid == first.pid
+    assert second.output == "the second attempt\n"
+    printer = pickle.loads(first.result or b"")
+    with contextlib.suppress(psutil.NoSuchProcess):  # swept before the first reply
+        assert psutil.Process(printer).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.timeout(30)
 def test_what_a_hard_killed_handler_printed_before_it_hung_is_kept() -> None:
     with Pool(W + "print_then_spin", 1, hard_timeout_s=HARD, containment=TREE) as pool:
         result = attempt(pool, "about to spin")
@@ -337,6 +353,7 @@ def test_sandboxq_run_stdout_is_json_lines_when_handlers_print(
     source = tmp_path / "in.jsonl"
     source.write_text("".join(f'{{"args": ["printed {n}", 2, "said {n}"]}}\n' for n in range(4)))
     argv = [sys.executable, "-m", "sandboxq", "run", W + "print_and_return", str(source)]
+    argv += ["--containment", TREE]
     if mode == "fleet":
         url = request.getfixturevalue("redis_url")
         argv += ["--url", url, "--queue", f"prints-{capture}", "--concurrency", "1"]

@@ -147,3 +147,21 @@ def grandchild_crashes_then_spin() -> None:
             os._exit(1)
     os.waitpid(pid, 0)
     spin_in_pure_python()
+
+
+_PRINTER = (
+    "import time\nwhile True:\n    print('from the stray', flush=True)\n    time.sleep(0.001)"
+)
+
+
+def leave_a_printer_or_say(what: str) -> int:
+    """``stray``: start a process in a session of its own that prints every millisecond,
+    let it print, and return its pid; else print ``what``."""
+    import subprocess
+
+    if what != "stray":
+        print(what)
+        return 0
+    printer = subprocess.Popen([sys.executable, "-c", _PRINTER], start_new_session=True)
+    time.sleep(0.2)
+    return printer.pid
