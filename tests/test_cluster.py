@@ -19,6 +19,7 @@ from redis.cluster import key_slot
 from sandboxq import ConfigError, JobFailed, Queue
 from sandboxq.backends.base import Backend
 from sandboxq.backends.redis.backend import RedisBackend
+from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.testing.waiting import wait_for
@@ -163,3 +164,26 @@ def test_an_unreachable_cluster_is_a_clear_error(queue_name: str) -> None:
         Queue(queue_name, url=url)
     assert time.monotonic() - started < 10
     assert "127.0.0.1" in str(error.value) and "secret" not in str(error.value)
+
+
+def test_queues_are_found_on_a_cluster_without_naming_them_or_scanning(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    """Each queue is registered in its own slot's index by the enqueue script (a shared
+    index key would be CROSSSLOT) or by its worker's registration; any backend reads them
+    all, on every node."""
+    names = [f"{queue_name}-{i}" for i in range(6)]
+    for name in names[:4]:
+        with Queue(name, url=cluster.url) as queue:
+            queue.enqueue(1)
+    with Queue(names[4], url=cluster.url) as queue:
+        queue.batch([((1,), {}), ((2,), {})])
+    worker_only = RedisBackend(cluster.url, names[5])
+    try:
+        worker_only.register_worker("w", {}, 5.0)
+        found = worker_only.queue_index().names
+        assert set(names) <= set(found)
+        for name in names:
+            assert key_slot(QueueKeys(name, cluster=True).index.encode()) == key_slot(name.encode())
+    finally:
+        worker_only.close()

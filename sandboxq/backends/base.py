@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex
 from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
     AttemptRecord,
@@ -328,6 +329,12 @@ class Backend(Protocol):
 
     def workers(self) -> list[dict[str, Any]]:
         """Descriptions of the live workers (each includes its ``worker_id``)."""
+        ...
+
+    def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
+        """Every queue of this backend's server (or process) that had a job enqueued or a
+        worker registered: the index (backends/index.py), at most ``limit`` entries read,
+        entries that are not queue names ignored. Never a scan of keys."""
         ...
 
     def close(self) -> None: ...

@@ -67,7 +67,9 @@ class Ctx:
 # -- overview -------------------------------------------------------------------------------
 
 
-def overview(ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput) -> Safe:
+def overview(
+    ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput, note: str = ""
+) -> Safe:
     rows: list[list[object]] = []
     details: list[Safe] = []
     failed: list[BackendError] = []
@@ -109,6 +111,8 @@ def overview(ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput
         else '<p class="empty">No queues found yet: enqueue a job, or name the queues '
         "(sandboxq dashboard --queue NAME).</p>"
     )
+    if note:  # a read cap was hit or junk was ignored: never silent
+        empty += f'<p class="notice" id="index-note">{esc(note)}</p>'
     return Safe(
         f"<h1>Queues</h1>{empty}{table(columns, rows, 'overview')}"
         f'<div class="grid">{"".join(details)}</div>'

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Backend, Claimed, NewJob
+from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex, valid_names
 from sandboxq.backends.memory.batches import Batches
 from sandboxq.backends.memory.manage import Management
 from sandboxq.backends.memory.reads import Reads
@@ -40,6 +41,9 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
 
     _registry: ClassVar[dict[str, MemoryBackend]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+    #: The queue index of this process (backends/index.py): queues that had a job
+    #: enqueued or a worker registered, as the Redis scripts keep theirs.
+    _index: ClassVar[set[str]] = set()
 
     def __init__(self, queue: str, **options: Any) -> None:
         self.queue = check_queue_name(queue)
@@ -78,6 +82,8 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
                 store.move(job, DELAYED if job.due_ms > now else WAITING, now)
                 store.emit("added", job_id)
                 added.append((job_id, True))
+        if jobs:
+            self._register()  # in the queue index, as enqueue.lua does
         return added
 
     # -- leases ------------------------------------------------------------------------------
@@ -190,6 +196,7 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
     # -- workers -----------------------------------------------------------------------------
 
     def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        self._register()
         with self._store.cond:
             until = now_ms() + rules.lease_ms(ttl_s)
             self._workers[worker_id] = ({**info, "worker_id": worker_id}, until)
@@ -205,6 +212,16 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
                 if rules.lease_expired(until, now):
                     del self._workers[worker_id]
             return [dict(self._workers[w][0]) for w in sorted(self._workers)]
+
+    def _register(self) -> None:
+        with MemoryBackend._registry_lock:
+            MemoryBackend._index.add(self.queue)
+
+    def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
+        with MemoryBackend._registry_lock:
+            entries = sorted(MemoryBackend._index)
+        names, ignored = valid_names(entries[:limit])
+        return QueueIndex(names, len(entries), ignored)
 
     def close(self) -> None:
         """Nothing to close; the jobs stay, since a shared instance outlives any one user."""

@@ -1,13 +1,15 @@
 """Queue-level numbers read straight from Redis, for the exporter (``sandboxq exporter``).
 
-    discover_queues ── SCAN MATCH sq:{*}:seq / sq:{*}:workers ──► queue names (cached by
-                       the caller: it walks the keyspace, so it is not run per scrape)
+    read_index ── SCARD + SSCAN of the queue index (keys.py: INDEX; on a Cluster one
+                  set per slot) ──► QueueIndex: well-formed names, at most a cap read
     read_stats(queues) ── pipeline 1: TIME; per queue 6 ZCARD, the head of waiting,
-                          the worker set ──► pipeline 2: the head's ready time, one
-                          EXISTS per registered worker ──► QueueStats per queue
+                          the worker set (SSCAN, capped), its SCARD, EXISTS seq
+                          ──► pipeline 2: the head's ready time, one EXISTS per
+                          registered worker read ──► QueueStats per queue
 
-Every scrape is two round trips whatever the number of jobs: no job key is ever listed,
-and the per-queue commands are a fixed handful (plus one EXISTS per registered worker).
+Every scrape is a few round trips whatever the number of jobs or keys: no job key is
+ever listed, no keyspace is scanned, and the per-queue commands are a fixed handful
+(plus one EXISTS per registered worker, at most WORKERS_READ_CAP).
 A queue whose keys were changed by hand (a waiting set turned into a string) comes back
 ``damaged``, with the error: it costs only its own numbers, never the whole scrape.
 """
@@ -18,14 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
+
+from sandboxq.backends.index import QUEUES_READ_CAP, WORKERS_READ_CAP, QueueIndex, valid_names
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import Connections
-from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.errors import ConfigError
-from sandboxq.models import JobState, check_queue_name
+from sandboxq.backends.redis.keys import INDEX, QueueKeys, cluster_index
+from sandboxq.models import JobState
 
-#: Keys every queue that was ever used has one of (see keys.py).
-_QUEUE_KEYS = ("seq", "workers")
 SCAN_COUNT = 1000
 
 
@@ -36,30 +38,58 @@ class QueueStats:
     #: Age of the job at the head of the waiting line (None: nothing waits).
     oldest_waiting_age_s: float | None = None
     workers: int = 0
+    #: More workers are registered than one look reads (WORKERS_READ_CAP).
+    workers_capped: bool = False
+    #: The queue was ever used: its sequence counter or its worker registry exists (an
+    #: index entry someone added by hand has neither).
+    exists: bool = True
     #: Why this queue's numbers could not be read (its keys hold the wrong types), or None.
     damaged: str | None = None
 
 
-def discover_queues(conns: Connections) -> list[str]:
-    """Names of the queues on this server, from their queue-level keys (never a job key's
-    name is returned: SCAN's MATCH filters on the server)."""
-    if conns.cluster:
-        raise ConfigError("on a Redis Cluster, name the queues to export (--queue)")
-    found: set[str] = set()
-    with conns.errors("discover queues"):
-        for suffix in _QUEUE_KEYS:
-            for key in conns.main.scan_iter(match=f"sq:{{*}}:{suffix}", count=SCAN_COUNT):
-                name = records.text(key)[len("sq:{") : -len("}:" + suffix)]
-                try:
-                    found.add(check_queue_name(name))
-                except (ConfigError, ValueError):  # a job id that merely ends like one
-                    continue
-    return sorted(found)
+def read_index(conns: Connections, limit: int = QUEUES_READ_CAP) -> QueueIndex:
+    """The queues in the index (keys.py: ``INDEX``, one set per slot on a Cluster), at
+    most ``limit`` entries read. A few round trips whatever the keyspace holds."""
+    with conns.errors("read the queue index"):
+        if conns.cluster:
+            return _read_cluster_index(conns, limit)
+        total = int(conns.main.scard(INDEX))
+        entries: list[bytes | str] = []
+        cursor = 0
+        while True:
+            cursor, found = conns.main.sscan(INDEX, cursor, count=min(limit, SCAN_COUNT))
+            entries += found
+            if not cursor or len(entries) >= limit:
+                break
+    names, ignored = valid_names(entries[:limit])
+    return QueueIndex(names, total, ignored)
+
+
+def _read_cluster_index(conns: Connections, limit: int) -> QueueIndex:
+    """One SCARD per hash slot in one pipeline (split by node), then one bounded SSCAN of
+    each non-empty slot's set, until ``limit`` entries are covered."""
+    pipe = conns.main.pipeline()
+    slots = range(REDIS_CLUSTER_HASH_SLOTS)
+    for slot in slots:
+        pipe.scard(cluster_index(slot))
+    sizes = [int(n) for n in pipe.execute()]
+    total, wanted, budget = sum(sizes), [], limit
+    for slot, size in zip(slots, sizes, strict=True):
+        if size and budget > 0:
+            wanted.append((slot, min(size, budget)))
+            budget -= size
+    pipe = conns.main.pipeline()
+    for slot, count in wanted:
+        pipe.sscan(cluster_index(slot), 0, count=2 * count + 16)  # COUNT is a hint
+    entries = [entry for _, found in pipe.execute() for entry in found]
+    names, ignored = valid_names(entries[:limit])
+    return QueueIndex(names, total, ignored)
 
 
 def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
     """The numbers of ``queues``, in two pipelined round trips."""
     keys = [QueueKeys(q) for q in queues]
+    n_states = len(JobState)
     with conns.errors("read queue statistics"):
         pipe = conns.main.pipeline(transaction=False)
         pipe.time()
@@ -67,7 +97,11 @@ def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
             for state in JobState:
                 pipe.zcard(k.state_set(state))
             pipe.zrange(k.waiting, 0, 0)
-            pipe.smembers(k.workers)
+            # at most WORKERS_READ_CAP of them: a registry padded with 200,000 names made
+            # one scrape take 3.7 s (SMEMBERS, then an EXISTS each)
+            pipe.sscan(k.workers, 0, count=WORKERS_READ_CAP)
+            pipe.scard(k.workers)
+            pipe.exists(k.seq)
         # raise_on_error=False: a queue whose keys were damaged by hand answers errors in
         # its own rows, and the other queues are still read
         first: list[Any] = pipe.execute(raise_on_error=False)
@@ -75,28 +109,33 @@ def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
             raise first[0]
         seconds, micros = first[0]
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        per = len(JobState) + 2
+        per = n_states + 4
+        rows = [first[1 + i * per : 1 + (i + 1) * per] for i in range(len(keys))]
         out: list[QueueStats] = []
+        listed: list[list[str]] = []
         pipe = conns.main.pipeline(transaction=False)
-        for i, k in enumerate(keys):
-            row = first[1 + i * per : 1 + (i + 1) * per]
+        for k, row in zip(keys, rows, strict=True):
             if problem := next((v for v in row if isinstance(v, Exception)), None):
                 out.append(QueueStats(k.queue, damaged=str(problem)))
+                listed.append([])
                 continue
-            stats = QueueStats(k.queue, dict(zip(JobState, map(int, row), strict=False)))
-            head, workers = row[-2], sorted(row[-1])
+            head, (_, members), registered, used = row[n_states:]
+            stats = QueueStats(k.queue, dict(zip(JobState, map(int, row[:n_states]), strict=True)))
+            stats.exists = bool(int(used)) or bool(int(registered))
+            workers = sorted({records.text(w) for w in members})[:WORKERS_READ_CAP]
+            stats.workers_capped = int(registered) > len(workers)
             if head:
                 pipe.hmget(k.job(records.text(head[0])), ["ready_ms", "created_ms"])
             for worker in workers:
-                pipe.exists(k.worker(records.text(worker)))
+                pipe.exists(k.worker(worker))
             out.append(stats)
+            listed.append(workers)
         second: list[Any] = pipe.execute(raise_on_error=False) if len(pipe) else []
     pos = 0
-    for i, stats in enumerate(out):
+    for stats, row, workers in zip(out, rows, listed, strict=True):
         if stats.damaged is not None:
             continue
-        row = first[1 + i * per : 1 + (i + 1) * per]
-        if row[-2]:
+        if row[n_states]:
             head = second[pos]
             pos += 1
             # a head job whose record is not a hash: its age is unknown, not the scrape's end
@@ -108,8 +147,8 @@ def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
                 stats.oldest_waiting_age_s = 0.0
         else:
             stats.oldest_waiting_age_s = 0.0
-        live = second[pos : pos + len(row[-1])]
-        pos += len(row[-1])
+        live = second[pos : pos + len(workers)]
+        pos += len(workers)
         stats.workers = sum(1 for flag in live if not isinstance(flag, Exception) and int(flag))
     return out
 

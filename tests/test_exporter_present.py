@@ -1,0 +1,107 @@
+"""The exporter against what breaks it in the field (real redis-servers): Redis going away
+and coming back, keys shaped like queues that are not, a padded worker registry."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from sandboxq import Queue
+from sandboxq.backends.index import WORKERS_READ_CAP
+from sandboxq.backends.redis.keys import INDEX, QueueKeys
+from sandboxq.observe.exporter import QueueExporter
+from sandboxq.testing.redis_server import RedisServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(address: tuple[str, int]) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def test_an_unreachable_redis_is_up_0_and_one_log_line_per_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    exporter = QueueExporter(f"redis://:pw-hidden@127.0.0.1:{port}/0")
+    address = exporter.serve(0)
+    caplog.set_level(logging.INFO, logger="sandboxq.exporter")
+    try:
+        for _ in range(3):
+            status, text = scrape(address)
+            assert status == 200
+            assert "sandboxq_exporter_redis_up 0.0" in text
+            assert "sandboxq_queue_jobs{" not in text
+        with RedisServer(port=port, extra_args=["--requirepass", "pw-hidden"]) as server:
+            with Queue("seen", url=server.url.replace("//", "//:pw-hidden@")) as q:
+                q.enqueue(1)
+            for _ in range(2):
+                status, text = scrape(address)
+                assert "sandboxq_exporter_redis_up 1.0" in text
+                assert 'sandboxq_queue_jobs{queue="seen",state="waiting"} 1.0' in text
+        status, text = scrape(address)
+        assert status == 200 and "sandboxq_exporter_redis_up 0.0" in text
+    finally:
+        exporter.close()
+    lines = [r for r in caplog.records if r.name == "sandboxq.exporter"]
+    assert [r.getMessage().split(",")[0].split(" at ")[0] for r in lines] == [
+        "Redis unreachable",
+        "Redis reachable again",
+        "Redis unreachable",
+    ]
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in lines)
+    assert not any("pw-hidden" in r.getMessage() for r in lines)
+
+
+def test_junk_keys_and_junk_index_entries_add_no_series(own_redis: RedisServer) -> None:
+    raw = redis.Redis.from_url(own_redis.url)
+    exporter = QueueExporter(own_redis.url)
+    try:
+        with Queue("real", url=own_redis.url) as q:
+            q.enqueue(1)
+        # what a SCAN for sq:{*}:seq took for 10,000 queues; and names added to the index
+        # by hand: malformed ones, and well-formed ones no queue stands behind
+        pipe = raw.pipeline(transaction=False)
+        for i in range(10_000):
+            pipe.set(f"sq:{{junk-{i}}}:seq", 1)
+        pipe.sadd(INDEX, "bad name!", "x" * 500, b"\xff", *[f"ghost-{i}" for i in range(100)])
+        pipe.execute()
+        # a worker registry padded with 200,000 names (one scrape took 3.7 s)
+        keys = QueueKeys("real")
+        for start in range(0, 200_000, 10_000):
+            raw.sadd(keys.workers, *[f"fake-{i}" for i in range(start, start + 10_000)])
+        text = _generate(exporter)
+        queues = set(re.findall(r'sandboxq_queue_jobs\{queue="([^"]+)"', text))
+        assert queues == {"real"}
+        assert 'sandboxq_exporter_capped{what="workers"} 1.0' in text
+        assert 'sandboxq_exporter_capped{what="queues"} 0.0' in text
+        assert 'sandboxq_workers{queue="real"} 0.0' in text
+        assert WORKERS_READ_CAP < 200_000
+    finally:
+        exporter.close()
+        raw.close()
+
+
+def _generate(exporter: QueueExporter) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(exporter.registry).decode()
