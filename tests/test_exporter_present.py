@@ -3,6 +3,7 @@ and coming back, keys shaped like queues that are not, a padded worker registry.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import socket
@@ -105,3 +106,36 @@ def _generate(exporter: QueueExporter) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(exporter.registry).decode()
+
+
+# -- sandboxq queues: the same index, for a person or a script ----------------------------------
+
+
+def test_queues_verb_lists_every_queue_from_the_index(
+    own_redis: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sandboxq.backends import open_backend
+    from sandboxq.cli import main
+
+    with Queue("thumbs", url=own_redis.url) as q:
+        q.enqueue_many([((i,), {}) for i in range(3)])
+    worker_only = open_backend(own_redis.url, "idle-fleet")
+    raw = redis.Redis.from_url(own_redis.url)
+    try:
+        worker_only.register_worker("w1", {"host": "h"}, 30.0)
+        raw.set("sq:{junk}:seq", 1)  # shaped like a queue, never registered
+        raw.sadd(INDEX, "bad name!")
+        assert main(["queues", "--url", own_redis.url, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        by_name = {row["queue"]: row for row in data["queues"]}
+        assert set(by_name) == {"thumbs", "idle-fleet"}
+        assert by_name["thumbs"]["waiting"] == 3 and by_name["thumbs"]["workers"] == 0
+        assert by_name["idle-fleet"]["workers"] == 1
+        assert data["index"] == {"total": 3, "ignored": 1, "capped": False}
+        assert main(["queues", "--url", own_redis.url]) == 0
+        out = capsys.readouterr()
+        assert "thumbs" in out.out and "idle-fleet" in out.out and "junk" not in out.out
+        assert "1 entries that are not queue names were ignored" in out.err
+    finally:
+        worker_only.close()
+        raw.close()
