@@ -410,7 +410,8 @@ def test_a_scrape_costs_the_same_few_commands_however_many_jobs_wait(
             few = commands_per_scrape()
             q.enqueue_many([((i,), {}) for i in range(2000)])
             many = commands_per_scrape()
-        assert few == many <= 12
+        # the commands stats.lua runs inside its one call count too (13 for one queue)
+        assert few == many <= 14
     finally:
         exporter.close()
 
