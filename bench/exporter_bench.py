@@ -97,11 +97,11 @@ def main() -> None:
             "ms",
             SCRAPE,
             digits=1,
-        ),  # fmt: skip
+        ),
         figures.figure("series, real queues only", [clean_series], "series", digits=0),
         figures.figure(
             "series added by the junk", [junk_series - clean_series], "series", NO_SERIES, digits=0
-        ),  # fmt: skip
+        ),
     ]
     for fig in figs:
         print(figures.line(fig))
