@@ -60,6 +60,7 @@ from sandboxq.worker.events import StopAsked
 from sandboxq.worker.heartbeat import Heartbeat, Lease, RegistryRefresh
 from sandboxq.worker.inflight import InFlight
 from sandboxq.worker.outcomes import WorkerStats
+from sandboxq.worker.quiet import install as quiet_outage_warnings
 from sandboxq.worker.reaper import Reaper
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ class SandboxWorker:
         of the queue is waiting, delayed or active. Raises ``BackendError`` at once if the
         backend cannot be reached when it starts."""
         s = self.settings
+        quiet_outage_warnings()  # an outage is one line per cause per 10 s, with a count
         # An unreachable backend fails the start before any child exists, and nothing
         # that failed to start is left running.
         unwatch: Callable[[], None] | None = None
