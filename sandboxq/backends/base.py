@@ -331,6 +331,17 @@ class Backend(Protocol):
         """Descriptions of the live workers (each includes its ``worker_id``)."""
         ...
 
+    def depth_history(self) -> list[tuple[int, int]]:
+        """(minute start ms, jobs waiting) for the last ``DEPTH_MINUTES`` minutes a worker
+        sampled, oldest first. Each worker samples once per registry refresh (from
+        ``register_worker``), so minutes without a live worker have no sample."""
+        ...
+
+    def recent_durations(self, limit: int) -> list[tuple[str, float]]:
+        """(outcome, run seconds) of the last attempt of up to ``limit`` of the most
+        recently finished jobs (completed, then failed), from their attempt records."""
+        ...
+
     def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
         """Every queue of this backend's server (or process) that had a job enqueued or a
         worker registered: the index (backends/index.py), at most ``limit`` entries read,

@@ -20,6 +20,7 @@ from sandboxq.backends.base import Backend, JobDetail, JobPage
 from sandboxq.codec import decode_stored, reader_codecs
 from sandboxq.errors import BackendError, CodecRefused, SerializationError
 from sandboxq.models import JobState, Outcome
+from sandboxq.web import charts
 from sandboxq.web.auth import Session
 from sandboxq.web.html import (
     PREVIEW_CHARS,
@@ -40,6 +41,8 @@ from sandboxq.web.html import (
 from sandboxq.web.hub import Throughput
 
 STATES = [state.value for state in JobState]
+CHART_MINUTES = 60  # the overview's charts: the last hour
+DURATIONS_SHOWN = 500  # finished jobs whose run time the queue page's chart counts
 OUTCOMES = [outcome.value for outcome in Outcome]
 PAGE_SIZE = 50
 
@@ -97,9 +100,17 @@ def overview(
         rows.append(cells)
         outcomes = sorted(set().union(*last))
         per_outcome = [[o, *(c[o] for c in last)] for o in outcomes]
+        finished = charts.finished_chart(
+            throughput.per_minute(name, ctx.now, CHART_MINUTES), f"{name}: attempts ended"
+        )
+        try:
+            depth = charts.depth_chart(backend.depth_history(), ctx.now, CHART_MINUTES)
+        except BackendError as exc:  # e.g. an ACL user that may not read it: no chart
+            depth = Safe(f'<p class="empty">waiting depth unavailable: {esc(exc)}</p>')
         details.append(
             Safe(
-                f'<section class="throughput"><h3>{esc(name)}: attempts ended, by outcome</h3>'
+                f'<section class="throughput"><h3>{esc(name)}: attempts ended per minute, '
+                f"by outcome</h3>{finished}<h3>{esc(name)}: jobs waiting</h3>{depth}"
                 f"{table(['outcome', 'last 1 min', '5 min', '15 min'], per_outcome)}</section>"
             )
         )
@@ -191,8 +202,10 @@ def queue_page(
         else Safe("")
     )
     batches = link(href(ctx.root, "/batches", queue=name), "Batches", "batches")
+    durations = charts.duration_chart(backend.recent_durations(DURATIONS_SHOWN))
     return Safe(
         f"<h1>Queue {esc(name)}</h1>{note if missing else ''}<p>{batches}</p>"
+        f'<section class="durations"><h2>run time of recent jobs</h2>{durations}</section>'
         f'<div class="tools">{search}</div><ul class="tabs">{tabs}</ul>{scanned}'
         f"{table(columns, rows, 'jobs')}"
         f'<p class="pager">{" ".join(pager)}</p>{purge}'

@@ -43,12 +43,15 @@ SCRIPT_COMMANDS = (
     "hexists",
     "hget",
     "hincrby",
+    "hkeys",
+    "hlen",
     "hmget",
     "hset",
     "incr",
     "incrby",
     "lpush",
     "ltrim",
+    "pexpire",
     "publish",
     "rpush",
     "sadd",  # the queue index (enqueue.lua, batch_enqueue.lua)
@@ -71,6 +74,7 @@ SCRIPTING = ("evalsha", "script|load")
 
 #: Reading a queue: job records, results, counts, listings, events, the worker registry.
 READ_COMMANDS = (
+    "hgetall",
     "hstrlen",
     "llen",
     "lrange",

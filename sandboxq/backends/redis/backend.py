@@ -28,7 +28,7 @@ import redis
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Backend, Claimed, Event, NewJob
-from sandboxq.backends.index import QUEUES_READ_CAP, WORKERS_READ_CAP, QueueIndex
+from sandboxq.backends.index import DEPTH_MINUTES, QUEUES_READ_CAP, WORKERS_READ_CAP, QueueIndex
 from sandboxq.backends.redis import listen, records
 from sandboxq.backends.redis.batches import Batches
 from sandboxq.backends.redis.connection import Connections, RedisOptions
@@ -37,7 +37,7 @@ from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.lane import Lane
 from sandboxq.backends.redis.reads import Reads
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
-from sandboxq.backends.redis.stats import read_index
+from sandboxq.backends.redis.stats import depth_samples, read_index, recent_durations
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, AttemptRecord, JobState, check_queue_name
 
 log = logging.getLogger(__name__)
@@ -291,6 +291,7 @@ class RedisBackend(Reads, Batches, Backend):
             pipe.sadd(self.keys.workers, worker_id)
             pipe.sadd(self.keys.index, self.queue)  # a queue with a worker is a queue
             pipe.execute()
+            self._scripts.depth([DEPTH_MINUTES])  # the depth chart's sample for this minute
 
     def unregister_worker(self, worker_id: str) -> None:
         with self._conns.errors(f"unregister worker {worker_id!r}"):
@@ -320,6 +321,14 @@ class RedisBackend(Reads, Batches, Backend):
 
     def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
         return read_index(self._conns, limit)
+
+    def depth_history(self) -> list[tuple[int, int]]:
+        with self._conns.errors("read the waiting depth"):
+            fields = self._conns.main.hgetall(self.keys.depth)
+        return depth_samples(fields)
+
+    def recent_durations(self, limit: int) -> list[tuple[str, float]]:
+        return recent_durations(self._conns, self.keys, limit)
 
     def close(self) -> None:
         with self._lock:

@@ -19,6 +19,8 @@ any of them atomically.
     sq:{q}:batches             ZSET   done batches by expiry ms (done_ms + ttl)
     sq:{q}:batch_index         ZSET   every batch kept, by created ms (listing)
                                (common.lua derives these from the job prefix: its batch block)
+    sq:{q}:depth               HASH   minute -> jobs waiting, the last DEPTH_MINUTES
+                               (depth.lua, run by each worker's registry refresh)
     sq:queues                  SET    the index of queue names: added by enqueue.lua,
                                batch_enqueue.lua and a worker's registration; readers
                                (dashboard, exporter, ``sandboxq queues``) read it, never SCAN
@@ -101,6 +103,7 @@ class QueueKeys:
         self.batches = base + "batches"
         self.batch_index = base + "batch_index"
         self.index = index_key(queue, cluster)
+        self.depth = base + "depth"  # depth.lua derives it from the job prefix
         #: The KEYS every script receives, in the order common.lua expects.
         self.script_keys: list[str] = [
             self.job_prefix,

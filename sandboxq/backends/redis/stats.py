@@ -26,11 +26,17 @@ from typing import Any
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
-from sandboxq.backends.index import QUEUES_READ_CAP, WORKERS_READ_CAP, QueueIndex, valid_names
+from sandboxq.backends.index import (
+    DEPTH_MINUTES,
+    QUEUES_READ_CAP,
+    WORKERS_READ_CAP,
+    QueueIndex,
+    valid_names,
+)
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import INDEX, QueueKeys, cluster_index
-from sandboxq.models import JobState
+from sandboxq.models import AttemptRecord, JobState
 
 SCAN_COUNT = 1000
 #: Queues per stats.lua call: a call holds the server for its length (about 2 ms here).
@@ -215,3 +221,40 @@ def _int(value: Any) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def depth_samples(fields: dict[Any, Any]) -> list[tuple[int, int]]:
+    """depth.lua's hash as (minute start ms, jobs waiting), oldest first; fields that are
+    not two integers (changed by hand) are left out."""
+    out = []
+    for minute, waiting in fields.items():
+        m, w = _int(minute), _int(waiting)
+        if m is not None and w is not None:
+            out.append((m * 60_000, w))
+    return sorted(out)[-DEPTH_MINUTES:]
+
+
+def recent_durations(conns: Connections, keys: QueueKeys, limit: int) -> list[tuple[str, float]]:
+    """The last attempt record of up to ``limit`` recently finished jobs, two round
+    trips: the newest ids of the completed and failed sets, then one LINDEX each."""
+    with conns.errors("read recent durations"):
+        pipe = conns.main.pipeline(transaction=False)
+        pipe.zrevrange(keys.completed, 0, limit - 1)
+        pipe.zrevrange(keys.failed, 0, limit - 1)
+        completed, failed = pipe.execute()
+        ids = [records.text(i) for i in [*completed, *failed]][:limit]
+        pipe = conns.main.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.lindex(keys.history(job_id), -1)
+        raws: list[Any] = pipe.execute(raise_on_error=False) if ids else []
+    out = []
+    for raw in raws:
+        if not isinstance(raw, bytes) or len(raw) > records.MAX_FIELD_BYTES:
+            continue
+        try:
+            record = AttemptRecord.model_validate_json(raw)
+        except ValueError:  # a record changed by hand: left out of the chart
+            continue
+        if record.started_ms is not None and record.ended_ms is not None:
+            out.append((record.outcome.value, max(0, record.ended_ms - record.started_ms) / 1000))
+    return out
