@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from sandboxq.web.html import Safe, esc
 
 WIDTH, HEIGHT, PAD = 600, 120, 28
+SPAN = HEIGHT - 16  # the tallest bar: the scale's label sits above it
 
 #: A colour per outcome (ok green, errors red, timeouts and kills warm, the rest grey).
 COLOURS = {
@@ -93,7 +94,7 @@ def finished_chart(minutes: Sequence[Counter[str]], label: str) -> Safe:
             n = counts.get(outcome, 0)
             if not n:
                 continue
-            h = HEIGHT * n / top
+            h = SPAN * n / top
             y -= h
             parts.append(
                 f'<rect x="{i * step + 1:.1f}" y="{y:.1f}" width="{max(step - 2, 1):.1f}" '
@@ -121,7 +122,7 @@ def depth_chart(samples: Sequence[tuple[int, int]], now_ms: int, minutes: int) -
     step = WIDTH / max(minutes - 1, 1)
     body = _axis(top, f"-{minutes} min", "now")
     if points:
-        xy = [(i * step, HEIGHT - HEIGHT * n / top) for i, n in points]
+        xy = [(i * step, HEIGHT - SPAN * n / top) for i, n in points]
         line = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
         area = f"{xy[0][0]:.1f},{HEIGHT} {line} {xy[-1][0]:.1f},{HEIGHT}"
         body += (
@@ -165,7 +166,7 @@ def duration_chart(durations: Sequence[tuple[str, float]]) -> Safe:
         for outcome in outcomes:
             if not (n := counts.get(outcome, 0)):
                 continue
-            h = HEIGHT * n / top
+            h = SPAN * n / top
             y -= h
             parts.append(
                 f'<rect x="{x + 6:.1f}" y="{y:.1f}" width="{step - 12:.1f}" height="{h:.1f}" '

@@ -23,7 +23,7 @@ from sandboxq.redaction import redact_url
 from sandboxq.web.auth import Auth
 from sandboxq.web.hub import Hub
 
-INDEX_FRESH_S = 1.0  # the queue index is read again after this (pages refresh every 2 s)
+INDEX_FRESH_S = 0.5  # the queue index is read again after this (pages refresh every 2 s)
 MAX_BACKENDS = 64  # queues opened by name from a URL, beyond the listed ones
 PROBE = "sandboxq-dashboard"  # the backend the index is read through (any queue's would do)
 
