@@ -19,6 +19,7 @@ A queue whose keys were changed by hand (a waiting set turned into a string) com
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -176,10 +177,12 @@ def _read_stats_pipelined(conns: Connections, queues: Sequence[str]) -> list[Que
     return out
 
 
-def _stats_keys(k: QueueKeys) -> list[str]:
-    """A queue's KEYS for stats.lua, in its order."""
+@functools.lru_cache(maxsize=2 * QUEUES_READ_CAP)
+def _stats_keys(queue: str) -> tuple[str, ...]:
+    """A queue's KEYS for stats.lua, in its order (kept: every scrape asks again)."""
+    k = QueueKeys(queue)
     states = [k.state_set(state) for state in JobState]
-    return [*states, k.workers, k.seq, k.job_prefix, k.worker_prefix]
+    return (*states, k.workers, k.seq, k.job_prefix, k.worker_prefix)
 
 
 def _read_stats_script(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
@@ -192,7 +195,7 @@ def _read_stats_script(conns: Connections, queues: Sequence[str]) -> list[QueueS
     with conns.errors("read queue statistics"):
         pipe = conns.main.pipeline(transaction=False)
         for chunk in chunks or [[]]:
-            keys = [key for q in chunk for key in _stats_keys(QueueKeys(q))]
+            keys = [key for q in chunk for key in _stats_keys(q)]
             script(keys=keys, args=[n_keys, WORKERS_READ_CAP], client=pipe)
         replies: list[Any] = pipe.execute()
     out: list[QueueStats] = []

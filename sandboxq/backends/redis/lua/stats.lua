@@ -47,7 +47,8 @@ local function queue_row(base)
   row[#row + 1] = registered
   row[#row + 1] = live
   local used = 0
-  if registered > 0 or redis.call('EXISTS', KEYS[base + 7]) == 1 then used = 1 end
+  for i = 1, 6 do if row[i] > 0 then used = 1 end end -- jobs: used, no need to ask
+  if used == 0 and (registered > 0 or redis.call('EXISTS', KEYS[base + 7]) == 1) then used = 1 end
   row[#row + 1] = used
   return row
 end
