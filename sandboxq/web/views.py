@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandboxq.backends.base import Backend, JobDetail, JobPage
+from sandboxq.backends.index import WORKERS_READ_CAP
 from sandboxq.codec import decode_stored, reader_codecs
 from sandboxq.errors import BackendError, CodecRefused, SerializationError
 from sandboxq.models import JobState, Outcome
@@ -94,7 +95,8 @@ def overview(
             link(href(ctx.root, "/queue", name=name, state=s.value), counts[s]) for s in JobState
         ]
         cells.append(duration(max(0, ctx.now - oldest) / 1000) if oldest else "")
-        cells.append(link(href(ctx.root, "/workers", queue=name), len(workers)))
+        shown = f"{len(workers)}+" if len(workers) >= WORKERS_READ_CAP else len(workers)
+        cells.append(link(href(ctx.root, "/workers", queue=name), shown))
         last = [throughput.recent(name, ctx.now, m) for m in (1, 5, 15)]
         cells += [sum(c.values()) for c in last]
         rows.append(cells)
@@ -326,7 +328,13 @@ def _rss(job: dict[str, Any]) -> str:
 def workers_page(ctx: Ctx, queues: list[tuple[str, Backend]]) -> Safe:
     sections = []
     for name, backend in queues:
-        for record in backend.workers():
+        records = backend.workers()
+        if len(records) >= WORKERS_READ_CAP:  # a cap hit is said, never silent
+            sections.append(
+                f'<p class="notice">Queue {esc(name)}: the first {WORKERS_READ_CAP} registered '
+                "workers were read; there may be more.</p>"
+            )
+        for record in records:
             lease_s = float(record.get("lease_s") or 0)
             registered = record.get("registered_ms")
             age_s = max(0, ctx.now - int(registered)) / 1000 if registered is not None else None

@@ -4,6 +4,7 @@ and hostile query parameters on every route."""
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import time
@@ -15,10 +16,10 @@ import redis
 
 from sandboxq import Queue
 from sandboxq.backends import open_backend
-from sandboxq.backends.index import QUEUES_READ_CAP
+from sandboxq.backends.index import QUEUES_READ_CAP, WORKERS_READ_CAP
 from sandboxq.backends.memory import MemoryBackend
 from sandboxq.backends.redis.backend import RedisBackend
-from sandboxq.backends.redis.keys import INDEX
+from sandboxq.backends.redis.keys import INDEX, QueueKeys
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
 from sandboxq.web import create_app
@@ -234,3 +235,26 @@ def test_every_route_answers_hostile_parameters_with_a_one_line_4xx(
         assert http.post("/login", data={"token": "x" * 20_000}).status_code == 400
     errors = {case: status for case, status in answers.items() if status >= 500}
     assert not errors, errors
+
+
+def test_a_padded_worker_registry_is_read_up_to_the_cap_and_says_so(
+    own_redis: RedisServer,
+) -> None:
+    raw = redis.Redis.from_url(own_redis.url)
+    keys = QueueKeys("padded")
+    try:
+        with Queue("padded", url=own_redis.url) as q:
+            q.enqueue("x")
+        pipe = raw.pipeline(transaction=False)
+        for i in range(WORKERS_READ_CAP + 200):
+            pipe.set(keys.worker(f"w{i}"), json.dumps({"worker_id": f"w{i}", "host": "h"}))
+            pipe.sadd(keys.workers, f"w{i}")
+        pipe.execute()
+        app = create_app(own_redis.url, queues=["padded"])
+        with serve(app) as base, httpx.Client(base_url=base, timeout=20) as http:
+            assert f">{WORKERS_READ_CAP}+</a>" in http.get("/").text
+            page = http.get("/workers", params={"queue": "padded"}).text
+            assert f"the first {WORKERS_READ_CAP} registered workers were read" in page
+            assert page.count('<section class="worker">') == WORKERS_READ_CAP
+    finally:
+        raw.close()
