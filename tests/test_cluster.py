@@ -187,3 +187,22 @@ def test_queues_are_found_on_a_cluster_without_naming_them_or_scanning(
             assert key_slot(QueueKeys(name, cluster=True).index.encode()) == key_slot(name.encode())
     finally:
         worker_only.close()
+
+
+def test_the_exporter_finds_and_reads_queues_on_a_cluster_unnamed(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    from sandboxq.observe.exporter import QueueExporter
+
+    names = [f"{queue_name}-x{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        with Queue(name, url=cluster.url) as queue:
+            queue.enqueue_many([((j,), {}) for j in range(i + 1)])
+    exporter = QueueExporter(cluster.url)
+    try:
+        text = exporter.exposition().decode()
+    finally:
+        exporter.close()
+    assert "sandboxq_exporter_redis_up 1.0" in text
+    for i, name in enumerate(names):
+        assert f'sandboxq_queue_jobs{{queue="{name}",state="waiting"}} {float(i + 1)}' in text

@@ -111,12 +111,15 @@ def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
 
 
 def _read_stats_pipelined(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
-    """Two pipelined round trips: commands routed by key, so a Cluster can serve them."""
+    """TIME, then two pipelined round trips: commands routed by key, so a Cluster can
+    serve them (a Cluster's scripts cannot cross slots)."""
     keys = [QueueKeys(q) for q in queues]
     n_states = len(JobState)
     with conns.errors("read queue statistics"):
+        # a Cluster pipeline refuses TIME: asked of one node on its own
+        cluster: Any = conns.main  # only a Cluster takes this path
+        now_reply = cluster.execute_command("TIME", target_nodes=cluster.get_random_node())
         pipe = conns.main.pipeline(transaction=False)
-        pipe.time()
         for k in keys:
             for state in JobState:
                 pipe.zcard(k.state_set(state))
@@ -128,9 +131,7 @@ def _read_stats_pipelined(conns: Connections, queues: Sequence[str]) -> list[Que
             pipe.exists(k.seq)
         # raise_on_error=False: a queue whose keys were damaged by hand answers errors in
         # its own rows, and the other queues are still read
-        first: list[Any] = pipe.execute(raise_on_error=False)
-        if isinstance(first[0], Exception):
-            raise first[0]
+        first: list[Any] = [now_reply, *pipe.execute(raise_on_error=False)]
         seconds, micros = first[0]
         now_ms = int(seconds) * 1000 + int(micros) // 1000
         per = n_states + 4
