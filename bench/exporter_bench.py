@@ -1,6 +1,6 @@
 """What one exporter scrape costs with many queues and keys that only look like queues.
 
-    python bench/exporter_bench.py [--queues N] [--junk N] [--scrapes N] [--json OUT]
+    python bench/exporter_bench.py [--queues N] [--junk N] [--scrapes N] [--json OUT] [--quick]
 
 On a redis-server of its own: ``--queues`` real queues (a few jobs each, a registered
 worker on every tenth), then ``--junk`` keys shaped like queue keys (``sq:{junk-i}:seq``
@@ -74,7 +74,10 @@ def main() -> None:
     parser.add_argument("--junk", type=int, default=10_000)
     parser.add_argument("--scrapes", type=int, default=20)
     parser.add_argument("--json", default=str(HERE / "results" / "exporter.json"))
+    parser.add_argument("--quick", action="store_true", help="5 scrapes instead of 20")
     args = parser.parse_args()
+    if args.quick:
+        args.scrapes = 5
     with RedisServer() as server:
         raw = redis.Redis.from_url(server.url)
         started = time.perf_counter()

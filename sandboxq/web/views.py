@@ -43,7 +43,7 @@ from sandboxq.web.hub import Throughput
 
 STATES = [state.value for state in JobState]
 CHART_MINUTES = 60  # the overview's charts: the last hour
-DURATIONS_SHOWN = 500  # finished jobs whose run time the queue page's chart counts
+DURATIONS_SHOWN = 200  # finished jobs whose run time the queue page's chart counts
 OUTCOMES = [outcome.value for outcome in Outcome]
 PAGE_SIZE = 50
 
