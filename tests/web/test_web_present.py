@@ -8,6 +8,7 @@ import json
 import re
 import socket
 import time
+import urllib.parse
 from collections.abc import Iterator
 
 import httpx
@@ -233,6 +234,14 @@ def test_every_route_answers_hostile_parameters_with_a_one_line_4xx(
         assert http.get("/job", params={"queue": q.name, "id": "9" * 5000}).status_code == 400
         # a body over the limit is refused as such, not as an outage
         assert http.post("/login", data={"token": "x" * 20_000}).status_code == 400
+        # the one POST that acts: every field hostile in turn, with the right token
+        bearer = {"authorization": f"Bearer {TOKEN}"}
+        form = {"action": "cancel", "queue": q.name, "id": "a", "state": "waiting"}
+        for key in form:
+            for kind, value in HOSTILE.items():
+                data = {**form, key: urllib.parse.unquote(value)}
+                status = http.post("/action", data=data, headers=bearer).status_code
+                answers[f"/action {key} {kind}"] = status
     errors = {case: status for case, status in answers.items() if status >= 500}
     assert not errors, errors
 
