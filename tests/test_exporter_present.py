@@ -132,10 +132,14 @@ def test_queues_verb_lists_every_queue_from_the_index(
         assert by_name["thumbs"]["waiting"] == 3 and by_name["thumbs"]["workers"] == 0
         assert by_name["idle-fleet"]["workers"] == 1
         assert data["index"] == {"total": 3, "ignored": 1, "capped": False}
+        # the junk entry was removed by that read: the index holds the two queues now
+        assert raw.smembers(INDEX) == {b"thumbs", b"idle-fleet"}
+        raw.sadd(INDEX, "ghost")  # well-formed, no queue behind it
         assert main(["queues", "--url", own_redis.url]) == 0
         out = capsys.readouterr()
         assert "thumbs" in out.out and "idle-fleet" in out.out and "junk" not in out.out
-        assert "1 entries that are not queue names were ignored" in out.err
+        assert "ghost" not in out.out
+        assert "1 names with no queue behind them were ignored" in out.err
     finally:
         worker_only.close()
         raw.close()

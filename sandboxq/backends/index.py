@@ -32,11 +32,16 @@ class QueueIndex:
     names: list[str]  # the well-formed queue names read, sorted
     total: int  # entries the index holds
     ignored: int  # entries read that are not queue names
+    unbacked: int = 0  # well-formed names with no key behind them (added by hand)
+
+    @property
+    def read(self) -> int:
+        return len(self.names) + self.ignored + self.unbacked
 
     @property
     def capped(self) -> bool:
         """Entries were left unread: the index holds more than one look reads."""
-        return self.total > len(self.names) + self.ignored
+        return self.total > self.read
 
     def note(self) -> str:
         """One line on what was left out ("" when nothing was)."""
@@ -44,10 +49,12 @@ class QueueIndex:
         if self.capped:
             parts.append(
                 f"the queue index holds {self.total} entries; the first "
-                f"{len(self.names) + self.ignored} were read (cap {QUEUES_READ_CAP})"
+                f"{self.read} were read (cap {QUEUES_READ_CAP})"
             )
         if self.ignored:
             parts.append(f"{self.ignored} entries that are not queue names were ignored")
+        if self.unbacked:
+            parts.append(f"{self.unbacked} names with no queue behind them were ignored")
         return "; ".join(parts)
 
 

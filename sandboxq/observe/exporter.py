@@ -82,7 +82,7 @@ class QueueExporter(Collector):
             return self._named, None
         from sandboxq.backends.redis.stats import read_index
 
-        index = read_index(self._conns)
+        index = read_index(self._conns, prune=False)  # stats.lua checks the same
         return index.names, index
 
     def snapshot(self) -> Snapshot:

@@ -92,12 +92,15 @@ def test_a_new_queue_and_a_new_worker_show_within_two_seconds(own_redis: RedisSe
     try:
         # junk shaped like queues (what a SCAN for sq:{*}:seq found) and junk in the index
         raw.mset({f"sq:{{junk-{i}}}:seq": 1 for i in range(2000)})
-        raw.sadd(INDEX, "not a queue!", "x" * 300, b"\xff\xfe", "a{b}")
+        raw.sadd(INDEX, "not a queue!", "x" * 300, b"\xff\xfe", "a{b}", "ghost-queue")
         with serve(app) as base, httpx.Client(base_url=base) as http:
             first = http.get("/")
             assert first.status_code == 200 and "No queues found yet" in first.text
             assert "junk-" not in first.text
             assert "4 entries that are not queue names were ignored" in first.text
+            assert "1 names with no queue behind them were ignored" in first.text
+            assert "ghost-queue" not in first.text
+            assert raw.scard(INDEX) == 0  # the dashboard removed what no queue stands behind
             with Queue("arrived-later", url=url) as q:
                 q.enqueue("x")
                 started = time.monotonic()
@@ -118,7 +121,9 @@ def test_a_new_queue_and_a_new_worker_show_within_two_seconds(own_redis: RedisSe
 def test_the_number_of_queues_read_is_capped_and_the_cap_is_said(own_redis: RedisServer) -> None:
     raw = redis.Redis.from_url(own_redis.url)
     try:
-        raw.sadd(INDEX, *[f"q{i}" for i in range(QUEUES_READ_CAP + 500)])
+        names = [f"q{i}" for i in range(QUEUES_READ_CAP + 500)]
+        raw.sadd(INDEX, *names)
+        raw.mset({QueueKeys(name).seq: 1 for name in names})  # each a queue that was used
         backend = RedisBackend(own_redis.url, "probe")
         try:
             index = backend.queue_index()

@@ -20,11 +20,13 @@ A queue whose keys were changed by hand (a waiting set turned into a string) com
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+import redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from sandboxq.backends.index import (
@@ -38,6 +40,8 @@ from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import INDEX, QueueKeys, cluster_index
 from sandboxq.models import AttemptRecord, JobState
+
+log = logging.getLogger(__name__)
 
 SCAN_COUNT = 1000
 #: Queues per stats.lua call: a call holds the server for its length (about 2 ms here).
@@ -63,9 +67,14 @@ class QueueStats:
     damaged: str | None = None
 
 
-def read_index(conns: Connections, limit: int = QUEUES_READ_CAP) -> QueueIndex:
+def read_index(conns: Connections, limit: int = QUEUES_READ_CAP, prune: bool = True) -> QueueIndex:
     """The queues in the index (keys.py: ``INDEX``, one set per slot on a Cluster), at
-    most ``limit`` entries read. A few round trips whatever the keyspace holds."""
+    most ``limit`` entries read. A few round trips whatever the keyspace holds.
+
+    ``prune`` (one server): a name is kept only when its queue has a sequence counter or
+    a worker registry, and entries that are neither queue names nor backed are removed
+    from the index where this client may write it: names added by hand cannot keep
+    filling the cap (the exporter checks the same inside stats.lua and skips this)."""
     with conns.errors("read the queue index"):
         if conns.cluster:
             return _read_cluster_index(conns, limit)
@@ -77,8 +86,28 @@ def read_index(conns: Connections, limit: int = QUEUES_READ_CAP) -> QueueIndex:
             entries += found
             if not cursor or len(entries) >= limit:
                 break
-    names, ignored = valid_names(entries[:limit])
-    return QueueIndex(names, total, ignored)
+        names, ignored = valid_names(entries[:limit])
+        if not prune:
+            return QueueIndex(names, total, ignored)
+        pipe = conns.main.pipeline(transaction=False)
+        for name in names:
+            keys = QueueKeys(name)
+            pipe.exists(keys.seq, keys.workers)
+        backed = [name for name, n in zip(names, pipe.execute(), strict=True) if int(n)]
+    _forget(conns, entries[:limit], set(backed))
+    return QueueIndex(backed, total, ignored, len(names) - len(backed))
+
+
+def _forget(conns: Connections, entries: Sequence[bytes | str], keep: set[str]) -> None:
+    """Remove the index entries read that are not ``keep``'s; best effort: a reader
+    whose ACL may not write the index leaves them (and still ignores them)."""
+    junk = [e for e in entries if records.text(e) not in keep]
+    if not junk:
+        return
+    try:
+        conns.main.srem(INDEX, *junk)
+    except redis.RedisError as exc:
+        log.debug("could not remove %d junk entries from the queue index: %s", len(junk), exc)
 
 
 def _read_cluster_index(conns: Connections, limit: int) -> QueueIndex:
