@@ -206,3 +206,22 @@ def test_the_exporter_finds_and_reads_queues_on_a_cluster_unnamed(
     assert "sandboxq_exporter_redis_up 1.0" in text
     for i, name in enumerate(names):
         assert f'sandboxq_queue_jobs{{queue="{name}",state="waiting"}} {float(i + 1)}' in text
+
+
+def test_the_dashboard_shows_a_cluster_s_queues_unnamed(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    import httpx
+
+    from sandboxq.web import create_app
+    from tests.web.support import serve
+
+    names = [f"{queue_name}-d{i}" for i in range(3)]
+    for name in names:
+        with Queue(name, url=cluster.url) as queue:
+            queue.enqueue(1)
+    with serve(create_app(cluster.url)) as base, httpx.Client(base_url=base) as http:
+        page = http.get("/")
+        assert page.status_code == 200
+        for name in names:
+            assert f'<a href="/queue?name={name}">{name}</a>' in page.text
