@@ -48,8 +48,8 @@ class QueueIndex:
         parts = []
         if self.capped:
             parts.append(
-                f"the queue index holds {self.total} entries; the first "
-                f"{self.read} were read (cap {QUEUES_READ_CAP})"
+                f"the queue index holds {self.total} entries; only {self.read} were read "
+                "(the cap of one look)"
             )
         if self.ignored:
             parts.append(f"{self.ignored} entries that are not queue names were ignored")

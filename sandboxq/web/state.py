@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from sandboxq.backends import open_backend, resolve_url
 from sandboxq.backends.base import Backend
-from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex
+from sandboxq.backends.index import QueueIndex
 from sandboxq.errors import SandboxqError
 from sandboxq.models import check_queue_name
 from sandboxq.redaction import redact_url
@@ -25,6 +25,9 @@ from sandboxq.web.hub import Hub
 
 INDEX_FRESH_S = 0.5  # the queue index is read again after this (pages refresh every 2 s)
 MAX_BACKENDS = 64  # queues opened by name from a URL, beyond the listed ones
+#: Queues one dashboard shows at most: each costs a few reads per render, a backend
+#: (connections) and a turn of the events reader; more is said on the page, not shown.
+DASHBOARD_QUEUES = 200
 PROBE = "sandboxq-dashboard"  # the backend the index is read through (any queue's would do)
 
 
@@ -75,7 +78,7 @@ class Dashboard:
         with self._index_lock:
             if time.monotonic() - self._index_at >= INDEX_FRESH_S:
                 try:
-                    self._index = self.backend(PROBE).queue_index(QUEUES_READ_CAP)
+                    self._index = self.backend(PROBE).queue_index(DASHBOARD_QUEUES)
                     self._index_error = None
                 except SandboxqError as exc:
                     self._index_error = exc

@@ -24,6 +24,7 @@ from sandboxq.backends.redis.keys import INDEX, QueueKeys
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
 from sandboxq.web import create_app
+from sandboxq.web.state import DASHBOARD_QUEUES
 
 from .support import TOKEN, serve
 
@@ -132,6 +133,11 @@ def test_the_number_of_queues_read_is_capped_and_the_cap_is_said(own_redis: Redi
         assert index.total == QUEUES_READ_CAP + 500 and index.capped
         assert len(index.names) == QUEUES_READ_CAP
         assert f"holds {QUEUES_READ_CAP + 500} entries" in index.note()
+        app = create_app(own_redis.url)  # a dashboard shows fewer, and says so
+        with serve(app) as base, httpx.Client(base_url=base, timeout=30) as http:
+            page = http.get("/").text
+        assert f"holds {QUEUES_READ_CAP + 500} entries; only {DASHBOARD_QUEUES} were read" in page
+        assert page.count('<tr><td><a href="/queue?name=q') == DASHBOARD_QUEUES
     finally:
         raw.close()
 
