@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"sandboxq dashboard: listening on {args.host}: anyone who can reach it can read "
-            "every job's arguments, results and errors (put it behind your own access control)",
+            "every job's arguments, results and errors (put it behind your own access control; "
+            "name the hosts it is reached by with --allowed-host)",
             file=sys.stderr,
         )
     print(f"sandboxq dashboard on http://{args.host}:{args.port}/ ({mode})", file=sys.stderr)
