@@ -13,9 +13,9 @@ import pytest
 
 from sandboxq import Queue
 from sandboxq.errors import BackendError
+from sandboxq.observe.quiet import WINDOW_S, OutageFilter
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.workers import BackgroundWorkers
-from sandboxq.worker.quiet import WINDOW_S, OutageFilter
 
 H = "sandboxq.testing.handlers:"
 

@@ -22,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandboxq.errors import ConfigError, SandboxqError
+from sandboxq.observe.quiet import install as quiet_outage_warnings
 from sandboxq.web import routes
 from sandboxq.web.hosts import HostCheck, allowed_names
 from sandboxq.web.state import Dashboard
@@ -58,6 +59,8 @@ def create_app(
     service that checks Host itself); any other gets 400 before anything is read.
     """
     hosts = allowed_names(allowed_hosts)
+    # an outage: every page and the events reader would log the same line every 2 s
+    quiet_outage_warnings(("sandboxq.web",))
     dash = Dashboard(url, queues, token, read_only)
     static = resources.files("sandboxq.web") / "static"
     app = Starlette(

@@ -43,6 +43,7 @@ from sandboxq.models import (
     WorkerRecord,
     now_ms,
 )
+from sandboxq.observe.quiet import install as quiet_outage_warnings
 from sandboxq.pool.kill import tree_rss
 from sandboxq.pool.pool import Pool, Seconds
 from sandboxq.processor import resolve_within
@@ -60,7 +61,6 @@ from sandboxq.worker.events import StopAsked
 from sandboxq.worker.heartbeat import Heartbeat, Lease, RegistryRefresh
 from sandboxq.worker.inflight import InFlight
 from sandboxq.worker.outcomes import WorkerStats
-from sandboxq.worker.quiet import install as quiet_outage_warnings
 from sandboxq.worker.reaper import Reaper
 
 if TYPE_CHECKING:

@@ -154,7 +154,9 @@ def test_the_memory_backend_keeps_an_index_too(queue_name: str) -> None:
 # -- problem 3: an unreachable Redis ----------------------------------------------------------
 
 
-def test_an_outage_is_a_503_banner_on_every_page_and_recovery_shows_the_queues() -> None:
+def test_an_outage_is_a_503_banner_on_every_page_and_recovery_shows_the_queues(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     port = free_port()
     url = f"redis://:s3cret-pass@127.0.0.1:{port}/0"
     app = create_app(url, token=TOKEN)  # no queue named: on today's code, "No queues found"
@@ -169,6 +171,10 @@ def test_an_outage_is_a_503_banner_on_every_page_and_recovery_shows_the_queues()
             assert f"127.0.0.1:{port}" in banner.group(1), path
             assert "s3cret-pass" not in page.text and "Traceback" not in page.text
             assert "No queues found yet" not in page.text
+        for _ in range(5):  # what an open page polling every 2 s does
+            assert http.get("/").status_code == 503
+        logged = [r for r in caplog.records if r.getMessage().startswith("dashboard page /:")]
+        assert len(logged) == 1, [r.getMessage() for r in logged]  # one per cause per 10 s
         with RedisServer(port=port, extra_args=["--requirepass", "s3cret-pass"]) as server:
             with Queue("back-again", url=server.url.replace("//", "//:s3cret-pass@")) as q:
                 q.enqueue("x")

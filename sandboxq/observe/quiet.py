@@ -69,12 +69,15 @@ _installed: OutageFilter | None = None
 _install_lock = threading.Lock()
 
 
-def install() -> OutageFilter:
-    """Put the one filter of this process on the worker's loggers (idempotent)."""
+def install(loggers: tuple[str, ...] = LOGGERS) -> OutageFilter:
+    """Put the one filter of this process on ``loggers`` (the worker's by default; the
+    dashboard adds its own). Idempotent."""
     global _installed
     with _install_lock:
         if _installed is None:
             _installed = OutageFilter()
-            for name in LOGGERS:
-                logging.getLogger(name).addFilter(_installed)
+        for name in loggers:
+            logger = logging.getLogger(name)
+            if _installed not in logger.filters:
+                logger.addFilter(_installed)
         return _installed
