@@ -19,6 +19,7 @@ from redis.cluster import key_slot
 from sandboxq import ConfigError, JobFailed, Queue
 from sandboxq.backends.base import Backend
 from sandboxq.backends.redis.backend import RedisBackend
+from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.testing.waiting import wait_for
@@ -163,3 +164,70 @@ def test_an_unreachable_cluster_is_a_clear_error(queue_name: str) -> None:
         Queue(queue_name, url=url)
     assert time.monotonic() - started < 10
     assert "127.0.0.1" in str(error.value) and "secret" not in str(error.value)
+
+
+def test_queues_are_found_on_a_cluster_without_naming_them_or_scanning(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    """Each queue is registered in its own slot's index by the enqueue script (a shared
+    index key would be CROSSSLOT) or by its worker's registration; any backend reads them
+    all, on every node."""
+    names = [f"{queue_name}-{i}" for i in range(6)]
+    for name in names[:4]:
+        with Queue(name, url=cluster.url) as queue:
+            queue.enqueue(1)
+    with Queue(names[4], url=cluster.url) as queue:
+        queue.batch([((1,), {}), ((2,), {})])
+    worker_only = RedisBackend(cluster.url, names[5])
+    try:
+        worker_only.register_worker("w", {}, 5.0)
+        found = worker_only.queue_index().names
+        assert set(names) <= set(found)
+        for name in names:
+            assert key_slot(QueueKeys(name, cluster=True).index.encode()) == key_slot(name.encode())
+    finally:
+        worker_only.close()
+
+
+def test_the_exporter_finds_and_reads_queues_on_a_cluster_unnamed(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    from sandboxq.observe.exporter import QueueExporter
+
+    names = [f"{queue_name}-x{i}" for i in range(4)]
+    for i, name in enumerate(names):
+        with Queue(name, url=cluster.url) as queue:
+            queue.enqueue_many([((j,), {}) for j in range(i + 1)])
+    exporter = QueueExporter(cluster.url)
+    try:
+        text = exporter.exposition().decode()
+    finally:
+        exporter.close()
+    assert "sandboxq_exporter_redis_up 1.0" in text
+    for i, name in enumerate(names):
+        assert f'sandboxq_queue_jobs{{queue="{name}",state="waiting"}} {float(i + 1)}' in text
+
+
+@pytest.mark.timeout(90)
+def test_the_dashboard_shows_a_cluster_s_queues_unnamed(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    import httpx
+
+    from sandboxq.web import create_app
+    from tests.web.support import serve
+
+    names = [f"{queue_name}-d{i}" for i in range(3)]
+    for name in names:
+        with Queue(name, url=cluster.url) as queue:
+            queue.enqueue(1)
+    # every queue this module made is in the index: up to 200 shown, a few reads each
+    with serve(create_app(cluster.url)) as base, httpx.Client(base_url=base, timeout=60) as http:
+        for look in ("first", "second"):  # the first opens a Cluster client per queue
+            started = time.monotonic()
+            page = http.get("/")
+            took_s = time.monotonic() - started
+            print(f"{look} overview of {page.text.count('<tr><td><a')} queues: {took_s:.2f} s")
+        assert page.status_code == 200
+        for name in names:
+            assert f'<a href="/queue?name={name}">{name}</a>' in page.text

@@ -362,7 +362,7 @@ def test_the_readme_metric_table_is_the_code_s() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Monitoring", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(
-        r"^\| `(sandboxq_\w+)` \| (\w+) \| ([\w, ]+) \| .+ \| (\w+) \|$", section, re.M
+        r"^\| `(sandboxq_\w+)` \| (\w+) \| ([\w, ]*) \| .+ \| (\w+) \|$", section, re.M
     )
     declared = [(n, k, labels, "worker") for n, k, labels, _ in WORKER_SERIES]
     declared += [(n, k, labels, "exporter") for n, k, labels, _ in EXPORTER_SERIES]
@@ -411,7 +411,8 @@ def test_a_scrape_costs_the_same_few_commands_however_many_jobs_wait(
             few = commands_per_scrape()
             q.enqueue_many([((i,), {}) for i in range(2000)])
             many = commands_per_scrape()
-        assert few == many <= 12
+        # the commands stats.lua runs inside its one call count too (13 for one queue)
+        assert few == many <= 14
     finally:
         exporter.close()
 
@@ -420,7 +421,7 @@ def test_discovery_finds_queues_and_is_not_fooled_by_job_ids(
     redis_url: str, queue_name: str
 ) -> None:
     from sandboxq.backends.redis.connection import Connections
-    from sandboxq.backends.redis.stats import discover_queues
+    from sandboxq.backends.redis.stats import read_index
 
     with Queue(queue_name, redis_url) as q:
         # a job id that ends the way a queue's sequence key does
@@ -428,7 +429,7 @@ def test_discovery_finds_queues_and_is_not_fooled_by_job_ids(
         q.options(job_id="x}:workers").enqueue()
     conns = Connections(redis_url, 5.0, "sq:{probe}:x")
     try:
-        found = discover_queues(conns)
+        found = read_index(conns).names
     finally:
         conns.close()
     assert queue_name in found

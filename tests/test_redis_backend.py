@@ -18,6 +18,7 @@ from redis.crc import key_slot
 
 from sandboxq.backends.base import Claimed, FinishAction, NewJob
 from sandboxq.backends.redis import RedisBackend
+from sandboxq.backends.redis.keys import INDEX, QueueKeys
 from sandboxq.errors import BackendError
 from sandboxq.models import Action, AttemptRecord, JobState, Outcome
 from sandboxq.testing.redis_server import RedisServer, free_port
@@ -88,8 +89,11 @@ def test_every_key_of_a_queue_shares_one_hash_tag(
     keys = [k.decode() for k in raw.scan_iter(match=f"*{queue_name}*")]
     assert len(keys) >= 10
     assert all(k.startswith(f"sq:{{{queue_name}}}:") for k in keys)
-    slots = {key_slot(k.encode()) for k in [*keys, *backend.keys.script_keys]}
+    # the queue index is one set for the server (sq:queues), or on a Cluster the slot's own
+    in_cluster = QueueKeys(queue_name, cluster=True).script_keys
+    slots = {key_slot(k.encode()) for k in [*keys, *in_cluster]}
     assert len(slots) == 1
+    assert queue_name.encode() in raw.smembers(INDEX)
 
 
 # -- ownership (design invariant 1) -----------------------------------------------------------

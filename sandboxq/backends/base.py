@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex
 from sandboxq.finished import Trims
 from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
@@ -342,6 +343,23 @@ class Backend(Protocol):
 
     def workers(self) -> list[dict[str, Any]]:
         """Descriptions of the live workers (each includes its ``worker_id``)."""
+        ...
+
+    def depth_history(self) -> list[tuple[int, int]]:
+        """(minute start ms, jobs waiting) for the last ``DEPTH_MINUTES`` minutes a worker
+        sampled, oldest first. Each worker samples once per registry refresh (from
+        ``register_worker``), so minutes without a live worker have no sample."""
+        ...
+
+    def recent_durations(self, limit: int) -> list[tuple[str, float]]:
+        """(outcome, run seconds) of the last attempt of up to ``limit`` of the most
+        recently finished jobs (completed, then failed), from their attempt records."""
+        ...
+
+    def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
+        """Every queue of this backend's server (or process) that had a job enqueued or a
+        worker registered: the index (backends/index.py), at most ``limit`` entries read,
+        entries that are not queue names ignored. Never a scan of keys."""
         ...
 
     def close(self) -> None: ...

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sandboxq.cli import admin, batch, batches, dashboard, enqueue, exporter, worker
+from sandboxq.cli import admin, batch, batches, dashboard, enqueue, exporter, queues, worker
 from sandboxq.cli.options import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, Exit
 from sandboxq.errors import SandboxqError
 
@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     batches.add_parser(verbs)
     dashboard.add_parser(verbs)
     exporter.add_parser(verbs)
+    queues.add_parser(verbs)
     return parser
 
 

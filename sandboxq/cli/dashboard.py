@@ -1,6 +1,7 @@
 """The ``dashboard`` verb: the web dashboard (``sandboxq.web``) served by uvicorn.
 
     sandboxq dashboard [--url U] [--host H] [--port P] [--token-file F] [--read-only]
+                       [--allowed-host NAME]...
         ──► create_app(url, queues, token) ──► uvicorn on H:P until Ctrl-C / SIGTERM
 
 Starlette and uvicorn are imported only here and only when the verb runs (the ``web``
@@ -36,6 +37,15 @@ def add_parser(verbs: Any) -> None:
         metavar="NAME",
         help="show this queue (repeatable; default: every queue found on the server)",
     )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        dest="allowed_hosts",
+        default=[],
+        metavar="NAME",
+        help="also answer to this Host name (repeatable; loopback names and --host always "
+        "are): any other Host header gets 400, which stops DNS-rebinding pages",
+    )
     parser.set_defaults(run=run)
 
 
@@ -53,13 +63,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be 1-65535, got {args.port}")
     token = read_token_file(args.token_file) if args.token_file else None
     app = create_app(
-        shared_url(args.url), queues=args.queues, token=token, read_only=args.read_only
+        shared_url(args.url),
+        queues=args.queues,
+        token=token,
+        read_only=args.read_only,
+        allowed_hosts=[args.host, *args.allowed_hosts],
     )
     mode = "read-only" if token is None or args.read_only else "actions need the token"
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"sandboxq dashboard: listening on {args.host}: anyone who can reach it can read "
-            "every job's arguments, results and errors (put it behind your own access control)",
+            "every job's arguments, results and errors (put it behind your own access control; "
+            "name the hosts it is reached by with --allowed-host)",
             file=sys.stderr,
         )
     print(f"sandboxq dashboard on http://{args.host}:{args.port}/ ({mode})", file=sys.stderr)

@@ -21,8 +21,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandboxq.errors import SandboxqError
+from sandboxq.errors import ConfigError, SandboxqError
+from sandboxq.observe.quiet import install as quiet_outage_warnings
 from sandboxq.web import routes
+from sandboxq.web.hosts import HostCheck, allowed_names
 from sandboxq.web.state import Dashboard
 
 CSP = (
@@ -43,6 +45,7 @@ def create_app(
     queues: Sequence[str] | None = None,
     token: str | None = None,
     read_only: bool = False,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The dashboard for the queues at ``url`` (None: ``$SANDBOXQ_URL``, else memory://).
 
@@ -51,8 +54,13 @@ def create_app(
     ``Authorization: Bearer`` header or the login form's cookie); without it, or with
     ``read_only``, the dashboard only shows. ``app.state.dashboard.close()`` stops its
     reader thread and closes its backends (done by the app's lifespan when it runs
-    standalone; call it at shutdown when the app is mounted in another).
+    standalone; call it at shutdown when the app is mounted in another). ``allowed_hosts``:
+    the names it answers to besides loopback (``Host`` header; ``["*"]``: any, for a
+    service that checks Host itself); any other gets 400 before anything is read.
     """
+    hosts = allowed_names(allowed_hosts)
+    # an outage: every page and the events reader would log the same line every 2 s
+    quiet_outage_warnings(("sandboxq.web",))
     dash = Dashboard(url, queues, token, read_only)
     static = resources.files("sandboxq.web") / "static"
     app = Starlette(
@@ -70,10 +78,13 @@ def create_app(
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
         lifespan=_lifespan,
-        exception_handlers={SandboxqError: routes.unavailable},
+        # a parameter refused where it entered is 400; any other failure of the
+        # backend (Redis down) is 503 with a banner
+        exception_handlers={ConfigError: routes.bad_request, SandboxqError: routes.unavailable},
     )
     app.state.dashboard = dash
     app.add_middleware(_SecurityHeaders)
+    app.add_middleware(HostCheck, names=hosts)  # outermost: refused before anything runs
     return app
 
 

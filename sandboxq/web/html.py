@@ -20,6 +20,10 @@ from sandboxq.text import PREVIEW_CHARS, clip, duration, when
 
 __all__ = ["PREVIEW_CHARS", "Safe", "clip", "duration", "esc", "now_ms", "when"]
 
+#: Pages that re-read themselves every 2 s (app.js): what they list can change without
+#: an event (a new queue, a worker that registered).
+POLLED_PAGES = ("overview", "workers", "outage")
+
 
 class Safe(str):
     """HTML that is already escaped (built here from escaped parts)."""
@@ -116,6 +120,7 @@ def layout(
 ) -> str:
     """A whole page: head (one stylesheet, one deferred script), nav, ``body``."""
     live = f' data-events="{events}"' if events is not None else ""
+    poll = ' data-poll="1"' if page in POLLED_PAGES else ""
     job_attr = f' data-job="{esc(job)}"' if job is not None else ""
     nav = join(
         [
@@ -132,7 +137,7 @@ def layout(
         f'<link rel="stylesheet" href="{href(root, "/static/style.css")}">'
         f'<script src="{href(root, "/static/app.js")}" defer></script>'
         '<noscript><meta http-equiv="refresh" content="30"></noscript>'
-        f'</head><body data-page="{esc(page)}"{live}{job_attr}>'
+        f'</head><body data-page="{esc(page)}"{live}{job_attr}{poll}>'
         f'<header><a class="brand" href="{href(root, "/")}">sandboxq</a><nav>{nav}</nav>'
         f'<span id="live" class="live">static</span>'
         f'<a class="refresh" href="">refresh</a>{Safe(session_line)}</header>'

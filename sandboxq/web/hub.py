@@ -47,7 +47,7 @@ log = logging.getLogger("sandboxq.web")
 CLIENT_BUFFER = 256  # messages queued for one browser before it is dropped
 REPLAY = 1000  # recent messages kept for streams that start after the page was read
 COALESCE_S = 1.0  # a queue-wide stream sends at most one message this often
-WINDOW_MIN = 15  # minutes of throughput kept
+WINDOW_MIN = 60  # minutes of throughput kept (the overview's chart shows them all)
 POLL_S = 0.5  # pause between rounds over several queues when nothing happened
 BLOCK_S = 1.0  # longest blocking read on a single queue's stream
 ROUND_S = 5.0  # re-read the list of queues at least this often
@@ -92,6 +92,13 @@ class Throughput:
                     del minutes[old]
                 minutes[minute] = Counter()
             minutes[minute][outcome] += 1
+
+    def per_minute(self, queue: str, now_ms: int, minutes: int) -> list[Counter[str]]:
+        """Outcomes per minute for the last ``minutes`` (this one last), oldest first."""
+        last = now_ms // 60_000
+        with self._lock:
+            kept = self._minutes.get(queue, {})
+            return [Counter(kept.get(m, {})) for m in range(last - minutes + 1, last + 1)]
 
     def recent(self, queue: str, now_ms: int, minutes: int) -> Counter[str]:
         """Outcomes of the attempts that ended in the last ``minutes`` (this one included)."""

@@ -32,6 +32,14 @@ from sandboxq.web.auth import COOKIE, SESSION_S, cross_site
 from sandboxq.web.html import Safe, esc, href, layout
 from sandboxq.web.html import url as url_
 from sandboxq.web.hub import COALESCE_S
+from sandboxq.web.params import (
+    batch_param,
+    cursor_param,
+    flag_param,
+    job_param,
+    queue_param,
+    since_param,
+)
 from sandboxq.web.state import Dashboard
 
 log = logging.getLogger("sandboxq.web")
@@ -48,9 +56,12 @@ def _dash(request: Request) -> Dashboard:
     return dash
 
 
-def _ctx(dash: Dashboard, request: Request) -> views.Ctx:
+def _ctx(dash: Dashboard, request: Request, check: bool = True) -> views.Ctx:
     """The request's context; the hub's position is taken first, before the page reads
-    anything, so its stream replays whatever happens from here on."""
+    anything, so its stream replays whatever happens from here on. ``check``: read the
+    queue index first (cached), so an unreachable server is a 503 on every page."""
+    if check:
+        dash.index()
     dash.hub.start()
     since = dash.hub.position()
     session = dash.auth.session(request)
@@ -97,7 +108,8 @@ def overview(request: Request) -> Response:
     dash = _dash(request)
     ctx = _ctx(dash, request)
     pairs = [(q, dash.backend(q)) for q in dash.queues()]
-    body = views.overview(ctx, pairs, dash.hub.throughput)
+    index = dash.index()
+    body = views.overview(ctx, pairs, dash.hub.throughput, index.note() if index else "")
     return _page(dash, ctx, "Overview", body, "overview")
 
 
@@ -105,21 +117,21 @@ def queue(request: Request) -> Response:
     dash = _dash(request)
     ctx = _ctx(dash, request)
     params = request.query_params
-    name = params.get("name", "")
-    try:
-        backend = dash.backend(name)
-        state = JobState(params.get("state") or "waiting")
-    except (ConfigError, ValueError) as exc:
-        return _message(dash, ctx, "Bad request", str(exc), 400)
+    name = str(queue_param(params, "name"))
+    state_text = params.get("state") or "waiting"
+    if state_text not in views.STATES:
+        raise ConfigError(f"parameter 'state': {state_text[:40]!r} is not one of {views.STATES}")
+    state = JobState(state_text)
+    cursor = cursor_param(params, "cursor")
+    backend = dash.backend(name)
     missing = None
     if job_id := params.get("id", "").strip():
-        if backend.job_detail(job_id) is not None:
+        if backend.job_detail(check_job_id(job_id)) is not None:
             return RedirectResponse(url_(ctx.root, "/job", queue=name, id=job_id), 303)
         missing = job_id
     outcome = params.get("outcome") or None
     if outcome is not None and outcome not in views.OUTCOMES:
-        return _message(dash, ctx, "Bad request", f"unknown outcome {outcome!r}", 400)
-    cursor = params.get("cursor") or None
+        return _message(dash, ctx, "Bad request", f"unknown outcome {outcome[:40]!r}", 400)
     try:
         page = backend.job_page(state, cursor, views.PAGE_SIZE, outcome)
     except ConfigError as exc:
@@ -131,15 +143,13 @@ def queue(request: Request) -> Response:
 def job(request: Request) -> Response:
     dash = _dash(request)
     ctx = _ctx(dash, request)
-    name, job_id = request.query_params.get("queue", ""), request.query_params.get("id", "")
-    try:
-        detail = dash.backend(name).job_detail(check_job_id(job_id))
-    except ConfigError as exc:
-        return _message(dash, ctx, "Bad request", str(exc), 400)
+    params = request.query_params
+    name, job_id = str(queue_param(params, "queue")), str(job_param(params, "id"))
+    full = flag_param(params, "full")
+    detail = dash.backend(name).job_detail(job_id)
     if detail is None:
         text = f"No job {job_id!r} in queue {name!r} (unknown, or trimmed)."
         return _message(dash, ctx, "No such job", text, 404)
-    full = request.query_params.get("full") == "1"
     body = views.job_page(ctx, name, detail, full)
     return _page(dash, ctx, f"Job {job_id}", body, "job", queue=name, job=job_id)
 
@@ -147,11 +157,8 @@ def job(request: Request) -> Response:
 def batches(request: Request) -> Response:
     dash = _dash(request)
     ctx = _ctx(dash, request)
-    name = request.query_params.get("queue", "")
-    try:
-        found = dash.backend(name).list_batches(batch_views.BATCHES_SHOWN)
-    except ConfigError as exc:
-        return _message(dash, ctx, "Bad request", str(exc), 400)
+    name = str(queue_param(request.query_params, "queue"))
+    found = dash.backend(name).list_batches(batch_views.BATCHES_SHOWN)
     body = batch_views.batches_page(ctx, name, found)
     return _page(dash, ctx, f"Batches of {name}", body, "batches", queue=name)
 
@@ -159,12 +166,10 @@ def batches(request: Request) -> Response:
 def batch(request: Request) -> Response:
     dash = _dash(request)
     ctx = _ctx(dash, request)
-    name, batch_id = request.query_params.get("queue", ""), request.query_params.get("id", "")
-    try:
-        backend = dash.backend(name)
-        progress = backend.batch_progress(check_batch_id(batch_id))
-    except ConfigError as exc:
-        return _message(dash, ctx, "Bad request", str(exc), 400)
+    params = request.query_params
+    name, batch_id = str(queue_param(params, "queue")), batch_param(params, "id")
+    backend = dash.backend(name)
+    progress = backend.batch_progress(batch_id)
     if progress is None:
         text = f"No batch {batch_id!r} in queue {name!r} (unknown, forgotten, or expired)."
         return _message(dash, ctx, "No such batch", text, 404)
@@ -175,21 +180,21 @@ def batch(request: Request) -> Response:
 def workers(request: Request) -> Response:
     dash = _dash(request)
     ctx = _ctx(dash, request)
-    only = request.query_params.get("queue")
+    only = queue_param(request.query_params, "queue", required=False)
     names = [only] if only else dash.queues()
-    try:
-        pairs = [(q, dash.backend(q)) for q in names]
-    except ConfigError as exc:
-        return _message(dash, ctx, "Bad request", str(exc), 400)
+    pairs = [(q, dash.backend(q)) for q in names]
     return _page(dash, ctx, "Workers", views.workers_page(ctx, pairs), "workers", queue=only)
 
 
 async def events(request: Request) -> Response:
     dash = _dash(request)
-    name = request.query_params.get("queue") or None
-    job_id = request.query_params.get("job") or None
-    since_text = request.headers.get("last-event-id") or request.query_params.get("since")
-    since = int(since_text) if since_text and since_text.isdigit() else None
+    params = request.query_params
+    name = queue_param(params, "queue", required=False)
+    job_id = job_param(params, "job", required=False)
+    if header := request.headers.get("last-event-id"):
+        since = since_param(header, "header 'Last-Event-ID'")
+    else:
+        since = since_param(params.get("since"), "parameter 'since'")
     headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
     body = _stream(dash, name, job_id, since)
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
@@ -327,10 +332,26 @@ def _act(
 
 
 def unavailable(request: Request, exc: Exception) -> Response:
-    """A backend that cannot answer (Redis down): say so, as a page, not a traceback."""
+    """A backend that cannot answer (Redis down): say so, as a page with a banner naming
+    the server (credentials redacted), not a traceback."""
     log.warning("dashboard page %s: %s", request.url.path, exc)
     dash = _dash(request)
-    return _message(dash, _ctx(dash, request), "Unavailable", str(exc), 503)
+    ctx = _ctx(dash, request, check=False)
+    body = Safe(
+        f'<div class="banner outage" id="outage" role="alert">The backend at '
+        f"{esc(dash.where)} cannot be read, so nothing here is current: {esc(exc)}</div>"
+        "<h1>Unavailable</h1>"
+        '<p class="notice" id="message">This page will show the queues again as soon as '
+        "the server answers.</p>"
+    )
+    return _page(dash, ctx, "Unavailable", body, "outage", 503)
+
+
+def bad_request(request: Request, exc: Exception) -> Response:
+    """A parameter that was checked where it entered (params.py) and refused: 400 with
+    its one-line reason."""
+    dash = _dash(request)
+    return _message(dash, _ctx(dash, request, check=False), "Bad request", str(exc), 400)
 
 
 def _client(request: Request) -> str:

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandboxq.backends.base import Backend, JobDetail, JobPage
+from sandboxq.backends.index import WORKERS_READ_CAP
 from sandboxq.codec import decode_stored, reader_codecs
 from sandboxq.errors import BackendError, CodecRefused, SerializationError
 from sandboxq.models import JobInfo, JobState, Outcome
+from sandboxq.web import charts
 from sandboxq.web.auth import Session
 from sandboxq.web.html import (
     PREVIEW_CHARS,
@@ -40,6 +42,8 @@ from sandboxq.web.html import (
 from sandboxq.web.hub import Throughput
 
 STATES = [state.value for state in JobState]
+CHART_MINUTES = 60  # the overview's charts: the last hour
+DURATIONS_SHOWN = 200  # finished jobs whose run time the queue page's chart counts
 OUTCOMES = [outcome.value for outcome in Outcome]
 PAGE_SIZE = 50
 
@@ -67,7 +71,9 @@ class Ctx:
 # -- overview -------------------------------------------------------------------------------
 
 
-def overview(ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput) -> Safe:
+def overview(
+    ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput, note: str = ""
+) -> Safe:
     rows: list[list[object]] = []
     details: list[Safe] = []
     failed: list[BackendError] = []
@@ -89,15 +95,24 @@ def overview(ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput
             link(href(ctx.root, "/queue", name=name, state=s.value), counts[s]) for s in JobState
         ]
         cells.append(duration(max(0, ctx.now - oldest) / 1000) if oldest else "")
-        cells.append(link(href(ctx.root, "/workers", queue=name), len(workers)))
+        shown = f"{len(workers)}+" if len(workers) >= WORKERS_READ_CAP else len(workers)
+        cells.append(link(href(ctx.root, "/workers", queue=name), shown))
         last = [throughput.recent(name, ctx.now, m) for m in (1, 5, 15)]
         cells += [sum(c.values()) for c in last]
         rows.append(cells)
         outcomes = sorted(set().union(*last))
         per_outcome = [[o, *(c[o] for c in last)] for o in outcomes]
+        finished = charts.finished_chart(
+            throughput.per_minute(name, ctx.now, CHART_MINUTES), f"{name}: attempts ended"
+        )
+        try:
+            depth = charts.depth_chart(backend.depth_history(), ctx.now, CHART_MINUTES)
+        except BackendError as exc:  # e.g. an ACL user that may not read it: no chart
+            depth = Safe(f'<p class="empty">waiting depth unavailable: {esc(exc)}</p>')
         details.append(
             Safe(
-                f'<section class="throughput"><h3>{esc(name)}: attempts ended, by outcome</h3>'
+                f'<section class="throughput"><h3>{esc(name)}: attempts ended per minute, '
+                f"by outcome</h3>{finished}<h3>{esc(name)}: jobs waiting</h3>{depth}"
                 f"{table(['outcome', 'last 1 min', '5 min', '15 min'], per_outcome)}</section>"
             )
         )
@@ -109,6 +124,8 @@ def overview(ctx: Ctx, queues: list[tuple[str, Backend]], throughput: Throughput
         else '<p class="empty">No queues found yet: enqueue a job, or name the queues '
         "(sandboxq dashboard --queue NAME).</p>"
     )
+    if note:  # a read cap was hit or junk was ignored: never silent
+        empty += f'<p class="notice" id="index-note">{esc(note)}</p>'
     return Safe(
         f"<h1>Queues</h1>{empty}{table(columns, rows, 'overview')}"
         f'<div class="grid">{"".join(details)}</div>'
@@ -187,8 +204,10 @@ def queue_page(
         else Safe("")
     )
     batches = link(href(ctx.root, "/batches", queue=name), "Batches", "batches")
+    durations = charts.duration_chart(backend.recent_durations(DURATIONS_SHOWN))
     return Safe(
         f"<h1>Queue {esc(name)}</h1>{note if missing else ''}<p>{batches}</p>"
+        f'<section class="durations"><h2>run time of recent jobs</h2>{durations}</section>'
         f'<div class="tools">{search}</div><ul class="tabs">{tabs}</ul>{scanned}'
         f"{table(columns, rows, 'jobs')}"
         f'<p class="pager">{" ".join(pager)}</p>{purge}'
@@ -351,7 +370,13 @@ def _rss(job: dict[str, Any]) -> str:
 def workers_page(ctx: Ctx, queues: list[tuple[str, Backend]]) -> Safe:
     sections = []
     for name, backend in queues:
-        for record in backend.workers():
+        records = backend.workers()
+        if len(records) >= WORKERS_READ_CAP:  # a cap hit is said, never silent
+            sections.append(
+                f'<p class="notice">Queue {esc(name)}: the first {WORKERS_READ_CAP} registered '
+                "workers were read; there may be more.</p>"
+            )
+        for record in records:
             lease_s = float(record.get("lease_s") or 0)
             registered = record.get("registered_ms")
             age_s = max(0, ctx.now - int(registered)) / 1000 if registered is not None else None

@@ -49,6 +49,7 @@ from sandboxq.models import (
     WorkerRecord,
     now_ms,
 )
+from sandboxq.observe.quiet import install as quiet_outage_warnings
 from sandboxq.pool.kill import tree_rss
 from sandboxq.pool.pool import Pool, Seconds
 from sandboxq.processor import resolve_within
@@ -165,6 +166,7 @@ class SandboxWorker:
         of the queue is waiting, delayed or active. Raises ``BackendError`` at once if the
         backend cannot be reached when it starts."""
         s = self.settings
+        quiet_outage_warnings()  # an outage is one line per cause per 10 s, with a count
         # An unreachable backend fails the start before any child exists, and nothing
         # that failed to start is left running.
         unwatch: Callable[[], None] | None = None

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import pytest
 from sandboxq import JobFailed, Queue
 from sandboxq.models import JobState
 from sandboxq.testing import processes
+from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.web import create_app
@@ -314,3 +317,78 @@ def test_a_batch_page_follows_its_batch_live_and_shows_a_label_as_text(
     link = site.browser.find_element(By.CSS_SELECTOR, "table.failures a.job-id")
     assert link.text == f"{batch.id}.1"
     site.shot("batch")
+
+
+def test_the_charts_show_what_ended_what_waits_and_how_long_jobs_ran(site: Site) -> None:
+    """The README's pictures of the charts, once the tests above have run jobs."""
+
+    def title(css: str) -> str:
+        found = site.browser.find_elements(By.CSS_SELECTOR, f"{css} > title")
+        return str(found[0].get_attribute("textContent")) if found else ""
+
+    for i in range(3):  # its own jobs: the charts have something to show when run alone
+        assert site.q.enqueue("ok", i).result(timeout_s=20) == {"echo": i}
+    site.open("/")
+    site.wait(
+        "attempts in the chart", lambda: re.search(r": [1-9]\d* attempts", title("svg.finished"))
+    )
+    # the worker samples the waiting depth at each registry refresh (every 2 s here)
+    site.wait("a depth sample", lambda: title("svg.depth").startswith("jobs waiting: now"))
+    for css in ("svg.finished", "svg.depth"):
+        chart = site.browser.find_element(By.CSS_SELECTOR, css)
+        assert chart.size["width"] > 300 and chart.size["height"] > 60, (css, chart.size)
+    bars = site.browser.find_elements(By.CSS_SELECTOR, "svg.finished rect")
+    assert bars and all(float(str(b.get_attribute("height"))) > 0 for b in bars)
+    site.shot("overview", readme=True)
+    site.open("/queue?name=web-demo")
+    said = site.wait(
+        "the run-time chart",
+        lambda: re.search(r"of ([1-9]\d*) recently finished jobs", title("svg.durations")),
+    )
+    assert int(said.group(1)) >= 3
+    site.shot("queue", readme=True)
+
+
+def test_a_new_queue_shows_on_the_open_overview_at_its_next_refresh(site: Site) -> None:
+    """No queue named: the page finds them in the queue index, re-read at each refresh."""
+    with RedisServer() as server, serve(create_app(server.url)) as base:
+        try:
+            site.browser.get(base + "/")
+            site.wait("the empty overview", lambda: "No queues found yet" in site.text("main"))
+            with Queue("web-arrived", url=server.url) as q:
+                q.enqueue("x")
+                started = time.monotonic()
+                site.wait(
+                    "the new queue", lambda: site.browser.find_elements(By.LINK_TEXT, "web-arrived")
+                )
+                shown_s = time.monotonic() - started
+        finally:
+            site.browser.get("about:blank")  # its event stream ends before the server
+    print(f"a new queue was on the open overview {shown_s:.2f} s after its first enqueue")
+    # the page re-reads itself every 2 s; the rest is this loaded machine's render time
+    assert shown_s <= 3.0, shown_s
+
+
+def test_an_outage_turns_the_open_page_into_a_banner_and_back(site: Site) -> None:
+    # append-only: the queue is still there when the server comes back
+    with RedisServer(appendonly=True) as server, serve(create_app(server.url)) as base:
+        try:
+            with Queue("web-outage", url=server.url) as q:
+                q.enqueue("x")
+            site.browser.get(base + "/")
+            site.wait("the queue", lambda: site.browser.find_elements(By.LINK_TEXT, "web-outage"))
+            server.stop()
+            site.wait("the banner", lambda: "cannot be read" in site.text("#outage"))
+            assert f"127.0.0.1:{server.port}" in site.text("#outage")
+            assert not site.browser.find_elements(By.LINK_TEXT, "web-outage")
+            site.shot("outage", readme=True)
+            server.start()
+            site.wait(
+                "the queue again",
+                lambda: (
+                    site.browser.find_elements(By.LINK_TEXT, "web-outage")
+                    and not site.browser.find_elements(By.ID, "outage")
+                ),
+            )
+        finally:
+            site.browser.get("about:blank")

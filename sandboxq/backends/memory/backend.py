@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Backend, Claimed, NewJob
+from sandboxq.backends.index import DEPTH_MINUTES, QUEUES_READ_CAP, QueueIndex, valid_names
 from sandboxq.backends.memory.batches import Batches
 from sandboxq.backends.memory.manage import Management
 from sandboxq.backends.memory.reads import Reads
@@ -30,7 +31,7 @@ from sandboxq.backends.memory.store import (
 )
 from sandboxq.backends.memory.waits import Waits
 from sandboxq.backends.rules import Retention
-from sandboxq.models import check_queue_name, now_ms
+from sandboxq.models import JobState, check_queue_name, now_ms
 
 
 class MemoryBackend(Management, Reads, Waits, Batches, Backend):
@@ -40,11 +41,15 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
 
     _registry: ClassVar[dict[str, MemoryBackend]] = {}
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+    #: The queue index of this process (backends/index.py): queues that had a job
+    #: enqueued or a worker registered, as the Redis scripts keep theirs.
+    _index: ClassVar[set[str]] = set()
 
     def __init__(self, queue: str, **options: Any) -> None:
         self.queue = check_queue_name(queue)
         self._store = Store(Retention(**options), queue)
         self._workers: dict[str, tuple[dict[str, Any], int]] = {}
+        self._depth: dict[int, int] = {}  # minute -> jobs waiting (depth_history)
 
     @classmethod
     def shared(cls, queue: str, **options: Any) -> MemoryBackend:
@@ -83,6 +88,8 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
                 store.move(job, DELAYED if job.due_ms > now else WAITING, now)
                 store.emit("added", job_id)
                 added.append((job_id, True))
+        if jobs:
+            self._register()  # in the queue index, as enqueue.lua does
         return added
 
     # -- leases ------------------------------------------------------------------------------
@@ -195,7 +202,13 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
     # -- workers -----------------------------------------------------------------------------
 
     def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        self._register()
         with self._store.cond:
+            # the depth chart's sample for this minute, as depth.lua takes it
+            minute = now_ms() // 60_000
+            self._depth[minute] = len(self._store.by_state[JobState.WAITING])
+            for old in [m for m in self._depth if m <= minute - DEPTH_MINUTES]:
+                del self._depth[old]
             until = now_ms() + rules.lease_ms(ttl_s)
             self._workers[worker_id] = ({**info, "worker_id": worker_id}, until)
 
@@ -220,6 +233,36 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
                 if rules.lease_expired(until, now):
                     del self._workers[worker_id]
             return [dict(self._workers[w][0]) for w in sorted(self._workers)]
+
+    def _register(self) -> None:
+        with MemoryBackend._registry_lock:
+            MemoryBackend._index.add(self.queue)
+
+    def depth_history(self) -> list[tuple[int, int]]:
+        with self._store.cond:
+            return sorted((m * 60_000, n) for m, n in self._depth.items())
+
+    def recent_durations(self, limit: int) -> list[tuple[str, float]]:
+        with self._store.cond:
+            jobs = self._store.jobs
+            finished = [
+                jobs[job_id]
+                for state in (JobState.COMPLETED, JobState.FAILED)
+                for job_id in self._store.by_state[state]
+            ]
+            finished.sort(key=lambda job: job.finished_ms or 0, reverse=True)
+            last = [job.history[-1] for job in finished[:limit] if job.history]
+        return [
+            (a.outcome.value, max(0, a.ended_ms - a.started_ms) / 1000)
+            for a in last
+            if a.started_ms is not None and a.ended_ms is not None
+        ]
+
+    def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
+        with MemoryBackend._registry_lock:
+            entries = sorted(MemoryBackend._index)
+        names, ignored = valid_names(entries[:limit])
+        return QueueIndex(names, len(entries), ignored)
 
     def close(self) -> None:
         """Nothing to close; the jobs stay, since a shared instance outlives any one user."""

@@ -137,6 +137,8 @@ class Batches:
 
         def retry_failed(self, job_id: str) -> bool: ...
 
+        def _register(self) -> None: ...
+
     def enqueue_batch(
         self,
         batch_id: str,
@@ -183,6 +185,7 @@ class Batches:
             if batch.enqueued >= batch.total:
                 batch.sealed = True
                 check_done(store, batch_id, batch, now)
+            self._register()  # in the queue index, as batch_enqueue.lua does
             return batch.enqueued
 
     def batch_progress(self, batch_id: str) -> BatchProgress | None:

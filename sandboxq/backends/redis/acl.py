@@ -12,6 +12,9 @@ What separates the roles is what only a worker does outside the scripts: it regi
 itself (``SET``/``SADD``/``SREM`` on the worker registry), blocks on the wake list
 (``BLPOP``) and subscribes to cancellations. A producer-only user lacks those, so a worker
 started with its credentials fails at once with Redis's ``NOPERM`` naming the command.
+Both write the queue index (a set of names shared by every queue on the server, or by
+the queues of one Cluster slot): a user of one queue can add names to it, which is why
+its readers ignore malformed entries, cap what they read, and say so.
 The scripts of a batch member's moves also touch the batch's keys (``batch:*``,
 ``bdone:*``, ``batches``, ``batch_index``), a finish or a cancel those of retention
 (``expiry``, ``trims``), and a batch's follow-up is written by the
@@ -41,14 +44,18 @@ SCRIPT_COMMANDS = (
     "hexists",
     "hget",
     "hincrby",
+    "hkeys",
+    "hlen",
     "hmget",
     "hset",
     "incr",
     "incrby",
     "lpush",
     "ltrim",
+    "pexpire",
     "publish",
     "rpush",
+    "sadd",  # the queue index (enqueue.lua, batch_enqueue.lua)
     "time",
     "type",
     "xadd",
@@ -68,6 +75,7 @@ SCRIPTING = ("evalsha", "script|load")
 
 #: Reading a queue: job records, results, counts, listings, events, the worker registry.
 READ_COMMANDS = (
+    "hgetall",
     "hstrlen",
     "llen",
     "lrange",
@@ -75,6 +83,7 @@ READ_COMMANDS = (
     "xread",
     "xrevrange",
     "smembers",
+    "sscan",
     "mget",
     "strlen",
     "select",
@@ -100,12 +109,14 @@ def commands(role: Role, *, cluster: bool = False) -> list[str]:
     return sorted(needed)
 
 
-def key_patterns(queue: str, role: Role) -> list[str]:
+def key_patterns(queue: str, role: Role, *, cluster: bool = False) -> list[str]:
     """ACL key patterns: a worker reads and writes every key of its queue (one hash tag);
-    a producer every key but the worker registry, which it may only read."""
-    keys = QueueKeys(check_queue_name(queue))
+    a producer every key but the worker registry, which it may only read. Both write the
+    queue index (``sq:queues``; on a Cluster the queue's slot's), where enqueue and
+    registration add the queue's name."""
+    keys = QueueKeys(check_queue_name(queue), cluster=cluster)
     if role == "worker":
-        return [f"~sq:{{{keys.queue}}}:*"]
+        return [f"~sq:{{{keys.queue}}}:*", f"~{keys.index}"]
     writable = [
         keys.job_prefix + "*",
         keys.history_prefix + "*",
@@ -124,6 +135,7 @@ def key_patterns(queue: str, role: Role) -> list[str]:
         keys.batch_index,
         keys.expiry,
         keys.trims,
+        keys.index,
     ]
     readable = [keys.workers, keys.worker_prefix + "*"]
     return [f"~{key}" for key in writable] + [f"%R~{key}" for key in readable]
@@ -136,7 +148,7 @@ def rules(queue: str, role: Role, *, cluster: bool = False) -> list[str]:
         "resetkeys",
         "resetchannels",
         "-@all",
-        *key_patterns(queue, role),
+        *key_patterns(queue, role, cluster=cluster),
         f"&{keys.cancel_channel}",
         *(f"+{command}" for command in commands(role, cluster=cluster)),
     ]

@@ -28,6 +28,7 @@ import redis
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Backend, Claimed, Event, NewJob
+from sandboxq.backends.index import DEPTH_MINUTES, QUEUES_READ_CAP, WORKERS_READ_CAP, QueueIndex
 from sandboxq.backends.redis import listen, records
 from sandboxq.backends.redis.batches import Batches
 from sandboxq.backends.redis.connection import Connections, RedisOptions
@@ -36,6 +37,7 @@ from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.lane import Lane
 from sandboxq.backends.redis.reads import Reads
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
+from sandboxq.backends.redis.stats import depth_samples, read_index, recent_durations
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, AttemptRecord, JobState, check_queue_name
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,8 @@ class RedisBackend(Reads, Batches, Backend):
         self.keys = QueueKeys(queue)
         timeout_s, key_types = float(settings.socket_timeout_s), records.queue_key_types(self.keys)
         self._conns = Connections(url, timeout_s, self.keys.waiting, key_types)
+        if self._conns.cluster:  # the queue index is the slot's own (keys.py)
+            self.keys = QueueKeys(queue, cluster=True)
         lane = self._conns.main_lane
         self._scripts = Scripts(self.keys.script_keys, script_settings(settings), lane)
         self._batch_ttl_ms = rules.ms(settings.batch_ttl_s)
@@ -285,7 +289,9 @@ class RedisBackend(Reads, Batches, Backend):
             pipe = self._conns.main.pipeline(transaction=False)
             pipe.set(self.keys.worker(worker_id), data, px=rules.lease_ms(ttl_s))
             pipe.sadd(self.keys.workers, worker_id)
+            pipe.sadd(self.keys.index, self.queue)  # a queue with a worker is a queue
             pipe.execute()
+            self._scripts.depth([DEPTH_MINUTES])  # the depth chart's sample for this minute
 
     def unregister_worker(self, worker_id: str) -> None:
         with self._conns.errors(f"unregister worker {worker_id!r}"):
@@ -297,7 +303,9 @@ class RedisBackend(Reads, Batches, Backend):
     def workers(self) -> list[dict[str, Any]]:
         main = self._conns.main
         with self._conns.errors("list workers"):
-            ids = sorted(records.text(w) for w in main.smembers(self.keys.workers))
+            # at most WORKERS_READ_CAP: a registry padded by hand must not stall a page
+            _, members = main.sscan(self.keys.workers, 0, count=WORKERS_READ_CAP)
+            ids = sorted({records.text(w) for w in members})[:WORKERS_READ_CAP]
             values = main.mget([self.keys.worker(w) for w in ids]) if ids else []
             gone = [w for w, value in zip(ids, values, strict=True) if value is None]
         if gone:  # their TTL ran out: forget them (a read-only ACL user may not: fine)
@@ -310,6 +318,17 @@ class RedisBackend(Reads, Batches, Backend):
             for worker_id, value in zip(ids, values, strict=True)
             if value is not None
         ]
+
+    def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
+        return read_index(self._conns, limit)
+
+    def depth_history(self) -> list[tuple[int, int]]:
+        with self._conns.errors("read the waiting depth"):
+            fields = self._conns.main.hgetall(self.keys.depth)
+        return depth_samples(fields)
+
+    def recent_durations(self, limit: int) -> list[tuple[str, float]]:
+        return recent_durations(self._conns, self.keys, limit)
 
     def close(self) -> None:
         with self._lock:

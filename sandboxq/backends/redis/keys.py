@@ -22,23 +22,69 @@ any of them atomically.
     sq:{q}:trims               HASH   what retention removed: counts, caps, times
                                (common.lua derives these from the job prefix: its batch and
                                retention blocks)
+    sq:{q}:depth               HASH   minute -> jobs waiting, the last DEPTH_MINUTES
+                               (depth.lua, run by each worker's registry refresh)
+    sq:queues                  SET    the index of queue names: added by enqueue.lua,
+                               batch_enqueue.lua and a worker's registration; readers
+                               (dashboard, exporter, ``sandboxq queues``) read it, never SCAN
+    sq:queues:{<tag>}          SET    the same on a Cluster, one per hash slot (see below)
 
 Job ids are chosen by users and may contain anything, ``:`` included, so a key built
 from an id is the id appended to a prefix that no other kind of key starts with. (The
 history list was once ``sq:{q}:job:<id>:attempts``, which *is* the hash of a job whose
 id is ``<id>:attempts``.) The queue name is safe inside the tag: it cannot hold braces.
+
+The index and Cluster: a script may touch only keys of its own slot, so one index set
+for the whole Cluster could not be written by enqueue.lua. Each slot has an index of its
+own instead, ``sq:queues:{<tag>}``, where ``<tag>`` is a short string that hashes to that
+slot (``slot_tags``: the first hex number that does, 0.14 s to find all 16,384 once).
+A queue's index is its slot's; a reader pipelines one SCARD per slot, then reads the
+non-empty ones: no SCAN, and no queue needs naming.
 """
 
 from __future__ import annotations
 
+import functools
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
 from sandboxq.models import JobState
+
+#: The index of queue names on one Redis server (not a Cluster).
+INDEX = "sq:queues"
+
+
+@functools.cache
+def slot_tags() -> tuple[str, ...]:
+    """For each Cluster hash slot, a short tag that hashes to it (index ``slot``)."""
+    tags: list[str | None] = [None] * REDIS_CLUSTER_HASH_SLOTS
+    left, n = REDIS_CLUSTER_HASH_SLOTS, 0
+    while left:
+        tag = f"{n:x}"
+        slot = key_slot(tag.encode())
+        if tags[slot] is None:
+            tags[slot] = tag
+            left -= 1
+        n += 1
+    return tuple(t for t in tags if t is not None)
+
+
+def cluster_index(slot: int) -> str:
+    """The index set of one Cluster hash slot."""
+    return f"{INDEX}:{{{slot_tags()[slot]}}}"
+
+
+def index_key(queue: str, cluster: bool) -> str:
+    """The index set ``queue`` is registered in: the server's, or on a Cluster its slot's."""
+    return cluster_index(key_slot(queue.encode())) if cluster else INDEX
 
 
 class QueueKeys:
     """The keys of one queue (see the module docstring for what each holds); ``queue`` was
-    checked where it entered (the backend that opened it, ``acl.rules``, the exporter)."""
+    checked where it entered (the backend that opened it, ``acl.rules``, the exporter).
+    ``cluster``: the queue lives on a Redis Cluster (its index is its slot's)."""
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, cluster: bool = False) -> None:
         self.queue = queue
         base = f"sq:{{{queue}}}:"
         self.job_prefix = base + "job:"
@@ -61,6 +107,8 @@ class QueueKeys:
         self.batch_index = base + "batch_index"
         self.expiry = base + "expiry"
         self.trims = base + "trims"
+        self.index = index_key(queue, cluster)
+        self.depth = base + "depth"  # depth.lua derives it from the job prefix
         #: The KEYS every script receives, in the order common.lua expects.
         self.script_keys: list[str] = [
             self.job_prefix,
@@ -74,6 +122,7 @@ class QueueKeys:
             self.events,
             self.wake,
             self.history_prefix,
+            self.index,  # 12: enqueue.lua and batch_enqueue.lua register the queue in it
         ]
         self._by_state = {
             JobState.WAITING: self.waiting,

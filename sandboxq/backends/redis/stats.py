@@ -1,32 +1,54 @@
 """Queue-level numbers read straight from Redis, for the exporter (``sandboxq exporter``).
 
-    discover_queues ── SCAN MATCH sq:{*}:seq / sq:{*}:workers ──► queue names (cached by
-                       the caller: it walks the keyspace, so it is not run per scrape)
-    read_stats(queues) ── pipeline 1: TIME; per queue 6 ZCARD, the head of waiting,
-                          the worker set ──► pipeline 2: the head's ready time, one
-                          EXISTS per registered worker ──► QueueStats per queue
+    read_index ── SCARD + SSCAN of the queue index (keys.py: INDEX; on a Cluster one
+                  set per slot) ──► QueueIndex: well-formed names, at most a cap read
+    read_stats(queues) ── one server: stats.lua per 250 queues, all in one round trip
+                          (counts, head's ready time, workers read up to a cap and
+                          their liveness, whether the queue was ever used)
+                      ── Cluster: pipeline 1: TIME; per queue 6 ZCARD, the head of
+                          waiting, the worker set (SSCAN, capped), its SCARD, EXISTS seq
+                          ──► pipeline 2: the head's ready time, one EXISTS per
+                          registered worker read ──► QueueStats per queue
 
-Every scrape is two round trips whatever the number of jobs: no job key is ever listed,
-and the per-queue commands are a fixed handful (plus one EXISTS per registered worker).
+Every scrape is a few round trips whatever the number of jobs or keys: no job key is
+ever listed, no keyspace is scanned, and the per-queue commands are a fixed handful
+(plus one EXISTS per registered worker, at most WORKERS_READ_CAP).
 A queue whose keys were changed by hand (a waiting set turned into a string) comes back
 ``damaged``, with the error: it costs only its own numbers, never the whole scrape.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
+import redis
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
+
+from sandboxq.backends.index import (
+    DEPTH_MINUTES,
+    QUEUES_READ_CAP,
+    WORKERS_READ_CAP,
+    QueueIndex,
+    valid_names,
+)
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import Connections
-from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.errors import ConfigError
-from sandboxq.models import JobState, check_queue_name
+from sandboxq.backends.redis.keys import INDEX, QueueKeys, cluster_index
+from sandboxq.models import AttemptRecord, JobState
 
-#: Keys every queue that was ever used has one of (see keys.py).
-_QUEUE_KEYS = ("seq", "workers")
+log = logging.getLogger(__name__)
+
 SCAN_COUNT = 1000
+#: Queues per stats.lua call: a call holds the server for its length (about 2 ms here).
+STATS_CHUNK = 250
+_STATS_LUA = (resources.files("sandboxq.backends.redis") / "lua" / "stats.lua").read_text(
+    encoding="utf-8"
+)
 
 
 @dataclass(slots=True)
@@ -36,67 +58,138 @@ class QueueStats:
     #: Age of the job at the head of the waiting line (None: nothing waits).
     oldest_waiting_age_s: float | None = None
     workers: int = 0
+    #: More workers are registered than one look reads (WORKERS_READ_CAP).
+    workers_capped: bool = False
+    #: The queue was ever used: its sequence counter or its worker registry exists (an
+    #: index entry someone added by hand has neither).
+    exists: bool = True
     #: Why this queue's numbers could not be read (its keys hold the wrong types), or None.
     damaged: str | None = None
 
 
-def discover_queues(conns: Connections) -> list[str]:
-    """Names of the queues on this server, from their queue-level keys (never a job key's
-    name is returned: SCAN's MATCH filters on the server)."""
-    if conns.cluster:
-        raise ConfigError("on a Redis Cluster, name the queues to export (--queue)")
-    found: set[str] = set()
-    with conns.errors("discover queues"):
-        for suffix in _QUEUE_KEYS:
-            for key in conns.main.scan_iter(match=f"sq:{{*}}:{suffix}", count=SCAN_COUNT):
-                name = records.text(key)[len("sq:{") : -len("}:" + suffix)]
-                try:
-                    found.add(check_queue_name(name))
-                except (ConfigError, ValueError):  # a job id that merely ends like one
-                    continue
-    return sorted(found)
+def read_index(conns: Connections, limit: int = QUEUES_READ_CAP, prune: bool = True) -> QueueIndex:
+    """The queues in the index (keys.py: ``INDEX``, one set per slot on a Cluster), at
+    most ``limit`` entries read. A few round trips whatever the keyspace holds.
+
+    ``prune`` (one server): a name is kept only when its queue has a sequence counter or
+    a worker registry, and entries that are neither queue names nor backed are removed
+    from the index where this client may write it: names added by hand cannot keep
+    filling the cap (the exporter checks the same inside stats.lua and skips this)."""
+    with conns.errors("read the queue index"):
+        if conns.cluster:
+            return _read_cluster_index(conns, limit)
+        total = int(conns.main.scard(INDEX))
+        entries: list[bytes | str] = []
+        cursor = 0
+        while True:
+            cursor, found = conns.main.sscan(INDEX, cursor, count=min(limit, SCAN_COUNT))
+            entries += found
+            if not cursor or len(entries) >= limit:
+                break
+        names, ignored = valid_names(entries[:limit])
+        if not prune:
+            return QueueIndex(names, total, ignored)
+        pipe = conns.main.pipeline(transaction=False)
+        for name in names:
+            keys = QueueKeys(name)
+            pipe.exists(keys.seq, keys.workers)
+        backed = [name for name, n in zip(names, pipe.execute(), strict=True) if int(n)]
+    _forget(conns, entries[:limit], set(backed))
+    return QueueIndex(backed, total, ignored, len(names) - len(backed))
+
+
+def _forget(conns: Connections, entries: Sequence[bytes | str], keep: set[str]) -> None:
+    """Remove the index entries read that are not ``keep``'s; best effort: a reader
+    whose ACL may not write the index leaves them (and still ignores them)."""
+    junk = [e for e in entries if records.text(e) not in keep]
+    if not junk:
+        return
+    try:
+        conns.main.srem(INDEX, *junk)
+    except redis.RedisError as exc:
+        log.debug("could not remove %d junk entries from the queue index: %s", len(junk), exc)
+
+
+def _read_cluster_index(conns: Connections, limit: int) -> QueueIndex:
+    """One SCARD per hash slot in one pipeline (split by node), then one bounded SSCAN of
+    each non-empty slot's set, until ``limit`` entries are covered."""
+    pipe = conns.main.pipeline()
+    slots = range(REDIS_CLUSTER_HASH_SLOTS)
+    for slot in slots:
+        pipe.scard(cluster_index(slot))
+    sizes = [int(n) for n in pipe.execute()]
+    total, wanted, budget = sum(sizes), [], limit
+    for slot, size in zip(slots, sizes, strict=True):
+        if size and budget > 0:
+            wanted.append((slot, min(size, budget)))
+            budget -= size
+    pipe = conns.main.pipeline()
+    for slot, count in wanted:
+        pipe.sscan(cluster_index(slot), 0, count=2 * count + 16)  # COUNT is a hint
+    entries = [entry for _, found in pipe.execute() for entry in found]
+    names, ignored = valid_names(entries[:limit])
+    return QueueIndex(names, total, ignored)
 
 
 def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
-    """The numbers of ``queues``, in two pipelined round trips."""
+    """The numbers of ``queues``: one stats.lua call per STATS_CHUNK queues on one
+    server; on a Cluster (whose scripts cannot cross slots), two pipelined round trips."""
+    if not conns.cluster:
+        return _read_stats_script(conns, queues)
+    return _read_stats_pipelined(conns, queues)
+
+
+def _read_stats_pipelined(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
+    """TIME, then two pipelined round trips: commands routed by key, so a Cluster can
+    serve them (a Cluster's scripts cannot cross slots)."""
     keys = [QueueKeys(q) for q in queues]
+    n_states = len(JobState)
     with conns.errors("read queue statistics"):
+        # a Cluster pipeline refuses TIME: asked of one node on its own
+        cluster: Any = conns.main  # only a Cluster takes this path
+        now_reply = cluster.execute_command("TIME", target_nodes=cluster.get_random_node())
         pipe = conns.main.pipeline(transaction=False)
-        pipe.time()
         for k in keys:
             for state in JobState:
                 pipe.zcard(k.state_set(state))
             pipe.zrange(k.waiting, 0, 0)
-            pipe.smembers(k.workers)
+            # at most WORKERS_READ_CAP of them: a registry padded with 200,000 names made
+            # one scrape take 3.7 s (SMEMBERS, then an EXISTS each)
+            pipe.sscan(k.workers, 0, count=WORKERS_READ_CAP)
+            pipe.scard(k.workers)
+            pipe.exists(k.seq)
         # raise_on_error=False: a queue whose keys were damaged by hand answers errors in
         # its own rows, and the other queues are still read
-        first: list[Any] = pipe.execute(raise_on_error=False)
-        if isinstance(first[0], Exception):
-            raise first[0]
+        first: list[Any] = [now_reply, *pipe.execute(raise_on_error=False)]
         seconds, micros = first[0]
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        per = len(JobState) + 2
+        per = n_states + 4
+        rows = [first[1 + i * per : 1 + (i + 1) * per] for i in range(len(keys))]
         out: list[QueueStats] = []
+        listed: list[list[str]] = []
         pipe = conns.main.pipeline(transaction=False)
-        for i, k in enumerate(keys):
-            row = first[1 + i * per : 1 + (i + 1) * per]
+        for k, row in zip(keys, rows, strict=True):
             if problem := next((v for v in row if isinstance(v, Exception)), None):
                 out.append(QueueStats(k.queue, damaged=str(problem)))
+                listed.append([])
                 continue
-            stats = QueueStats(k.queue, dict(zip(JobState, map(int, row), strict=False)))
-            head, workers = row[-2], sorted(row[-1])
+            head, (_, members), registered, used = row[n_states:]
+            stats = QueueStats(k.queue, dict(zip(JobState, map(int, row[:n_states]), strict=True)))
+            stats.exists = bool(int(used)) or bool(int(registered))
+            workers = sorted({records.text(w) for w in members})[:WORKERS_READ_CAP]
+            stats.workers_capped = int(registered) > len(workers)
             if head:
                 pipe.hmget(k.job(records.text(head[0])), ["ready_ms", "created_ms"])
             for worker in workers:
-                pipe.exists(k.worker(records.text(worker)))
+                pipe.exists(k.worker(worker))
             out.append(stats)
+            listed.append(workers)
         second: list[Any] = pipe.execute(raise_on_error=False) if len(pipe) else []
     pos = 0
-    for i, stats in enumerate(out):
+    for stats, row, workers in zip(out, rows, listed, strict=True):
         if stats.damaged is not None:
             continue
-        row = first[1 + i * per : 1 + (i + 1) * per]
-        if row[-2]:
+        if row[n_states]:
             head = second[pos]
             pos += 1
             # a head job whose record is not a hash: its age is unknown, not the scrape's end
@@ -108,9 +201,51 @@ def read_stats(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
                 stats.oldest_waiting_age_s = 0.0
         else:
             stats.oldest_waiting_age_s = 0.0
-        live = second[pos : pos + len(row[-1])]
-        pos += len(row[-1])
+        live = second[pos : pos + len(workers)]
+        pos += len(workers)
         stats.workers = sum(1 for flag in live if not isinstance(flag, Exception) and int(flag))
+    return out
+
+
+@functools.lru_cache(maxsize=2 * QUEUES_READ_CAP)
+def _stats_keys(queue: str) -> tuple[str, ...]:
+    """A queue's KEYS for stats.lua, in its order (kept: every scrape asks again)."""
+    k = QueueKeys(queue)
+    states = [k.state_set(state) for state in JobState]
+    return (*states, k.workers, k.seq, k.job_prefix, k.worker_prefix)
+
+
+def _read_stats_script(conns: Connections, queues: Sequence[str]) -> list[QueueStats]:
+    """stats.lua over ``queues`` in chunks, all chunks in one round trip. Sending ints
+    back from one script instead of ten commands per queue is what keeps a scrape of
+    1,000 queues cheap: redis-py's per-command packing and parsing was most of it."""
+    n_keys = len(JobState) + 4
+    script = conns.main.register_script(_STATS_LUA)
+    chunks = [queues[i : i + STATS_CHUNK] for i in range(0, len(queues), STATS_CHUNK)]
+    with conns.errors("read queue statistics"):
+        pipe = conns.main.pipeline(transaction=False)
+        for chunk in chunks or [[]]:
+            keys = [key for q in chunk for key in _stats_keys(q)]
+            script(keys=keys, args=[n_keys, WORKERS_READ_CAP], client=pipe)
+        replies: list[Any] = pipe.execute()
+    out: list[QueueStats] = []
+    n_states = len(JobState)
+    for chunk, reply in zip(chunks, replies, strict=False):
+        now_ms, pos = int(reply[0]), 1
+        for queue in chunk:
+            if isinstance(reply[pos], bytes):  # that queue's keys hold the wrong types
+                out.append(QueueStats(queue, damaged=records.text(reply[pos])))
+                pos += 1
+                continue
+            row = [int(v) for v in reply[pos : pos + n_states + 4]]
+            pos += n_states + 4
+            ready, registered, live, used = row[n_states:]
+            stats = QueueStats(queue, dict(zip(JobState, row[:n_states], strict=True)))
+            stats.oldest_waiting_age_s = max(0, now_ms - ready) / 1000 if ready > 0 else 0.0
+            stats.workers = live
+            stats.workers_capped = registered > WORKERS_READ_CAP
+            stats.exists = bool(used)
+            out.append(stats)
     return out
 
 
@@ -119,3 +254,40 @@ def _int(value: Any) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def depth_samples(fields: dict[Any, Any]) -> list[tuple[int, int]]:
+    """depth.lua's hash as (minute start ms, jobs waiting), oldest first; fields that are
+    not two integers (changed by hand) are left out."""
+    out = []
+    for minute, waiting in fields.items():
+        m, w = _int(minute), _int(waiting)
+        if m is not None and w is not None:
+            out.append((m * 60_000, w))
+    return sorted(out)[-DEPTH_MINUTES:]
+
+
+def recent_durations(conns: Connections, keys: QueueKeys, limit: int) -> list[tuple[str, float]]:
+    """The last attempt record of up to ``limit`` recently finished jobs, two round
+    trips: the newest ids of the completed and failed sets, then one LINDEX each."""
+    with conns.errors("read recent durations"):
+        pipe = conns.main.pipeline(transaction=False)
+        pipe.zrevrange(keys.completed, 0, limit - 1)
+        pipe.zrevrange(keys.failed, 0, limit - 1)
+        completed, failed = pipe.execute()
+        ids = [records.text(i) for i in [*completed, *failed]][:limit]
+        pipe = conns.main.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.lindex(keys.history(job_id), -1)
+        raws: list[Any] = pipe.execute(raise_on_error=False) if ids else []
+    out = []
+    for raw in raws:
+        if not isinstance(raw, bytes) or len(raw) > records.MAX_FIELD_BYTES:
+            continue
+        try:
+            record = AttemptRecord.model_validate_json(raw)
+        except ValueError:  # a record changed by hand: left out of the chart
+            continue
+        if record.started_ms is not None and record.ended_ms is not None:
+            out.append((record.outcome.value, max(0, record.ended_ms - record.started_ms) / 1000))
+    return out

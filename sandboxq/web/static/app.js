@@ -1,7 +1,8 @@
 // sandboxq dashboard: live updates over server-sent events, with a plain refresh as the
 // fallback. One EventSource per page; at most one page refresh in flight and at most one
 // every REFRESH_MS, so a busy queue cannot make a page left open for hours pile up
-// requests, timers or memory. Everything from the server is set as text, never as HTML
+// requests, timers or memory. The overview and workers pages (data-poll) also refresh
+// every REFRESH_MS. Everything from the server is set as text, never as HTML
 // built here (the fetched page's <main> is server-escaped HTML).
 "use strict";
 (function () {
@@ -25,7 +26,8 @@
     missed = false;
     lastRefresh = Date.now();
     fetch(window.location.href, { credentials: "same-origin", cache: "no-store" })
-      .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+      // a 503 is the outage page: its banner replaces what would otherwise look current
+      .then(function (r) { return r.ok || r.status === 503 ? r.text() : Promise.reject(r.status); })
       .then(function (text) {
         var doc = new DOMParser().parseFromString(text, "text/html");
         var fresh = doc.getElementById("main");
@@ -106,4 +108,7 @@
 
   wire(document);
   connect();
+  // pages that list queues or workers re-read themselves every REFRESH_MS whether or not
+  // an event came: a new queue or an idle new worker sends none
+  if (body.getAttribute("data-poll")) { window.setInterval(schedule, REFRESH_MS); }
 })();

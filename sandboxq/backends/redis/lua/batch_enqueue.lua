@@ -1,5 +1,5 @@
 -- batch_enqueue.lua: add one chunk of a batch's members (the batch is made by its first).
--- KEYS: the standard list (common.lua).
+-- KEYS: the standard list (common.lua), and 12 the queue index (as enqueue.lua).
 -- ARGV: 1-4 standard; 5 batch id, 6 the batch's total member count, 7 the index of this
 --       chunk's first member (0: this call makes the batch), 8 then queue ('' = none),
 --       9 ttl ms (how long the batch is kept once done), 10 the number of jobs, 11 the
@@ -73,4 +73,5 @@ if enqueued == total then
   batch_check_done(bid, now)
 end
 wake(count)
+redis.call('SADD', KEYS[12], string.match(PREFIX, '^sq:{(.*)}:job:$'))
 return enqueued

@@ -14,6 +14,7 @@
 --   8 seq counter     9 events STREAM    10 wake LIST (one entry per claimable job)
 --  11 history prefix  sq:{q}:history:  (attempt records LIST = prefix..id; an id may hold
 --                     ':', so no key built from an id may extend another one: keys.py)
+--  12 queue index     sq:queues (Cluster: its slot's sq:queues:{tag}): enqueue scripts only
 -- ARGV 1-4, the same for every script: max events kept in the stream, jobs kept in the
 -- completed set, jobs kept in the failed (and cancelled) set, and how long a finished job
 -- is kept, ms: "<completed> <failed and cancelled>" (a job's own option wins: ttl_ms).

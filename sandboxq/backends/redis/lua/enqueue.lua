@@ -1,5 +1,6 @@
 -- enqueue.lua: add new jobs, skipping ids that already exist.
--- KEYS: the standard list (common.lua); uses job prefix, waiting, delayed, seq, events, wake.
+-- KEYS: the standard list (common.lua); uses job prefix, waiting, delayed, seq, events, wake,
+--       and 12 the queue index (keys.py: INDEX, or on a Cluster the queue's slot's).
 -- ARGV: 1-4 standard; 5 the number of jobs; 6 the jobs, framed back to back (one argument
 --       instead of seven per job: argument encoding was most of the cost of a big batch).
 --       Each job is a big-endian header  >I2 id length, I4 payload length, I2 codec length,
@@ -12,7 +13,8 @@
 -- changes nothing but using up a sequence number); due times come from the server clock
 -- (design invariant 2), ready_ms is when the job becomes claimable (now, or its due time); every
 -- new job, waiting or delayed, pushes a wake entry so an idle worker notices it within
--- milliseconds without polling (a delayed one re-reads the next due time).
+-- milliseconds without polling (a delayed one re-reads the next due time); the queue is
+-- in the index once this returns, so readers find it without a SCAN.
 
 local now = now_ms()
 local count = tonumber(ARGV[5])
@@ -45,4 +47,5 @@ for j = 1, count do
   end
 end
 wake(added)
+redis.call('SADD', KEYS[12], string.match(PREFIX, '^sq:{(.*)}:job:$'))
 return created

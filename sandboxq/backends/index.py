@@ -1,0 +1,71 @@
+"""The index of queues: which queues exist, without looking at a single job key.
+
+    enqueue / batch enqueue / worker registration ──► the index (Redis: a SET the
+        scripts maintain, keys.py; memory://: a set in this process)
+    dashboard, exporter, ``sandboxq queues`` ──► read_index(limit) ──► QueueIndex
+
+The index is written by anyone who may enqueue, so a reader trusts none of it: an entry
+that is not a well-formed queue name is ignored (and counted), and at most ``limit``
+entries are read per look, however many were added (the cap is reported, never silent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sandboxq.errors import ConfigError
+from sandboxq.models import check_queue_name
+
+#: Index entries one look reads at most (a dashboard refresh, a scrape, ``sandboxq queues``).
+QUEUES_READ_CAP = 2000
+#: Registered workers of one queue read at most per look.
+WORKERS_READ_CAP = 1000
+#: Minutes of waiting-depth samples a queue keeps (Backend.depth_history, depth.lua).
+DEPTH_MINUTES = 60
+
+
+@dataclass(frozen=True, slots=True)
+class QueueIndex:
+    """What one look at the index found."""
+
+    names: list[str]  # the well-formed queue names read, sorted
+    total: int  # entries the index holds
+    ignored: int  # entries read that are not queue names
+    unbacked: int = 0  # well-formed names with no key behind them (added by hand)
+
+    @property
+    def read(self) -> int:
+        return len(self.names) + self.ignored + self.unbacked
+
+    @property
+    def capped(self) -> bool:
+        """Entries were left unread: the index holds more than one look reads."""
+        return self.total > self.read
+
+    def note(self) -> str:
+        """One line on what was left out ("" when nothing was)."""
+        parts = []
+        if self.capped:
+            parts.append(
+                f"the queue index holds {self.total} entries; only {self.read} were read "
+                "(the cap of one look)"
+            )
+        if self.ignored:
+            parts.append(f"{self.ignored} entries that are not queue names were ignored")
+        if self.unbacked:
+            parts.append(f"{self.unbacked} names with no queue behind them were ignored")
+        return "; ".join(parts)
+
+
+def valid_names(entries: Iterable[bytes | str]) -> tuple[list[str], int]:
+    """The well-formed queue names among ``entries`` (sorted, unique) and how many were not."""
+    names: set[str] = set()
+    ignored = 0
+    for entry in entries:
+        try:
+            text = entry.decode("utf-8") if isinstance(entry, bytes) else entry
+            names.add(check_queue_name(text))
+        except (ConfigError, ValueError):  # UnicodeDecodeError is a ValueError
+            ignored += 1
+    return sorted(names), ignored

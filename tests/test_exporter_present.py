@@ -1,0 +1,145 @@
+"""The exporter against what breaks it in the field (real redis-servers): Redis going away
+and coming back, keys shaped like queues that are not, a padded worker registry."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from sandboxq import Queue
+from sandboxq.backends.index import WORKERS_READ_CAP
+from sandboxq.backends.redis.keys import INDEX, QueueKeys
+from sandboxq.observe.exporter import QueueExporter
+from sandboxq.testing.redis_server import RedisServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(address: tuple[str, int]) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://{address[0]}:{address[1]}/metrics", timeout=10) as r:
+        return r.status, r.read().decode()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def test_an_unreachable_redis_is_up_0_and_one_log_line_per_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    exporter = QueueExporter(f"redis://:pw-hidden@127.0.0.1:{port}/0")
+    address = exporter.serve(0)
+    caplog.set_level(logging.INFO, logger="sandboxq.exporter")
+    try:
+        for _ in range(3):
+            status, text = scrape(address)
+            assert status == 200
+            assert "sandboxq_exporter_redis_up 0.0" in text
+            assert "sandboxq_queue_jobs{" not in text
+        with RedisServer(port=port, extra_args=["--requirepass", "pw-hidden"]) as server:
+            with Queue("seen", url=server.url.replace("//", "//:pw-hidden@")) as q:
+                q.enqueue(1)
+            for _ in range(2):
+                status, text = scrape(address)
+                assert "sandboxq_exporter_redis_up 1.0" in text
+                assert 'sandboxq_queue_jobs{queue="seen",state="waiting"} 1.0' in text
+        status, text = scrape(address)
+        assert status == 200 and "sandboxq_exporter_redis_up 0.0" in text
+    finally:
+        exporter.close()
+    lines = [r for r in caplog.records if r.name == "sandboxq.exporter"]
+    assert [r.getMessage().split(",")[0].split(" at ")[0] for r in lines] == [
+        "Redis unreachable",
+        "Redis reachable again",
+        "Redis unreachable",
+    ]
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in lines)
+    assert not any("pw-hidden" in r.getMessage() for r in lines)
+
+
+def test_junk_keys_and_junk_index_entries_add_no_series(own_redis: RedisServer) -> None:
+    raw = redis.Redis.from_url(own_redis.url)
+    exporter = QueueExporter(own_redis.url)
+    try:
+        with Queue("real", url=own_redis.url) as q:
+            q.enqueue(1)
+        # what a SCAN for sq:{*}:seq took for 10,000 queues; and names added to the index
+        # by hand: malformed ones, and well-formed ones no queue stands behind
+        pipe = raw.pipeline(transaction=False)
+        for i in range(10_000):
+            pipe.set(f"sq:{{junk-{i}}}:seq", 1)
+        pipe.sadd(INDEX, "bad name!", "x" * 500, b"\xff", *[f"ghost-{i}" for i in range(100)])
+        pipe.execute()
+        # a worker registry padded with 200,000 names (one scrape took 3.7 s)
+        keys = QueueKeys("real")
+        for start in range(0, 200_000, 10_000):
+            raw.sadd(keys.workers, *[f"fake-{i}" for i in range(start, start + 10_000)])
+        text = _generate(exporter)
+        queues = set(re.findall(r'sandboxq_queue_jobs\{queue="([^"]+)"', text))
+        assert queues == {"real"}
+        assert 'sandboxq_exporter_capped{what="workers"} 1.0' in text
+        assert 'sandboxq_exporter_capped{what="queues"} 0.0' in text
+        assert 'sandboxq_workers{queue="real"} 0.0' in text
+        assert WORKERS_READ_CAP < 200_000
+    finally:
+        exporter.close()
+        raw.close()
+
+
+def _generate(exporter: QueueExporter) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(exporter.registry).decode()
+
+
+# -- sandboxq queues: the same index, for a person or a script ----------------------------------
+
+
+def test_queues_verb_lists_every_queue_from_the_index(
+    own_redis: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sandboxq.backends import open_backend
+    from sandboxq.cli import main
+
+    with Queue("thumbs", url=own_redis.url) as q:
+        q.enqueue_many([((i,), {}) for i in range(3)])
+    worker_only = open_backend(own_redis.url, "idle-fleet")
+    raw = redis.Redis.from_url(own_redis.url)
+    try:
+        worker_only.register_worker("w1", {"host": "h"}, 30.0)
+        raw.set("sq:{junk}:seq", 1)  # shaped like a queue, never registered
+        raw.sadd(INDEX, "bad name!")
+        assert main(["queues", "--url", own_redis.url, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        by_name = {row["queue"]: row for row in data["queues"]}
+        assert set(by_name) == {"thumbs", "idle-fleet"}
+        assert by_name["thumbs"]["waiting"] == 3 and by_name["thumbs"]["workers"] == 0
+        assert by_name["idle-fleet"]["workers"] == 1
+        assert data["index"] == {"total": 3, "ignored": 1, "capped": False}
+        # the junk entry was removed by that read: the index holds the two queues now
+        assert raw.smembers(INDEX) == {b"thumbs", b"idle-fleet"}
+        raw.sadd(INDEX, "ghost")  # well-formed, no queue behind it
+        assert main(["queues", "--url", own_redis.url]) == 0
+        out = capsys.readouterr()
+        assert "thumbs" in out.out and "idle-fleet" in out.out and "junk" not in out.out
+        assert "ghost" not in out.out
+        assert "1 names with no queue behind them were ignored" in out.err
+    finally:
+        worker_only.close()
+        raw.close()

@@ -1,0 +1,80 @@
+"""A worker's log while Redis is down: one line per cause per 10 s, with a count (a real
+worker process, a real redis-server stopped and started again)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sandboxq import Queue
+from sandboxq.errors import BackendError
+from sandboxq.observe.quiet import WINDOW_S, OutageFilter
+from sandboxq.testing.redis_server import RedisServer
+from sandboxq.testing.workers import BackgroundWorkers
+
+H = "sandboxq.testing.handlers:"
+
+
+@pytest.mark.timeout(90)
+def test_an_outage_longer_than_the_window_is_two_lines_per_cause_with_a_count(
+    queue_name: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "worker.log"
+    with (
+        RedisServer() as server,
+        Queue(queue_name, url=server.url) as q,
+        BackgroundWorkers() as workers,
+    ):
+        worker = workers.spawn(queue_name, H + "echo", "--lease-s", "2", url=server.url, log=log)
+        assert q.enqueue(1).result(timeout_s=30) == 1
+        server.stop()
+        # the subject: Redis stays down a little longer than one window; unlimited, the
+        # fetcher alone logged a line every 0.1-2 s of it
+        outage_s = WINDOW_S + 1.5
+        time.sleep(outage_s)
+        assert worker.poll() is None, "the worker died while Redis was down"
+        server.start()
+        assert q.enqueue(2).result(timeout_s=30) == 2
+    text = log.read_text()
+    # the first failed claim may see the server close the connection (a cause of its own);
+    # every one after sees it refused
+    claims = [line for line in text.splitlines() if "claim failed" in line]
+    refused = [line for line in claims if "Connection refused" in line]
+    assert len(refused) == 2, "\n".join(claims)
+    held = re.search(r"\((\d+) more like this in the last 10 s\)", refused[1])
+    assert held is not None and int(held.group(1)) >= 3, refused[1]
+    # no cause printed more often than once a window (+1 for the line after it)
+    causes = Counter(
+        re.sub(r"\(\d+ more like this.*\)", "", line.split(" ", 3)[-1])
+        for line in text.splitlines()
+        if "WARNING" in line
+    )
+    assert all(n <= 2 for n in causes.values()), causes
+
+
+def test_distinct_causes_and_lines_without_an_error_are_never_held_back() -> None:
+    quiet = OutageFilter(window_s=60.0)
+    logger = logging.getLogger("sandboxq.test-quiet")
+    records: list[logging.LogRecord] = []
+
+    def emit(msg: str, *args: object) -> bool:
+        record = logger.makeRecord(logger.name, logging.WARNING, __file__, 1, msg, args, None)
+        passed = quiet.filter(record)
+        if passed:
+            records.append(record)
+        return passed
+
+    down = BackendError("Redis at redis://h:1/0 is unreachable (claim): refused")
+    assert emit("claim failed (%s); retrying", down)
+    assert not emit("claim failed (%s); retrying", down)
+    assert emit("could not renew %d lease(s): %s", 2, down)  # another cause
+    other = BackendError("Redis at redis://h:1/0 is unreachable (claim): timed out")
+    assert emit("claim failed (%s); retrying", other)  # another error
+    for job in ("a", "b", "a"):
+        assert emit("job %s stalled (its lease expired): now %s", job, "waiting")
+    assert len(records) == 6
