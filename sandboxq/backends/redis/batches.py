@@ -23,8 +23,8 @@ from redis.exceptions import ResponseError
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import BatchAction, NewJob
-from sandboxq.backends.redis import records
-from sandboxq.backends.redis.connection import BLOCK_CAP_S, Connections
+from sandboxq.backends.redis import finish_listener, records
+from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.enqueue import ENQUEUE_CHUNK, frame_jobs
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, raise_errors, unknown_scripts
@@ -225,6 +225,8 @@ class Batches:
     """``Backend``'s batch calls on Redis (mixed into ``RedisBackend``)."""
 
     queue: str
+    url: str
+    socket_timeout_s: float
     keys: QueueKeys
     _conns: Connections
     _scripts: Scripts
@@ -278,15 +280,20 @@ class Batches:
         self, batch_id: str, after: str, block_s: float | None = None
     ) -> tuple[str, list[tuple[int, JobState]]]:
         key = self.keys.batch_done(batch_id)
+
+        def read() -> tuple[str, list[tuple[int, JobState]]]:
+            return finished_from(
+                after, self._conns.main.xread({key: after}, count=FINISHED_READ), key
+            )
+
         with self._conns.errors(f"read the finished members of batch {batch_id!r}"):
             if block_s is None:
-                reply = self._conns.main.xread({key: after}, count=FINISHED_READ)
-            else:
-                block_ms = max(1, rules.lease_ms(min(block_s, BLOCK_CAP_S)))
-                reply = self._conns.blocking.xread(
-                    {key: after}, count=FINISHED_READ, block=block_ms
-                )
-        return finished_from(after, reply, key)
+                return read()
+            # woken by the process's finish listener of the queue (finish_listener.py),
+            # not a blocking read per waiter
+            return finish_listener.wait_for_batch(
+                self.url, self.keys, self.socket_timeout_s, batch_id, block_s, read
+            )
 
     def batch_each(self, batch_id: str, action: BatchAction) -> int | None:
         acted, start, last = 0, 0, 1
