@@ -33,6 +33,11 @@ def clients(raw: redis.Redis) -> int:
     return len(raw.client_list())
 
 
+def blocked(raw: redis.Redis) -> int:
+    """Connections parked in a blocking command (XREAD BLOCK, BLPOP)."""
+    return sum(1 for c in raw.client_list() if "b" in c.get("flags", ""))
+
+
 async def wait_all(jobs: list[aio.AsyncJob], timeout_s: float) -> list[Any]:
     return await asyncio.gather(*(job.result(timeout_s=timeout_s) for job in jobs))
 
@@ -111,16 +116,18 @@ def test_200_threads_wait_for_results_on_one_connection(
             time.sleep(0.01)
         assert finishes.waiting_count() == n
         during = clients(raw)
+        blocked_during = blocked(raw)
         assert listeners(raw) == 1
         workers.start(queue_name, H + "echo", url=redis_url, concurrency=2)
         for t in threads:
             t.join(60)
         assert not errors, errors[:3]
         assert results == list(range(n))
-        # One listener; the rest is the queue's main pool, which keeps the connections
-        # the 200 first reads opened at once (redis-py's pool grows to the commands in
-        # flight): a parked waiter holds none. Each waiter's own blocking read held 200.
-        assert during - before < 20, (before, during)
+        # One blocked connection, the listener's, where each waiter's own blocking read
+        # held 200. (The queue's script lane keeps one connection per read that was in
+        # flight at the same moment, as many as the first reads ran at once: a parked
+        # waiter holds none.)
+        assert blocked_during == 1, (before, during)
     deadline = time.monotonic() + 10
     while listeners(raw) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -172,3 +179,115 @@ def test_a_job_finishing_between_the_first_read_and_the_wait_still_wakes_its_wai
         assert asyncio.run(main()) == 8
         assert finish_between_read_and_wait == [job.id]
         assert time.monotonic() - started < 15
+
+
+@pytest.mark.timeout(60)
+def test_cancelled_waiters_leave_nothing_behind_and_the_listener_stops(
+    redis_url: str, raw: redis.Redis, queue_name: str
+) -> None:
+    async def main() -> None:
+        async with aio.Queue(queue_name, redis_url) as q:
+            jobs = await q.enqueue_many([((i,), {}) for i in range(500)])
+            tasks = [asyncio.ensure_future(job.result(timeout_s=60)) for job in jobs]
+            await until(lambda: finishes.waiting_count() >= 500 and listeners(raw), 30, "waiters")
+            # half are cancelled while parked, the other half as soon as they start
+            for task in tasks[:250]:
+                task.cancel()
+            await asyncio.sleep(0)
+            late = [asyncio.ensure_future(job.result(timeout_s=60)) for job in jobs[:50]]
+            for task in tasks[250:] + late:
+                task.cancel()
+            done = await asyncio.gather(*tasks, *late, return_exceptions=True)
+            assert all(isinstance(d, asyncio.CancelledError) for d in done)
+            assert finishes.waiting_count() == 0
+            await until(lambda: listeners(raw) == 0, 5, "the listener to stop")
+            # nothing of the listener runs on: only this coroutine's own task is left
+            assert asyncio.all_tasks() == {asyncio.current_task()}
+            # and a new waiter starts a new one
+            waiting = asyncio.ensure_future(jobs[0].result(timeout_s=0.3))
+            with pytest.raises(TimeoutError):
+                await waiting
+            assert finishes.waiting_count() == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_each_waiter_keeps_its_own_timeout(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers
+) -> None:
+    """Short waits end at their own timeout while longer ones on the same listener go on
+    to their results; a job that never runs (another queue's worker) times out alone."""
+
+    async def main() -> None:
+        async with aio.Queue(queue_name, redis_url) as q:
+            jobs = await q.enqueue_many([((i,), {}) for i in range(100)])
+
+            async def timed(job: aio.AsyncJob, timeout_s: float) -> tuple[str, float]:
+                started = time.monotonic()
+                try:
+                    await job.result(timeout_s=timeout_s)
+                    return "result", time.monotonic() - started
+                except TimeoutError:
+                    return "timeout", time.monotonic() - started
+
+            short = [asyncio.ensure_future(timed(job, 0.3)) for job in jobs[:50]]
+            long = [asyncio.ensure_future(timed(job, 60)) for job in jobs]
+            for kind, took_s in await asyncio.gather(*short):
+                assert kind == "timeout" and 0.3 <= took_s < 2.0, (kind, took_s)
+            workers.start(queue_name, H + "echo", url=redis_url, concurrency=2)
+            assert {kind for kind, _ in await asyncio.gather(*long)} == {"result"}
+
+    asyncio.run(main())
+    with Queue(queue_name + "-idle", redis_url) as q:  # no worker serves it
+        job = q.enqueue(1)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            q.job(job.id).result(timeout_s=0.3)
+        assert 0.3 <= time.monotonic() - started < 2.0
+
+
+@pytest.mark.timeout(120)
+def test_many_batch_streams_share_the_listener(
+    redis_url: str, raw: redis.Redis, queue_name: str, workers: BackgroundWorkers
+) -> None:
+    """150 coroutines stream 3 batches (50 each) with ``as_completed`` and 20 threads
+    stream one batch: every stream sees every member, on one listener per event loop
+    (the sync one for the threads)."""
+
+    async def main() -> None:
+        async with aio.Queue(queue_name, redis_url) as q:
+            batches = [await q.batch([((i,), {}) for i in range(20)]) for _ in range(3)]
+
+            async def stream(batch: Any) -> list[str]:
+                return sorted([job.id async for job in batch.as_completed(timeout_s=60)])
+
+            streams = [asyncio.ensure_future(stream(b)) for b in batches for _ in range(50)]
+            sync_queue = Queue(queue_name, redis_url)
+            sync_batch = sync_queue.batch([((i,), {}) for i in range(20)])
+            seen: list[list[str]] = []
+
+            def sync_stream() -> None:
+                seen.append(sorted(j.id for j in sync_batch.as_completed(timeout_s=60)))
+
+            threads = [threading.Thread(target=sync_stream) for _ in range(20)]
+            for t in threads:
+                t.start()
+            # (a stream leaves the board for a moment between its reads, which wait up to
+            # batch.READ_SLICE_S each)
+            await until(
+                lambda: finishes.waiting_count() >= 100 and listeners(raw) == 2,
+                30,
+                "the streams to wait on two listeners: this loop's and the threads'",
+            )
+            assert blocked(raw) == 2
+            workers.start(queue_name, H + "echo", url=redis_url, concurrency=2)
+            got = await asyncio.gather(*streams)
+            for n, ids in enumerate(got):
+                assert ids == sorted(j.id for j in batches[n // 50].jobs())
+            for t in threads:
+                await asyncio.to_thread(t.join, 60)
+            assert seen == [sorted(j.id for j in sync_batch.jobs())] * 20
+            sync_queue.close()
+
+    asyncio.run(main())

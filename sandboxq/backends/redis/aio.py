@@ -48,7 +48,7 @@ from sandboxq.backends.redis.enqueue import (
     pack_enqueue,
 )
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Script, Scripts, script_settings
+from sandboxq.backends.redis.scripts import Script, Scripts, pack_command, script_settings
 from sandboxq.backends.rules import lease_ms
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name
@@ -260,8 +260,10 @@ class AsyncRedisBackend:
         )
 
     async def batch_progress(self, batch_id: str) -> BatchProgress | None:
+        # on the lane (one connection, coalesced): any number of streams check at once
+        command = pack_command("HMGET", self.keys.batch(batch_id), *batches.PROGRESS_FIELDS)
         with redis_errors(self.where, f"read batch {batch_id!r}"):
-            values = await self._main.hmget(self.keys.batch(batch_id), batches.PROGRESS_FIELDS)
+            (values,) = await self._run([(None, command)])
         return batches.progress_from(batch_id, self.queue, values)
 
     async def batch_finished(
@@ -269,9 +271,12 @@ class AsyncRedisBackend:
     ) -> tuple[str, list[tuple[int, JobState]]]:
         key = self.keys.batch_done(batch_id)
 
+        command = pack_command("XREAD", "COUNT", batches.FINISHED_READ, "STREAMS", key, after)
+
         async def read() -> tuple[str, list[tuple[int, JobState]]]:
-            reply = await self._main.xread({key: after}, count=batches.FINISHED_READ)
-            return batches.finished_from(after, reply, key)
+            # on the lane, as batch_progress; a raw reply: each entry's fields a flat list
+            (reply,) = await self._run([(None, command)])
+            return batches.finished_from(after, batches.entries_of(reply), key)
 
         with redis_errors(self.where, f"read the finished members of batch {batch_id!r}"):
             if block_s is None:

@@ -104,11 +104,11 @@ class Listener:
                         {self._stream: self._cursor}, count=finishes.LISTEN_COUNT, block=block_ms
                     )
                 except (RedisError, OSError) as exc:
+                    if self.board.empty():
+                        return
                     if not broken:
                         log.warning("finish listener on %s: %s; retrying", self._where, exc)
                     broken = True
-                    if self.board.empty():
-                        return
                     await asyncio.sleep(RETRY_S)
                     continue
                 if broken or finishes.trimmed(self._cursor, oldest):

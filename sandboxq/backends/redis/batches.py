@@ -201,6 +201,24 @@ def finished_from(
     return cursor, out
 
 
+def entries_of(raw: Any) -> Any:
+    """A raw XREAD reply, as a lane reads it (a list of [stream, entries] pairs, or a map
+    of them), in the shape redis-py's ``xread`` gives: each entry's fields as a dict."""
+    if not raw:
+        return raw
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [
+        [
+            key,
+            [
+                (entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+                for entry_id, flat in entries
+            ],
+        ]
+        for key, entries in pairs
+    ]
+
+
 def check_then(then: str, queue: str, cluster: bool) -> None:
     """On a Cluster a script reaches only its own slot: the follow-up's queue must share it."""
     if cluster and key_slot(f"{{{then}}}".encode()) != key_slot(f"{{{queue}}}".encode()):

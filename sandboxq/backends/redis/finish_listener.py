@@ -92,11 +92,11 @@ class Listener:
                     {self._stream: self._cursor}, count=finishes.LISTEN_COUNT, block=block_ms
                 )
             except (redis.RedisError, OSError) as exc:
+                if self._stop_if_idle():
+                    return
                 if not broken:
                     log.warning("finish listener on %s: %s; retrying", self._where, exc)
                 broken = True
-                if self._stop_if_idle():
-                    return
                 time.sleep(RETRY_S)
                 continue
             if broken or finishes.trimmed(self._cursor, oldest):
