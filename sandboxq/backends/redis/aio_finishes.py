@@ -21,9 +21,10 @@ import logging
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from sandboxq.backends import rules
@@ -59,6 +60,19 @@ class Waiter:
             return False
         self._woken.clear()
         return True
+
+
+T = TypeVar("T")
+
+
+async def again_once(read: Callable[[], Awaitable[T]]) -> T:
+    """``read()``, sent again once if the connection it went out on was dead: after a
+    Redis restart the listener wakes every waiter, and each one's read would otherwise
+    meet the lane's connection the old server closed. Safe: a read changes nothing."""
+    try:
+        return await read()
+    except RedisConnectionError:
+        return await read()
 
 
 Table = dict[tuple[str, str], "Listener"]
@@ -167,7 +181,7 @@ async def wait_for_finish(
 
     try:
         await join(url, keys, timeout_s, add)
-        raw = await read_state()
+        raw = await again_once(read_state)
         first = True
         while True:
             if raw is None:
@@ -180,7 +194,7 @@ async def wait_for_finish(
             left_s = deadline - time.monotonic()
             if left_s <= 0 or not await waiter.wait(left_s):
                 return None
-            raw = await read_state()
+            raw = await again_once(read_state)
     finally:
         if board is not None:
             board.remove_job(job_id, waiter)
@@ -207,7 +221,7 @@ async def wait_for_batch(
     try:
         await join(url, keys, timeout_s, add)
         while True:
-            cursor, rows = await read()
+            cursor, rows = await again_once(read)
             left_s = deadline - time.monotonic()
             if rows or left_s <= 0 or not await waiter.wait(left_s):
                 return cursor, rows
