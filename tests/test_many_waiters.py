@@ -59,9 +59,7 @@ def many_waiters(
             before = clients(raw)
             waiting = asyncio.ensure_future(wait_all(jobs, timeout_s=120))
             # every waiter registered and parked before any job can finish
-            await until(
-                lambda: finishes.waiting_count() >= n and listeners(raw), 60, f"{n} waiters"
-            )
+            await until(lambda: finishes.parked_count() >= n and listeners(raw), 60, f"{n} waiters")
             during = clients(raw)
             assert listeners(raw) == 1
             # every result is kept until read (retention keeps 1,000 completed by default)
@@ -112,9 +110,9 @@ def test_200_threads_wait_for_results_on_one_connection(
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
-        while finishes.waiting_count() < n and time.monotonic() < deadline:
+        while finishes.parked_count() < n and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert finishes.waiting_count() == n
+        assert finishes.parked_count() == n
         during = clients(raw)
         blocked_during = blocked(raw)
         assert listeners(raw) == 1
@@ -189,7 +187,7 @@ def test_cancelled_waiters_leave_nothing_behind_and_the_listener_stops(
         async with aio.Queue(queue_name, redis_url) as q:
             jobs = await q.enqueue_many([((i,), {}) for i in range(500)])
             tasks = [asyncio.ensure_future(job.result(timeout_s=60)) for job in jobs]
-            await until(lambda: finishes.waiting_count() >= 500 and listeners(raw), 30, "waiters")
+            await until(lambda: finishes.parked_count() >= 500 and listeners(raw), 30, "waiters")
             # half are cancelled while parked, the other half as soon as they start
             for task in tasks[:250]:
                 task.cancel()
@@ -199,7 +197,7 @@ def test_cancelled_waiters_leave_nothing_behind_and_the_listener_stops(
                 task.cancel()
             done = await asyncio.gather(*tasks, *late, return_exceptions=True)
             assert all(isinstance(d, asyncio.CancelledError) for d in done)
-            assert finishes.waiting_count() == 0
+            assert finishes.waiting_count() == finishes.parked_count() == 0
             await until(lambda: listeners(raw) == 0, 5, "the listener to stop")
             # nothing of the listener runs on: only this coroutine's own task is left
             assert asyncio.all_tasks() == {asyncio.current_task()}

@@ -67,7 +67,7 @@ def test_waiters_outlive_a_redis_restart(
             for t in threads:
                 t.start()
             await until(
-                lambda: finishes.waiting_count() == COROUTINES + THREADS and listeners(url) == 2,
+                lambda: finishes.parked_count() == COROUTINES + THREADS and listeners(url) == 2,
                 30,
                 "every waiter, on this loop's listener and the threads'",
             )

@@ -54,8 +54,9 @@ class Waiter:
     async def wait(self, timeout_s: float) -> bool:
         """Whether a wake came within ``timeout_s`` (it is consumed)."""
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._woken.wait()
+            with finishes.parked():
+                async with asyncio.timeout(timeout_s):
+                    await self._woken.wait()
         except TimeoutError:
             return False
         self._woken.clear()

@@ -51,7 +51,8 @@ class Waiter:
 
     def wait(self, timeout_s: float) -> bool:
         """Whether a wake came within ``timeout_s`` (it is consumed)."""
-        woken = self._woken.wait(timeout_s)
+        with finishes.parked():
+            woken = self._woken.wait(timeout_s)
         self._woken.clear()
         return woken
 

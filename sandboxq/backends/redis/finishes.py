@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
 from sandboxq.backends.redis import records
@@ -127,6 +128,27 @@ def _discard(table: dict[str, list[W]], key: str, waiter: W) -> None:
         return
     if not waiters:
         del table[key]
+
+
+_parked = 0
+
+
+@contextmanager
+def parked() -> Iterator[None]:
+    """Around a waiter's wait for a wake (its first read done): counted by ``parked_count``."""
+    global _parked
+    with _boards_lock:
+        _parked += 1
+    try:
+        yield
+    finally:
+        with _boards_lock:
+            _parked -= 1
+
+
+def parked_count() -> int:
+    """Waiters in this process that have read their job once and now wait for a wake."""
+    return _parked
 
 
 def waiting_count() -> int:
