@@ -181,8 +181,11 @@ class AsyncJob:
                 raise TimeoutError(f"job {self.id!r} did not finish within {timeout_s} s")
             if await backend.wait_for_finish(self.id, min(left, 3600.0)) is not None:
                 break
-        info = await self.info()
-        data = await backend.get_result(self.id) if info.state is JobState.COMPLETED else None
+        # the record and the result in one round trip: a woken waiter returns sooner
+        ((info, data),) = await backend.get_many([self.id])
+        if info is None:
+            raise no_such_job(self.queue.name, self.id)
+        data = data if info.state is JobState.COMPLETED else None
         return finished_value(self.id, info, data, self.queue.allowed_codecs)
 
     async def cancel(self) -> bool:

@@ -77,8 +77,11 @@ class Job:
                 raise no_such_job(self.queue.name, self.id) from None
             if state is not None:
                 break
-        info = self.info()
-        data = self.queue.backend.get_result(self.id) if info.state is JobState.COMPLETED else None
+        # the record and the result in one round trip: a woken waiter returns sooner
+        ((info, data),) = self.queue.backend.get_many([self.id])
+        if info is None:
+            raise no_such_job(self.queue.name, self.id)
+        data = data if info.state is JobState.COMPLETED else None
         return finished_value(self.id, info, data, self.queue.allowed_codecs)
 
     def cancel(self) -> bool:
