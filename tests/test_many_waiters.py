@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from sandboxq import Queue, aio
-from sandboxq.backends.redis import finishes
+from sandboxq.backends.redis import finishes, lane
 from sandboxq.models import JobState
 from sandboxq.testing.workers import BackgroundWorkers
 
@@ -122,10 +122,9 @@ def test_200_threads_wait_for_results_on_one_connection(
         assert not errors, errors[:3]
         assert results == list(range(n))
         # One blocked connection, the listener's, where each waiter's own blocking read
-        # held 200. (The queue's script lane keeps one connection per read that was in
-        # flight at the same moment, as many as the first reads ran at once: a parked
-        # waiter holds none.)
+        # held 200; the reads share the queue's lane, whose connections are bounded.
         assert blocked_during == 1, (before, during)
+        assert during - before <= lane.MAX_CONNECTIONS + 1, (before, during)
     deadline = time.monotonic() + 10
     while listeners(raw) and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -27,7 +27,15 @@ from sandboxq.backends.redis import finish_listener, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.enqueue import ENQUEUE_CHUNK, frame_jobs
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Arg, Script, Scripts, raise_errors, unknown_scripts
+from sandboxq.backends.redis.scripts import (
+    Arg,
+    Script,
+    Scripts,
+    pack_command,
+    raise_errors,
+    run,
+    unknown_scripts,
+)
 from sandboxq.errors import BackendError, BatchIncomplete, ConfigError
 from sandboxq.models import BatchProgress, JobState
 
@@ -290,8 +298,9 @@ class Batches:
         return enqueue_outcome(batch_id, total, replies)
 
     def batch_progress(self, batch_id: str) -> BatchProgress | None:
+        command = pack_command("HMGET", self.keys.batch(batch_id), *PROGRESS_FIELDS)
         with self._conns.errors(f"read batch {batch_id!r}"):
-            values = self._conns.main.hmget(self.keys.batch(batch_id), PROGRESS_FIELDS)
+            (values,) = run(self._conns.main_lane, [(None, command)])
         return progress_from(batch_id, self.queue, values)
 
     def batch_finished(
@@ -299,10 +308,12 @@ class Batches:
     ) -> tuple[str, list[tuple[int, JobState]]]:
         key = self.keys.batch_done(batch_id)
 
+        command = pack_command("XREAD", "COUNT", FINISHED_READ, "STREAMS", key, after)
+
         def read() -> tuple[str, list[tuple[int, JobState]]]:
-            return finished_from(
-                after, self._conns.main.xread({key: after}, count=FINISHED_READ), key
-            )
+            # on the lane, whose connections are bounded, whatever the number of threads
+            (reply,) = run(self._conns.main_lane, [(None, command)])
+            return finished_from(after, entries_of(reply), key)
 
         with self._conns.errors(f"read the finished members of batch {batch_id!r}"):
             if block_s is None:
