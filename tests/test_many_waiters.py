@@ -288,3 +288,107 @@ def test_many_batch_streams_share_the_listener(
             sync_queue.close()
 
     asyncio.run(main())
+
+
+class HeldListener:
+    """Holds the sync listener's thread before its next read of the stream, so that it
+    reads late: what happens meanwhile is read only once ``release()`` is called."""
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self.held = threading.Event()
+        self.released = threading.Event()
+        finishes.before_listen_read = self._hook
+
+    def _hook(self) -> None:
+        if self.holding.is_set() and not self.released.is_set():
+            self.held.set()
+            self.released.wait(30)
+
+    def hold(self, q: Queue) -> None:
+        """Hold it at its next read: a new job's "added" event ends the read in flight."""
+        self.holding.set()
+        q.enqueue("nudge")
+        assert self.held.wait(10), "the listener never came back to read"
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@pytest.fixture
+def held() -> Iterator[HeldListener]:
+    holder = HeldListener()
+    yield holder
+    holder.release()
+    finishes.before_listen_read = None
+
+
+def wait_in_thread(job: Any, timeout_s: float) -> tuple[threading.Thread, list[Any]]:
+    """``job.result(timeout_s)`` on a thread; what it returned or raised, once it ended."""
+    out: list[Any] = []
+
+    def wait() -> None:
+        try:
+            out.append(job.result(timeout_s=timeout_s))
+        except Exception as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread, out
+
+
+def parked(n: int) -> None:
+    deadline = time.monotonic() + 10
+    while finishes.parked_count() < n:
+        assert time.monotonic() < deadline, f"fewer than {n} waiters parked"
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+def test_a_finish_trimmed_from_the_stream_before_the_listener_read_it_still_wakes(
+    redis_url: str, raw: redis.Redis, queue_name: str, workers: BackgroundWorkers, held: Any
+) -> None:
+    """The listener reads late and the job's "completed" entry has been trimmed from the
+    events stream meanwhile (as ``max_events`` trims it under a burst): the listener sees
+    the stream's oldest entry past its cursor and wakes every waiter to look again."""
+    with Queue(queue_name, redis_url) as q:
+        job = q.enqueue(5)
+        thread, out = wait_in_thread(job, 20)
+        parked(1)
+        held.hold(q)
+        workers.burst(queue_name, H + "echo", url=redis_url)  # the job (and the nudge) end
+        assert q.backend.get(job.id).state is JobState.COMPLETED  # type: ignore[union-attr]
+        events = f"sq:{{{queue_name}}}:events"
+        raw.xtrim(events, maxlen=0)  # its entry is gone...
+        raw.xadd(events, {"kind": "progress", "job": "other"})  # ...newer ones remain
+        started = time.monotonic()
+        held.release()
+        thread.join(15)
+        assert out == [5]
+        assert time.monotonic() - started < 5  # woken by the gap, not its timeout
+
+
+@pytest.mark.timeout(60)
+def test_a_stale_finish_read_late_does_not_end_a_wait_for_the_jobs_next_run(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers, held: Any
+) -> None:
+    """The job is cancelled and retried while the listener is held; its waiter starts on
+    the retried job. The listener then reads the old "cancelled" finish: the waiter must
+    not answer JobFailed(cancelled) but go on waiting for the run that follows."""
+    with Queue(queue_name, redis_url) as q:
+        keeper = q.enqueue("keeper")  # a waiter that keeps the listener running
+        keeping, _ = wait_in_thread(keeper, 30)
+        parked(1)
+        job = q.enqueue(6)
+        held.hold(q)
+        assert job.cancel() and job.retry()
+        assert job.state() is JobState.WAITING
+        thread, out = wait_in_thread(job, 20)
+        parked(2)
+        held.release()
+        # the stale finish is read and dismissed; the job then really runs
+        workers.burst(queue_name, H + "echo", url=redis_url)
+        thread.join(15)
+        assert out == [6]
+        keeping.join(15)

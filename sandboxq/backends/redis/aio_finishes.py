@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from sandboxq.backends import rules
-from sandboxq.backends.redis import finishes, records
+from sandboxq.backends.redis import finishes
 from sandboxq.backends.redis.finishes import Board
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.models import JobState
@@ -43,13 +43,20 @@ RETRY_S = 0.2
 class Waiter:
     """One waiting coroutine: woken by the listener task (on the same loop)."""
 
-    __slots__ = ("_woken",)
+    __slots__ = ("_told", "_woken")
 
     def __init__(self) -> None:
         self._woken = asyncio.Event()
+        self._told: JobState | None = None
 
-    def wake(self) -> None:
+    def wake(self, state: JobState | None) -> None:
+        self._told = state or self._told
         self._woken.set()
+
+    def told(self) -> JobState | None:
+        """The final state the last wakes named (taken), if any did."""
+        state, self._told = self._told, None
+        return state
 
     async def wait(self, timeout_s: float) -> bool:
         """Whether a wake came within ``timeout_s`` (it is consumed)."""
@@ -132,9 +139,8 @@ class Listener:
                     broken = False
                     self.board.wake_all()
                 entries = list(reply[0][1]) if reply else []
-                if entries:
-                    self._cursor = records.text(entries[-1][0])
-                    self.board.deliver(entries)
+                self._cursor = finishes.next_cursor(self._cursor, entries, oldest)
+                self.board.deliver(entries)
                 if self.board.empty():
                     return
         finally:
@@ -157,8 +163,11 @@ async def join(
     if listener is None:
         listener = table[key] = Listener(table, key, keys, timeout_s)
     add(listener.board)
-    # shielded: one waiter cancelled during the start must not end it for the others
-    await asyncio.shield(listener.started)
+    if not listener.started.done():
+        # shielded: one waiter cancelled during the start must not end it for the others
+        await asyncio.shield(listener.started)
+    elif (error := listener.started.exception()) is not None:
+        raise error
     return listener
 
 
@@ -195,6 +204,8 @@ async def wait_for_finish(
             left_s = deadline - time.monotonic()
             if left_s <= 0 or not await waiter.wait(left_s):
                 return None
+            if (told := waiter.told()) is not None:
+                return told  # result() reads the record, and waits on if it is not final
             raw = await again_once(read_state)
     finally:
         if board is not None:

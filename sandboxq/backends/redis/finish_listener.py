@@ -25,7 +25,7 @@ from typing import Any
 import redis
 
 from sandboxq.backends import rules
-from sandboxq.backends.redis import finishes, records
+from sandboxq.backends.redis import finishes
 from sandboxq.backends.redis.finishes import Board
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.urls import Client, client_builder, retry
@@ -41,13 +41,20 @@ RETRY_S = 0.2
 class Waiter:
     """One waiting thread: woken by the listener, it looks again."""
 
-    __slots__ = ("_woken",)
+    __slots__ = ("_told", "_woken")
 
     def __init__(self) -> None:
         self._woken = threading.Event()
+        self._told: JobState | None = None
 
-    def wake(self) -> None:
+    def wake(self, state: JobState | None) -> None:
+        self._told = state or self._told
         self._woken.set()
+
+    def told(self) -> JobState | None:
+        """The final state the last wakes named (taken), if any did."""
+        state, self._told = self._told, None
+        return state
 
     def wait(self, timeout_s: float) -> bool:
         """Whether a wake came within ``timeout_s`` (it is consumed)."""
@@ -87,6 +94,7 @@ class Listener:
         broken = False
         block_ms = rules.lease_ms(finishes.LISTEN_BLOCK_S)
         while True:
+            finishes.hook_before_listen_read()
             try:
                 oldest = self._client.xrange(self._stream, count=1)
                 reply: Any = self._client.xread(
@@ -106,9 +114,8 @@ class Listener:
                 broken = False
                 self.board.wake_all()
             entries = list(reply[0][1]) if reply else []
-            if entries:
-                self._cursor = records.text(entries[-1][0])
-                self.board.deliver(entries)
+            self._cursor = finishes.next_cursor(self._cursor, entries, oldest)
+            self.board.deliver(entries)
             if self._stop_if_idle():
                 return
 
@@ -186,6 +193,8 @@ def wait_for_finish(
             left_s = deadline - time.monotonic()
             if left_s <= 0 or not waiter.wait(left_s):
                 return None
+            if (told := waiter.told()) is not None:
+                return told  # result() reads the record, and waits on if it is not final
             raw = read_state()
     finally:
         listener.board.remove_job(job_id, waiter)

@@ -10,9 +10,11 @@
 A waiter registers on its queue's ``Board`` *before* it reads the job's state, and waits
 for a wake after that read: a finish that lands between the two is either seen by the read
 or carried by an event the listener reads after the registration, so no wake-up is lost.
-A wake says only "look again": the waiter re-reads the state itself (an event read late
-may be older than the waiter), so a stale or spurious wake costs one read, never a wrong
-answer.
+A wake says "look again", with the final state the event named when it was a finish:
+the waiter then returns that state without reading it (one round trip less per woken
+waiter), and ``result()`` reads the job's record in any case and waits on if it is not
+final after all (an event read late may be older than the wait: the job ran again since).
+A wake for anything else makes the waiter read the state itself.
 
 The listener reads the stream from where it last was. When it cannot know that it saw
 every entry since — the stream was trimmed past its cursor (``trimmed``), or its
@@ -48,10 +50,23 @@ QUIET_KINDS = frozenset({b"added", b"active", b"progress"})
 #: A test hook, called with the job id after a waiter's first read of the state and before
 #: it waits: a test finishes the job there, forcing the race the registration order covers.
 after_first_read: Callable[[str], None] | None = None
+#: A test hook, called by the sync listener's thread before each read of the stream: a
+#: test holds the listener there to make it read late (a trimmed gap, a stale finish).
+before_listen_read: Callable[[], None] | None = None
+
+
+#: Events that make a job final, and the state each says it is in.
+FINAL_KINDS = {
+    b"completed": JobState.COMPLETED,
+    b"failed": JobState.FAILED,
+    b"cancelled": JobState.CANCELLED,
+}
 
 
 class Wakeable(Protocol):
-    def wake(self) -> None: ...
+    def wake(self, state: JobState | None) -> None:
+        """Look again; ``state``: the final state an event said the job reached (None:
+        read it)."""
 
 
 W = TypeVar("W", bound=Wakeable)
@@ -97,25 +112,27 @@ class Board(Generic[W]):
 
     def deliver(self, entries: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> None:
         """Wake the waiters of every job (and its batch) a non-quiet entry names."""
-        woken: list[W] = []
+        woken: list[tuple[W, JobState | None]] = []
         with self._lock:
             for _, fields in entries:
-                if fields.get(b"kind") in QUIET_KINDS:
+                kind = fields.get(b"kind", b"")
+                if kind in QUIET_KINDS:
                     continue
                 job_id = records.text(fields.get(b"job", b""))
-                woken += self._jobs.get(job_id, ())
+                state = FINAL_KINDS.get(kind)
+                woken += ((w, state) for w in self._jobs.get(job_id, ()))
                 batch_id, dot, index = job_id.rpartition(".")
                 if dot and index.isdigit():
-                    woken += self._batches.get(batch_id, ())
-        for waiter in woken:
-            waiter.wake()
+                    woken += ((w, None) for w in self._batches.get(batch_id, ()))
+        for waiter, state in woken:
+            waiter.wake(state)
 
     def wake_all(self) -> None:
         """Every waiter looks again (the listener may have missed entries)."""
         with self._lock:
             woken = [w for ws in (*self._jobs.values(), *self._batches.values()) for w in ws]
         for waiter in woken:
-            waiter.wake()
+            waiter.wake(None)
 
 
 def _discard(table: dict[str, list[W]], key: str, waiter: W) -> None:
@@ -165,11 +182,21 @@ def stream_id(entry_id: str | bytes) -> tuple[int, int]:
 
 def trimmed(cursor: str, oldest: Any) -> bool:
     """Whether entries after ``cursor`` may have been trimmed before being read: the
-    stream's oldest entry (``XRANGE - + COUNT 1``) is past the cursor. (A cursor of
-    "0-0" was taken from an empty stream: everything since is still there to read.)"""
-    if cursor == "0-0" or not oldest:
+    stream's oldest entry (``XRANGE - + COUNT 1``) is past the cursor, or the stream is
+    gone (purged; a restart without its data). A cursor of "0-0" was taken from an empty
+    stream, or set when it was found gone: everything since is still there to read."""
+    if cursor == "0-0":
         return False
-    return stream_id(oldest[0][0]) > stream_id(cursor)
+    return not oldest or stream_id(oldest[0][0]) > stream_id(cursor)
+
+
+def next_cursor(cursor: str, entries: Any, oldest: Any) -> str:
+    """Where the next read starts: after the last entry read; from the start of the
+    stream when it is gone (so the gap is reported once, and it is read when it comes
+    back); else where it was."""
+    if entries:
+        return records.text(entries[-1][0])
+    return cursor if oldest else "0-0"
 
 
 def start_cursor(newest: Any) -> str:
@@ -188,3 +215,8 @@ def finished_state(raw: bytes | None) -> JobState | None:
 def hook_after_first_read(job_id: str) -> None:
     if after_first_read is not None:
         after_first_read(job_id)
+
+
+def hook_before_listen_read() -> None:
+    if before_listen_read is not None:
+        before_listen_read()
