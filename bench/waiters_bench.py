@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import statistics
 import subprocess
 import sys
@@ -53,8 +54,8 @@ TICK_S = 0.001
 WORKER = """
 import sys
 from sandboxq import SandboxWorker
-queue, url, keep = sys.argv[1], sys.argv[2], int(sys.argv[3])
-SandboxWorker(queue, "sandboxq.testing.handlers:echo", url=url, concurrency=2,
+queue, url, keep, processor = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+SandboxWorker(queue, processor, url=url, concurrency=2,
               containment="process_tree", backend_options={"retain_completed": keep}
               ).run(burst=True)
 """
@@ -70,8 +71,11 @@ def connections(url: str) -> dict[str, int]:
     }
 
 
-def start_worker(queue: str, url: str, keep: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", WORKER, queue, url, str(keep)])
+def start_worker(queue: str, url: str, keep: int, job_s: float = 0.0) -> subprocess.Popen[bytes]:
+    """A worker running ``echo`` (job_s 0), else ``succeed_after`` (each job ``job_s``
+    long, paced: two children finish at most 2 / job_s jobs a second)."""
+    processor = "sandboxq.testing.handlers:" + ("succeed_after" if job_s else "echo")
+    return subprocess.Popen([sys.executable, "-c", WORKER, queue, url, str(keep), processor])
 
 
 def wake_ms(returned_s: dict[str, float], finished_ms: dict[str, int]) -> list[float]:
@@ -100,11 +104,15 @@ async def until(condition: Any, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-async def async_run(url: str, n: int) -> dict[str, Any]:
+async def async_run(url: str, n: int, job_s: float = 0.0, freeze: bool = False) -> dict[str, Any]:
+    """``n`` coroutines parked on ``result()``, then a worker runs the jobs (see
+    ``start_worker``); with ``freeze``, ``gc.freeze()`` once they are parked, so the
+    collector no longer walks the waiters' objects on every full collection."""
     queue = f"wb-{uuid.uuid4().hex[:8]}"
     returned_s: dict[str, float] = {}
     async with aio.Queue(queue, url) as q:
-        jobs = await q.enqueue_many([((i,), {}) for i in range(n)])
+        calls = [((job_s, i) if job_s else (i,), {}) for i in range(n)]
+        jobs = await q.enqueue_many(calls)
         before = connections(url)
 
         async def wait(job: aio.AsyncJob, expected: int) -> None:
@@ -115,9 +123,11 @@ async def async_run(url: str, n: int) -> dict[str, Any]:
         tasks = [asyncio.ensure_future(wait(job, i)) for i, job in enumerate(jobs)]
         await until(lambda: finishes.parked_count() >= n, 120, f"{n} waiters parked")
         during = connections(url)
+        if freeze:
+            gc.freeze()
         ticker = Ticker()
         ticking = asyncio.ensure_future(ticker.run())
-        worker = start_worker(queue, url, n)
+        worker = start_worker(queue, url, n, job_s)
         try:
             ticker.measuring = True
             started = time.monotonic()
@@ -126,6 +136,8 @@ async def async_run(url: str, n: int) -> dict[str, Any]:
             ticker.measuring = False
         finally:
             ticking.cancel()
+            if freeze:
+                gc.unfreeze()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 worker.wait(30)
             worker.kill()
@@ -222,59 +234,79 @@ def conn_figures(label: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]
     ]
 
 
+def async_line(label: str, a: dict[str, Any], idle_ms: float) -> str:
+    return (
+        f"{label}: +{a['during']['all'] - a['before']['all']} connections "
+        f"({a['during']['listeners']} listener), wake p50 {statistics.median(a['wake_ms']):.1f} "
+        f"ms, p99 {figures.percentile(a['wake_ms'], 99):.1f} ms, loop late {a['late_ms']:.1f} "
+        f"ms (idle {idle_ms:.1f} ms), {len(a['wake_ms']) / a['took_s']:,.0f} jobs/s"
+    )
+
+
+def async_figures(label: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        *conn_figures(label, runs),
+        *wake_figures(label, runs, target=True),
+        figures.figure(
+            f"{label}: event-loop lateness, worst", [r["late_ms"] for r in runs], "ms", LATENESS
+        ),
+        figures.figure(
+            f"{label}: jobs finished/s",
+            [len(r["wake_ms"]) / r["took_s"] for r in runs],
+            "jobs/s",
+            digits=0,
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--waiters", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=500)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--job-s", type=float, default=0.005, help="the paced jobs' length")
+    parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--json", default=str(HERE / "results" / "waiters.json"))
     parser.add_argument("--url", help="an existing redis-server (default: start one)")
     parser.add_argument("--quick", action="store_true", help="fewer waiters: a smoke check")
     args = parser.parse_args()
     if args.quick:
         args.waiters, args.threads, args.runs = min(args.waiters, 1000), min(args.threads, 100), 1
-    aruns: list[dict[str, Any]] = []
+    fast: list[dict[str, Any]] = []
+    paced: list[dict[str, Any]] = []
     sruns: list[dict[str, Any]] = []
     idle: list[float] = []
+    n = f"{args.waiters:,} coroutines"
+    flabel = f"{n}, no-op jobs"
+    plabel = f"{n}, {args.job_s * 1000:g} ms jobs"
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(RedisServer()).url
         for i in range(args.runs):
-            aruns.append(asyncio.run(async_run(url, args.waiters)))
             idle.append(asyncio.run(idle_lateness_ms()))
+            fast.append(asyncio.run(async_run(url, args.waiters)))
+            print(f"  run {i + 1}/{args.runs}: " + async_line(flabel, fast[-1], idle[-1]))
+            paced.append(asyncio.run(async_run(url, args.waiters, args.job_s)))
+            print(f"  run {i + 1}/{args.runs}: " + async_line(plabel, paced[-1], idle[-1]))
             sruns.append(sync_run(url, args.threads))
-            a, s = aruns[-1], sruns[-1]
+            s = sruns[-1]
             print(
-                f"  run {i + 1}/{args.runs}: {args.waiters:,} coroutines: +"
-                f"{a['during']['all'] - a['before']['all']} connections "
-                f"({a['during']['listeners']} listener), wake p50 "
-                f"{statistics.median(a['wake_ms']):.1f} ms, p99 "
-                f"{figures.percentile(a['wake_ms'], 99):.1f} ms, loop late "
-                f"{a['late_ms']:.1f} ms (idle {idle[-1]:.1f} ms), all done in {a['took_s']:.1f} s; "
-                f"{args.threads} threads: +{s['during']['all'] - s['before']['all']} "
-                f"connections, wake p50 {statistics.median(s['wake_ms']):.1f} ms, p99 "
+                f"  run {i + 1}/{args.runs}: {args.threads} threads: "
+                f"+{s['during']['all'] - s['before']['all']} connections, wake p50 "
+                f"{statistics.median(s['wake_ms']):.1f} ms, p99 "
                 f"{figures.percentile(s['wake_ms'], 99):.1f} ms"
             )
-    alabel, slabel = f"{args.waiters:,} coroutines", f"{args.threads} threads"
+    slabel = f"{args.threads} threads, no-op jobs"
     figs = [
-        *conn_figures(alabel, aruns),
-        *wake_figures(alabel, aruns, target=True),
-        figures.figure(
-            f"{alabel}: event-loop lateness, worst", [r["late_ms"] for r in aruns], "ms", LATENESS
-        ),
         figures.figure("event-loop lateness, idle loop (the machine's own)", idle, "ms"),
-        figures.figure(
-            f"{alabel}: jobs/s, worker start to last wake",
-            [args.waiters / r["took_s"] for r in aruns],
-            "jobs/s",
-            digits=0,
-        ),
+        *async_figures(flabel, fast),
+        *async_figures(plabel, paced),
         *conn_figures(slabel, sruns),
         *wake_figures(slabel, sruns, target=False),
     ]
     for fig in figs:
         print(figures.line(fig))
     figures.write_json(
-        args.json, {"waiters": args.waiters, "threads": args.threads, "figures": figs}
+        args.json,
+        {"waiters": args.waiters, "threads": args.threads, "job_s": args.job_s, "figures": figs},
     )
 
 
