@@ -36,7 +36,17 @@ from sandboxq.testing.redis_server import RedisServer  # noqa: E402
 
 #: Runs of each queue figure: the full run, and --quick.
 QUEUE_RUNS = {False: 3, True: 1}
-SECTIONS = ("pool", "queue", "heartbeat", "metrics", "aio", "containment", "exporter", "batch")
+SECTIONS = (
+    "pool",
+    "queue",
+    "heartbeat",
+    "metrics",
+    "aio",
+    "containment",
+    "exporter",
+    "waiters",
+    "batch",
+)
 
 
 def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
@@ -49,6 +59,7 @@ def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
         "aio": ["aio_bench.py", "--url", url, "--runs", runs],
         "containment": ["containment_bench.py", "all"],
         "exporter": ["exporter_bench.py"],  # a redis-server of its own
+        "waiters": ["waiters_bench.py", "--url", url],
         "batch": ["batch_bench.py", "--url", url, "--runs", runs],  # FLUSHALLs: runs last
     }[section]
     quick_flag = ["--quick"] if quick else []

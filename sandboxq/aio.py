@@ -183,7 +183,12 @@ class AsyncJob:
 
     async def result(self, timeout_s: float | None = None) -> Any:
         """The job's return value once it completes; ``JobFailed`` if it failed or was
-        cancelled, ``TimeoutError`` if it is not finished within ``timeout_s``."""
+        cancelled, ``TimeoutError`` if it is not finished within ``timeout_s``.
+
+        On Redis, any number of concurrent waits on this queue in one event loop use two
+        connections in all: the loop's finish listener (``backends/redis/aio_finishes.py``)
+        and the queue's script connection, which their reads share. Cancelling a wait
+        leaves nothing behind."""
         check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         backend = self.queue.backend
@@ -195,10 +200,15 @@ class AsyncJob:
                 state = await backend.wait_for_finish(self.id, min(left, 3600.0))
             except JobNotFound:
                 raise await self.not_found() from None
-            if state is not None:
+            if state is None:
+                continue
+            # the record and the result in one round trip: a woken waiter returns sooner
+            ((info, data),) = await backend.get_many([self.id])
+            if info is None:
+                raise await self.not_found()
+            if info.state.finished:  # else woken by a finish older than the wait: wait on
                 break
-        info = await self.info()
-        data = await backend.get_result(self.id) if info.state is JobState.COMPLETED else None
+        data = data if info.state is JobState.COMPLETED else None
         return finished_value(self.id, info, data, self.queue.allowed_codecs)
 
     async def cancel(self) -> bool:

@@ -73,6 +73,12 @@ class Job:
         was cancelled, ``JobNotFound`` at once if the job does not exist (or is removed by
         retention or a purge while waited for), and ``TimeoutError`` if it is not finished
         within ``timeout_s``.
+
+        On Redis, a wait holds no connection of its own: every waiter of the process on
+        this queue, in any number of threads, is woken by one finish listener on one
+        connection (``backends/redis/finish_listener.py``); their reads share the queue's
+        lane, at most 16 connections. The listener reconnects after a Redis restart, and
+        the wait goes on until ``timeout_s``.
         """
         check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -84,10 +90,15 @@ class Job:
                 state = self.queue.backend.wait_for_finish(self.id, min(left, 3600.0))
             except JobNotFound:
                 raise self.not_found() from None
-            if state is not None:
+            if state is None:
+                continue
+            # the record and the result in one round trip: a woken waiter returns sooner
+            ((info, data),) = self.queue.backend.get_many([self.id])
+            if info is None:
+                raise self.not_found()
+            if info.state.finished:  # else woken by a finish older than the wait: wait on
                 break
-        info = self.info()
-        data = self.queue.backend.get_result(self.id) if info.state is JobState.COMPLETED else None
+        data = data if info.state is JobState.COMPLETED else None
         return finished_value(self.id, info, data, self.queue.allowed_codecs)
 
     def cancel(self) -> bool:

@@ -318,7 +318,9 @@ class Backend(Protocol):
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
         """Block until the job is finished (returns its state) or the timeout passes (None).
         Raises ``JobNotFound`` when the job does not exist, or stops existing while waited
-        for (trimmed by retention, purged)."""
+        for (trimmed by retention, purged). The Redis backend answers from the finish
+        event that woke it, which, read late, may be older than the call (the job ran
+        again since): a caller that must be sure reads the job, as ``Job.result`` does."""
         ...
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:

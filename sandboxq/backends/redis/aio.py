@@ -7,7 +7,9 @@
                        ── counts ──► redis.asyncio commands (pipelined)
                        ── batches ──► batch_*.lua, the batch hash, its stream (what each
                           reply means: batches.py's functions, shared with the sync side)
-                       ── wait_for_finish / events ──► XREAD BLOCK on a client of its own
+                       ── wait_for_finish, batch_finished ──► the loop's finish listener of
+                          the queue (aio_finishes.py): one connection for every waiter
+                       ── events ──► XREAD BLOCK on a client of its own
 
 Nothing here blocks the event loop: every wait is an awaited socket read. The scripts,
 their packing, the job framing, the options, the record parsing and what a waiter decides
@@ -28,7 +30,7 @@ from redis.exceptions import ResponseError
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import BatchAction, Event, NewJob
-from sandboxq.backends.redis import batches, follow, reads, records
+from sandboxq.backends.redis import aio_finishes, batches, follow, reads, records
 from sandboxq.backends.redis.aio_lane import AsyncLane, Coalescer
 from sandboxq.backends.redis.connection import (
     BLOCK_CAP_S,
@@ -46,7 +48,7 @@ from sandboxq.backends.redis.enqueue import (
     pack_enqueue,
 )
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Script, Scripts, script_settings
+from sandboxq.backends.redis.scripts import Script, Scripts, pack_command, script_settings
 from sandboxq.backends.rules import lease_ms
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.finished import Trims
@@ -70,7 +72,7 @@ class AsyncRedisBackend:
         self.where = redact_url(url)
         self.keys = QueueKeys(queue)
         self._batch_ttl_ms = rules.ms(settings.batch_ttl_s)
-        timeout = float(settings.socket_timeout_s)
+        timeout = self._timeout_s = float(settings.socket_timeout_s)
         try:
             self._main = aredis.Redis.from_url(
                 url, socket_timeout=timeout, socket_connect_timeout=min(2.0, timeout)
@@ -194,19 +196,17 @@ class AsyncRedisBackend:
         return list(reply[0][1]) if reply else []
 
     async def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
-        """``follow.finish_steps``, each read awaited (as ``listen.wait_for_finish``)."""
+        """Woken by the loop's finish listener of this queue (aio_finishes.py): one
+        connection however many coroutines wait."""
 
-        async def do(step: follow.Step) -> Any:
-            match step:
-                case follow.Read(after=after, block_s=block_s):
-                    return await self._read_events(after, block_s)
-                case follow.Newest():
-                    return await self._main.xrevrange(self.keys.events, count=1)
+        async def read_state() -> Any:
             args = [job_id, records.MAX_STATE_BYTES]
             return await self._script(self._scripts.read_state, args)
 
         with redis_errors(self.where, f"wait for job {job_id!r}"):
-            return await follow.adrive(follow.finish_steps(self.queue, job_id, timeout_s), do)
+            return await aio_finishes.wait_for_finish(
+                self.url, self.keys, self._timeout_s, job_id, timeout_s, read_state
+            )
 
     async def events(self, since: str | None, block_s: float | None) -> AsyncIterator[Event]:
         """As ``listen.events``: the retained events after ``since``; then, with
@@ -267,24 +267,30 @@ class AsyncRedisBackend:
         )
 
     async def batch_progress(self, batch_id: str) -> BatchProgress | None:
+        # on the lane (one connection, coalesced): any number of streams check at once
+        command = pack_command("HMGET", self.keys.batch(batch_id), *batches.PROGRESS_FIELDS)
         with redis_errors(self.where, f"read batch {batch_id!r}"):
-            values = await self._main.hmget(self.keys.batch(batch_id), batches.PROGRESS_FIELDS)
+            (values,) = await self._run([(None, command)])
         return batches.progress_from(batch_id, self.queue, values)
 
     async def batch_finished(
         self, batch_id: str, after: str, block_s: float | None = None
     ) -> tuple[str, list[tuple[int, JobState]]]:
         key = self.keys.batch_done(batch_id)
-        reply: Any
+
+        command = pack_command("XREAD", "COUNT", batches.FINISHED_READ, "STREAMS", key, after)
+
+        async def read() -> tuple[str, list[tuple[int, JobState]]]:
+            # on the lane, as batch_progress; a raw reply: each entry's fields a flat list
+            (reply,) = await self._run([(None, command)])
+            return batches.finished_from(after, batches.entries_of(reply), key)
+
         with redis_errors(self.where, f"read the finished members of batch {batch_id!r}"):
             if block_s is None:
-                reply = await self._main.xread({key: after}, count=batches.FINISHED_READ)
-            else:
-                block_ms = max(1, lease_ms(min(block_s, BLOCK_CAP_S)))
-                reply = await self._blocking.xread(
-                    {key: after}, count=batches.FINISHED_READ, block=block_ms
-                )
-        return batches.finished_from(after, reply, key)
+                return await read()
+            return await aio_finishes.wait_for_batch(
+                self.url, self.keys, self._timeout_s, batch_id, block_s, read
+            )
 
     async def batch_each(self, batch_id: str, action: BatchAction) -> int | None:
         acted, start, last = 0, 0, 1

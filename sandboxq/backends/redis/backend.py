@@ -29,7 +29,7 @@ import redis
 from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Backend, Claimed, Event, NewJob
 from sandboxq.backends.index import DEPTH_MINUTES, QUEUES_READ_CAP, WORKERS_READ_CAP, QueueIndex
-from sandboxq.backends.redis import listen, records
+from sandboxq.backends.redis import finish_listener, listen, records
 from sandboxq.backends.redis.batches import Batches
 from sandboxq.backends.redis.connection import Connections, RedisOptions
 from sandboxq.backends.redis.enqueue import enqueue_calls, enqueued
@@ -70,6 +70,7 @@ class RedisBackend(Reads, Batches, Backend):
         self._conns = Connections(url, timeout_s, self.keys.waiting, key_types)
         if self._conns.cluster:  # the queue index is the slot's own (keys.py)
             self.keys = QueueKeys(queue, cluster=True)
+        self.socket_timeout_s = timeout_s
         lane = self._conns.main_lane
         self._scripts = Scripts(self.keys.script_keys, script_settings(settings), lane)
         self._batch_ttl_ms = rules.ms(settings.batch_ttl_s)
@@ -258,10 +259,16 @@ class RedisBackend(Reads, Batches, Backend):
     # -- waiting (listen.py) ----------------------------------------------------------------
 
     def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
+        """On the process's finish listener of this queue (finish_listener.py): one
+        connection however many threads wait."""
+
         def read_state() -> Any:
             return self._scripts.read_state([job_id, records.MAX_STATE_BYTES])
 
-        return listen.wait_for_finish(self._conns, self.keys, job_id, timeout_s, read_state)
+        with self._conns.errors(f"wait for job {job_id!r}"):
+            return finish_listener.wait_for_finish(
+                self.url, self.keys, self.socket_timeout_s, job_id, timeout_s, read_state
+            )
 
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
         return listen.events(self._conns, self.keys, since, block_s)

@@ -23,11 +23,19 @@ from redis.exceptions import ResponseError
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import BatchAction, NewJob
-from sandboxq.backends.redis import records
-from sandboxq.backends.redis.connection import BLOCK_CAP_S, Connections
+from sandboxq.backends.redis import finish_listener, records
+from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.enqueue import ENQUEUE_CHUNK, frame_jobs
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Arg, Script, Scripts, raise_errors, unknown_scripts
+from sandboxq.backends.redis.scripts import (
+    Arg,
+    Script,
+    Scripts,
+    pack_command,
+    raise_errors,
+    run,
+    unknown_scripts,
+)
 from sandboxq.errors import BackendError, BatchIncomplete, ConfigError
 from sandboxq.models import BatchProgress, JobState
 
@@ -201,6 +209,24 @@ def finished_from(
     return cursor, out
 
 
+def entries_of(raw: Any) -> Any:
+    """A raw XREAD reply, as a lane reads it (a list of [stream, entries] pairs, or a map
+    of them), in the shape redis-py's ``xread`` gives: each entry's fields as a dict."""
+    if not raw:
+        return raw
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [
+        [
+            key,
+            [
+                (entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+                for entry_id, flat in entries
+            ],
+        ]
+        for key, entries in pairs
+    ]
+
+
 def check_then(then: str, queue: str, cluster: bool) -> None:
     """On a Cluster a script reaches only its own slot: the follow-up's queue must share it."""
     if cluster and key_slot(f"{{{then}}}".encode()) != key_slot(f"{{{queue}}}".encode()):
@@ -225,6 +251,8 @@ class Batches:
     """``Backend``'s batch calls on Redis (mixed into ``RedisBackend``)."""
 
     queue: str
+    url: str
+    socket_timeout_s: float
     keys: QueueKeys
     _conns: Connections
     _scripts: Scripts
@@ -270,23 +298,31 @@ class Batches:
         return enqueue_outcome(batch_id, total, replies)
 
     def batch_progress(self, batch_id: str) -> BatchProgress | None:
+        command = pack_command("HMGET", self.keys.batch(batch_id), *PROGRESS_FIELDS)
         with self._conns.errors(f"read batch {batch_id!r}"):
-            values = self._conns.main.hmget(self.keys.batch(batch_id), PROGRESS_FIELDS)
+            (values,) = run(self._conns.main_lane, [(None, command)])
         return progress_from(batch_id, self.queue, values)
 
     def batch_finished(
         self, batch_id: str, after: str, block_s: float | None = None
     ) -> tuple[str, list[tuple[int, JobState]]]:
         key = self.keys.batch_done(batch_id)
+
+        command = pack_command("XREAD", "COUNT", FINISHED_READ, "STREAMS", key, after)
+
+        def read() -> tuple[str, list[tuple[int, JobState]]]:
+            # on the lane, whose connections are bounded, whatever the number of threads
+            (reply,) = run(self._conns.main_lane, [(None, command)])
+            return finished_from(after, entries_of(reply), key)
+
         with self._conns.errors(f"read the finished members of batch {batch_id!r}"):
             if block_s is None:
-                reply = self._conns.main.xread({key: after}, count=FINISHED_READ)
-            else:
-                block_ms = max(1, rules.lease_ms(min(block_s, BLOCK_CAP_S)))
-                reply = self._conns.blocking.xread(
-                    {key: after}, count=FINISHED_READ, block=block_ms
-                )
-        return finished_from(after, reply, key)
+                return read()
+            # woken by the process's finish listener of the queue (finish_listener.py),
+            # not a blocking read per waiter
+            return finish_listener.wait_for_batch(
+                self.url, self.keys, self.socket_timeout_s, batch_id, block_s, read
+            )
 
     def batch_each(self, batch_id: str, action: BatchAction) -> int | None:
         acted, start, last = 0, 0, 1

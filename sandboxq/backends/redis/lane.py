@@ -24,6 +24,11 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import MovedError
 
+#: Connections one lane holds at most; a caller beyond waits for one to come back. Any
+#: number of threads (a web server's, result() waiters woken together) then share a
+#: bounded set instead of opening one each (500 waiting threads held 500).
+MAX_CONNECTIONS = 16
+
 
 class Lane:
     """Round trips on connections of ``client``'s kind, with as little Python as possible.
@@ -31,7 +36,8 @@ class Lane:
     Why: redis-py's per-command path (pool checkout, retry wrapper, event dispatch,
     metrics) costs about 40 µs per command on a 2-core VM (measured: see above), more than
     the Lua script it runs, and a job costs one or two scripts. A lane takes an idle
-    connection (one per concurrent caller, so the heartbeat never waits behind a claim),
+    connection (one per concurrent caller, up to ``MAX_CONNECTIONS``; the heartbeat has a
+    lane of its own, so it never waits behind a claim),
     writes commands that were packed once, reads the replies with redis-py's parser and
     puts the connection back.
 
@@ -45,12 +51,17 @@ class Lane:
         self._make: Any = lambda: pool.connection_class(**pool.connection_kwargs)
         self._idle: list[Any] = []  # redis-py connections (untyped)
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._closed = False
 
     def round_trip(self, commands: Sequence[bytes]) -> list[Any]:
         """Send packed ``commands`` in one write, then read one reply each (a reply that is
         an error is returned as its exception, so one failed command does not hide the
         others' replies). Raises redis errors for the connection itself."""
+        with self._slots:
+            return self._round_trip(commands)
+
+    def _round_trip(self, commands: Sequence[bytes]) -> list[Any]:
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         if conn is None:

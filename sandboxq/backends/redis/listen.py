@@ -1,7 +1,8 @@
 """Waiting without polling: idle workers, result waiters, event readers, cancellation.
 
     enqueue / retry / recovery ── LPUSH wake ──► BLPOP ──► an idle worker claims again
-    every state change ── XADD events ──► XREAD BLOCK ──► wait_for_finish, events()
+    every state change ── XADD events ──► XREAD BLOCK ──► events() (finish waits: the
+                                          process's finish listener, finish_listener.py)
     cancel ── PUBLISH sq:{q}:cancel ──► pub/sub thread ──► watch_cancellations callback
 
 Each wait is one blocking command on the blocking client (or the pub/sub connection), so
@@ -27,7 +28,6 @@ from sandboxq.backends.redis.connection import BLOCK_CAP_S, Connections
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import pack_command, run
 from sandboxq.errors import BackendError
-from sandboxq.models import JobState
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +57,6 @@ def read_events(
         block_ms = rules.lease_ms(min(block_s, BLOCK_CAP_S))
         reply = conns.blocking.xread({keys.events: after}, count=1000, block=block_ms)
     return list(reply[0][1]) if reply else []
-
-
-def wait_for_finish(
-    conns: Connections,
-    keys: QueueKeys,
-    job_id: str,
-    timeout_s: float,
-    read_state: Callable[[], Any],
-) -> JobState | None:
-    """``follow.finish_steps``, each read a blocking call; ``read_state`` reads the job's
-    state, bounded (lua/read_state.lua)."""
-
-    def do(step: follow.Step) -> Any:
-        match step:
-            case follow.Read(after=after, block_s=block_s):
-                return read_events(conns, keys, after, block_s)
-            case follow.Newest():
-                return conns.main.xrevrange(keys.events, count=1)
-        return read_state()
-
-    with conns.errors(f"wait for job {job_id!r}"):
-        return follow.drive(follow.finish_steps(keys.queue, job_id, timeout_s), do)
 
 
 def events(

@@ -1,0 +1,242 @@
+"""``sandboxq.aio``'s finish listener: one task and one connection per (event loop, URL,
+queue), shared by every ``AsyncJob.result()`` and ``AsyncBatch.as_completed()`` waiting on
+that queue in that loop (finishes.py says how it works; finish_listener.py is the thread
+the synchronous API uses).
+
+    coroutine ── join(): register on the Board (no await between looking the listener up
+                 and registering, so it cannot stop in between) ── await its start
+              ── read the state / the batch's stream ── await a wake (its own timeout)
+    listener task ── XRANGE - + COUNT 1 (gap check), XREAD BLOCK ── deliver ──► wakes
+                  ── no waiter left after a read: leave the table, close the connection
+
+A cancelled waiter leaves the board in its ``finally``; nothing else holds it. The task
+is cancelled with its loop (``asyncio.run`` cancels what is left) and closes its
+connection then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from sandboxq.backends import rules
+from sandboxq.backends.redis import finishes
+from sandboxq.backends.redis.finishes import Board
+from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.models import JobState
+from sandboxq.redaction import redact_url
+
+log = logging.getLogger(__name__)
+
+#: How long a listener whose connection broke waits before it tries again.
+RETRY_S = 0.2
+
+
+class Waiter:
+    """One waiting coroutine: woken by the listener task (on the same loop)."""
+
+    __slots__ = ("_told", "_woken")
+
+    def __init__(self) -> None:
+        self._woken = asyncio.Event()
+        self._told: JobState | None = None
+
+    def wake(self, state: JobState | None) -> None:
+        self._told = state or self._told
+        self._woken.set()
+
+    def told(self) -> JobState | None:
+        """The final state the last wakes named (taken), if any did."""
+        state, self._told = self._told, None
+        return state
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Whether a wake came within ``timeout_s`` (it is consumed)."""
+        try:
+            with finishes.parked():
+                async with asyncio.timeout(timeout_s):
+                    await self._woken.wait()
+        except TimeoutError:
+            return False
+        self._woken.clear()
+        return True
+
+
+T = TypeVar("T")
+
+
+async def again_once(read: Callable[[], Awaitable[T]]) -> T:
+    """``read()``, sent again once if the connection it went out on was dead: after a
+    Redis restart the listener wakes every waiter, and each one's read would otherwise
+    meet the lane's connection the old server closed. Safe: a read changes nothing."""
+    try:
+        return await read()
+    except RedisConnectionError:
+        return await read()
+
+
+Table = dict[tuple[str, str], "Listener"]
+_tables: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Table] = weakref.WeakKeyDictionary()
+
+
+class Listener:
+    def __init__(self, table: Table, key: tuple[str, str], keys: QueueKeys, timeout_s: float):
+        url, _queue = key
+        self._table, self._key = table, key
+        self._where = redact_url(url)
+        self._stream = keys.events
+        self.board: Board[Waiter] = Board()
+        self._client = aredis.Redis.from_url(
+            url,
+            socket_timeout=finishes.LISTEN_BLOCK_S + timeout_s,
+            socket_connect_timeout=min(2.0, timeout_s),
+            client_name=finishes.CLIENT_NAME,
+        )
+        self._cursor = "0-0"
+        self.started: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._start())
+        self._task: asyncio.Task[None] | None = None
+
+    async def _start(self) -> None:
+        try:
+            self._cursor = finishes.start_cursor(
+                await self._client.xrevrange(self._stream, count=1)
+            )
+        except BaseException:
+            self._leave()
+            await self._client.aclose()
+            raise
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        broken = False
+        block_ms = rules.lease_ms(finishes.LISTEN_BLOCK_S)
+        try:
+            while True:
+                try:
+                    oldest = await self._client.xrange(self._stream, count=1)
+                    reply: Any = await self._client.xread(
+                        {self._stream: self._cursor}, count=finishes.LISTEN_COUNT, block=block_ms
+                    )
+                except (RedisError, OSError) as exc:
+                    if self.board.empty():
+                        return
+                    if not broken:
+                        log.warning("finish listener on %s: %s; retrying", self._where, exc)
+                    broken = True
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                if broken or finishes.trimmed(self._cursor, oldest):
+                    if broken:
+                        log.warning("finish listener on %s: reconnected", self._where)
+                    broken = False
+                    self.board.wake_all()
+                entries = list(reply[0][1]) if reply else []
+                self._cursor = finishes.next_cursor(self._cursor, entries, oldest)
+                self.board.deliver(entries)
+                if self.board.empty():
+                    return
+        finally:
+            self._leave()
+            await self._client.aclose()
+
+    def _leave(self) -> None:
+        if self._table.get(self._key) is self:
+            del self._table[self._key]
+
+
+async def join(
+    url: str, keys: QueueKeys, timeout_s: float, add: Callable[[Board[Waiter]], None]
+) -> Listener:
+    """The loop's listener of (``url``, the queue), started if there is none, with ``add``
+    called on its board before anything is awaited; returns once it has its cursor."""
+    table = _tables.setdefault(asyncio.get_running_loop(), {})
+    key = (url, keys.queue)
+    listener = table.get(key)
+    if listener is None:
+        listener = table[key] = Listener(table, key, keys, timeout_s)
+    add(listener.board)
+    if not listener.started.done():
+        # shielded: one waiter cancelled during the start must not end it for the others
+        await asyncio.shield(listener.started)
+    elif (error := listener.started.exception()) is not None:
+        raise error
+    return listener
+
+
+async def wait_for_finish(
+    url: str,
+    keys: QueueKeys,
+    timeout_s: float,
+    job_id: str,
+    wait_s: float,
+    read_state: Callable[[], Awaitable[Any]],
+) -> JobState | None:
+    """As ``finish_listener.wait_for_finish``, awaited."""
+    deadline = time.monotonic() + wait_s
+    waiter = Waiter()
+    board: Board[Waiter] | None = None
+
+    def add(on: Board[Waiter]) -> None:
+        nonlocal board
+        board = on
+        on.add_job(job_id, waiter)
+
+    try:
+        await join(url, keys, timeout_s, add)
+        raw = await again_once(read_state)
+        first = True
+        while True:
+            if raw is None:
+                raise rules.job_not_found(keys.queue, job_id)
+            if (state := finishes.finished_state(raw)) is not None:
+                return state
+            if first:
+                finishes.hook_after_first_read(job_id)
+                first = False
+            left_s = deadline - time.monotonic()
+            if left_s <= 0 or not await waiter.wait(left_s):
+                return None
+            if (told := waiter.told()) is not None:
+                return told  # result() reads the record, and waits on if it is not final
+            raw = await again_once(read_state)
+    finally:
+        if board is not None:
+            board.remove_job(job_id, waiter)
+
+
+async def wait_for_batch(
+    url: str,
+    keys: QueueKeys,
+    timeout_s: float,
+    batch_id: str,
+    block_s: float,
+    read: Callable[[], Awaitable[tuple[str, list[tuple[int, JobState]]]]],
+) -> tuple[str, list[tuple[int, JobState]]]:
+    """As ``finish_listener.wait_for_batch``, awaited."""
+    deadline = time.monotonic() + block_s
+    waiter = Waiter()
+    board: Board[Waiter] | None = None
+
+    def add(on: Board[Waiter]) -> None:
+        nonlocal board
+        board = on
+        on.add_batch(batch_id, waiter)
+
+    try:
+        await join(url, keys, timeout_s, add)
+        while True:
+            cursor, rows = await again_once(read)
+            left_s = deadline - time.monotonic()
+            if rows or left_s <= 0 or not await waiter.wait(left_s):
+                return cursor, rows
+    finally:
+        if board is not None:
+            board.remove_batch(batch_id, waiter)
