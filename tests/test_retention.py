@@ -322,7 +322,8 @@ def test_the_asyncio_client_says_the_same(url: str, queue_name: str) -> None:
 
     sync = Queue(queue_name, url=url, retain_completed=1)
     try:
-        jobs = sync.enqueue_many(([i], {}) for i in range(3))
+        # ids in finishing order: jobs finishing in one millisecond are ordered by id
+        jobs = [sync.options(job_id=f"j{i}").enqueue(i) for i in range(3)]
         for job in jobs:  # finished by hand, oldest first: the cap keeps the newest one
             [claimed] = sync.backend.claim("w1", 1, lease_s=30)
             record = AttemptRecord(attempt=claimed.attempt, outcome=Outcome.OK)
@@ -343,3 +344,23 @@ def test_the_asyncio_client_says_the_same(url: str, queue_name: str) -> None:
 
     message = asyncio.run(main())
     assert "2 completed jobs by its count cap of 1 (retain_completed)" in message
+
+
+def test_the_count_cap_passes_over_a_job_whose_fence_stands(opened: Callable[..., Queue]) -> None:
+    """Design invariant 12 again, for the cap: the cancelled running job stays (the set
+    holds one over its cap meanwhile) until its old owner confirms the child dead."""
+    q = opened(retain_failed=1)
+    running = q.options(job_id="running").enqueue(1)
+    [claimed] = q.backend.claim("w1", 1, lease_s=30)
+    assert running.cancel()
+    # over the cap: the oldest is fenced, so it stays (ids in finishing order: jobs
+    # finishing in one millisecond are ordered by id)
+    assert q.options(job_id="s2").enqueue(2).cancel()
+    assert q.counts()[JobState.CANCELLED] == 2
+    assert running.state() is JobState.CANCELLED
+    assert q.backend.retention_trims().capped == {}
+    assert q.backend.confirm_dead("w1", [(claimed.id, claimed.token)]) == [claimed.id]
+    assert q.options(job_id="s3").enqueue(3).cancel()
+    assert q.counts()[JobState.CANCELLED] == 1
+    assert gone(q, running.id)
+    assert q.backend.retention_trims().capped == {"cancelled": 2}
