@@ -91,10 +91,18 @@ def why_missing(trims: Trims | None) -> str:
             "(never enqueued, purged, or removed with its batch: retention has removed"
             " no finished job of this queue)"
         )
+    if not trims.expired:
+        rule = "or trimmed by the count cap, the only retention rule that has removed jobs here"
+    elif not trims.capped:
+        rule = "or past its time to live, the only retention rule that has removed jobs here"
+    else:
+        rule = (
+            "or removed by retention; which rule removed it is not known (no record of a"
+            " removed job is kept)"
+        )
     return (
-        "(never enqueued, removed by retention, or purged); which rule removed it is"
-        " not known (no record of a removed job is kept); retention has removed from"
-        f" this queue: {trims.describe()}"
+        f"(never enqueued, purged, {rule}); retention has removed from this queue:"
+        f" {trims.describe()}"
     )
 
 

@@ -94,6 +94,11 @@ class MJob:
     #: at once (max_queue_s or deadline_s of a millisecond) fails it unstarted.
     late: Outcome | None = None
 
+    @property
+    def fenced(self) -> bool:
+        """Cancelled while running, its lease long: the fence stands through the test."""
+        return self.fence is not None and not self.fence.short
+
 
 def comparable(info: JobInfo | None) -> object:
     """A job record without what legitimately differs (times, pids)."""
@@ -140,9 +145,12 @@ class BackendsAgree(RuleBasedStateMachine):
         job.state, job.lease = state, None
         order = self.finished_order[state]
         order.append(job_id)
-        while len(order) > RETAIN:  # the count cap first, the oldest first
-            del self.jobs[order.pop(0)]
-        fenced = job.fence is not None and not job.fence.short
+        # the count cap first, the oldest first; a job still fenced stays
+        for oldest in order[: max(0, len(order) - RETAIN)]:
+            if not self.jobs[oldest].fenced:
+                order.remove(oldest)
+                del self.jobs[oldest]
+        fenced = job.fenced
         # then the age rule: this one's time is up, unless a fence keeps it (its lease
         # is long: it stays till that lease's expiry, beyond the test)
         if job.ttl0 and job_id in order and not fenced:

@@ -110,7 +110,7 @@ def test_a_job_past_its_time_to_live_is_gone_and_its_own_option_wins(
             for index in (keys.completed, keys.failed, keys.expiry):
                 assert raw.zscore(index, job_id) is None
         assert raw.zscore(keys.expiry, kept.id) is not None
-    with pytest.raises(JobNotFound, match=r"2 finished jobs past their time to live"):
+    with pytest.raises(JobNotFound, match=r"time to live, the only retention rule.*2 finished"):
         short.result(timeout_s=1)
 
 
@@ -148,7 +148,7 @@ def test_the_count_cap_trims_the_oldest_and_logs_and_counts_it(
     with pytest.raises(JobNotFound) as caught:
         trimmed[0].result(timeout_s=1)
     message = str(caught.value)
-    assert "which rule removed it is not known" in message
+    assert "trimmed by the count cap, the only retention rule that has removed" in message
     assert "6 completed jobs by its count cap of 4 (retain_completed)" in message
     # a second wave is logged once more, later: at most one line a minute (LOG_EVERY_S)
     q.enqueue_many(([i], {}) for i in range(3))
@@ -322,7 +322,8 @@ def test_the_asyncio_client_says_the_same(url: str, queue_name: str) -> None:
 
     sync = Queue(queue_name, url=url, retain_completed=1)
     try:
-        jobs = sync.enqueue_many(([i], {}) for i in range(3))
+        # ids in finishing order: jobs finishing in one millisecond are ordered by id
+        jobs = [sync.options(job_id=f"j{i}").enqueue(i) for i in range(3)]
         for job in jobs:  # finished by hand, oldest first: the cap keeps the newest one
             [claimed] = sync.backend.claim("w1", 1, lease_s=30)
             record = AttemptRecord(attempt=claimed.attempt, outcome=Outcome.OK)
@@ -347,3 +348,49 @@ def test_the_asyncio_client_says_the_same(url: str, queue_name: str) -> None:
 
     message = asyncio.run(main())
     assert "2 completed jobs by its count cap of 1 (retain_completed)" in message
+
+
+def test_the_count_cap_passes_over_a_job_whose_fence_stands(opened: Callable[..., Queue]) -> None:
+    """Design invariant 12 again, for the cap: the cancelled running job stays (the set
+    holds one over its cap meanwhile) until its old owner confirms the child dead."""
+    q = opened(retain_failed=1)
+    running = q.options(job_id="running").enqueue(1)
+    [claimed] = q.backend.claim("w1", 1, lease_s=30)
+    assert running.cancel()
+    # over the cap: the oldest is fenced, so it stays (ids in finishing order: jobs
+    # finishing in one millisecond are ordered by id)
+    assert q.options(job_id="s2").enqueue(2).cancel()
+    assert q.counts()[JobState.CANCELLED] == 2
+    assert running.state() is JobState.CANCELLED
+    assert q.backend.retention_trims().capped == {}
+    assert q.backend.confirm_dead("w1", [(claimed.id, claimed.token)]) == [claimed.id]
+    assert q.options(job_id="s3").enqueue(3).cancel()
+    assert q.counts()[JobState.CANCELLED] == 1
+    assert gone(q, running.id)
+    assert q.backend.retention_trims().capped == {"cancelled": 2}
+
+
+def finish_by_hand(q: Queue, job_id: str) -> None:
+    [claimed] = q.backend.claim("w1", 1, lease_s=30)
+    assert claimed.id == job_id
+    record = AttemptRecord(attempt=claimed.attempt, outcome=Outcome.OK)
+    q.backend.finish_many("w1", [Ack(claimed.id, claimed.token, "complete", record)])
+
+
+def test_job_not_found_says_plainly_when_which_rule_is_not_known(
+    opened: Callable[..., Queue],
+) -> None:
+    q = opened(retain_completed=1)
+    # ids in finishing order: jobs finishing in one millisecond are ordered by id
+    first, second = q.options(job_id="a1").enqueue(1), q.options(job_id="a2").enqueue(2)
+    finish_by_hand(q, first.id)
+    finish_by_hand(q, second.id)  # the cap takes the first
+    brief = q.options(result_ttl_s=0, job_id="a3").enqueue(3)
+    finish_by_hand(q, brief.id)  # the cap takes the second, its time to live this one
+    assert q.counts()[JobState.COMPLETED] == 0
+    with pytest.raises(JobNotFound) as caught:
+        first.result(timeout_s=1)
+    message = str(caught.value)
+    assert "which rule removed it is not known (no record of a removed job is kept)" in message
+    assert "2 completed jobs by its count cap of 1 (retain_completed)" in message
+    assert "1 finished job past their time to live" in message

@@ -195,8 +195,10 @@ class Backend(Protocol):
         to waiting *without* charging the attempt (attempts - 1; graceful shutdown); an ack
         with ``infra_death`` also adds one to the job's ``infra_deaths``. Every
         action appends ``attempt`` to the job's history and records its outcome and error.
-        A job entering a finished state trims that state by the retention settings
-        (``rules.Retention``: the oldest first, ties by id; ``rules.retention_over``). Rejected
+        A job entering a finished state is kept for its time to live (its own option, else
+        the backend's: ``rules.Retention.ttl_ms``); then that state is trimmed to its count
+        cap (the oldest first, ties by id) and jobs past their time go
+        (``rules.retention_over``), a job whose fence stands excepted. Rejected
         (``accepted=False``, nothing changed) unless ``(worker_id, token)`` is the job's
         current lease, and then nothing is claimed either.
 
@@ -250,7 +252,8 @@ class Backend(Protocol):
         (``rules.STALL_FAIL_TEXT``), else at ``max_infra_deaths`` → ``failed`` as
         ``poison`` (``rules.POISON_TEXT``, naming ``rules.WORKER_DEATH_TEXT``), else back
         to ``waiting`` at its old place in line, ready from now. Returns
-        ``(job_id, new_state)``. Emits ``stalled``."""
+        ``(job_id, new_state)``. Emits ``stalled``. Then finished jobs past their time to
+        live go (``rules.TRIM_BUDGET`` at most), so an idle queue still lets them go."""
         ...
 
     def cancel(self, job_id: str) -> bool:

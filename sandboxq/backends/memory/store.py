@@ -321,15 +321,22 @@ class Store:
                 heapq.heapify(self.expiry)
         excess = max(0, min(rules.TRIM_BUDGET, len(self.by_state[state]) - self.retain[state]))
         budget = rules.TRIM_BUDGET - excess
-        for n in range(1, excess + 1):
-            oldest = self._oldest(state)
-            assert oldest is not None  # the index holds more than the cap
+        oldest: list[Job] = []
+        for _ in range(excess):
+            job = self._oldest(state)
+            assert job is not None  # the index holds more than the cap
+            oldest.append(job)
             heapq.heappop(self.finished[state])
-            self._unindex(oldest)
-            if n == excess:
-                self._count_trims(f"{state}_capped", excess)
-                self.trims[f"{state}_capped_newest_ms"] = oldest.finished_ms or 0
-                self.trims[f"{state}_cap"] = self.retain[state]
+        capped = [job for job in oldest if not job.fenced(now)]
+        for job in oldest:  # one still fenced stays (common.lua's trim_finished)
+            if job.fenced(now):
+                heapq.heappush(self.finished[state], (job.finished_ms or 0, job.id))
+            else:
+                self._unindex(job)
+        if capped:
+            self._count_trims(f"{state}_capped", len(capped))
+            self.trims[f"{state}_capped_newest_ms"] = capped[-1].finished_ms or 0
+            self.trims[f"{state}_cap"] = self.retain[state]
         self.expire_due(now, budget)
         sweep_batches(self, now)
 

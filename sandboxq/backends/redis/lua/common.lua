@@ -348,6 +348,13 @@ end
 -- dead or the old lease runs out (design invariant 12, as purge.lua): one still fenced
 -- is kept until the old lease's expiry, so its id cannot be enqueued afresh and run
 -- beside a child that may still live.
+-- Job `id` was cancelled while running and its fence still stands (rules.fence_lifted).
+local function fenced(id, now)
+  local f = hmget(PREFIX .. id, 'fence_token', 'fenced_until_ms')
+  local until_ms = f and tonumber(f[2])
+  return f ~= nil and f[1] and until_ms and not (until_ms < now)
+end
+
 local function expire_due(now, budget)
   if budget <= 0 then return budget end
   local ids = redis.call('ZRANGEBYSCORE', EXPIRY, '-inf', int(now), 'LIMIT', 0, budget)
@@ -381,7 +388,8 @@ end
 
 -- Retention, after job `id` entered finished set `zset` (its options `opts`: its own time
 -- to live): it is kept until now + its time to live; then the set keeps at most `keep`
--- jobs (the oldest go first, ties by id: the sorted set's order; counted in TRIMS), then
+-- jobs (the oldest go first, ties by id: the sorted set's order; counted in TRIMS; one
+-- still fenced stays), then
 -- jobs past their time go (expire_due). Bounded work per call (TRIM_BUDGET); every job
 -- entering a finished set calls it again, so the sets converge.
 local function trim_finished(zset, keep, now, id, opts)
@@ -393,14 +401,22 @@ local function trim_finished(zset, keep, now, id, opts)
   if excess > 0 then
     local n = math.min(excess, budget)
     local ids = redis.call('ZRANGE', zset, 0, n - 1, 'WITHSCORES')
+    local capped, newest = 0, nil
     for i = 1, #ids, 2 do
-      drop_unless_member(ids[i])
-      redis.call('ZREM', EXPIRY, ids[i])
+      -- a job still fenced stays (as in expire_due: design invariant 12), over the cap
+      -- for as long as its fence stands
+      if not fenced(ids[i], now) then
+        drop_unless_member(ids[i])
+        redis.call('ZREM', EXPIRY, ids[i])
+        redis.call('ZREM', zset, ids[i])
+        capped, newest = capped + 1, ids[i + 1]
+      end
     end
-    redis.call('ZREMRANGEBYRANK', zset, 0, n - 1)
-    local state = STATE_OF[zset]
-    redis.call('HINCRBY', TRIMS, state .. '_capped', n)
-    redis.call('HSET', TRIMS, state .. '_capped_newest_ms', ids[#ids], state .. '_cap', int(keep))
+    if capped > 0 then
+      local state = STATE_OF[zset]
+      redis.call('HINCRBY', TRIMS, state .. '_capped', capped)
+      redis.call('HSET', TRIMS, state .. '_capped_newest_ms', newest, state .. '_cap', int(keep))
+    end
     budget = budget - n
   end
   expire_due(now, budget)
