@@ -37,6 +37,21 @@ class Task:
     #: Run with no other attempt of the pool beside it (assign.py): a job suspected of
     #: killing the pool's helpers, whose next kill must be charged to it alone.
     alone: bool = False
+    #: The attempt span's W3C traceparent, passed to the child with ``Run`` (tracing.py).
+    trace: str | None = None
+    #: Told what the pool does to the running attempt, on the supervisor thread, just
+    #: before it is done: (``ATTEMPT_EVENTS`` name, detail, child pid).
+    on_event: Callable[[str, str, int], None] | None = None
+
+
+#: What the pool tells a task's ``on_event`` (deadlines.py): the soft signal, and the kills
+#: at the hard deadline, at the lease's fence deadline and over the memory limit.
+SOFT_SIGNAL, HARD_KILL, SELF_FENCE, MEMORY_KILL = (
+    "soft_signal",
+    "hard_kill",
+    "self_fence",
+    "memory_kill",
+)
 
 
 @dataclass(slots=True)

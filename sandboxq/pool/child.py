@@ -42,7 +42,7 @@ import traceback
 from types import FrameType
 from typing import Any
 
-from sandboxq import codec
+from sandboxq import codec, tracing
 from sandboxq.errors import SandboxqError, SoftTimeout
 from sandboxq.pool import descriptors, limits, linux
 from sandboxq.pool.channel import Channel
@@ -172,10 +172,12 @@ def run_one(
     try:
         args, kwargs = codec.decode_call(run.codec, run.payload)
         job.armed = True
+        traced = tracing.enter_attempt(run.trace)  # the handler's spans: the attempt's children
         try:
             value = processor(*args, **kwargs)
         finally:
             job.armed = False
+            tracing.leave_attempt(traced)
         result = codec.encode(run.codec, value, what="result", max_bytes=run.max_result_bytes)
         reply = Finished(run.task_id, result)
     except SystemExit as exc:

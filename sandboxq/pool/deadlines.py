@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sandboxq.models import Outcome
-from sandboxq.pool.handles import Child
+from sandboxq.pool.attempt import HARD_KILL, MEMORY_KILL, SELF_FENCE, SOFT_SIGNAL
+from sandboxq.pool.handles import Attempt, Child, call
 
 #: Longest single select(): epoll cannot wait 25 days (2**31 ms), and a 30-day hard timeout
 #: is a legitimate setting, so a far deadline is reached through several waits.
@@ -42,12 +43,25 @@ def enforce(
             continue
         if run.hard_deadline is not None and now >= run.hard_deadline:
             hard = run.task.hard_timeout_s
-            child.kill(Outcome.HARD_TIMEOUT, f"killed at the hard deadline of {hard:g} s")
+            detail = f"killed at the hard deadline of {hard:g} s"
+            tell(run, child, HARD_KILL, detail)
+            child.kill(Outcome.HARD_TIMEOUT, detail)
         elif run.fence_deadline is not None and now >= run.fence_deadline:
-            child.kill(Outcome.LEASE_LOST, "the lease could not be renewed in time")
+            detail = "the lease could not be renewed in time"
+            tell(run, child, SELF_FENCE, detail)
+            child.kill(Outcome.LEASE_LOST, detail)
         else:
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
+                tell(run, child, SOFT_SIGNAL, f"soft timeout of {run.task.soft_timeout_s:g} s")
                 child.signal_soft(run)
             due = run.memory_check_at is not None and now >= run.memory_check_at
             if due and (why := child.over_memory(run, now, memory_every)) is not None:
+                tell(run, child, MEMORY_KILL, why)
                 child.kill(Outcome.MEMORY_LIMIT, why)
+
+
+def tell(run: Attempt, child: Child, event: str, detail: str) -> None:
+    """What is about to be done to ``run``, to its task's ``on_event`` (tracing's span
+    events), before it is done: a child about to be killed can still be read."""
+    if run.task.on_event is not None:
+        call(run.task.on_event, event, detail, child.pid)
