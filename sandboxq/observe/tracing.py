@@ -21,6 +21,7 @@ tracing is off, so a worker without a tracer provider pays one ``is None`` per h
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from opentelemetry.trace import SpanKind, StatusCode
@@ -108,13 +109,13 @@ class AttemptSpans:
             self._open[job.token] = _Open(span)
         return tracing.traceparent_of(span)
 
-    def pool_event(self, token: str, name: str, detail: str, pid: int) -> None:
+    def pool_event(self, token: str, name: str, detail: str, pid: int | None) -> None:
         """The pool is about to act on the attempt (``Task.on_event``)."""
         with self._lock:
             held = self._open.get(token)
         if held is None:
             return
-        if name != "soft_signal":  # a kill: the child's peak, while it can still be read
+        if pid is not None and name != "soft_signal":  # a kill: the peak, while it lives
             held.peak = peak_rss_bytes(pid)
         held.span.add_event(EVENT_NAMES.get(name, name), {"sandboxq.detail": detail})
 
@@ -155,8 +156,9 @@ class AttemptSpans:
         span.set_attributes(attributes)
         if result.outcome not in _NOT_FAILED:
             span.set_status(StatusCode.ERROR, result.cause[:500])
-        if result.ended_ms is not None:
-            held.end_ns = result.ended_ms * 1_000_000
+        # Now, not result.ended_ms: that is whole milliseconds, which can fall before the
+        # span's start for an attempt that ended within the millisecond it was claimed.
+        held.end_ns = time.time_ns()
 
     def acked(self, token: str, action: str | None) -> None:
         """The main thread decided what the outcome means (``action``; None: not acked,

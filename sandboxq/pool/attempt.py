@@ -40,8 +40,8 @@ class Task:
     #: The attempt span's W3C traceparent, passed to the child with ``Run`` (tracing.py).
     trace: str | None = None
     #: Told what the pool does to the running attempt, on the supervisor thread, just
-    #: before it is done: (``ATTEMPT_EVENTS`` name, detail, child pid).
-    on_event: Callable[[str, str, int], None] | None = None
+    #: before it is done: (an event name below, detail, child pid or None once dead).
+    on_event: Callable[[str, str, int | None], None] | None = None
 
 
 #: What the pool tells a task's ``on_event`` (deadlines.py): the soft signal, and the kills

@@ -44,24 +44,25 @@ def enforce(
         if run.hard_deadline is not None and now >= run.hard_deadline:
             hard = run.task.hard_timeout_s
             detail = f"killed at the hard deadline of {hard:g} s"
-            tell(run, child, HARD_KILL, detail)
+            tell(run, child.pid, HARD_KILL, detail)
             child.kill(Outcome.HARD_TIMEOUT, detail)
         elif run.fence_deadline is not None and now >= run.fence_deadline:
             detail = "the lease could not be renewed in time"
-            tell(run, child, SELF_FENCE, detail)
+            tell(run, child.pid, SELF_FENCE, detail)
             child.kill(Outcome.LEASE_LOST, detail)
         else:
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
-                tell(run, child, SOFT_SIGNAL, f"soft timeout of {run.task.soft_timeout_s:g} s")
+                tell(run, child.pid, SOFT_SIGNAL, f"soft timeout of {run.task.soft_timeout_s:g} s")
                 child.signal_soft(run)
             due = run.memory_check_at is not None and now >= run.memory_check_at
             if due and (why := child.over_memory(run, now, memory_every)) is not None:
-                tell(run, child, MEMORY_KILL, why)
+                tell(run, child.pid, MEMORY_KILL, why)
                 child.kill(Outcome.MEMORY_LIMIT, why)
 
 
-def tell(run: Attempt, child: Child, event: str, detail: str) -> None:
-    """What is about to be done to ``run``, to its task's ``on_event`` (tracing's span
-    events), before it is done: a child about to be killed can still be read."""
+def tell(run: Attempt, pid: int | None, event: str, detail: str) -> None:
+    """What is about to be done to ``run`` (in child ``pid``; None: it is dead already),
+    to its task's ``on_event`` (tracing's span events), before it is done: a child about
+    to be killed can still be read."""
     if run.task.on_event is not None:
-        call(run.task.on_event, event, detail, child.pid)
+        call(run.task.on_event, event, detail, pid)

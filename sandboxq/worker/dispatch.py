@@ -409,7 +409,7 @@ def trace_attempt(spans: AttemptSpans, job: Claimed, task: Task) -> None:
     token = job.token
     task.trace = spans.start(job)
 
-    def on_event(name: str, detail: str, pid: int) -> None:
+    def on_event(name: str, detail: str, pid: int | None) -> None:
         spans.pool_event(token, name, detail, pid)
 
     task.on_event = on_event
