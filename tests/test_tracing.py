@@ -386,6 +386,22 @@ def test_a_forged_stored_traceparent_is_ignored_and_the_job_runs(
     assert span.attributes["sandboxq.outcome"] == "ok"
 
 
+@pytest.mark.timeout(60)
+def test_a_trace_its_producer_did_not_sample_is_not_recorded_by_the_worker(
+    queue: Queue, workers: BackgroundWorkers, tmp_path: Path, exported: Any
+) -> None:
+    """The sampled flag travels with the context: a job enqueued under an unsampled trace
+    (flags 00) runs as usual, and neither its attempt nor its handler records a span."""
+    spans_file = tmp_path / "spans.jsonl"
+    unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    job = queue.options(traceparent=unsampled).enqueue(str(spans_file), "return")
+    workers.start(queue, ACT, concurrency=1)
+    assert job.result(timeout_s=30) == 1
+    workers.stop_all()
+    assert attempts(exported, queue.name) == []
+    assert handler_spans(spans_file) == []
+
+
 def test_a_bad_traceparent_given_to_options_is_refused_by_name(exported: Any) -> None:
     with Queue("tracing-options", url="memory://") as q:
         with pytest.raises(ConfigError, match="traceparent"):

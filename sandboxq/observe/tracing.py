@@ -20,6 +20,7 @@ tracing is off, so a worker without a tracer provider pays one ``is None`` per h
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -49,23 +50,30 @@ def peak_rss_bytes(pid: int) -> int | None:
     """The peak resident memory of process ``pid`` (VmHWM; the child resets it when a
     traced attempt starts, see ``tracing.enter_attempt``), or None when it cannot be read
     (the process is gone)."""
+    # one read of the whole file, not line by line: half the cost (it is a few kB)
     try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        status = os.read(fd, 8192)
+        at = status.index(b"VmHWM:") + 6
+        return int(status[at : status.index(b"kB", at)]) * 1024
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 class _Open:
     """An attempt's span while it is open."""
 
-    __slots__ = ("end_ns", "peak", "span")
+    __slots__ = ("end_ns", "peak", "recording", "span")
 
     def __init__(self, span: Any) -> None:
         self.span = span
+        #: False for a span the sampler left out: nothing is read or set for it.
+        self.recording: bool = span.is_recording()
         self.end_ns: int | None = None  # the attempt's own end, once its outcome came
         self.peak: int | None = None  # read just before a kill
 
@@ -113,7 +121,7 @@ class AttemptSpans:
         """The pool is about to act on the attempt (``Task.on_event``)."""
         with self._lock:
             held = self._open.get(token)
-        if held is None:
+        if held is None or not held.recording:
             return
         if pid is not None and name != "soft_signal":  # a kill: the peak, while it lives
             held.peak = peak_rss_bytes(pid)
@@ -123,7 +131,7 @@ class AttemptSpans:
         """Something the worker did to the attempt (the heartbeat, a cancellation)."""
         with self._lock:
             held = self._open.get(token)
-        if held is not None:
+        if held is not None and held.recording:
             held.span.add_event(EVENT_NAMES.get(name, name), {"sandboxq.detail": detail})
 
     def ended(self, token: str, result: AttemptResult) -> None:
@@ -132,6 +140,11 @@ class AttemptSpans:
         with self._lock:
             held = self._open.get(token)
         if held is None:
+            return
+        # Now, not result.ended_ms: that is whole milliseconds, which can fall before the
+        # span's start for an attempt that ended within the millisecond it was claimed.
+        held.end_ns = time.time_ns()
+        if not held.recording:
             return
         span = held.span
         attributes: dict[str, Any] = {"sandboxq.outcome": str(result.outcome)}
@@ -156,9 +169,6 @@ class AttemptSpans:
         span.set_attributes(attributes)
         if result.outcome not in _NOT_FAILED:
             span.set_status(StatusCode.ERROR, result.cause[:500])
-        # Now, not result.ended_ms: that is whole milliseconds, which can fall before the
-        # span's start for an attempt that ended within the millisecond it was claimed.
-        held.end_ns = time.time_ns()
 
     def acked(self, token: str, action: str | None) -> None:
         """The main thread decided what the outcome means (``action``; None: not acked,
@@ -167,7 +177,7 @@ class AttemptSpans:
             held = self._open.pop(token, None)
         if held is None:
             return
-        if action is not None:
+        if action is not None and held.recording:
             held.span.set_attribute("sandboxq.action", action)
         held.span.end(end_time=held.end_ns)
 
