@@ -254,6 +254,53 @@ def test_a_worker_that_stops_ends_the_span_of_the_attempt_it_interrupts(
     assert queue.job(job.id).state() is JobState.WAITING
 
 
+@pytest.mark.timeout(60)
+def test_a_cancelled_attempt_says_so_and_a_refused_one_has_its_span_too(
+    queue: Queue, workers: BackgroundWorkers, tmp_path: Path, exported: Any
+) -> None:
+    spans_file = tmp_path / "spans.jsonl"
+    running = queue.enqueue(str(spans_file), "wait", gate=str(tmp_path / "never"))
+    pickled = NewJob(b"\x80\x04N.", codec="pickle")  # this worker does not take pickle
+    ((refused_id, _),) = queue.backend.enqueue([pickled])
+    workers.start(queue, ACT, concurrency=1)
+    wait_for(lambda: handler_spans(spans_file), 30, "the handler to start")
+    assert running.cancel()
+    spans = wait_for(
+        lambda: (s := attempts(exported, queue.name)) and len(s) == 2 and s, 30, "two spans"
+    )
+    (cancelled,) = of_job(spans, running.id)
+    assert cancelled.attributes["sandboxq.outcome"] == "cancelled"
+    assert event_names(cancelled) == ["sandboxq.cancelled"]
+    (refused,) = of_job(spans, refused_id)
+    assert refused.attributes["sandboxq.outcome"] == "error"
+    assert refused.attributes["sandboxq.action"] == "fail"
+    assert "pickle" in (refused.status.description or "")
+
+
+def test_spans_still_open_when_the_worker_stops_are_ended_there(exported: Any) -> None:
+    """The stop deadline passed before some attempts' outcomes were handled: their spans
+    end anyway, those with an outcome as it said, the others saying why."""
+    from sandboxq.backends.base import Claimed
+    from sandboxq.models import JobOptions, Outcome
+    from sandboxq.observe.tracing import AttemptSpans
+    from sandboxq.pool.attempt import AttemptResult
+
+    spans = AttemptSpans.for_worker("stopping", "w1")
+    assert spans is not None
+    jobs = [Claimed(f"j{i}", f"t.{i}", b"", "json", JobOptions(), 1, 0.0) for i in range(2)]
+    for job in jobs:
+        spans.start(job)
+    spans.ended("t.0", AttemptResult(1, Outcome.INTERRUPTED, detail="the worker stopped"))
+    assert spans.end_all("the worker stopped before the attempt was acknowledged") == 2
+    assert len(spans) == 0
+    ended = {s.attributes["messaging.message.id"]: s for s in attempts(exported, "stopping")}
+    assert ended["j0"].attributes["sandboxq.outcome"] == "interrupted"
+    assert ended["j1"].attributes["sandboxq.outcome"] == "unknown"
+    assert ended["j1"].status.status_code is StatusCode.ERROR
+    spans.acked("t.1", "complete")  # a late ack finds nothing: no second span
+    assert len(attempts(exported, "stopping")) == 2
+
+
 # -- the lease: a lost renewal, a self-fence ---------------------------------------------------
 
 

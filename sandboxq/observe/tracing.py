@@ -105,7 +105,6 @@ class AttemptSpans:
             attributes={
                 "messaging.system": tracing.SYSTEM,
                 "messaging.operation.type": "process",
-                "messaging.operation.name": "process",
                 "messaging.destination.name": self._queue,
                 "messaging.message.id": job.id,
                 "sandboxq.worker.id": self._worker_id,
@@ -160,8 +159,6 @@ class AttemptSpans:
         if result.signal is not None:
             attributes["sandboxq.signal"] = result.signal
             attributes["sandboxq.signal.name"] = signal_name(result.signal)
-        if result.runtime_s is not None:
-            attributes["sandboxq.runtime_s"] = result.runtime_s
         if result.error is not None:
             attributes["error.type"] = result.error.type_name
         elif result.outcome is not Outcome.OK:
