@@ -24,6 +24,7 @@ SECTION_TITLES = {
     "aio": "Async producer (sandboxq.aio) against the sync one",
     "containment": "Containment (control group per child against the process-tree mode)",
     "batch": "Batches (Redis): enqueue, progress(), as_completed, memory, sandboxq run --url",
+    "tracing": "OpenTelemetry tracing: no-op throughput off, on, and sampling none (back to back)",
 }
 
 

@@ -36,7 +36,7 @@ from sandboxq.testing.redis_server import RedisServer  # noqa: E402
 
 #: Runs of each queue figure: the full run, and --quick.
 QUEUE_RUNS = {False: 3, True: 1}
-SECTIONS = ("pool", "queue", "heartbeat", "metrics", "aio", "containment", "batch")
+SECTIONS = ("pool", "queue", "heartbeat", "metrics", "tracing", "aio", "containment", "batch")
 
 
 def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
@@ -46,6 +46,7 @@ def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
         "queue": ["queue_bench.py", "--url", url, "--runs", runs],
         "heartbeat": ["heartbeat_bench.py", "--url", url],
         "metrics": ["metrics_bench.py", "--url", url, "--runs", runs],
+        "tracing": ["tracing_bench.py", "--url", url, "--runs", runs],
         "aio": ["aio_bench.py", "--url", url, "--runs", runs],
         "containment": ["containment_bench.py", "all"],
         "batch": ["batch_bench.py", "--url", url, "--runs", runs],  # FLUSHALLs: runs last
