@@ -386,22 +386,32 @@ def test_an_async_enqueue_continues_the_callers_trace(
 ) -> None:
     spans_file = str(tmp_path / "spans.jsonl")
 
-    async def enqueue() -> tuple[str, Any]:
+    async def enqueue() -> tuple[str, list[str], str, Any]:
         with trace.get_tracer("test").start_as_current_span("request") as request:
             async with aio.Queue(queue_name, url=redis_url) as aq:
                 job = await aq.enqueue(spans_file, "return")
-        return job.id, request
+                many = await aq.enqueue_many([((spans_file, "return"), {})] * 2)
+                batch = await aq.batch([((spans_file, "return"), {})] * 2)
+        return job.id, [j.id for j in many], batch.id, request
 
-    job_id, request = asyncio.run(enqueue())
+    job_id, many_ids, batch_id, request = asyncio.run(enqueue())
     q = Queue(queue_name, url=redis_url)
-    workers.start(q, ACT, concurrency=1)
+    workers.start(q, ACT, concurrency=2)
     q.job(job_id).result(timeout_s=30)
+    for member in many_ids:
+        q.job(member).result(timeout_s=30)
+    q.get_batch(batch_id).wait(timeout_s=30)
     q.close()
-    (send,) = producers(exported, queue_name)
-    assert is_child(send, request)  # the caller's span is the enqueue's parent
-    (span,) = attempts(exported, queue_name)
-    assert is_child(span, send)
-    assert span.context.trace_id == request.get_span_context().trace_id
+    sent = producers(exported, queue_name)
+    assert len(sent) == 3  # one per call: enqueue, enqueue_many, batch
+    assert all(is_child(send, request) for send in sent)  # the caller's span is their parent
+    (one,) = [s for s in sent if s.attributes.get("messaging.message.id") == job_id]
+    spans = attempts(exported, queue_name)
+    assert len(spans) == 5
+    (span,) = of_job(spans, job_id)
+    assert is_child(span, one)
+    assert all(s.context.trace_id == request.get_span_context().trace_id for s in spans)
+    assert sorted(sum(is_child(s, send) for s in spans) for send in sent) == [1, 2, 2]
 
 
 @pytest.mark.timeout(60)
