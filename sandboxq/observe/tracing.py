@@ -1,16 +1,16 @@
 """One OpenTelemetry span per attempt, kept by the worker (the parent), so it is recorded
 however the child ended: SIGKILLed, OOM-killed, recycled, or stopped with the worker.
 
-    claim ─► start(job) ── CONSUMER span "process <queue>", a child of the producer's
-    (fetcher thread or     context stored with the job (sandboxq/tracing.py); its own
-     main thread)          traceparent goes to the child with the task (Task.trace)
+    claim ─► attach(job, task) ── CONSUMER span "process <queue>", a child of the
+    (fetcher thread or            producer's context stored with the job (tracing.py);
+     main thread)                 its traceparent goes to the child (Task.trace)
     pool (supervisor) ─► pool_event ── span events: soft signal, hard kill, self-fence,
                          memory kill (told just before the kill: the child's peak memory
                          is read while it still lives)
     worker hooks ─► event ── span events: the lease renewal was rejected, cancelled
     pool on_done ─► ended(token, result) ── outcome, exit code or signal, pid, peak memory
     main thread ─► acked(token, action) ── the exit policy's answer; the span ends at the
-                   attempt's own end time
+                   moment the pool reported the attempt's end
     worker exit ─► end_all ── spans whose ack never came (the stop deadline passed)
 
 Spans are found by lease token under one lock: every thread above may touch them, and
@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sandboxq import tracing
 from sandboxq.backends.base import Claimed
 from sandboxq.models import Outcome
-from sandboxq.pool.attempt import AttemptResult, signal_name
+from sandboxq.pool.attempt import AttemptResult, Task, signal_name
 
 #: Span event names, by what the pool or the worker told (pool/attempt.py's names).
 EVENT_NAMES = {
@@ -115,6 +115,17 @@ class AttemptSpans:
         with self._lock:
             self._open[job.token] = _Open(span)
         return tracing.traceparent_of(span)
+
+    def attach(self, job: Claimed, task: Task) -> None:
+        """Open ``job``'s attempt span for ``task``: the child continues it (``Task.trace``)
+        and the pool tells it what it does to the attempt (``Task.on_event``)."""
+        token = job.token
+        task.trace = self.start(job)
+
+        def on_event(name: str, detail: str, pid: int | None) -> None:
+            self.pool_event(token, name, detail, pid)
+
+        task.on_event = on_event
 
     def pool_event(self, token: str, name: str, detail: str, pid: int | None) -> None:
         """The pool is about to act on the attempt (``Task.on_event``)."""

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, TypeVar, assert_never
 from sandboxq.backends.base import Ack, Backend, Claimed
 from sandboxq.errors import BackendError
 from sandboxq.models import Outcome
-from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.pool import Pool
 from sandboxq.settings import WorkerSettings
 from sandboxq.text import clip
@@ -170,7 +170,7 @@ class Dispatcher:
 
         task = task_for(job, self._settings, progress)
         if spans is not None:  # tracing: the attempt's span opens at claim
-            trace_attempt(spans, job, task)
+            spans.attach(job, task)
         try:
             lease.task_id = self._pool.execute(task, ended)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
@@ -401,15 +401,3 @@ class Dispatcher:
         held = self._inflight.get(token)
         if held is not None:
             self.progress.report(held.job.id, token, fraction, message)
-
-
-def trace_attempt(spans: AttemptSpans, job: Claimed, task: Task) -> None:
-    """Open ``job``'s attempt span; the child continues it, and the pool tells it what it
-    does to the attempt (soft signal, kills)."""
-    token = job.token
-    task.trace = spans.start(job)
-
-    def on_event(name: str, detail: str, pid: int | None) -> None:
-        spans.pool_event(token, name, detail, pid)
-
-    task.on_event = on_event
