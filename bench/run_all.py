@@ -41,6 +41,7 @@ SECTIONS = (
     "queue",
     "heartbeat",
     "metrics",
+    "tracing",
     "aio",
     "containment",
     "exporter",
@@ -56,6 +57,7 @@ def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
         "queue": ["queue_bench.py", "--url", url, "--runs", runs],
         "heartbeat": ["heartbeat_bench.py", "--url", url],
         "metrics": ["metrics_bench.py", "--url", url, "--runs", runs],
+        "tracing": ["tracing_bench.py", "--url", url, "--runs", runs],
         "aio": ["aio_bench.py", "--url", url, "--runs", runs],
         "containment": ["containment_bench.py", "all"],
         "exporter": ["exporter_bench.py"],  # a redis-server of its own

@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
+from sandboxq import tracing
 from sandboxq.backends import REDIS_SCHEMES, resolve_url
 from sandboxq.backends.base import BatchAction, Event, NewJob
 from sandboxq.batch import (
@@ -237,7 +238,10 @@ class Queue(Producer):
 
     async def enqueue(self, /, *args: Any, **kwargs: Any) -> AsyncJob:
         """Enqueue ``processor(*args, **kwargs)``; returns its AsyncJob."""
-        ((job_id, _created),) = await self.backend.enqueue([self._maker.new_job(args, kwargs)])
+        jobs = [self._maker.new_job(args, kwargs)]
+        with tracing.enqueue_span(self.name, jobs) as span:
+            ((job_id, _created),) = await self.backend.enqueue(jobs)
+            span.added([job_id])
         return AsyncJob(self, job_id)
 
     async def enqueue_many(self, calls: Iterable[Call]) -> list[AsyncJob]:
@@ -251,7 +255,8 @@ class Queue(Producer):
             if n % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         jobs = self._maker.check_batch(jobs)
-        added = await self.backend.enqueue(jobs)
+        with tracing.enqueue_span(self.name, jobs):
+            added = await self.backend.enqueue(jobs)
         handles: list[AsyncJob] = []
         for start in range(0, len(added), YIELD_EVERY * 5):
             if start:
@@ -277,7 +282,8 @@ class Queue(Producer):
             if n % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         check_batch_calls(jobs, then, self._maker.options.job_id, label)
-        await self.backend.enqueue_batch(batch_id, jobs, then=then, label=label)
+        with tracing.enqueue_span(self.name, jobs, batch_id):
+            await self.backend.enqueue_batch(batch_id, jobs, then=then, label=label)
         return AsyncBatch(self, batch_id, len(jobs))
 
     async def get_batch(self, batch_id: str) -> AsyncBatch[AsyncJob]:

@@ -20,6 +20,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, Self
 
 from sandboxq import codec as codecs
+from sandboxq import tracing
 from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
 from sandboxq.batch import Batch, batch_not_found, check_batch_calls, new_batch_id
@@ -242,13 +243,18 @@ class Queue(Producer):
         """Enqueue ``processor(*args, **kwargs)``; returns its Job (an existing one when a
         ``job_id`` option names a job that already exists). Keyword arguments may have any
         name: options are set with ``options(...)``, never here."""
-        ((job_id, _created),) = self.backend.enqueue([self._maker.new_job(args, kwargs)])
+        jobs = [self._maker.new_job(args, kwargs)]
+        with tracing.enqueue_span(self.name, jobs) as span:
+            ((job_id, _created),) = self.backend.enqueue(jobs)
+            span.added([job_id])
         return Job(self, job_id)
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[Job]:
         """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs."""
         jobs = self._maker.new_jobs(calls)
-        return [Job(self, job_id) for job_id, _created in self.backend.enqueue(jobs)]
+        with tracing.enqueue_span(self.name, jobs):
+            added = self.backend.enqueue(jobs)
+        return [Job(self, job_id) for job_id, _created in added]
 
     def job(self, job_id: str) -> Job:
         """A handle on the job ``job_id`` (whether or not it exists)."""
@@ -270,7 +276,8 @@ class Queue(Producer):
         batch_id = new_batch_id()
         jobs = self._maker.batch_jobs(batch_id, calls)
         check_batch_calls(jobs, then, self._maker.options.job_id, label)
-        self.backend.enqueue_batch(batch_id, jobs, then=then, label=label)
+        with tracing.enqueue_span(self.name, jobs, batch_id):
+            self.backend.enqueue_batch(batch_id, jobs, then=then, label=label)
         return Batch(self, batch_id, len(jobs))
 
     def get_batch(self, batch_id: str) -> Batch[Job]:

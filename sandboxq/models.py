@@ -24,6 +24,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -49,6 +50,22 @@ _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 
 #: Job ids are any text a user likes (braces and colons included), up to this length.
 MAX_JOB_ID = 512
+
+#: A W3C trace context ``traceparent`` of version 00 (trace id and span id not all zero):
+#: the only form a job's stored trace context may take (sandboxq/tracing.py).
+TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+TRACEPARENT_LENGTH = 55
+
+#: The validation context of options read back from a backend (``parse_job_options``).
+_STORED = {"stored": True}
+
+
+def is_traceparent(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == TRACEPARENT_LENGTH
+        and TRACEPARENT.fullmatch(value) is not None
+    )
 
 
 def check_queue_name(name: str) -> str:
@@ -276,6 +293,22 @@ class JobOptions(_Frozen):
         "end an attempt that did not call progress() for this long: outcome progress_timeout",
         none="the worker's",
     )
+    traceparent: str | None = setting_field(
+        None,
+        "the W3C trace context its attempts continue (set at enqueue while tracing is on)",
+        none="none",
+    )
+
+    @field_validator("traceparent", mode="before")
+    @classmethod
+    def _traceparent(cls, value: object, info: ValidationInfo) -> object:
+        if value is None or is_traceparent(value):
+            return value
+        if info.context is _STORED:
+            return None  # a forged or damaged record: the job runs untraced, never fails
+        raise ValueError(
+            f"must be a W3C traceparent ('00-<32 hex>-<16 hex>-<2 hex>'), got {value!r:.80}"
+        )
 
     @field_validator(
         "soft_timeout_s",
@@ -302,7 +335,7 @@ class JobOptions(_Frozen):
 def parse_job_options(options_json: str) -> JobOptions:
     """Validated job options from their stored JSON; cached because most jobs of a queue
     share one options string. Raises ``pydantic.ValidationError`` (a ``ValueError``)."""
-    return JobOptions.model_validate_json(options_json)
+    return JobOptions.model_validate_json(options_json, context=_STORED)
 
 
 class AttemptRecord(_Frozen):

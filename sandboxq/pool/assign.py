@@ -105,7 +105,15 @@ class Assigner:
             return
         max_bytes = self._max_result_bytes
         runs = [
-            Run(a.task_id, a.task.payload, a.task.codec, max_bytes, a.task.job_id, a.task.attempt)
+            Run(
+                a.task_id,
+                a.task.payload,
+                a.task.codec,
+                max_bytes,
+                a.task.job_id,
+                a.task.attempt,
+                a.task.trace,
+            )
             for a in batch
         ]
         if child.running is None and child.output is not None:

@@ -51,6 +51,21 @@ class Task:
     progress_timeout_s: float | None = None
     #: Between the soft signal of such an end and the tree kill.
     end_grace_s: float = END_GRACE_S
+    #: The attempt span's W3C traceparent, passed to the child with ``Run`` (tracing.py).
+    trace: str | None = None
+    #: Told what the pool does to the running attempt, on the supervisor thread, just
+    #: before it is done: (an event name below, detail, child pid or None once dead).
+    on_event: Callable[[str, str, int | None], None] | None = None
+
+
+#: What the pool tells a task's ``on_event`` (deadlines.py): the soft signal, and the kills
+#: at the hard deadline, at the lease's fence deadline and over the memory limit.
+SOFT_SIGNAL, HARD_KILL, SELF_FENCE, MEMORY_KILL = (
+    "soft_signal",
+    "hard_kill",
+    "self_fence",
+    "memory_kill",
+)
 
 
 @dataclass(slots=True)

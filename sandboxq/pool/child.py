@@ -49,7 +49,7 @@ import traceback
 from types import FrameType
 from typing import Any
 
-from sandboxq import codec
+from sandboxq import codec, tracing
 from sandboxq.errors import SandboxqError, SoftTimeout
 from sandboxq.pool import descriptors, limits, linux, output, stacks
 from sandboxq.pool.channel import Channel
@@ -181,6 +181,7 @@ def run_one(
     try:
         args, kwargs = codec.decode_call(run.codec, run.payload)
         job.armed = True
+        traced = tracing.enter_attempt(run.trace)  # the handler's spans: the attempt's children
         try:
             if _soft_task_id is not None and _soft_task_id.value == run.task_id:
                 # the soft signal came before the handler began (its job's deadline_s
@@ -190,6 +191,7 @@ def run_one(
             value = processor(*args, **kwargs)
         finally:
             job.armed = False
+            tracing.leave_attempt(traced)
         result = codec.encode(run.codec, value, what="result", max_bytes=run.max_result_bytes)
         reply = Finished(run.task_id, result)
     except SystemExit as exc:

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sandboxq.models import Outcome
-from sandboxq.pool.handles import Attempt, Child
+from sandboxq.pool.attempt import HARD_KILL, MEMORY_KILL, SELF_FENCE, SOFT_SIGNAL
+from sandboxq.pool.handles import Attempt, Child, call
 from sandboxq.pool.stacks import DUMP_EARLY_S
 
 #: Longest single select(): epoll cannot wait 25 days (2**31 ms), and a 30-day hard timeout
@@ -59,21 +60,35 @@ def enforce(
             continue
         if run.hard_deadline is not None and now >= run.hard_deadline:
             hard = run.task.hard_timeout_s
-            child.kill(Outcome.HARD_TIMEOUT, f"killed at the hard deadline of {hard:g} s")
+            detail = f"killed at the hard deadline of {hard:g} s"
+            tell(run, child.pid, HARD_KILL, detail)
+            child.kill(Outcome.HARD_TIMEOUT, detail)
         elif run.fence_deadline is not None and now >= run.fence_deadline:
-            child.kill(Outcome.LEASE_LOST, "the lease could not be renewed in time")
+            detail = "the lease could not be renewed in time"
+            tell(run, child.pid, SELF_FENCE, detail)
+            child.kill(Outcome.LEASE_LOST, detail)
         elif run.ending is not None and run.end_kill_at is not None and now >= run.end_kill_at:
-            child.kill(
-                run.ending, f"{run.end_detail}; killed after a grace of {run.task.end_grace_s:g} s"
-            )
+            detail = f"{run.end_detail}; killed after a grace of {run.task.end_grace_s:g} s"
+            tell(run, child.pid, HARD_KILL, detail)
+            child.kill(run.ending, detail)
         else:
             if run.ending is None and (ending := run.ending_due(now)) is not None:
                 child.end_softly(run, *ending, now)
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
+                tell(run, child.pid, SOFT_SIGNAL, f"soft timeout of {run.task.soft_timeout_s:g} s")
                 child.signal_soft(run)
             kill_at = run.kill_at()
             if kill_at is not None and not run.hard_stack_asked and now >= kill_at - DUMP_EARLY_S:
                 child.ask_stack_before_kill(run)
             due = run.memory_check_at is not None and now >= run.memory_check_at
             if due and (why := child.over_memory(run, now, memory_every)) is not None:
+                tell(run, child.pid, MEMORY_KILL, why)
                 child.kill(Outcome.MEMORY_LIMIT, why)
+
+
+def tell(run: Attempt, pid: int | None, event: str, detail: str) -> None:
+    """What is about to be done to ``run`` (in child ``pid``; None: it is dead already),
+    to its task's ``on_event`` (tracing's span events), before it is done: a child about
+    to be killed can still be read."""
+    if run.task.on_event is not None:
+        call(run.task.on_event, event, detail, pid)

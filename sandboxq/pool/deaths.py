@@ -30,8 +30,9 @@ from collections.abc import Callable
 
 from sandboxq.models import Outcome
 from sandboxq.pool import server
-from sandboxq.pool.attempt import signal_name
+from sandboxq.pool.attempt import SELF_FENCE, signal_name
 from sandboxq.pool.containment import Containment
+from sandboxq.pool.deadlines import tell
 from sandboxq.pool.guard import GUARD_EARLY_S
 from sandboxq.pool.handles import Attempt, Child
 from sandboxq.pool.kill import descendants
@@ -81,6 +82,8 @@ def settle_death(child: Child, run: Attempt, exitcode: int | None, pending: dequ
     if child.server_died or child.lost_channel(run):
         exitcode = None  # the code of its quiet exit is ours, not the handler's
     outcome, detail, code, signum = death_outcome(run, exitcode)
+    if outcome is Outcome.LEASE_LOST and run.kill_outcome is None:  # the guard's fence kill
+        tell(run, None, SELF_FENCE, f"{detail} (killed by the pool's guard)")
     overshoot = kill_overshoot_s(run, outcome, time.monotonic())  # metrics
     run.settle(
         outcome,

@@ -50,6 +50,7 @@ class Run(_Message):
     max_result_bytes: int
     job_id: str | None = None
     attempt: int = 1
+    trace: str | None = None  # the attempt span's traceparent (tracing.enter_attempt)
 
 
 @_message

@@ -74,6 +74,7 @@ from sandboxq.worker.threads import BackgroundThread
 
 if TYPE_CHECKING:
     from sandboxq.observe.metrics import WorkerMetrics
+    from sandboxq.observe.tracing import AttemptSpans
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -97,6 +98,7 @@ class Dispatcher:
         request_stop: Callable[[bool], None],
         parts: Sequence[BackgroundThread] = (),
         metrics: WorkerMetrics | None = None,
+        spans: AttemptSpans | None = None,
     ) -> None:
         self._id = worker_id
         self._settings = settings
@@ -108,6 +110,7 @@ class Dispatcher:
         self._request_stop = request_stop  # SandboxWorker.stop(now): also wakes its parts
         self._parts = parts  # the worker's other threads, watched with the fetcher
         self._metrics = metrics
+        self._spans = spans  # tracing: one span per attempt (observe/tracing.py), or None
         self._policy = ExitPolicy.of(settings)
         #: What the other threads tell the main thread (events.py); run() reads it.
         self.events: SimpleQueue[DispatchEvent] = SimpleQueue()
@@ -162,8 +165,11 @@ class Dispatcher:
         lease = Lease(job.id, token, 0, job.claimed_at)
         self._inflight.add(Held(job, lease))
         events = self.events
+        spans = self._spans
 
         def ended(result: AttemptResult) -> None:
+            if spans is not None:  # tracing: the outcome, read where the pool reports it
+                spans.ended(token, result)
             events.put(AttemptEnded(token, result))
 
         def progress(fraction: float, message: str | None) -> None:
@@ -172,9 +178,13 @@ class Dispatcher:
         task = task_for(
             job, self._settings, progress, retry_memory_mb(self._backend, job, self._settings)
         )
+        if spans is not None:  # tracing: the attempt's span opens at claim
+            spans.attach(job, task)
         try:
             lease.task_id = self._pool.execute(task, ended)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
+            if spans is not None:  # tracing
+                spans.abandon(token, f"the pool cannot run jobs: {exc}")
             self._inflight.discard([token])
             self._give_back([job])
             self.fail(f"the pool cannot run jobs: {exc}")
@@ -191,6 +201,8 @@ class Dispatcher:
 
     def _reject(self, job: Claimed, cause: str) -> None:
         log.error("job %s cannot run: %s", job.id, cause)
+        if self._spans is not None:  # tracing
+            self._spans.refused(job, cause)
         self._stats.malformed += 1
         self._finish([(job, refusal_ack(job, cause, self._id))], held=False)
 
@@ -237,7 +249,10 @@ class Dispatcher:
         for event in events:
             match event:
                 case AttemptEnded(token, result):
-                    if (ack := self._ack_for(token, result)) is not None:
+                    ack = self._ack_for(token, result)
+                    if self._spans is not None:  # tracing: the span ends with the action
+                        self._spans.acked(token, ack[1].action if ack is not None else None)
+                    if ack is not None:
                         acks.append(ack)
                 case ProgressReported(token, fraction, message):
                     self._on_progress(token, fraction, message)

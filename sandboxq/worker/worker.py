@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sandboxq import tracing
 from sandboxq.backends import open_backend
 from sandboxq.errors import BackendError, ConfigError, WorkerFailed
 from sandboxq.models import (
@@ -72,6 +73,7 @@ from sandboxq.worker.retention import TrimWatch
 
 if TYPE_CHECKING:
     from sandboxq.observe.metrics import WorkerMetrics
+    from sandboxq.observe.tracing import AttemptSpans
 
 log = logging.getLogger("sandboxq.worker")
 
@@ -153,6 +155,7 @@ class SandboxWorker:
         self._started_ms = now_ms()
         # metrics: only when a port is asked for; otherwise nothing is imported or recorded
         self._metrics: WorkerMetrics | None = None
+        self._spans: AttemptSpans | None = None  # tracing, set by run() (observe/tracing.py)
         if s.metrics_port is not None:
             from sandboxq.observe.metrics import WorkerMetrics
 
@@ -188,6 +191,7 @@ class SandboxWorker:
             pool.extend_fence,
             self._lease_lost,
         )
+        spans = self._spans = attempt_spans(s.queue, self.id)
         registry = RegistryRefresh(s.renew_every_s, self._register)
         reaper = Reaper(self.backend, s.stall_every_s, s.max_infra_deaths, TrimWatch(self.backend))
         parts = (heartbeat, registry, reaper)
@@ -202,6 +206,7 @@ class SandboxWorker:
             self.stop,
             parts,
             self._metrics,
+            spans,
         )
         if self._metrics is not None:
             self._bind_metrics(self._metrics, pool, heartbeat, reaper)
@@ -220,6 +225,8 @@ class SandboxWorker:
             for part in reversed(parts):
                 part.stop(left())
             pool.shutdown(cancel=True)
+            if spans is not None:  # tracing: attempts whose ack never came end here
+                spans.end_all("the worker stopped before the attempt was acknowledged")
             run_until(lambda: self._disconnect(unwatch), left())
             restore()
         if dispatcher.failure is not None:
@@ -293,6 +300,8 @@ class SandboxWorker:
 
     def _lease_lost(self, lease: Lease, why: str) -> None:
         assert self._pool is not None
+        if self._spans is not None:  # tracing
+            self._spans.event(lease.lease_token, "renewal_lost", why)
         self._pool.kill(lease.task_id, Outcome.LEASE_LOST, why)
 
     def _on_cancel(self, job_id: str, lease_token: str | None) -> None:
@@ -300,6 +309,8 @@ class SandboxWorker:
         # after that attempt ended, is not what the user cancelled.
         held = self._inflight.get(lease_token) if lease_token is not None else None
         if held is not None and self._pool is not None:
+            if self._spans is not None:  # tracing
+                self._spans.event(held.job.token, "cancelled", "cancelled by a user")
             self._pool.kill(held.lease.task_id, Outcome.CANCELLED, "cancelled by a user")
 
     def _register(self, raise_errors: bool = False) -> None:
@@ -351,3 +362,13 @@ class SandboxWorker:
             self.backend.unregister_worker(self.id)
         except BackendError:
             pass
+
+
+def attempt_spans(queue: str, worker_id: str) -> AttemptSpans | None:
+    """A span per attempt while a tracer provider is set (observe/tracing.py); None, and
+    nothing of OpenTelemetry imported, otherwise."""
+    if tracing.tracer() is None:
+        return None
+    from sandboxq.observe.tracing import AttemptSpans
+
+    return AttemptSpans.for_worker(queue, worker_id)
