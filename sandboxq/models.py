@@ -272,6 +272,8 @@ class WorkerRecord(_Frozen):
     registered_ms: int
     jobs: list[WorkerJobRecord]
     containment: str | None
+    #: What keeps a handler from lifting its limits, comma-separated (pool/privileges.py).
+    protections: str | None = None
 
 
 class JobInfo(_Frozen):

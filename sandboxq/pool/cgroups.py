@@ -96,7 +96,15 @@ class Group:
         self._limited = False
 
     @classmethod
-    def create(cls, version: int, dirs: dict[str, str], max_processes: int | None) -> Group:
+    def create(
+        cls,
+        version: int,
+        dirs: dict[str, str],
+        max_processes: int | None,
+        owner_uid: int | None = None,
+    ) -> Group:
+        """Make the group and set its pids limit; ``owner_uid``: hand its directories and
+        files to that uid, out of a root child's reach (privileges.py says why)."""
         for path in dirs.values():
             os.mkdir(path)
         group = cls(version, dirs)
@@ -105,6 +113,11 @@ class Group:
                 _write(os.path.join(group.memory_dir, "memory.oom.group"), "1")
         if max_processes is not None:
             _write(os.path.join(group.pids_dir, "pids.max"), str(max_processes))
+        if owner_uid is not None:
+            for path in dirs.values():
+                os.chown(path, owner_uid, -1)
+                for name in os.listdir(path):
+                    os.chown(os.path.join(path, name), owner_uid, -1)
         return group
 
     def pids(self) -> list[int]:

@@ -17,6 +17,10 @@ Modes, and what each defends:
   and a memory limit is enforced by the kernel, whose OOM-kill counter names the outcome.
 - ``process_tree``: the child's process tree is walked and killed (``kill.py``); a process
   that left the tree can escape, fork bombs are not bounded, and memory is sampled.
+
+In a cgroup mode, a worker running as root hands its children's groups to another uid and
+its children give up the means to write them (read-only cgroup mounts, no capabilities,
+no_new_privs: privileges.py); ``protections`` says which are in force.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from dataclasses import replace
 from typing import Literal
 
 from sandboxq.errors import ConfigError
-from sandboxq.pool import cgroups
+from sandboxq.pool import cgroups, privileges
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.settings import ContainmentSetting
@@ -53,10 +57,16 @@ class Containment:
         setup: ChildSetup,
         pool_dirs: Mapping[str, str] | None = None,
         max_processes: int | None = None,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> None:
         self.mode: Mode = mode
         self.why = why  # how the mode was chosen, in words (logged once)
-        self._setup = setup  # the rlimits part, the same for every child
+        given_up, self._owner, protections = privileges.plan(bool(pool_dirs), uid, gid)
+        #: What keeps a handler from lifting its limits, in words (privileges.py).
+        self.protections: tuple[str, ...] = protections
+        self._setup = replace(setup, privileges=given_up)  # the same for every child
         self._pool_dirs = dict(pool_dirs or {})
         self._max_processes = max_processes
         self._numbers = itertools.count(1)
@@ -74,7 +84,8 @@ class Containment:
             return None, self._setup
         name = f"child-{next(self._numbers)}"
         dirs = {c: os.path.join(d, name) for c, d in self._pool_dirs.items()}
-        group = Group.create(2 if self.mode == "cgroup_v2" else 1, dirs, self._max_processes)
+        version = 2 if self.mode == "cgroup_v2" else 1
+        group = Group.create(version, dirs, self._max_processes, self._owner)
         pids_current = os.path.join(group.pids_dir, "pids.current")
         setup = replace(self._setup, procs_files=group.procs_files, pids_current=pids_current)
         return group, setup
@@ -105,13 +116,32 @@ def detect(
     *,
     mountinfo: str = "/proc/self/mountinfo",
     own_cgroups: str = "/proc/self/cgroup",
+    uid: int | None = None,
+    gid: int | None = None,
 ) -> Containment:
-    """Choose the mode, create this pool's group, and log once which mode is in force.
+    """Choose the mode, create this pool's group, and log once which mode is in force and
+    which protections (``uid``/``gid``: the children's, None: the worker's own).
 
     ``mountinfo`` and ``own_cgroups`` are the kernel's files; tests hand others.
     """
+    chosen = _choose(setting, setup, max_processes, mountinfo, own_cgroups, uid, gid)
+    log.info("containment protections: %s", ", ".join(chosen.protections) or "none")
+    return chosen
+
+
+def _choose(
+    setting: ContainmentSetting,
+    setup: ChildSetup,
+    max_processes: int | None,
+    mountinfo: str,
+    own_cgroups: str,
+    uid: int | None,
+    gid: int | None,
+) -> Containment:
     if setting == "process_tree":
-        chosen = Containment("process_tree", "forced by the containment setting", setup)
+        chosen = Containment(
+            "process_tree", "forced by the containment setting", setup, uid=uid, gid=gid
+        )
         log.info("containment: process_tree (%s)", chosen.why)
         return chosen
     problems = []
@@ -127,7 +157,9 @@ def detect(
             continue
         mode: Mode = "cgroup_v2" if version == 2 else "cgroup_v1"
         where = ", ".join(sorted(set(dirs.values())))
-        chosen = Containment(mode, f"groups under {where}", setup, dirs, max_processes)
+        chosen = Containment(
+            mode, f"groups under {where}", setup, dirs, max_processes, uid=uid, gid=gid
+        )
         log.info("containment: %s (%s; max_processes=%s)", mode, chosen.why, max_processes)
         return chosen
     why = "; ".join(problems)
@@ -139,7 +171,9 @@ def detect(
         "bounded, and memory is sampled",
         why,
     )
-    return Containment("process_tree", f"control groups not writable: {why}", setup)
+    return Containment(
+        "process_tree", f"control groups not writable: {why}", setup, uid=uid, gid=gid
+    )
 
 
 class _Unusable(Exception):

@@ -167,6 +167,12 @@ class Pool:
         return self._containment.mode
 
     @property
+    def protections(self) -> tuple[str, ...]:
+        """What keeps a handler from lifting its limits (``privileges.py``), in words:
+        empty where nothing is given up."""
+        return self._containment.protections
+
+    @property
     def pids(self) -> list[int]:
         """Process ids of the current children."""
         return self._supervisor.pids

@@ -306,6 +306,7 @@ class SandboxWorker:
             registered_ms=now_ms(),  # what lease_renewed_s_ago counts from
             jobs=jobs,
             containment=self._pool.containment if self._pool is not None else None,
+            protections=", ".join(self._pool.protections) if self._pool is not None else None,
         )
         try:
             self.backend.register_worker(self.id, record.model_dump(), ttl_s=self.settings.lease_s)
