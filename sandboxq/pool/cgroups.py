@@ -12,9 +12,9 @@ A kill cannot miss a process, however it detached itself (setsid, double fork), 
 nothing leaves a group on its own. The group is frozen first so a fork bomb cannot add
 processes while they are being listed (v2 with ``cgroup.kill`` does all this in one write).
 
-Groups are named after the pool's owner (pid and start time, so a reused pid is told
-apart): a later pool removes the groups of owners that are gone (``stale_owners`` finds them,
-then ``remove_tree``; see ``containment.py``).
+Groups are named after the pool's owner (pid and start time, unique on the machine), and
+each pool holds a lock on its group for its life: a later pool removes the groups whose
+lock is free (``pool_lock.py``, then ``remove_tree``; see ``containment.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from sandboxq.pool.kill import ended
 V1_CONTROLLERS = ("memory", "pids", "freezer")
 V2_CONTROLLERS = ("memory", "pids")
 PREFIX = "sandboxq."
+#: Ends the name of a pool group whose pool holds its lock (pool_lock.py); groups named
+#: without it were made by versions that held none.
+LOCKED_SUFFIX = ".locked"
 #: How long a kill waits for the processes it killed to be dead (a task in an
 #: uninterruptible wait dies only when that wait returns), as ``kill.SWEEP_WAIT_S``.
 KILL_WAIT_S = 1.0
@@ -41,10 +44,10 @@ _pools = itertools.count(1)
 
 
 def pool_group_name() -> str:
-    """``sandboxq.<pid>.<start time in clock ticks since boot>.<n>``: the owner is unique
-    for the life of the machine, and ``n`` tells apart the pools of one process."""
+    """``sandboxq.<pid>.<start time in clock ticks since boot>.<n>.locked``: the owner is
+    unique within its PID namespace, and ``n`` tells apart the pools of one process."""
     pid = os.getpid()
-    return f"{PREFIX}{pid}.{_start_ticks(pid)}.{next(_pools)}"
+    return f"{PREFIX}{pid}.{_start_ticks(pid)}.{next(_pools)}{LOCKED_SUFFIX}"
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -196,9 +199,11 @@ class Group:
         if self._version == 2:
             path = os.path.join(self.dirs["unified"], "cgroup.freeze")
             value = "1" if frozen else "0"
-        else:
+        elif "freezer" in self.dirs:
             path = os.path.join(self.dirs["freezer"], "freezer.state")
             value = "FROZEN" if frozen else "THAWED"
+        else:
+            return  # what is left of a dead pool's group, gone from the freezer hierarchy
         try:
             _write(path, value)
         except FileNotFoundError:
@@ -268,12 +273,11 @@ class Group:
 def remove_tree(pool_dirs: dict[str, str], wait_s: float) -> bool:
     """Kill and remove every child group below ``pool_dirs``, then the pool group itself;
     waits up to ``wait_s`` for killed processes to exit. True when all is gone."""
-    first = next(iter(pool_dirs.values()))
     version = 2 if "unified" in pool_dirs else 1
-    try:
-        names = [n for n in os.listdir(first) if os.path.isdir(os.path.join(first, n))]
-    except FileNotFoundError:
-        return True
+    names: set[str] = set()
+    for path in pool_dirs.values():  # a group may be gone from some hierarchies already
+        with contextlib.suppress(FileNotFoundError):
+            names.update(n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n)))
     groups = [Group(version, {c: os.path.join(d, n) for c, d in pool_dirs.items()}) for n in names]
     deadline = time.monotonic() + wait_s
     while True:
@@ -283,28 +287,12 @@ def remove_tree(pool_dirs: dict[str, str], wait_s: float) -> bool:
         time.sleep(0.002)
     if groups:
         return False
+    gone = True
     for path in pool_dirs.values():
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(path)
-    return True
-
-
-def stale_owners(root: str) -> list[str]:
-    """Pool-group names below ``root`` whose owner process is gone."""
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return []
-    stale = []
-    for name in names:
-        if not name.startswith(PREFIX):
-            continue
-        pid_text, _, rest = name[len(PREFIX) :].partition(".")
-        start = rest.partition(".")[0]
         try:
-            pid = int(pid_text)
-        except ValueError:
-            continue
-        if str(_start_ticks(pid)) != start:
-            stale.append(name)
-    return stale
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            gone = False  # EBUSY: a process or group appeared in it meanwhile
+    return gone

@@ -34,9 +34,10 @@ from dataclasses import replace
 from typing import Literal
 
 from sandboxq.errors import ConfigError
-from sandboxq.pool import cgroups, privileges
+from sandboxq.pool import cgroups, pool_lock, privileges
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.limits import ChildSetup
+from sandboxq.pool.pool_lock import PoolLock
 from sandboxq.settings import ContainmentSetting
 
 log = logging.getLogger("sandboxq.pool")
@@ -60,8 +61,10 @@ class Containment:
         *,
         uid: int | None = None,
         gid: int | None = None,
+        lock: PoolLock | None = None,
     ) -> None:
         self.mode: Mode = mode
+        self._lock = lock  # held while the pool lives: its groups are not stale
         self.why = why  # how the mode was chosen, in words (logged once)
         given_up, self._owner, protections = privileges.plan(bool(pool_dirs), uid, gid)
         #: What keeps a handler from lifting its limits, in words (privileges.py).
@@ -104,6 +107,9 @@ class Containment:
         if self.cgroups and not cgroups.remove_tree(self._pool_dirs, CLOSE_WAIT_S):
             log.warning("control groups of this pool could not all be removed: %s", self._pool_dirs)
         self._lingering.clear()
+        if self._lock is not None:
+            self._lock.release()  # what is left is for the next pool to remove
+            self._lock = None
 
 
 # -- detection -------------------------------------------------------------------------------
@@ -148,7 +154,7 @@ def _choose(
     for version in (2, 1):
         try:
             dirs = _pool_dirs(version, mountinfo, own_cgroups)
-            _make_pool_group(version, dirs)
+            lock = _make_pool_group(version, dirs)
         except OSError as exc:
             problems.append(f"cgroup v{version}: {exc.strerror or exc}")
             continue
@@ -158,7 +164,7 @@ def _choose(
         mode: Mode = "cgroup_v2" if version == 2 else "cgroup_v1"
         where = ", ".join(sorted(set(dirs.values())))
         chosen = Containment(
-            mode, f"groups under {where}", setup, dirs, max_processes, uid=uid, gid=gid
+            mode, f"groups under {where}", setup, dirs, max_processes, uid=uid, gid=gid, lock=lock
         )
         log.info("containment: %s (%s; max_processes=%s)", mode, chosen.why, max_processes)
         return chosen
@@ -232,21 +238,19 @@ def _pool_dirs(version: int, mountinfo: str, own_cgroups: str) -> dict[str, str]
     return dirs
 
 
-def _make_pool_group(version: int, dirs: Mapping[str, str]) -> None:
-    """Remove stale groups of dead owners, then create ours and check the kernel made it a
-    group (a plain directory has no ``cgroup.procs``)."""
+def _make_pool_group(version: int, dirs: Mapping[str, str]) -> PoolLock:
+    """Remove the groups of pools that are gone, then create ours, locked for the pool's
+    life (pool_lock.py), and check the kernel made it a group (a plain directory has no
+    ``cgroup.procs``)."""
+    _remove_stale({c: os.path.dirname(d) for c, d in dirs.items()})
     made = []
+    lock = PoolLock()
     try:
         for path in dirs.values():
-            parent = os.path.dirname(path)
-            for stale in cgroups.stale_owners(parent):
-                stale_dirs = {c: os.path.join(os.path.dirname(d), stale) for c, d in dirs.items()}
-                if cgroups.remove_tree(stale_dirs, 1.0):
-                    log.info("removed the control groups of a pool that is gone: %s", stale)
-            os.makedirs(path, exist_ok=True)
+            lock.make(path)
             made.append(path)
             if not os.path.exists(os.path.join(path, "cgroup.procs")):
-                raise _Unusable(f"{parent} is not a control group hierarchy")
+                raise _Unusable(f"{os.path.dirname(path)} is not a control group hierarchy")
         if version == 2:
             with open(os.path.join(dirs["unified"], "cgroup.subtree_control"), "w") as f:
                 f.write(" ".join(f"+{c}" for c in cgroups.V2_CONTROLLERS))
@@ -256,7 +260,34 @@ def _make_pool_group(version: int, dirs: Mapping[str, str]) -> None:
         for path in made:
             with contextlib.suppress(OSError):
                 os.rmdir(path)
+        lock.release()
         raise
+    return lock
+
+
+def _remove_stale(parents: Mapping[str, str]) -> None:
+    """Remove the pool groups below ``parents`` (controller -> directory) whose lock is
+    free in every hierarchy they are in: their pool is gone, whatever its pid looks like
+    from here. One locked anywhere belongs to a live pool (or one being made)."""
+    found: dict[str, dict[str, pool_lock.Stale]] = {}
+    for controller, parent in parents.items():
+        for stale in pool_lock.stale(parent):
+            found.setdefault(stale.name, {})[controller] = stale
+    for name, held in found.items():
+        try:
+            elsewhere = [
+                c
+                for c, p in parents.items()
+                if c not in held and os.path.exists(os.path.join(p, name))
+            ]
+            if elsewhere:
+                continue
+            stale_dirs = {c: os.path.join(parents[c], name) for c in held}
+            if cgroups.remove_tree(stale_dirs, 1.0):
+                log.info("removed the control groups of a pool that is gone: %s", name)
+        finally:
+            for stale in held.values():
+                stale.release()
 
 
 def probe() -> tuple[Mode, str]:
