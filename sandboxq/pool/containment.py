@@ -61,12 +61,13 @@ class Containment:
         *,
         uid: int | None = None,
         gid: int | None = None,
+        network: bool = True,
         lock: PoolLock | None = None,
     ) -> None:
         self.mode: Mode = mode
         self._lock = lock  # held while the pool lives: its groups are not stale
         self.why = why  # how the mode was chosen, in words (logged once)
-        given_up, self._owner, protections = privileges.plan(bool(pool_dirs), uid, gid)
+        given_up, self._owner, protections = privileges.plan(bool(pool_dirs), uid, gid, network)
         #: What keeps a handler from lifting its limits, in words (privileges.py).
         self.protections: tuple[str, ...] = protections
         self._setup = replace(setup, privileges=given_up)  # the same for every child
@@ -124,13 +125,15 @@ def detect(
     own_cgroups: str = "/proc/self/cgroup",
     uid: int | None = None,
     gid: int | None = None,
+    network: bool = True,
 ) -> Containment:
     """Choose the mode, create this pool's group, and log once which mode is in force and
-    which protections (``uid``/``gid``: the children's, None: the worker's own).
+    which protections (``uid``/``gid``: the children's, None: the worker's own; ``network``
+    False: children with loopback only).
 
     ``mountinfo`` and ``own_cgroups`` are the kernel's files; tests hand others.
     """
-    chosen = _choose(setting, setup, max_processes, mountinfo, own_cgroups, uid, gid)
+    chosen = _choose(setting, setup, max_processes, mountinfo, own_cgroups, uid, gid, network)
     log.info("containment protections: %s", ", ".join(chosen.protections) or "none")
     return chosen
 
@@ -143,10 +146,16 @@ def _choose(
     own_cgroups: str,
     uid: int | None,
     gid: int | None,
+    network: bool,
 ) -> Containment:
     if setting == "process_tree":
         chosen = Containment(
-            "process_tree", "forced by the containment setting", setup, uid=uid, gid=gid
+            "process_tree",
+            "forced by the containment setting",
+            setup,
+            uid=uid,
+            gid=gid,
+            network=network,
         )
         log.info("containment: process_tree (%s)", chosen.why)
         return chosen
@@ -164,7 +173,15 @@ def _choose(
         mode: Mode = "cgroup_v2" if version == 2 else "cgroup_v1"
         where = ", ".join(sorted(set(dirs.values())))
         chosen = Containment(
-            mode, f"groups under {where}", setup, dirs, max_processes, uid=uid, gid=gid, lock=lock
+            mode,
+            f"groups under {where}",
+            setup,
+            dirs,
+            max_processes,
+            uid=uid,
+            gid=gid,
+            network=network,
+            lock=lock,
         )
         log.info("containment: %s (%s; max_processes=%s)", mode, chosen.why, max_processes)
         return chosen
@@ -178,7 +195,12 @@ def _choose(
         why,
     )
     return Containment(
-        "process_tree", f"control groups not writable: {why}", setup, uid=uid, gid=gid
+        "process_tree",
+        f"control groups not writable: {why}",
+        setup,
+        uid=uid,
+        gid=gid,
+        network=network,
     )
 
 

@@ -83,6 +83,8 @@ class Privileges:
     drop_capabilities: bool = False
     uid: int | None = None
     gid: int | None = None
+    #: A network namespace of its own, with loopback only (``network=False``).
+    no_network: bool = False
 
 
 #: A child that keeps what the worker has.
@@ -118,6 +120,9 @@ def drop(privileges: Privileges) -> None:
     could not be confined must not run anything)."""
     if _libc is None:
         return
+    if privileges.no_network:
+        _check(_libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        _loopback_up()
     if privileges.read_only:
         _read_only_groups(privileges.read_only)
     if privileges.drop_capabilities:
@@ -139,6 +144,19 @@ def drop(privileges: Privileges) -> None:
         data = (_CapData * 2)()
         _check(_libc.capset(ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), data), "capset")
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _loopback_up() -> None:
+    """A new network namespace has ``lo``, down: bring it up (SIOCSIFFLAGS)."""
+    import fcntl
+    import socket
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(s.fileno(), siocgifflags, request))[1]
+        fcntl.ioctl(s.fileno(), siocsifflags, struct.pack("16sH22x", b"lo", flags | iff_up))
 
 
 def _read_only_groups(mounts: tuple[tuple[str, int], ...]) -> None:
@@ -192,6 +210,8 @@ def resolve_user(user: str | int | None, group: str | int | None) -> tuple[int |
     given alone runs with its own primary group. Raises ``ConfigError`` naming the one
     that does not exist here, or when the worker cannot change to them (not root)."""
     uid = gid = None
+    user = int(user) if isinstance(user, str) and user.isdigit() else user
+    group = int(group) if isinstance(group, str) and group.isdigit() else group
     if user is not None:
         try:
             entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
@@ -213,19 +233,27 @@ def resolve_user(user: str | int | None, group: str | int | None) -> tuple[int |
 
 
 def plan(
-    cgroups: bool, uid: int | None = None, gid: int | None = None
+    cgroups: bool, uid: int | None = None, gid: int | None = None, network: bool = True
 ) -> tuple[Privileges, int | None, tuple[str, ...]]:
     """What children give up, the uid their group files must be owned by (None: leave
     them as created), and the protections in force, in words (logged once, shown in the
-    worker record)."""
+    worker record). Raises ``ConfigError`` when ``network=False`` cannot be had here."""
     root = os.geteuid() == 0
     protections: list[str] = []
+    if not network:
+        refused = _refused(_CLONE_NEWNET) if root else f"the worker runs as uid {os.geteuid()}"
+        if refused:
+            raise ConfigError(
+                f"network=False needs a network namespace per child, which this machine "
+                f"refuses: {refused} (it needs root with CAP_SYS_ADMIN)"
+            )
+        protections.append("loopback-only network")
     changes_user = uid is not None or gid is not None
     if changes_user:
         shown_uid = uid if uid is not None else os.geteuid()
         shown_gid = gid if gid is not None else os.getegid()
         protections.append(f"uid {shown_uid} gid {shown_gid}")
-    if not root or not (cgroups or changes_user):
+    if not root or not (cgroups or changes_user or not network):
         if cgroups:
             # The groups were delegated to the worker's uid, which the child shares: its
             # own files stay writable to it.
@@ -233,9 +261,31 @@ def plan(
         return Privileges(), None, tuple(protections)
     read_only = cgroup_mounts() if cgroups else ()
     owner = GROUP_OWNER_UID if cgroups and uid in (None, 0) else None
-    if read_only:
+    if read_only and (refused := _refused(_CLONE_NEWNS)):
+        read_only = ()
+        protections.append(f"cgroup mounts writable (no mount namespace: {refused})")
+    elif read_only:
         protections.append("read-only cgroup mounts")
     if owner is not None:
         protections.append(f"group files owned by uid {owner}")
     protections += ["no capabilities", "no_new_privs"]
-    return Privileges(read_only, True, uid, gid), owner, tuple(protections)
+    return Privileges(read_only, True, uid, gid, not network), owner, tuple(protections)
+
+
+def _refused(flags: int) -> str | None:
+    """Why the kernel refuses a child the namespaces ``flags`` names (None: it allows
+    them), tried in a forked process that does nothing else."""
+    if _libc is None:
+        return "not Linux"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the forked probe
+        code = 0 if _libc.unshare(flags) == 0 else ctypes.get_errno() or 1
+        os.write(w, bytes([min(code, 255)]))
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        answer = f.read(1)
+    os.waitpid(pid, 0)
+    code = answer[0] if answer else 255
+    return None if code == 0 else os.strerror(code)

@@ -12,6 +12,7 @@ Use them as processors by path, e.g. ``"sandboxq.testing.escapes:raise_pids_max"
 | remount_groups_rw()     | ``{"remount": <error>}``                 | ``"ok"``                 |
 | userns_cgroup_mount()   | ``{"wrote": <error>}`` (files not ours)  | ``"ok"`` (userns allowed) |
 | what_am_i()             | uid, gid, capabilities, no_new_privs, netns interfaces            |
+| network_reach()         | loopback ``ok``; outside: the error a connection meets            |
 
 An error is reported as its ``strerror`` (``"Read-only file system"``,
 ``"Permission denied"``, ...).
@@ -204,6 +205,24 @@ def what_am_i() -> dict[str, Any]:
         "no_new_privs": status.get("NoNewPrivs", "").strip(),
         "interfaces": sorted(name for _, name in socket_if_names()),
     }
+
+
+def network_reach(port: int = 9) -> dict[str, Any]:
+    """Whether a TCP connection over loopback works (to a listener of its own), and what a
+    connection to an outside address (192.0.2.1, TEST-NET-1) meets at once."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname(), timeout=5):
+            loopback = "ok"
+    try:
+        with socket.create_connection(("192.0.2.1", port), timeout=0.5):
+            outside = "ok"
+    except OSError as exc:
+        outside = exc.strerror or type(exc).__name__
+    return {"loopback": loopback, "outside": outside}
 
 
 def socket_if_names() -> list[tuple[int, str]]:

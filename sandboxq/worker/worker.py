@@ -116,6 +116,9 @@ class SandboxWorker:
         core_dumps: bool = False,
         keep_strays: bool = False,
         max_child_growth_mb: float | None = None,
+        user: str | int | None = None,
+        group: str | int | None = None,
+        network: bool = True,
     ) -> None:
         # Every keyword but backend_options is the setting of that name, with its default.
         self.settings = s = from_call(WorkerSettings, locals())
