@@ -128,7 +128,7 @@ class Group:
 
     # -- kill -----------------------------------------------------------------------------
 
-    def kill(self, *, thaw: bool = True) -> None:
+    def kill(self, *, thaw: bool = True, wait: bool = True) -> None:
         """SIGKILL every process in the group and wait (up to ``KILL_WAIT_S``) until each
         one is dead: none can run another instruction after.
 
@@ -145,7 +145,8 @@ class Group:
                 if exc.errno != errno.ENOENT:  # no cgroup.kill before Linux 5.14
                     raise
             else:
-                self._wait_dead(listed)
+                if wait:
+                    self._wait_dead(listed)
                 return
         killed: set[int] = set()
         self._freeze(True)
@@ -162,7 +163,36 @@ class Group:
             raise
         if thaw:
             self.thaw()
-            self._wait_dead(killed)
+            if wait:
+                self._wait_dead(killed)
+
+    def kill_pending(self, freeze_wait_s: float) -> bool:
+        """SIGKILL every process in the group so that none can run again, without waiting
+        for any to exit: True once that holds (v2: ``cgroup.kill``; v1: the group reads
+        FROZEN, every task in it has SIGKILL pending: call ``thaw`` next). False when it
+        could not be made sure of within ``freeze_wait_s`` (then the group is thawed)."""
+        if self._version == 2:
+            try:
+                _write(os.path.join(self.dirs["unified"], "cgroup.kill"), "1")
+                return True
+            except FileNotFoundError:
+                return False  # no cgroup.kill before Linux 5.14
+        if "freezer" not in self.dirs:
+            return False
+        self.kill(thaw=False)
+        state = os.path.join(self.dirs["freezer"], "freezer.state")
+        deadline = time.monotonic() + freeze_wait_s
+        while _read(state).strip() != "FROZEN":
+            if time.monotonic() >= deadline:
+                self.thaw()
+                return False
+            time.sleep(0.0002)
+        # Frozen: nothing forks any more, but a fork that was past its parent's signal
+        # check when the parent was killed may have joined after the last listing.
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return True
 
     def _wait_dead(self, killed: set[int]) -> None:
         """Wait until every process in ``killed`` has ended and the group lists nobody
@@ -214,11 +244,12 @@ class Group:
     def empty(self) -> bool:
         return not self.pids()
 
-    def remove(self) -> bool:
+    def remove(self, wait: bool = True) -> bool:
         """Kill what is left and remove the directories; False while some are still
-        exiting (the caller tries again later)."""
+        exiting (the caller tries again later; ``wait=False``: without waiting for what
+        it killed to exit)."""
         if not self.empty():
-            self.kill()
+            self.kill(wait=wait)
             return False
         gone = True
         for path in self.dirs.values():

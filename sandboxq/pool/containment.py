@@ -94,14 +94,15 @@ class Containment:
         setup = replace(self._setup, procs_files=group.procs_files, pids_current=pids_current)
         return group, setup
 
-    def remove(self, group: Group | None) -> None:
-        """The group's child is gone: kill what is left, remove it now or once it empties."""
-        if group is not None and not group.remove():
+    def remove(self, group: Group | None, wait: bool = True) -> None:
+        """The group's child is gone: kill what is left, remove it now or once it empties
+        (``wait=False``: without waiting for what it killed to exit)."""
+        if group is not None and not group.remove(wait):
             self._lingering.append(group)
 
     def tidy(self) -> None:
         """Remove the groups ``remove`` left behind whose processes have exited since."""
-        self._lingering = [g for g in self._lingering if not g.remove()]
+        self._lingering = [g for g in self._lingering if not g.remove(wait=False)]
 
     def close(self) -> None:
         """Remove every group of this pool (killing what is still inside)."""

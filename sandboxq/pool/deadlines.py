@@ -15,6 +15,7 @@ from typing import Any
 
 from sandboxq.models import Outcome
 from sandboxq.pool.handles import Child
+from sandboxq.pool.teardown import kill_at_deadline
 
 #: Longest single select(): epoll cannot wait 25 days (2**31 ms), and a 30-day hard timeout
 #: is a legitimate setting, so a far deadline is reached through several waits.
@@ -42,9 +43,11 @@ def enforce(
             continue
         if run.hard_deadline is not None and now >= run.hard_deadline:
             hard = run.task.hard_timeout_s
-            child.kill(Outcome.HARD_TIMEOUT, f"killed at the hard deadline of {hard:g} s")
+            kill_at_deadline(
+                child, Outcome.HARD_TIMEOUT, f"killed at the hard deadline of {hard:g} s"
+            )
         elif run.fence_deadline is not None and now >= run.fence_deadline:
-            child.kill(Outcome.LEASE_LOST, "the lease could not be renewed in time")
+            kill_at_deadline(child, Outcome.LEASE_LOST, "the lease could not be renewed in time")
         else:
             if run.soft_deadline is not None and not run.soft_sent and now >= run.soft_deadline:
                 child.signal_soft(run)

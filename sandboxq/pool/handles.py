@@ -148,6 +148,7 @@ class Child:
 
     __slots__ = (
         "conn",
+        "doomed",
         "fence",
         "group",
         "jobs_done",
@@ -182,6 +183,7 @@ class Child:
         self.rss_ready: int = 0  # resident memory when it became ready
         self.rss_after: int | None = None  # sampled after its last attempt, until the next
         self.group: Group | None = None  # its control group, in a cgroup mode
+        self.doomed = False  # killed, its attempt settled already (teardown.py)
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)
