@@ -22,11 +22,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import logging
 import os
 import signal
 import time
 
 from sandboxq.pool.kill import ended
+
+log = logging.getLogger("sandboxq.pool")
 
 #: The v1 controllers cgroup mode needs; v2 needs the first two (freezing is built in).
 V1_CONTROLLERS = ("memory", "pids", "freezer")
@@ -217,7 +220,16 @@ class Group:
                     os.kill(pid, signal.SIGKILL)
             killed.update(fresh)
             waiting.update(fresh)
-            if not waiting or time.monotonic() >= deadline:
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                # Said, not silent: the outcome that follows is reported with these alive.
+                log.warning(
+                    "%d killed processes of %s still alive after %g s (uninterruptible?)",
+                    len(waiting),
+                    self.procs_files[0],
+                    KILL_WAIT_S,
+                )
                 return
             time.sleep(0.0005)
 

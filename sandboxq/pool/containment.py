@@ -77,6 +77,11 @@ class Containment:
         self._lingering: list[Group] = []
 
     @property
+    def pool_dirs(self) -> dict[str, str]:
+        """controller (v2: "unified") -> this pool's group directory; empty without groups."""
+        return dict(self._pool_dirs)
+
+    @property
     def cgroups(self) -> bool:
         return self.mode != "process_tree"
 
