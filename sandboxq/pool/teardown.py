@@ -22,13 +22,15 @@ path: kill, wait until dead, outcome from the child's sentinel.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 from collections import deque
 
 from sandboxq.models import Outcome
 from sandboxq.pool import deaths
 from sandboxq.pool.handles import Attempt, Child
-from sandboxq.pool.kill import _signal, stop_tree
+from sandboxq.pool.kill import _kill_known, _signal, stop_tree
 
 #: How long a v1 kill waits for its group to read FROZEN before it falls back.
 FREEZE_WAIT_S = 0.05
@@ -45,6 +47,11 @@ def kill_at_deadline(child: Child, outcome: Outcome, detail: str) -> None:
     else:
         for pid in stop_tree(child.pid, include_root=True):
             _signal(pid, signal.SIGKILL)
+        # As kill.sweep: what memory sampling saw (it may have been re-parented since),
+        # and a member of the child's process group not yet forked when walked.
+        _kill_known(run.tree)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
         stopped = True
     if not stopped:
         child.kill_all(run.tree)  # the old path: its sentinel settles the attempt
