@@ -1,7 +1,7 @@
 """The kernel sandbox's figures: hard-kill overshoot per containment mode, and what the
 protections against a root handler cost.
 
-    python bench/sandbox_bench.py [kill|protections|all] [--json OUT] [--quick]
+    python bench/sandbox_bench.py [kill|protections|drop|all] [--json OUT] [--quick]
 
 - kill: hard-kill overshoot of an attempt that forked a burst of 200 processes, in each
   mode this machine has (control groups, forced process tree): median and max, and how
@@ -11,6 +11,8 @@ protections against a root handler cost.
   handed to another uid) on and off, run by run back to back, so both see the same load.
   "Off" replaces ``privileges.plan`` in this bench's process with one that gives up
   nothing (no setting turns them off).
+- drop: the same cost alone: a fork that gives the privileges up and exits, against a
+  fork that only exits (pool figures move by tens of percent from run to run here).
 
 Each section runs in its own Python process; the JSON goes to bench/results/sandbox.json.
 The machine is shared: run it several times and read medians.
@@ -166,7 +168,48 @@ def bench_protections(quick: bool = False) -> dict[str, Any]:
     return out
 
 
-SECTIONS = {"kill": bench_kill, "protections": bench_protections}
+def _forked_ms(given_up: Any) -> float:
+    """Wall time of a fork that gives up ``given_up`` (privileges.drop) and exits."""
+    import os
+
+    from sandboxq.pool.privileges import drop
+
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            drop(given_up)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    return (time.perf_counter() - t0) * 1000
+
+
+def bench_drop(quick: bool = False) -> dict[str, Any]:
+    """What giving the privileges up adds to a child's start, alone: a fork that drops them
+    and exits, against one that only exits, alternated (the pool-level figures above are
+    within the noise of a shared machine)."""
+    from sandboxq.pool.privileges import NO_CHANGE
+
+    given_up, _, shown = _PLAN(True)
+    n = 50 if quick else 300
+    on, off = [], []
+    for _ in range(n):
+        on.append(_forked_ms(given_up))
+        off.append(_forked_ms(NO_CHANGE))
+    cost_ms = statistics.median(on) - statistics.median(off)
+    figs = [
+        figures.figure("fork + drop the privileges + exit", on, "ms", digits=3),
+        figures.figure("fork + exit", off, "ms", digits=3),
+    ]
+    for fig in figs:
+        fig["runs"] = []
+        print(figures.line(fig), flush=True)
+    print(f"  dropping {', '.join(shown)}: {cost_ms:.3f} ms per child start")
+    return {"protections": list(shown), "cost_ms": round(cost_ms, 3), "figures": figs}
+
+
+SECTIONS = {"kill": bench_kill, "protections": bench_protections, "drop": bench_drop}
 
 
 def main() -> None:
