@@ -407,6 +407,8 @@ class WorkerRecord(_Frozen):
     registered_ms: int
     jobs: list[WorkerJobRecord]
     containment: str | None
+    #: What keeps a handler from lifting its limits, comma-separated (pool/privileges.py).
+    protections: str | None = None
 
 
 class RunningAttempt(_Frozen):

@@ -237,6 +237,22 @@ CountOrNone = Annotated[int | None, NUMBER_ONLY]
 Limit = Annotated[float | None, NUMBER_ONLY, POSITIVE]
 #: An opt-in: only a real True turns it on, never 1 or "yes".
 Switch = Annotated[bool, Strict()]
+
+
+def _named(value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise ValueError("must name a user or group (a name or a number), got an empty text")
+    return value
+
+
+#: A user or group, by name or number (a number from JSON or Python becomes its text).
+Account = Annotated[
+    str | None,
+    BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+    AfterValidator(_named),
+]
+#: On by default: only a real False turns it off.
+NetworkSwitch = Annotated[bool, Strict()]
 #: How many children a pool keeps (a worker's ``concurrency``, a pool's ``size``).
 Children = Annotated[int, NUMBER_ONLY, ONE_PER_CPU, Field(ge=1, le=1024)]
 
@@ -280,6 +296,17 @@ class ContainmentSettings(_Settings):
         None,
         "replace a child whose resident memory grew by more than this since it started",
         none="never",
+    )
+    user: Account = setting_field(
+        None,
+        "run children as this user (name or uid; the worker must run as root)",
+        none="the worker's",
+    )
+    group: Account = setting_field(
+        None, "run children with this group (name or gid)", none="the user's, else the worker's"
+    )
+    network: NetworkSwitch = setting_field(
+        True, "off: children run in a network namespace with loopback only (root)"
     )
 
 

@@ -331,6 +331,7 @@ def test_info_shows_counts_workers_their_jobs_child_pids_and_lease_left(
     (w,) = data["workers"]
     assert (w["worker_id"], w["pid"], w["concurrency"]) == (worker.id, os.getpid(), 1)
     assert w["containment"] == probe()[0]  # the mode in force, from the registry entry
+    assert w["protections"] == ", ".join(worker._pool.protections)  # type: ignore[union-attr]
     assert running_job["id"] == job.id and running_job["attempt"] == 1
     assert psutil.Process(running_job["pid"]).ppid() != 0  # a real, live child
     assert 0 < running_job["lease_left_s"] <= 6.0

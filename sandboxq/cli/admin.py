@@ -86,7 +86,16 @@ def info_data(backend: Backend) -> dict[str, Any]:
             }
             for job in record.get("jobs") or []
         ]
-        fields = ("worker_id", "host", "pid", "concurrency", "lease_s", "started_ms", "containment")
+        fields = (
+            "worker_id",
+            "host",
+            "pid",
+            "concurrency",
+            "lease_s",
+            "started_ms",
+            "containment",
+            "protections",
+        )
         entry = {**{k: record.get(k) for k in fields}, "jobs": jobs}
         if record.get("unreadable"):
             entry["unreadable"] = record["unreadable"]
@@ -120,10 +129,12 @@ def info(args: argparse.Namespace) -> int:
             len(w["jobs"]),
             text.ago(w["started_ms"], now),
             w["containment"] or "",
+            w["protections"] or "",
         )
         for w in workers
     ]
     columns = ["worker", "host", "pid", "children", "running", "started", "containment"]
+    columns.append("protections")
     out.print(render.table(f"live workers ({len(workers)})", columns, rows, keep=["worker"]))
     held = [
         (j["id"], j["attempt"], w["worker_id"], j["pid"] or "not started",

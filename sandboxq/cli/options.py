@@ -183,7 +183,10 @@ def add_setting_flags(
         field = model.model_fields[name]
         kind = value_type(field)
         option, keywords = (forms or {}).get(name, ("--" + name.replace("_", "-"), {}))
-        if kind is bool:
+        if kind is bool and field.get_default() is True:  # on by default: a flag turns it off
+            option = "--no-" + name.replace("_", "-")
+            keywords = {"action": "store_false", **keywords}
+        elif kind is bool:
             keywords = {"action": "store_true", **keywords}
         elif get_origin(kind) is Literal:
             keywords = {"choices": get_args(kind), **keywords}

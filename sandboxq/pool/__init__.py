@@ -14,4 +14,8 @@ guard.py        the guard, a process of the pool's own that enforces fence deadl
                 the worker cannot, and ends every child when the worker dies; its
                 program is guard_process.py
 kill.py server.py containment.py cgroups.py limits.py   kills, orphans, control groups
+privileges.py   what a child gives up before its processor loads (read-only cgroup
+                mounts, capabilities, user and group, network)
+pool_lock.py    a pool's lifetime lock on its groups: cleanup touches only the dead
+teardown.py     a deadline kill settled once nothing of the attempt can run
 """

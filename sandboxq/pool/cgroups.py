@@ -12,9 +12,9 @@ A kill cannot miss a process, however it detached itself (setsid, double fork), 
 nothing leaves a group on its own. The group is frozen first so a fork bomb cannot add
 processes while they are being listed (v2 with ``cgroup.kill`` does all this in one write).
 
-Groups are named after the pool's owner (pid and start time, so a reused pid is told
-apart): a later pool removes the groups of owners that are gone (``stale_owners`` finds them,
-then ``remove_tree``; see ``containment.py``).
+Groups are named after the pool's owner (pid and start time, unique on the machine), and
+each pool holds a lock on its group for its life: a later pool removes the groups whose
+lock is free (``pool_lock.py``, then ``remove_tree``; see ``containment.py``).
 """
 
 from __future__ import annotations
@@ -22,16 +22,22 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import logging
 import os
 import signal
 import time
 
 from sandboxq.pool.kill import ended
 
+log = logging.getLogger("sandboxq.pool")
+
 #: The v1 controllers cgroup mode needs; v2 needs the first two (freezing is built in).
 V1_CONTROLLERS = ("memory", "pids", "freezer")
 V2_CONTROLLERS = ("memory", "pids")
 PREFIX = "sandboxq."
+#: Ends the name of a pool group whose pool holds its lock (pool_lock.py); groups named
+#: without it were made by versions that held none.
+LOCKED_SUFFIX = ".locked"
 #: How long a kill waits for the processes it killed to be dead (a task in an
 #: uninterruptible wait dies only when that wait returns), as ``kill.SWEEP_WAIT_S``.
 KILL_WAIT_S = 1.0
@@ -41,10 +47,10 @@ _pools = itertools.count(1)
 
 
 def pool_group_name() -> str:
-    """``sandboxq.<pid>.<start time in clock ticks since boot>.<n>``: the owner is unique
-    for the life of the machine, and ``n`` tells apart the pools of one process."""
+    """``sandboxq.<pid>.<start time in clock ticks since boot>.<n>.locked``: the owner is
+    unique within its PID namespace, and ``n`` tells apart the pools of one process."""
     pid = os.getpid()
-    return f"{PREFIX}{pid}.{_start_ticks(pid)}.{next(_pools)}"
+    return f"{PREFIX}{pid}.{_start_ticks(pid)}.{next(_pools)}{LOCKED_SUFFIX}"
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -98,7 +104,15 @@ class Group:
         self._usage_at_start = 0  # the group's charge when the attempt began (peak_growth)
 
     @classmethod
-    def create(cls, version: int, dirs: dict[str, str], max_processes: int | None) -> Group:
+    def create(
+        cls,
+        version: int,
+        dirs: dict[str, str],
+        max_processes: int | None,
+        owner_uid: int | None = None,
+    ) -> Group:
+        """Make the group and set its pids limit; ``owner_uid``: hand its directories and
+        files to that uid, out of a root child's reach (privileges.py says why)."""
         for path in dirs.values():
             os.mkdir(path)
         group = cls(version, dirs)
@@ -107,6 +121,11 @@ class Group:
                 _write(os.path.join(group.memory_dir, "memory.oom.group"), "1")
         if max_processes is not None:
             _write(os.path.join(group.pids_dir, "pids.max"), str(max_processes))
+        if owner_uid is not None:
+            for path in dirs.values():
+                os.chown(path, owner_uid, -1)
+                for name in os.listdir(path):
+                    os.chown(os.path.join(path, name), owner_uid, -1)
         return group
 
     def pids(self) -> list[int]:
@@ -114,7 +133,7 @@ class Group:
 
     # -- kill -----------------------------------------------------------------------------
 
-    def kill(self, *, thaw: bool = True) -> None:
+    def kill(self, *, thaw: bool = True, wait: bool = True) -> None:
         """SIGKILL every process in the group and wait (up to ``KILL_WAIT_S``) until each
         one is dead: none can run another instruction after.
 
@@ -131,7 +150,8 @@ class Group:
                 if exc.errno != errno.ENOENT:  # no cgroup.kill before Linux 5.14
                     raise
             else:
-                self._wait_dead(listed)
+                if wait:
+                    self._wait_dead(listed)
                 return
         killed: set[int] = set()
         self._freeze(True)
@@ -148,7 +168,36 @@ class Group:
             raise
         if thaw:
             self.thaw()
-            self._wait_dead(killed)
+            if wait:
+                self._wait_dead(killed)
+
+    def kill_pending(self, freeze_wait_s: float) -> bool:
+        """SIGKILL every process in the group so that none can run again, without waiting
+        for any to exit: True once that holds (v2: ``cgroup.kill``; v1: the group reads
+        FROZEN, every task in it has SIGKILL pending: call ``thaw`` next). False when it
+        could not be made sure of within ``freeze_wait_s`` (then the group is thawed)."""
+        if self._version == 2:
+            try:
+                _write(os.path.join(self.dirs["unified"], "cgroup.kill"), "1")
+                return True
+            except FileNotFoundError:
+                return False  # no cgroup.kill before Linux 5.14
+        if "freezer" not in self.dirs:
+            return False
+        self.kill(thaw=False)
+        state = os.path.join(self.dirs["freezer"], "freezer.state")
+        deadline = time.monotonic() + freeze_wait_s
+        while _read(state).strip() != "FROZEN":
+            if time.monotonic() >= deadline:
+                self.thaw()
+                return False
+            time.sleep(0.0002)
+        # Frozen: nothing forks any more, but a fork that was past its parent's signal
+        # check when the parent was killed may have joined after the last listing.
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return True
 
     def _wait_dead(self, killed: set[int]) -> None:
         """Wait until every process in ``killed`` has ended and the group lists nobody
@@ -173,7 +222,16 @@ class Group:
                     os.kill(pid, signal.SIGKILL)
             killed.update(fresh)
             waiting.update(fresh)
-            if not waiting or time.monotonic() >= deadline:
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                # Said, not silent: the outcome that follows is reported with these alive.
+                log.warning(
+                    "%d killed processes of %s still alive after %g s (uninterruptible?)",
+                    len(waiting),
+                    self.procs_files[0],
+                    KILL_WAIT_S,
+                )
                 return
             time.sleep(0.0005)
 
@@ -185,9 +243,11 @@ class Group:
         if self._version == 2:
             path = os.path.join(self.dirs["unified"], "cgroup.freeze")
             value = "1" if frozen else "0"
-        else:
+        elif "freezer" in self.dirs:
             path = os.path.join(self.dirs["freezer"], "freezer.state")
             value = "FROZEN" if frozen else "THAWED"
+        else:
+            return  # what is left of a dead pool's group, gone from the freezer hierarchy
         try:
             _write(path, value)
         except FileNotFoundError:
@@ -198,11 +258,12 @@ class Group:
     def empty(self) -> bool:
         return not self.pids()
 
-    def remove(self) -> bool:
+    def remove(self, wait: bool = True) -> bool:
         """Kill what is left and remove the directories; False while some are still
-        exiting (the caller tries again later)."""
+        exiting (the caller tries again later; ``wait=False``: without waiting for what
+        it killed to exit)."""
         if not self.empty():
-            self.kill()
+            self.kill(wait=wait)
             return False
         gone = True
         for path in self.dirs.values():
@@ -281,12 +342,11 @@ class Group:
 def remove_tree(pool_dirs: dict[str, str], wait_s: float) -> bool:
     """Kill and remove every child group below ``pool_dirs``, then the pool group itself;
     waits up to ``wait_s`` for killed processes to exit. True when all is gone."""
-    first = next(iter(pool_dirs.values()))
     version = 2 if "unified" in pool_dirs else 1
-    try:
-        names = [n for n in os.listdir(first) if os.path.isdir(os.path.join(first, n))]
-    except FileNotFoundError:
-        return True
+    names: set[str] = set()
+    for path in pool_dirs.values():  # a group may be gone from some hierarchies already
+        with contextlib.suppress(FileNotFoundError):
+            names.update(n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n)))
     groups = [Group(version, {c: os.path.join(d, n) for c, d in pool_dirs.items()}) for n in names]
     deadline = time.monotonic() + wait_s
     while True:
@@ -296,28 +356,12 @@ def remove_tree(pool_dirs: dict[str, str], wait_s: float) -> bool:
         time.sleep(0.002)
     if groups:
         return False
+    gone = True
     for path in pool_dirs.values():
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(path)
-    return True
-
-
-def stale_owners(root: str) -> list[str]:
-    """Pool-group names below ``root`` whose owner process is gone."""
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return []
-    stale = []
-    for name in names:
-        if not name.startswith(PREFIX):
-            continue
-        pid_text, _, rest = name[len(PREFIX) :].partition(".")
-        start = rest.partition(".")[0]
         try:
-            pid = int(pid_text)
-        except ValueError:
-            continue
-        if str(_start_ticks(pid)) != start:
-            stale.append(name)
-    return stale
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            gone = False  # EBUSY: a process or group appeared in it meanwhile
+    return gone

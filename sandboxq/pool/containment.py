@@ -17,6 +17,10 @@ Modes, and what each defends:
   and a memory limit is enforced by the kernel, whose OOM-kill counter names the outcome.
 - ``process_tree``: the child's process tree is walked and killed (``kill.py``); a process
   that left the tree can escape, fork bombs are not bounded, and memory is sampled.
+
+In a cgroup mode, a worker running as root hands its children's groups to another uid and
+its children give up the means to write them (read-only cgroup mounts, no capabilities,
+no_new_privs: privileges.py); ``protections`` says which are in force.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from dataclasses import replace
 from typing import Literal
 
 from sandboxq.errors import ConfigError
-from sandboxq.pool import cgroups
+from sandboxq.pool import cgroups, pool_lock, privileges
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.limits import ChildSetup
+from sandboxq.pool.pool_lock import PoolLock
 from sandboxq.settings import ContainmentSetting
 
 log = logging.getLogger("sandboxq.pool")
@@ -53,14 +58,28 @@ class Containment:
         setup: ChildSetup,
         pool_dirs: Mapping[str, str] | None = None,
         max_processes: int | None = None,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        network: bool = True,
+        lock: PoolLock | None = None,
     ) -> None:
         self.mode: Mode = mode
+        self._lock = lock  # held while the pool lives: its groups are not stale
         self.why = why  # how the mode was chosen, in words (logged once)
-        self._setup = setup  # the rlimits part, the same for every child
+        given_up, self._owner, protections = privileges.plan(bool(pool_dirs), uid, gid, network)
+        #: What keeps a handler from lifting its limits, in words (privileges.py).
+        self.protections: tuple[str, ...] = protections
+        self._setup = replace(setup, privileges=given_up)  # the same for every child
         self._pool_dirs = dict(pool_dirs or {})
         self._max_processes = max_processes
         self._numbers = itertools.count(1)
         self._lingering: list[Group] = []
+
+    @property
+    def pool_dirs(self) -> dict[str, str]:
+        """controller (v2: "unified") -> this pool's group directory; empty without groups."""
+        return dict(self._pool_dirs)
 
     @property
     def cgroups(self) -> bool:
@@ -74,19 +93,21 @@ class Containment:
             return None, self._setup
         name = f"child-{next(self._numbers)}"
         dirs = {c: os.path.join(d, name) for c, d in self._pool_dirs.items()}
-        group = Group.create(2 if self.mode == "cgroup_v2" else 1, dirs, self._max_processes)
+        version = 2 if self.mode == "cgroup_v2" else 1
+        group = Group.create(version, dirs, self._max_processes, self._owner)
         pids_current = os.path.join(group.pids_dir, "pids.current")
         setup = replace(self._setup, procs_files=group.procs_files, pids_current=pids_current)
         return group, setup
 
-    def remove(self, group: Group | None) -> None:
-        """The group's child is gone: kill what is left, remove it now or once it empties."""
-        if group is not None and not group.remove():
+    def remove(self, group: Group | None, wait: bool = True) -> None:
+        """The group's child is gone: kill what is left, remove it now or once it empties
+        (``wait=False``: without waiting for what it killed to exit)."""
+        if group is not None and not group.remove(wait):
             self._lingering.append(group)
 
     def tidy(self) -> None:
         """Remove the groups ``remove`` left behind whose processes have exited since."""
-        self._lingering = [g for g in self._lingering if not g.remove()]
+        self._lingering = [g for g in self._lingering if not g.remove(wait=False)]
 
     def limit_pool_memory(self, max_bytes: int) -> None:
         """Limit the pool's group, every child's group within it, to ``max_bytes``
@@ -121,6 +142,9 @@ class Containment:
         if self.cgroups and not cgroups.remove_tree(self._pool_dirs, CLOSE_WAIT_S):
             log.warning("control groups of this pool could not all be removed: %s", self._pool_dirs)
         self._lingering.clear()
+        if self._lock is not None:
+            self._lock.release()  # what is left is for the next pool to remove
+            self._lock = None
 
 
 # -- detection -------------------------------------------------------------------------------
@@ -133,20 +157,47 @@ def detect(
     *,
     mountinfo: str = "/proc/self/mountinfo",
     own_cgroups: str = "/proc/self/cgroup",
+    uid: int | None = None,
+    gid: int | None = None,
+    network: bool = True,
 ) -> Containment:
-    """Choose the mode, create this pool's group, and log once which mode is in force.
+    """Choose the mode, create this pool's group, and log once which mode is in force and
+    which protections (``uid``/``gid``: the children's, None: the worker's own; ``network``
+    False: children with loopback only).
 
     ``mountinfo`` and ``own_cgroups`` are the kernel's files; tests hand others.
     """
+    chosen = _choose(setting, setup, max_processes, mountinfo, own_cgroups, uid, gid, network)
+    log.info("containment protections: %s", ", ".join(chosen.protections) or "none")
+    return chosen
+
+
+def _choose(
+    setting: ContainmentSetting,
+    setup: ChildSetup,
+    max_processes: int | None,
+    mountinfo: str,
+    own_cgroups: str,
+    uid: int | None,
+    gid: int | None,
+    network: bool,
+) -> Containment:
     if setting == "process_tree":
-        chosen = Containment("process_tree", "forced by the containment setting", setup)
+        chosen = Containment(
+            "process_tree",
+            "forced by the containment setting",
+            setup,
+            uid=uid,
+            gid=gid,
+            network=network,
+        )
         log.info("containment: process_tree (%s)", chosen.why)
         return chosen
     problems = []
     for version in (2, 1):
         try:
             dirs = _pool_dirs(version, mountinfo, own_cgroups)
-            _make_pool_group(version, dirs)
+            lock = _make_pool_group(version, dirs)
         except OSError as exc:
             problems.append(f"cgroup v{version}: {exc.strerror or exc}")
             continue
@@ -155,7 +206,17 @@ def detect(
             continue
         mode: Mode = "cgroup_v2" if version == 2 else "cgroup_v1"
         where = ", ".join(sorted(set(dirs.values())))
-        chosen = Containment(mode, f"groups under {where}", setup, dirs, max_processes)
+        chosen = Containment(
+            mode,
+            f"groups under {where}",
+            setup,
+            dirs,
+            max_processes,
+            uid=uid,
+            gid=gid,
+            network=network,
+            lock=lock,
+        )
         log.info("containment: %s (%s; max_processes=%s)", mode, chosen.why, max_processes)
         return chosen
     why = "; ".join(problems)
@@ -167,7 +228,14 @@ def detect(
         "bounded, and memory is sampled",
         why,
     )
-    return Containment("process_tree", f"control groups not writable: {why}", setup)
+    return Containment(
+        "process_tree",
+        f"control groups not writable: {why}",
+        setup,
+        uid=uid,
+        gid=gid,
+        network=network,
+    )
 
 
 class _Unusable(Exception):
@@ -226,21 +294,19 @@ def _pool_dirs(version: int, mountinfo: str, own_cgroups: str) -> dict[str, str]
     return dirs
 
 
-def _make_pool_group(version: int, dirs: Mapping[str, str]) -> None:
-    """Remove stale groups of dead owners, then create ours and check the kernel made it a
-    group (a plain directory has no ``cgroup.procs``)."""
+def _make_pool_group(version: int, dirs: Mapping[str, str]) -> PoolLock:
+    """Remove the groups of pools that are gone, then create ours, locked for the pool's
+    life (pool_lock.py), and check the kernel made it a group (a plain directory has no
+    ``cgroup.procs``)."""
+    _remove_stale({c: os.path.dirname(d) for c, d in dirs.items()})
     made = []
+    lock = PoolLock()
     try:
         for path in dirs.values():
-            parent = os.path.dirname(path)
-            for stale in cgroups.stale_owners(parent):
-                stale_dirs = {c: os.path.join(os.path.dirname(d), stale) for c, d in dirs.items()}
-                if cgroups.remove_tree(stale_dirs, 1.0):
-                    log.info("removed the control groups of a pool that is gone: %s", stale)
-            os.makedirs(path, exist_ok=True)
+            lock.make(path)
             made.append(path)
             if not os.path.exists(os.path.join(path, "cgroup.procs")):
-                raise _Unusable(f"{parent} is not a control group hierarchy")
+                raise _Unusable(f"{os.path.dirname(path)} is not a control group hierarchy")
         if version == 2:
             with open(os.path.join(dirs["unified"], "cgroup.subtree_control"), "w") as f:
                 f.write(" ".join(f"+{c}" for c in cgroups.V2_CONTROLLERS))
@@ -250,7 +316,34 @@ def _make_pool_group(version: int, dirs: Mapping[str, str]) -> None:
         for path in made:
             with contextlib.suppress(OSError):
                 os.rmdir(path)
+        lock.release()
         raise
+    return lock
+
+
+def _remove_stale(parents: Mapping[str, str]) -> None:
+    """Remove the pool groups below ``parents`` (controller -> directory) whose lock is
+    free in every hierarchy they are in: their pool is gone, whatever its pid looks like
+    from here. One locked anywhere belongs to a live pool (or one being made)."""
+    found: dict[str, dict[str, pool_lock.Stale]] = {}
+    for controller, parent in parents.items():
+        for stale in pool_lock.stale(parent):
+            found.setdefault(stale.name, {})[controller] = stale
+    for name, held in found.items():
+        try:
+            elsewhere = [
+                c
+                for c, p in parents.items()
+                if c not in held and os.path.exists(os.path.join(p, name))
+            ]
+            if elsewhere:
+                continue
+            stale_dirs = {c: os.path.join(parents[c], name) for c in held}
+            if cgroups.remove_tree(stale_dirs, 1.0):
+                log.info("removed the control groups of a pool that is gone: %s", name)
+        finally:
+            for stale in held.values():
+                stale.release()
 
 
 def probe() -> tuple[Mode, str]:

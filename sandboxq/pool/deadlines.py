@@ -21,6 +21,7 @@ from sandboxq.models import Outcome
 from sandboxq.pool.attempt import HARD_KILL, MEMORY_KILL, SELF_FENCE, SOFT_SIGNAL
 from sandboxq.pool.handles import Attempt, Child, call
 from sandboxq.pool.stacks import DUMP_EARLY_S
+from sandboxq.pool.teardown import kill_at_deadline
 
 #: Longest single select(): epoll cannot wait 25 days (2**31 ms), and a 30-day hard timeout
 #: is a legitimate setting, so a far deadline is reached through several waits.
@@ -62,15 +63,15 @@ def enforce(
             hard = run.task.hard_timeout_s
             detail = f"killed at the hard deadline of {hard:g} s"
             tell(run, child.pid, HARD_KILL, detail)
-            child.kill(Outcome.HARD_TIMEOUT, detail)
+            kill_at_deadline(child, Outcome.HARD_TIMEOUT, detail)
         elif run.fence_deadline is not None and now >= run.fence_deadline:
             detail = "the lease could not be renewed in time"
             tell(run, child.pid, SELF_FENCE, detail)
-            child.kill(Outcome.LEASE_LOST, detail)
+            kill_at_deadline(child, Outcome.LEASE_LOST, detail)
         elif run.ending is not None and run.end_kill_at is not None and now >= run.end_kill_at:
             detail = f"{run.end_detail}; killed after a grace of {run.task.end_grace_s:g} s"
             tell(run, child.pid, HARD_KILL, detail)
-            child.kill(run.ending, detail)
+            kill_at_deadline(child, run.ending, detail)
         else:
             if run.ending is None and (ending := run.ending_due(now)) is not None:
                 child.end_softly(run, *ending, now)

@@ -47,14 +47,16 @@ EXIT_GRACE_S = 1.0
 def bury(child: Child, exitcode: int | None, pending: deque[Attempt], contain: Containment) -> None:
     """``child`` died with ``exitcode`` and was reaped: end or requeue its attempts."""
     run = child.running
-    # What it left behind: re-parented to the fork server when it died on its own (in
-    # a control group, the group holds it wherever it went).
-    child.kill_all(run.tree if run else ())
-    server.sweep_orphans()
+    if not child.doomed:  # a deadline kill (teardown.py) killed everything already
+        # What it left behind: re-parented to the fork server when it died on its own (in
+        # a control group, the group holds it wherever it went).
+        child.kill_all(run.tree if run else ())
+        server.sweep_orphans()
     server.forget(child.pid)
     if run is not None:
         settle_death(child, run, exitcode, pending)
-    contain.remove(child.group)  # after: its OOM-kill counter names the outcome
+    # After: its OOM-kill counter names the outcome. Never waited for after a deadline kill.
+    contain.remove(child.group, wait=not child.doomed)
     if child.stacks is not None:
         child.stacks.close()  # after: its last stack was read
     if child.output is not None:

@@ -14,6 +14,8 @@ own session, so nothing that stops the worker stops it.
          │ the guard died → restart   │
          └──────── liveness pipe ───► guard process (guard_process.py, own session):
                                         · a fence deadline passed → kill that child's tree
+                                        · the worker died → also remove the pool's control
+                                          groups (what is in them killed) at once
                                         · the worker is stopped → stop the children's
                                           trees; it runs again → continue them
                                         · the worker died (pidfd) or the pool closed (EOF
@@ -25,12 +27,15 @@ still applies, and when both race for one kill the outcome is the same (``lease_
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import logging
 import mmap
 import os
 import signal
 import subprocess
+from collections.abc import Mapping
 
 import psutil
 
@@ -65,6 +70,9 @@ class Slot(ctypes.Structure):
 
 #: The table starts with a header (``Header``), then the slots.
 HEADER = 3 * ctypes.sizeof(ctypes.c_int64)
+#: What the pool writes on the liveness pipe before it closes it: EOF without it means the
+#: worker died.
+CLOSING = b"c"
 #: A guard whose beat has not moved for this long is stopped or hung (it beats every
 #: ``guard_process.WATCH_S``, or after a sweep, which waits up to a second for what it
 #: killed): continued, and if that does not help, replaced.
@@ -131,7 +139,9 @@ class Guard:
     guarded at once: the pool's size, plus the retiring ones still exiting.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, pool_dirs: Mapping[str, str] | None = None) -> None:
+        #: The pool's control groups: the guard removes them when the worker dies.
+        self._pool_dirs = json.dumps(dict(pool_dirs or {}))
         self._fd = os.memfd_create("sandboxq-guard")  # close-on-exec: no child inherits it
         os.ftruncate(self._fd, table_size(capacity))
         self._map = mmap.mmap(self._fd, table_size(capacity))
@@ -222,6 +232,7 @@ class Guard:
                     str(os.getpid()),
                     str(self._fd),
                     str(alive_r),
+                    self._pool_dirs,
                 ],
                 pass_fds=(self._fd, alive_r),
                 start_new_session=True,  # Ctrl-Z and kill -STOP of the worker's group miss it
@@ -258,6 +269,9 @@ class Guard:
         """Stop the guard (it sees EOF on its pipe and ends what is still in the table:
         nothing, after a clean shutdown) and release the table."""
         process = self._process
+        if self._alive_w is not None:
+            with contextlib.suppress(OSError):  # a guard that died reads nothing
+                os.write(self._alive_w, CLOSING)  # not the worker's death: keep the groups
         self._close_process()
         if process is not None:
             try:

@@ -1,11 +1,13 @@
-"""The fence guard's own program: ``python -m sandboxq.pool.guard_process WORKER TABLE ALIVE``.
+"""The fence guard's own program: ``python -m sandboxq.pool.guard_process WORKER TABLE ALIVE
+[POOL DIRS as JSON]``.
 
 Runs in a session of its own (guard.py says why), reading the table the supervisor
 writes. One loop:
 
     select(worker's pidfd, the liveness pipe; timeout = the nearest fence deadline, at
            most WATCH_S)
-      ├─ readable: the worker died, or its pool closed ──► kill every tree in the table, exit
+      ├─ readable: the worker died, or its pool closed ──► kill every tree in the table
+      │            (the worker died: also kill and remove the pool's groups), exit
       ├─ a slot's fence deadline has come ──────────────► kill that child's tree (once)
       └─ the worker's state (/proc) ── stopped ─────────► stop every child's tree
                                     └─ running again ───► continue them
@@ -18,6 +20,7 @@ far below a millisecond of CPU per second (bench/guard_cost.py measures it).
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import select
@@ -26,7 +29,8 @@ import sys
 import time
 from collections.abc import Iterator
 
-from sandboxq.pool.guard import GUARD_EARLY_S, HEADER, SLOT_FORMAT, created, header_of
+from sandboxq.pool.cgroups import remove_tree
+from sandboxq.pool.guard import CLOSING, GUARD_EARLY_S, HEADER, SLOT_FORMAT, created, header_of
 from sandboxq.pool.kill import resume, state, stop_tree, sweep
 
 #: How often the worker's state is read, and the longest wait between looks at the table
@@ -94,14 +98,19 @@ class Guard:
                         resume(pid)
             self.paused.clear()
 
-    def end_everything(self) -> None:
-        """The worker is gone (or its pool closed): nothing of the pool may outlive it."""
+    def end_everything(self, pool_dirs: dict[str, str] | None = None) -> None:
+        """The worker is gone (or its pool closed): nothing of the pool may outlive it.
+        ``pool_dirs``: the dead worker's control groups, killed and removed now, rather
+        than left for the next pool on the machine (its lock died with it)."""
         for pid, _ in list(self.children()):
             sweep(pid)
+        if pool_dirs and not remove_tree(pool_dirs, 1.0):
+            print(f"sandboxq guard: could not remove {pool_dirs}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
-    worker, table_fd, alive_fd = (int(a) for a in argv)
+    worker, table_fd, alive_fd = (int(a) for a in argv[:3])
+    pool_dirs: dict[str, str] = json.loads(argv[3]) if len(argv) > 3 else {}
     table = mmap.mmap(table_fd, os.fstat(table_fd).st_size)
     os.close(table_fd)
     guard = Guard(worker, table)
@@ -110,15 +119,20 @@ def main(argv: list[str]) -> int:
     except OSError:
         worker_fd = None
     if worker_fd is None or os.getppid() != worker:  # the worker died before we looked
-        guard.end_everything()
+        guard.end_everything(pool_dirs)
         return 0
     guard.header.ready_pid = os.getpid()
     watched = [worker_fd, alive_fd]
     while True:
         guard.header.beat += 1  # the supervisor sees a stopped or hung guard by it
         wait_s = guard.next_wait_s(guard.entries(), time.monotonic())
-        if select.select(watched, [], [], wait_s)[0]:
-            guard.end_everything()
+        if ready := select.select(watched, [], [], wait_s)[0]:
+            # The worker died (its pidfd, or EOF on the pipe without the pool's word: the
+            # pipe closes as the worker exits, before its pidfd says so), or only its pool
+            # closed (CLOSING first): then the pool removes its groups itself.
+            said = os.read(alive_fd, 1) if alive_fd in ready else b""
+            died = worker_fd in ready or said != CLOSING
+            guard.end_everything(pool_dirs if died else None)
             return 0
         guard.enforce_fences(guard.entries(), time.monotonic())
         guard.follow_worker()

@@ -216,6 +216,7 @@ class Child:
 
     __slots__ = (
         "conn",
+        "doomed",
         "fence",
         "group",
         "jobs_done",
@@ -254,6 +255,7 @@ class Child:
         self.group: Group | None = None  # its control group, in a cgroup mode
         self.stacks: StackFile | None = None  # where it dumps its stack (stacks.py)
         self.output: ChildOutput | None = None  # its stdout and stderr (output.py)
+        self.doomed = False  # killed, its attempt settled already (teardown.py)
 
     def assigned(self) -> int:
         return self.jobs_done + (self.running is not None) + len(self.queued)

@@ -1,8 +1,9 @@
 """What a child applies to itself at start: its control group and its rlimits. Runs in the
 child; the parent only builds the ``ChildSetup`` it is handed.
 
-    parent: ChildSetup(procs files, rlimits, cpu_time_s) ──► child_main
-    child:  enter(setup)         join the group, set rlimits (before the processor loads)
+    parent: ChildSetup(procs files, rlimits, cpu_time_s, privileges) ──► child_main
+    child:  enter(setup)         join the group, set rlimits, drop privileges
+                                 (privileges.py; all before the processor loads)
             wrap(processor)      per attempt: a fresh CPU budget; after it, nothing the
                                  attempt started is left in the group
 
@@ -28,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sandboxq.pool.privileges import NO_CHANGE, Privileges, drop
+
 #: How long the sweep after an attempt waits for the processes it killed to exit.
 SWEEP_WAIT_S = 2.0
 
@@ -43,6 +46,7 @@ class ChildSetup:
     max_open_files: int | None = None
     max_file_size_mb: float | None = None
     max_address_space_mb: float | None = None
+    privileges: Privileges = NO_CHANGE  # what the child gives up (privileges.py)
 
 
 def _set(limit: int, soft: int, *, hard: int | None = None) -> None:
@@ -55,7 +59,8 @@ def _set(limit: int, soft: int, *, hard: int | None = None) -> None:
 
 
 def enter(setup: ChildSetup) -> None:
-    """Join the control group and set the rlimits: the child's first act."""
+    """Join the control group, set the rlimits and drop privileges: the child's first
+    act."""
     me = str(os.getpid())
     for path in setup.procs_files:
         with open(path, "w") as f:
@@ -70,6 +75,7 @@ def enter(setup: ChildSetup) -> None:
     if setup.max_address_space_mb is not None:
         size = int(setup.max_address_space_mb * 2**20)
         _set(resource.RLIMIT_AS, size, hard=size)
+    drop(setup.privileges)  # last: joining the group and the rlimits needed them
 
 
 def wrap(

@@ -27,6 +27,7 @@ from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.commands import EndUnstarted, Fence, Kill, Soft
 from sandboxq.pool.containment import detect
 from sandboxq.pool.limits import ChildSetup
+from sandboxq.pool.privileges import resolve_user
 from sandboxq.pool.supervisor import Supervisor
 from sandboxq.processor import resolve_within, split_path
 from sandboxq.settings import (
@@ -49,13 +50,13 @@ _FORKSERVER_PRELOAD = ["sandboxq.pool.forkserver_hooks", "sandboxq.pool.child"]
 _live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
-def _context(start_method: StartMethod, processor: str) -> Any:
+def _context(start_method: StartMethod, processor: str, preload: bool = True) -> Any:
     ctx = multiprocess.get_context(start_method)
     if start_method == "forkserver":
         # The preload list is global and only read when the fork server starts; every
         # pool adds its processor's module so replacements start without re-importing.
         module = split_path(processor)[0]
-        if module not in _FORKSERVER_PRELOAD:
+        if preload and module not in _FORKSERVER_PRELOAD:
             _FORKSERVER_PRELOAD.append(module)
         ctx.set_forkserver_preload(list(_FORKSERVER_PRELOAD))
     return ctx
@@ -99,6 +100,9 @@ class Pool:
         core_dumps: bool = False,
         capture_output: bool = True,
         pool_memory_mb: float | None = None,
+        user: str | int | None = None,
+        group: str | int | None = None,
+        network: bool = True,
     ) -> None:
         # Every keyword is the setting of that name, with its default.
         s = from_call(PoolSettings, locals())
@@ -131,9 +135,14 @@ class Pool:
             max_file_size_mb=s.max_file_size_mb,
             max_address_space_mb=s.max_address_space_mb,
         )
-        self._containment = detect(s.containment, limits, s.max_processes)
+        uid, gid = resolve_user(s.user, s.group)
+        self._containment = detect(
+            s.containment, limits, s.max_processes, uid=uid, gid=gid, network=s.network
+        )
         self._supervisor = Supervisor(
-            _context(s.start_method, s.processor),
+            # A processor run as another user is imported by each child once it is that
+            # user, never by the fork server (root) beforehand.
+            _context(s.start_method, s.processor, preload=uid is None and gid is None),
             s.processor,
             size,
             max_jobs_per_child=s.max_jobs_per_child,
@@ -169,6 +178,12 @@ class Pool:
     def containment(self) -> str:
         """The containment mode in force: ``cgroup_v2``, ``cgroup_v1`` or ``process_tree``."""
         return self._containment.mode
+
+    @property
+    def protections(self) -> tuple[str, ...]:
+        """What keeps a handler from lifting its limits (``privileges.py``), in words:
+        empty where nothing is given up."""
+        return self._containment.protections
 
     @property
     def pids(self) -> list[int]:

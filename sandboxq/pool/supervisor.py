@@ -114,7 +114,7 @@ class Supervisor:
         )
         # Room for the pool's children, the retiring ones still exiting, and their
         # replacements.
-        self._guard = Guard(capacity=4 * size + 8)
+        self._guard = Guard(capacity=4 * size + 8, pool_dirs=self._contain.pool_dirs)
         self._closing = False
         self._start_failures = 0
         #: Children started, replacements included (the worker's pool restarts metric).

@@ -14,6 +14,7 @@ parent died is re-parented to it and still descends from this process.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterable
 
@@ -75,8 +76,26 @@ def survivors(
 
 
 def still_running(pids: Iterable[int]) -> list[int]:
-    """Those of ``pids`` that still run (a zombie has run its last instruction)."""
-    return [pid for pid in pids if not ended(pid)]
+    """Those of ``pids`` that can still run an instruction of their own: not a zombie, not
+    exiting, no SIGKILL pending (a killed process, frozen or stopped until the kernel gets
+    to it, runs no more code: a deadline kill reports its outcome then, teardown.py)."""
+    return [pid for pid in pids if not ended(pid) and not _doomed(pid)]
+
+
+#: /proc/<pid>/stat flags: the task is exiting.
+_PF_EXITING = 0x4
+
+
+def _doomed(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return True  # gone
+    pending = int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)
+    return bool(int(fields[6]) & _PF_EXITING or pending & (1 << (signal.SIGKILL - 1)))
 
 
 def describe(leaked: dict[int, str]) -> str:

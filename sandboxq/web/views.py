@@ -402,6 +402,7 @@ def workers_page(ctx: Ctx, queues: list[tuple[str, Backend]]) -> Safe:
                     ("started", when(record.get("started_ms"))),
                     ("renewed", f"{duration(age_s)} ago" if age_s is not None else "unknown"),
                     ("containment", record.get("containment") or "not reported"),
+                    ("protections", record.get("protections") or "none"),
                 ]
             )
             columns = ["child pid", "job", "attempt", "resident memory", "lease left"]

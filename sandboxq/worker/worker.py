@@ -137,6 +137,9 @@ class SandboxWorker:
         memory_retry_factor: float | None = None,
         memory_retry_max_mb: float | None = None,
         pool_memory_mb: float | None = None,
+        user: str | int | None = None,
+        group: str | int | None = None,
+        network: bool = True,
     ) -> None:
         # Every keyword but backend_options is the setting of that name, with its default.
         self.settings = s = from_call(WorkerSettings, locals())
@@ -340,6 +343,7 @@ class SandboxWorker:
             registered_ms=now_ms(),  # what lease_renewed_s_ago counts from
             jobs=jobs,
             containment=self._pool.containment if self._pool is not None else None,
+            protections=", ".join(self._pool.protections) if self._pool is not None else None,
         )
         try:
             self.backend.register_worker(self.id, record.model_dump(), ttl_s=self.settings.lease_s)

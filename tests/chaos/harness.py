@@ -90,6 +90,18 @@ class Worker:
                 continue
         return None
 
+    def zombies(self) -> list[int]:
+        """Zombies below the worker: a dead process nobody reaped (each kill must leave
+        none once its processes are reaped)."""
+        found = []
+        for proc in self.descendants():
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    found.append(proc.pid)
+            except psutil.Error:
+                continue
+        return found
+
     def family(self) -> list[int]:
         return [self.pid, *(p.pid for p in self.descendants())]
 

@@ -7,6 +7,8 @@ import time
 import pytest
 from harness import ChildKiller, Scene
 
+from sandboxq.testing.waiting import wait_for
+
 pytestmark = pytest.mark.timeout(240)
 
 JOBS = 500
@@ -38,4 +40,6 @@ def test_random_child_kills_lose_nothing_and_never_run_a_job_twice_at_once(scene
     for job_id, cause in result.failed.items():
         assert "SIGKILL" in cause, (job_id, cause)
     assert result.completed >= JOBS - 5, result.line()
+    for worker in workers:  # every kill's processes reaped: no Z left under any worker
+        wait_for(lambda w=worker: not w.zombies(), 10, f"no zombie under {worker.name}")
     assert not fleet.errors()

@@ -346,6 +346,7 @@ _WORKER_FIELDS: dict[str, _Kinds] = {
     "started_ms": _INT,
     "registered_ms": _INT,
     "lease_s": _NUMBER,
+    "protections": _STR,
 }
 _WORKER_JOB_FIELDS: dict[str, _Kinds] = {
     "id": _STR,

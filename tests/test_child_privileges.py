@@ -1,0 +1,104 @@
+"""``user=``, ``group=`` and ``network=False``: the children drop to the user and group
+before they import the processor, and run in a network namespace with loopback only;
+settings that cannot be had here are refused at start, naming why."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from sandboxq import ConfigError, Pool
+
+E = "sandboxq.testing.escapes:"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a child's ids needs root")
+
+
+def _nobody_can_run_python() -> str | None:
+    """Why a child running as ``nobody`` could not import sandboxq here (None: it can)."""
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        return "no user nobody on this machine"
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import difflib, sandboxq.testing.identity"],
+            user="nobody",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as exc:
+        return f"user nobody cannot run this Python ({exc})"
+    if probe.returncode:
+        return f"user nobody cannot run this Python ({probe.stderr.strip().splitlines()[-1]})"
+    return None
+
+
+@needs_root
+@pytest.mark.timeout(60)
+def test_a_group_is_dropped_to_before_the_processor_is_imported() -> None:
+    with Pool("sandboxq.testing.identity:imported_as", 1, group="nogroup") as pool:
+        at_import, at_run = pool.submit().result(timeout=30)
+        assert "uid 0 gid 65534" in pool.protections
+    assert at_import == at_run == [0, 65534, [65534]]
+
+
+@needs_root
+@pytest.mark.timeout(60)
+def test_a_user_is_dropped_to_before_the_processor_is_imported() -> None:
+    if why := _nobody_can_run_python():
+        pytest.skip(why)
+    with Pool("sandboxq.testing.identity:imported_as", 1, user="nobody") as pool:
+        at_import, at_run = pool.submit().result(timeout=30)
+    nobody = pwd.getpwnam("nobody")
+    assert at_import == at_run == [nobody.pw_uid, nobody.pw_gid, [nobody.pw_gid]]
+
+
+@needs_root
+@pytest.mark.timeout(60)
+def test_no_network_leaves_loopback_only() -> None:
+    with Pool(E + "call", 1, network=False) as pool:
+        assert pool.submit("what_am_i").result(timeout=30)["interfaces"] == ["lo"]
+        reach = pool.submit("network_reach").result(timeout=30)
+        assert "loopback-only network" in pool.protections
+    assert reach["loopback"] == "ok"
+    assert reach["outside"] == "Network is unreachable", reach
+
+
+@pytest.mark.timeout(30)
+def test_unknown_users_and_groups_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="user='no-such-user-here': no such user"):
+        Pool(E + "what_am_i", 1, user="no-such-user-here")
+    with pytest.raises(ConfigError, match="group='no-such-group-here': no such group"):
+        Pool(E + "what_am_i", 1, group="no-such-group-here")
+    with pytest.raises(ConfigError, match="user"):
+        Pool(E + "what_am_i", 1, user="")
+
+
+@pytest.mark.timeout(60)
+def test_no_network_where_the_kernel_refuses_it_is_an_error_naming_why() -> None:
+    # Root, but without capabilities (a container's usual root): no namespace is allowed.
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv(1) to start a worker without capabilities")
+    script = (
+        "from sandboxq import Pool, ConfigError\n"
+        "try:\n"
+        "    Pool('sandboxq.testing.handlers:echo', 1, network=False, containment='process_tree')\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(
+        [setpriv, "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert "network=False needs a network namespace" in done.stdout, done.stderr
+    assert "Operation not permitted" in done.stdout
