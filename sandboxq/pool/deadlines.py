@@ -19,7 +19,7 @@ from typing import Any
 
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import HARD_KILL, MEMORY_KILL, SELF_FENCE, SOFT_SIGNAL
-from sandboxq.pool.handles import Attempt, Child, call
+from sandboxq.pool.handles import Attempt, Child, tell
 from sandboxq.pool.stacks import DUMP_EARLY_S
 from sandboxq.pool.teardown import kill_at_deadline
 
@@ -85,11 +85,3 @@ def enforce(
             if due and (why := child.over_memory(run, now, memory_every)) is not None:
                 tell(run, child.pid, MEMORY_KILL, why)
                 child.kill(Outcome.MEMORY_LIMIT, why)
-
-
-def tell(run: Attempt, pid: int | None, event: str, detail: str) -> None:
-    """What is about to be done to ``run`` (in child ``pid``; None: it is dead already),
-    to its task's ``on_event`` (tracing's span events), before it is done: a child about
-    to be killed can still be read."""
-    if run.task.on_event is not None:
-        call(run.task.on_event, event, detail, pid)

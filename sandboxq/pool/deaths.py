@@ -32,9 +32,8 @@ from sandboxq.models import Outcome
 from sandboxq.pool import server
 from sandboxq.pool.attempt import SELF_FENCE, signal_name
 from sandboxq.pool.containment import Containment
-from sandboxq.pool.deadlines import tell
 from sandboxq.pool.guard import GUARD_EARLY_S
-from sandboxq.pool.handles import Attempt, Child
+from sandboxq.pool.handles import Attempt, Child, tell
 from sandboxq.pool.kill import descendants
 
 log = logging.getLogger("sandboxq.pool")

@@ -45,6 +45,14 @@ def call(fn: Callable[..., None], *args: Any) -> None:
         log.exception("pool callback %r failed", fn)
 
 
+def tell(run: Attempt, pid: int | None, event: str, detail: str) -> None:
+    """What is about to be done to ``run`` (in child ``pid``; None: it is dead already),
+    to its task's ``on_event`` (tracing's span events), before it is done: a child about
+    to be killed can still be read."""
+    if run.task.on_event is not None:
+        call(run.task.on_event, event, detail, pid)
+
+
 def readable(channel: Channel) -> bool:
     return bool(select.select([channel], [], [], 0)[0])
 
