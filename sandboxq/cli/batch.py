@@ -235,7 +235,18 @@ def stdout_for_results() -> Iterator[None]:
     fork server starts inside, so children inherit descriptor 1 as stderr, and the pool
     writes what they print (``capture_output``) to descriptor 1 too. ``sys.stdout`` is
     the real stdout, on a descriptor of its own, so ``sandboxq run ... | jq`` never
-    reads a handler's line."""
+    reads a handler's line.
+
+    When ``sys.stdout`` is not descriptor 1 (a caller replaced it: a test's capture, an
+    embedding program), results go where the caller put it, and descriptor 1, which the
+    caller does not read, still takes the handlers' prints."""
+    try:
+        on_descriptor_1 = sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        on_descriptor_1 = False
+    if not on_descriptor_1:
+        yield
+        return
     sys.stdout.flush()
     results_fd = os.dup(1)
     os.set_inheritable(results_fd, False)
