@@ -80,6 +80,7 @@ READ_COMMANDS = (
     "llen",
     "lrange",
     "zrevrange",
+    "xrange",
     "xread",
     "xrevrange",
     "smembers",
@@ -88,6 +89,8 @@ READ_COMMANDS = (
     "strlen",
     "select",
     "ping",
+    # the finish listener names its connection (sandboxq-finishes in CLIENT LIST)
+    "client|setname",
 )
 
 #: Only a worker: its registry entry, the wake list, cancellations.
