@@ -38,6 +38,7 @@ from sandboxq.backends.redis.lane import Lane
 from sandboxq.backends.redis.reads import Reads
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
 from sandboxq.backends.redis.stats import depth_samples, read_index, recent_durations
+from sandboxq.errors import BackendError
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, AttemptRecord, JobState, check_queue_name
 
 log = logging.getLogger(__name__)
@@ -298,7 +299,13 @@ class RedisBackend(Reads, Batches, Backend):
             pipe.sadd(self.keys.workers, worker_id)
             pipe.sadd(self.keys.index, self.queue)  # a queue with a worker is a queue
             pipe.execute()
-            self._scripts.depth([DEPTH_MINUTES])  # the depth chart's sample for this minute
+        # The depth chart's sample for this minute: a nicety, which must not make the
+        # registration fail (a damaged queue key is reported by the claims, by name).
+        try:
+            with self._conns.errors("sample the waiting depth"):
+                self._scripts.depth([DEPTH_MINUTES])
+        except BackendError as exc:
+            log.debug("no depth sample for queue %r: %s", self.queue, exc)
 
     def unregister_worker(self, worker_id: str) -> None:
         with self._conns.errors(f"unregister worker {worker_id!r}"):
