@@ -95,7 +95,7 @@ class Claimed:
 class Event:
     id: str  # position in the stream, usable as ``since``
     kind: str  # added, active, progress, completed, failed, retried, requeued, released,
-    # stalled, cancelled, unfenced
+    # stalled, cancelled, unfenced, purged
     job_id: str
     data: dict[str, str] = field(default_factory=dict)
 

@@ -186,6 +186,7 @@ class Management:
             ]
             for job_id in ids:
                 store.delete(job_id)
+                store.emit("purged", job_id)  # as purge.lua: its waiters find it gone
             # the heaps skip deleted entries lazily; emptied at once when nothing was kept
             if state is WAITING and not store.by_state[state]:
                 store.waiting.clear()

@@ -25,6 +25,7 @@ for _, id in ipairs(ids) do
   -- a member of a batch stays while its batch is kept (design invariant 14)
   if not (f and f[1] and until_ms and not (until_ms < now)) and not (f and f[3]) then
     drop_job(id)
+    emit('purged', id) -- its waiters wake and find it gone (JobNotFound), not at their timeout
     dropped[#dropped + 1] = id
   end
 end
