@@ -207,12 +207,50 @@ def renewal(url: str, r: redis.Redis, leases_n: int, renewals: int) -> dict[str,
         q.close()
 
 
+#: Lua loops over the same ARGV as renew.lua (id, token pairs), doing less and less of its
+#: work per lease: what the server pays per lease for each part, on this server.
+FLOOR_SCRIPTS = {
+    "loop only": "for i = 1, #ARGV, 2 do local id = ARGV[i] end return 0",
+    "ZADD": "for i = 1, #ARGV, 2 do redis.call('ZADD', KEYS[1], 1, ARGV[i]) end return 0",
+    "HMGET + ZSCORE + ZADD": """
+        for i = 1, #ARGV, 2 do
+          local f = redis.call('HMGET', KEYS[2] .. ARGV[i], 'owner', 'token', 'state')
+          if f[1] == 'w' and f[2] == ARGV[i + 1] and redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+            redis.call('ZADD', KEYS[1], 2, ARGV[i])
+          end
+        end
+        return 0""",
+}
+
+
+def renew_floor(r: redis.Redis, leases_n: int, renewals: int) -> dict[str, float]:
+    """Server microseconds per lease of each FLOOR_SCRIPTS loop (commandstats, EVAL)."""
+    zset, prefix = f"floor:{uuid.uuid4().hex[:8]}:active", f"floor:{uuid.uuid4().hex[:8]}:job:"
+    pipe = r.pipeline(transaction=False)
+    argv: list[str] = []
+    for i in range(leases_n):
+        pipe.hset(f"{prefix}{i}", mapping={"owner": "w", "token": f"t{i}", "state": "active"})
+        pipe.zadd(zset, {str(i): 1})
+        argv += [str(i), f"t{i}"]
+    pipe.execute()
+    out: dict[str, float] = {}
+    for name, script in FLOOR_SCRIPTS.items():
+        r.config_resetstat()
+        for _ in range(renewals):
+            r.eval(script, 2, zset, prefix, *argv)
+        stats = r.info("commandstats")["cmdstat_eval"]
+        out[name] = int(stats["usec"]) / (leases_n * renewals)
+    return out
+
+
 def one_round(url: str, n: int, values: dict[str, list[float]], raw: list[Any]) -> None:
     r = redis.Redis.from_url(url)
     try:
         ours = sandboxq_phases(url, r, n)
         peer = bullmq_phases(url, r, n)
         renew = renewal(url, r, LEASES, RENEWALS)
+        for name, us in renew_floor(r, LEASES, RENEWALS).items():
+            renew[f"floor {name}"] = us
         r.flushall()
     finally:
         r.close()
@@ -247,6 +285,9 @@ FIGURES: dict[str, tuple[str, str, figures.Target | None]] = {
         RENEW_PER_LEASE,
     ),
     "renew_script_us_per_lease": ("  of which inside the renew script", "us", None),
+    "renew_floor loop only": ("  floor: a Lua loop over the pairs alone", "us", None),
+    "renew_floor ZADD": ("  floor: one ZADD per lease", "us", None),
+    "renew_floor HMGET + ZSCORE + ZADD": ("  floor: renew's three calls, bare", "us", None),
     "renew_calls_per_renewal": ("renew calls per renewal of every lease", "calls", None),
     "renew_client_ms_per_renewal": (f"renewal of {LEASES:,} leases, round trip", "ms", None),
 }

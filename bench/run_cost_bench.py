@@ -48,6 +48,8 @@ PARENT_CPU = figures.Target("<=", 100, "us")
 SIDES = ("sandboxq", "Pool", "pebble")
 #: Jobs of the start-up run: its parent CPU is taken from the full run's.
 SMALL = 20
+#: The sandboxq side's CPU (s) by thread, for the JSON.
+THREAD_CPU_S: dict[str, float] = {}
 
 
 def _self_cpu_s() -> float:
@@ -69,14 +71,32 @@ def _profiled_threads() -> list[tuple[str, cProfile.Profile]]:
     return profiles
 
 
+def _timed_threads() -> dict[str, float]:
+    """Every thread started from now on adds its own CPU time (s), by name, when it ends."""
+    spent: dict[str, float] = {}
+    run = threading.Thread.run
+
+    def timed(self: threading.Thread) -> None:
+        try:
+            run(self)
+        finally:
+            name = self.name.removeprefix("sandboxq-")
+            spent[name] = spent.get(name, 0.0) + time.thread_time()
+
+    threading.Thread.run = timed  # type: ignore[method-assign]
+    return spent
+
+
 def side_sandboxq(source: Path, tmp: Path, n: int, profile_out: str | None) -> None:
     from sandboxq.cli import main
 
     argv = ["run", "bench_jobs:cpu", str(source), "--concurrency", "2"]
     argv += ["--output", str(tmp / "out.jsonl")]
     if profile_out is None:
+        threads = _timed_threads()
         code = main(argv)
         assert code == 0, f"sandboxq run exited with {code}"
+        THREAD_CPU_S.update(threads, main=time.thread_time())
         return
     profiles = _profiled_threads()
     own = cProfile.Profile(time.thread_time)  # CPU, not wall: waits are free here
@@ -125,13 +145,14 @@ def run_side(args: argparse.Namespace) -> None:
         side_pool(args.jobs, args.ms)
     else:
         side_pebble(args.jobs, args.ms)
-    out = {"inner_wall_s": time.perf_counter() - t0, "parent_cpu_s": _self_cpu_s()}
+    out: dict[str, Any] = {"inner_wall_s": time.perf_counter() - t0, "parent_cpu_s": _self_cpu_s()}
+    out["thread_cpu_s"] = THREAD_CPU_S
     Path(args.out).write_text(json.dumps(out))
 
 
 def retried(
     side: str, source: Path, n: int, ms: float, failures: list[str], profile_out: str | None = None
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """``timed_side``, once more if it failed (the failure is kept for the report)."""
     try:
         return timed_side(side, source, n, ms, profile_out)
@@ -142,7 +163,7 @@ def retried(
 
 def timed_side(
     side: str, source: Path, n: int, ms: float, profile_out: str | None = None
-) -> dict[str, float]:
+) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     out = source.parent / f"{side}.json"
     command = [sys.executable, __file__, "--side", side, "--source", str(source)]
@@ -152,7 +173,7 @@ def timed_side(
     t0 = time.perf_counter()
     # stderr (the progress display) goes to a pipe, as when a user redirects it
     subprocess.run(command, env=env, check=True, stderr=subprocess.PIPE)
-    result: dict[str, float] = json.loads(out.read_text())
+    result: dict[str, Any] = json.loads(out.read_text())
     result["wall_s"] = time.perf_counter() - t0
     return result
 
@@ -178,6 +199,7 @@ def main() -> None:
     cpus: dict[str, list[float]] = {side: [] for side in SIDES}
     marginal: dict[str, list[float]] = {side: [] for side in SIDES}
     ratios: list[float] = []
+    by_thread: list[dict[str, float]] = []  # sandboxq's parent CPU per job by thread, us
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="sandboxq-bench-") as tmp:
         source, small = Path(tmp) / "in.jsonl", Path(tmp) / "small" / "in.jsonl"
@@ -194,6 +216,14 @@ def main() -> None:
                 cpus[side].append(result["parent_cpu_s"] / n * 1e6)
                 extra_s = result["parent_cpu_s"] - fixed[side]["parent_cpu_s"]
                 marginal[side].append(extra_s / (n - SMALL) * 1e6)
+            by_thread.append(
+                {
+                    k: round(
+                        (v - fixed["sandboxq"]["thread_cpu_s"].get(k, 0.0)) / (n - SMALL) * 1e6, 1
+                    )
+                    for k, v in got["sandboxq"]["thread_cpu_s"].items()
+                }
+            )
             faster = min(got["Pool"]["wall_s"], got["pebble"]["wall_s"])
             ratios.append(got["sandboxq"]["wall_s"] / faster)
             took = ", ".join(f"{s} {walls[s][-1]:.2f} s" for s in SIDES)
@@ -206,6 +236,7 @@ def main() -> None:
         "job_ms": args.ms,
         "load_1min_after": os.getloadavg()[0],
         "failed_attempts": failures,
+        "sandboxq_cpu_us_per_job_by_thread": by_thread,
     }
     label = f"{n:,} x {args.ms:g} ms, 2 processes"
     report["figures"] = [
@@ -232,6 +263,8 @@ def main() -> None:
     ]
     for fig in report["figures"]:
         print(figures.line(fig))
+    for i, threads in enumerate(by_thread):
+        print(f"  round {i + 1}, sandboxq parent CPU per job by thread (us): {threads}")
     figures.write_json(args.json, report)
 
 
