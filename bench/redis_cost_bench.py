@@ -212,6 +212,12 @@ def renewal(url: str, r: redis.Redis, leases_n: int, renewals: int) -> dict[str,
 FLOOR_SCRIPTS = {
     "loop only": "for i = 1, #ARGV, 2 do local id = ARGV[i] end return 0",
     "ZADD": "for i = 1, #ARGV, 2 do redis.call('ZADD', KEYS[1], 1, ARGV[i]) end return 0",
+    "HMGET + ZADD": """
+        for i = 1, #ARGV, 2 do
+          local f = redis.call('HMGET', KEYS[2] .. ARGV[i], 'owner', 'token', 'state')
+          if f[1] == 'w' and f[2] == ARGV[i + 1] then redis.call('ZADD', KEYS[1], 2, ARGV[i]) end
+        end
+        return 0""",
     "HMGET + ZSCORE + ZADD": """
         for i = 1, #ARGV, 2 do
           local f = redis.call('HMGET', KEYS[2] .. ARGV[i], 'owner', 'token', 'state')
@@ -287,6 +293,7 @@ FIGURES: dict[str, tuple[str, str, figures.Target | None]] = {
     "renew_script_us_per_lease": ("  of which inside the renew script", "us", None),
     "renew_floor loop only": ("  floor: a Lua loop over the pairs alone", "us", None),
     "renew_floor ZADD": ("  floor: one ZADD per lease", "us", None),
+    "renew_floor HMGET + ZADD": ("  floor: the owner check and the ZADD alone", "us", None),
     "renew_floor HMGET + ZSCORE + ZADD": ("  floor: renew's three calls, bare", "us", None),
     "renew_calls_per_renewal": ("renew calls per renewal of every lease", "calls", None),
     "renew_client_ms_per_renewal": (f"renewal of {LEASES:,} leases, round trip", "ms", None),
