@@ -153,12 +153,17 @@ def run_side(args: argparse.Namespace) -> None:
 def retried(
     side: str, source: Path, n: int, ms: float, failures: list[str], profile_out: str | None = None
 ) -> dict[str, Any]:
-    """``timed_side``, once more if it failed (the failure is kept for the report)."""
-    try:
-        return timed_side(side, source, n, ms, profile_out)
-    except subprocess.CalledProcessError as exc:
-        failures.append(f"{side}: {exc.stderr.decode(errors='replace')[-500:]}")
-        return timed_side(side, source, n, ms, profile_out)
+    """``timed_side``, again (twice at most) if it failed; each failure is kept for the
+    report and its last lines printed."""
+    for attempt in range(3):
+        try:
+            return timed_side(side, source, n, ms, profile_out)
+        except subprocess.CalledProcessError as exc:
+            lines = exc.stderr.decode(errors="replace").splitlines()
+            why = "\n".join(line for line in lines if "━" not in line)[-800:]
+            failures.append(f"{side}: {why}")
+            print(f"  {side} failed (attempt {attempt + 1}):\n{why}", flush=True)
+    raise RuntimeError(f"{side} failed three times")
 
 
 def timed_side(
