@@ -21,6 +21,18 @@ with ours in every round, against the same server.
         renew per interval with every lease it holds: worker/heartbeat.py)
 
 Targets: the life of a no-op job <= 0.5x BullMQ's; renewal <= 2 us per lease.
+
+Measured (5,000 jobs, 2 runs of 3 rounds, medians): the life of a no-op job 103 and 122 us
+of server CPU against BullMQ's 210 and 202 us: 0.51x and 0.58x (rounds 0.48-0.64x). Enqueue
+one by one 58-64 us (BullMQ 60-64 us), enqueue_many 8.3 us (addBulk 18 us), claim one at a
+time 64-88 us, finish 76-95 us. Each script call pays ~12 us for its prelude (the rules
+constants and common.lua's helpers, defined anew on every EVALSHA: 15 us for the prelude
+with ``return 0`` against 2.8 us for a bare ``return 0``), a floor below which enqueue,
+claim and finish cannot go while the helpers travel with every script. Renewal: one call
+per renewal of all 10,000 leases, 5.6-5.8 us per lease (target 2 us: missed); the floor of
+what renew.lua does (HMGET owner check, ZSCORE, ZADD) bare is 3.3-3.4 us, the owner check
+and the ZADD alone 2.7-2.9 us, one ZADD 0.92-0.97 us: the owner check per lease (design
+invariant 1) alone puts 2 us out of reach.
 """
 
 from __future__ import annotations
