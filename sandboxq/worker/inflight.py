@@ -79,6 +79,14 @@ class InFlight:
             ):
                 self._cond.wait()
 
+    def wait_for_fewer(self, held: int, timeout_s: float) -> None:
+        """Block until fewer than ``held`` jobs are held, the worker stops, or ``timeout_s``
+        passes. A job that ends frees a slot nobody refills: that wakes this wait."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: len(self._held) < held or self._stopping.is_set(), timeout_s
+            )
+
     def reserve(self, finishing: int = 0) -> int:
         """Reserve every free slot (``finishing`` jobs about to be acked count as free);
         none once the worker stops."""
