@@ -21,7 +21,7 @@ With ``--profile`` the sandboxq side also runs once under cProfile, one profiler
 thread merged at the end, and the top entries by own time are written out.
 
 Measured on this project's 2 shared cores (3 alternated rounds, medians; the load came and
-went, and moved every side): sandboxq run 1.20x, 1.28x and, with every cut below in, 1.09x
+went, and moved every side): sandboxq run 1.20x, 1.28x and, with every cut made in, 1.09x
 the faster peer's wall time (rounds 1.03-1.47x; target 1.03x: missed). Parent CPU per job
 beyond start-up 508, 554 and 671 us (pebble 95, 127, 188 us; Pool 203, 314, 510 us; target
 100 us: missed); against the code before the cuts, alternated pairs: 788-831 us before,
@@ -29,7 +29,7 @@ beyond start-up 508, 554 and 671 us (pebble 95, 127, 188 us; Pool 203, 314, 510 
 pickling), 160-210 us the worker (acks, leases, the memory backend's finish and
 retention), 130-200 us the main thread (each line's record and result read back, JSON,
 the bar); the fetcher, woken twice per job before, now under 1 us. Fixed cost: a 20-job
-run took 1.45-1.66 s before (Pool 0.26 s), 0.98-1.21 s now: the last tick of the follower
+run took 1.60-1.66 s before (Pool 0.26 s), 0.98-1.21 s now: the last tick of the follower
 and the burst's last claim wait after the last job are gone.
 """
 
