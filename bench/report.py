@@ -25,6 +25,8 @@ SECTION_TITLES = {
     "containment": "Containment (control group per child against the process-tree mode)",
     "waiters": "Any number of waiters: result() of 10,000 coroutines and 500 threads",
     "batch": "Batches (Redis): enqueue, progress(), as_completed, memory, sandboxq run --url",
+    "redis_cost": "Redis CPU per job from the server's counters, beside BullMQ; lease renewal",
+    "run_cost": "sandboxq run on CPU-bound jobs beside multiprocessing.Pool and pebble",
     "tracing": "OpenTelemetry tracing: no-op throughput off, on, and sampling none (back to back)",
 }
 

@@ -46,6 +46,8 @@ SECTIONS = (
     "containment",
     "exporter",
     "waiters",
+    "run_cost",
+    "redis_cost",
     "batch",
 )
 
@@ -62,6 +64,8 @@ def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
         "containment": ["containment_bench.py", "all"],
         "exporter": ["exporter_bench.py"],  # a redis-server of its own
         "waiters": ["waiters_bench.py", "--url", url],
+        "run_cost": ["run_cost_bench.py", "--runs", runs],  # no Redis: the local mode
+        "redis_cost": ["redis_cost_bench.py", "--url", url, "--runs", runs],  # FLUSHALLs
         "batch": ["batch_bench.py", "--url", url, "--runs", runs],  # FLUSHALLs: runs last
     }[section]
     quick_flag = ["--quick"] if quick else []

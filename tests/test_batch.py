@@ -19,8 +19,11 @@ from typing import Any
 import psutil
 import pytest
 
-from sandboxq.cli import main
+from sandboxq.backends.base import NewJob
+from sandboxq.backends.memory import MemoryBackend
+from sandboxq.cli import batch, main
 from sandboxq.cli.batch import parse_line
+from sandboxq.cli.batch_view import BatchView, Tally
 from sandboxq.testing.waiting import wait_for
 from sandboxq.text import number_ranges
 
@@ -378,3 +381,24 @@ def test_a_reader_that_leaves_early_ends_the_batch_quietly(tmp_path: Path) -> No
     err = proc.stderr.read().decode()
     proc.stderr.close()
     assert first["outcome"] == "ok" and "Traceback" not in err
+
+
+@pytest.mark.timeout(30)
+def test_following_a_finished_worker_reads_what_is_left_without_waiting_a_tick(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A tick long enough that waiting one cannot pass for not waiting.
+    monkeypatch.setattr(batch, "FOLLOW_TICK_S", 10.0)
+    backend = MemoryBackend("follow-done")
+    item = batch.Item(1, b"[[],{}]")
+    backend.enqueue([NewJob(b"[[],{}]", job_id=item.job_id)])
+    tally = Tally()
+    lines: list[str] = []
+    output = batch.Output(None, tally)
+    monkeypatch.setattr(output, "write", lambda line, outcome, **_: lines.append(outcome))
+    view = BatchView(1, tally, redirect_stdout=False)
+    began = time.monotonic()
+    batch.follow(backend, [item], output, view, batch._Stop(None), done=lambda: True)
+    assert time.monotonic() - began < 5.0  # the worker was done: no tick to wait out
+    assert lines == []  # its one job never finished: nothing to write
+    backend.close()

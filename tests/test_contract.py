@@ -50,6 +50,18 @@ class TestMemoryBackend(BackendContract):
             backend.enqueue([NewJob(b"[[],{}]", priority=10**6)])
         assert backend.get("good") is None and backend.counts()[JobState.WAITING] == 0
 
+    def test_events_since_any_id_of_a_trimmed_stream(self, make_backend: MakeBackend) -> None:
+        # The new events are read off the end of a capped stream: from an id it still
+        # holds, from one trimmed away, from the newest, and from one not reached yet.
+        backend = make_backend(max_events=50)
+        backend.enqueue([NewJob(b"[[],{}]", job_id=f"j{i}") for i in range(120)])
+        ids = [int(e.id) for e in backend.events()]
+        assert ids == list(range(71, 121))  # the newest 50 of 120 "added" events
+        assert [int(e.id) for e in backend.events(since="100")] == list(range(101, 121))
+        assert [int(e.id) for e in backend.events(since="3")] == ids
+        assert list(backend.events(since="120")) == []
+        assert list(backend.events(since="500")) == []
+
 
 class TestRedisBackend(BackendContract):
     @pytest.fixture

@@ -11,7 +11,7 @@ from sandboxq import ConfigError, JobFailed, ProcessorError, Queue, Serializatio
 from sandboxq.models import JobState, Outcome
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers, StartWorker, child_pid
-from sandboxq.worker import SandboxWorker
+from sandboxq.worker import SandboxWorker, fetcher
 
 H = "sandboxq.testing.handlers:"
 
@@ -127,6 +127,25 @@ def test_burst_returns_when_the_queue_is_empty(
     worker = workers.burst(queue_name, H + "echo", url=url, concurrency=2, lease_s=5)
     assert worker.stats["completed"] == 50
     assert [j.result(timeout_s=1) for j in jobs] == list(range(50))
+
+
+@pytest.mark.timeout(60)
+def test_burst_ends_when_its_last_job_does_not_a_claim_wait_later(
+    url: str,
+    queue: Queue,
+    queue_name: str,
+    workers: BackgroundWorkers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A claim wait long enough that waiting one out cannot pass for not waiting.
+    monkeypatch.setattr(fetcher, "IDLE_WAIT_S", 10.0)
+    # Jobs of a second: the fetcher, holding them all, finds the queue empty while they run.
+    jobs = queue.enqueue_many([((1.0, i), {}) for i in range(3)])
+    began = time.monotonic()
+    worker = workers.burst(queue_name, H + "succeed_after", url=url, concurrency=2, lease_s=30)
+    assert time.monotonic() - began < 8.0  # 2 s of jobs, not 10 s more of a claim's wait
+    assert worker.stats["completed"] == 3
+    assert [j.result(timeout_s=1) for j in jobs] == [0, 1, 2]
 
 
 @pytest.mark.timeout(30)

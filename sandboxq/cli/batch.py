@@ -383,7 +383,9 @@ def follow(
 
     while True:
         finished = done()  # read before the events, so the last ones are never skipped
-        for event in backend.events(since, block_s=FOLLOW_TICK_S):
+        # Once the worker is done no event can come: read what is there and return,
+        # rather than wait a whole tick for one more.
+        for event in backend.events(since, block_s=None if finished else FOLLOW_TICK_S):
             since = event.id
             item = by_id.get(event.job_id)
             if item is not None and event.kind in FINISHED_EVENTS and output.job(backend, item):

@@ -81,6 +81,13 @@ class Fetcher(BackgroundThread):
             # After an empty claim, block in the backend until a job arrives. In burst mode
             # a first empty claim returns at once, so the empty check below can end it.
             wait_s = IDLE_WAIT_S if idle or not self._burst else 0.0
+            if idle and self._burst and (held := len(self._inflight)):
+                # Nothing left to claim but jobs of ours still run: their ends (and the
+                # retries they may bring) are what can change that, so wait for one,
+                # then look again at once, rather than block in the backend a whole
+                # IDLE_WAIT_S past the last job before the burst can see it is done.
+                self._inflight.wait_for_fewer(held, IDLE_WAIT_S)
+                wait_s = 0.0
             try:
                 claimed = self._backend.claim(self._id, count, self._lease_s, wait_s)
                 failures = 0

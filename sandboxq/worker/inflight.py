@@ -79,6 +79,14 @@ class InFlight:
             ):
                 self._cond.wait()
 
+    def wait_for_fewer(self, held: int, timeout_s: float) -> None:
+        """Block until fewer than ``held`` jobs are held, the worker stops, or ``timeout_s``
+        passes. A job that ends frees a slot nobody refills: that wakes this wait."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: len(self._held) < held or self._stopping.is_set(), timeout_s
+            )
+
     def reserve(self, finishing: int = 0) -> int:
         """Reserve every free slot (``finishing`` jobs about to be acked count as free);
         none once the worker stops."""
@@ -92,7 +100,7 @@ class InFlight:
     def unreserve(self, count: int) -> None:
         with self._cond:
             self._reserved -= count
-            self._cond.notify_all()
+            self._wake_if_room()
 
     def add(self, held: Held) -> None:
         """Hold a claimed job in one of the caller's reserved slots. The slot stops being
@@ -112,6 +120,16 @@ class InFlight:
         with self._cond:
             for token in tokens:
                 self._held.pop(token, None)
+            self._wake_if_room()
+
+    def _wake_if_room(self) -> None:
+        """Wake ``wait_for_room`` only when a slot is free (the caller holds the lock).
+
+        A finish reserves the slots it frees and refills them in the same round trip, so
+        most discards and unreserves leave no room: waking the fetcher for them cost a
+        thread switch (and the GIL) twice per job, for a check that found nothing.
+        """
+        if len(self._held) + self._reserved < self._capacity():
             self._cond.notify_all()
 
     def snapshot(self) -> list[Held]:

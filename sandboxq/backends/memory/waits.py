@@ -48,9 +48,11 @@ class Waits:
                 deadline = time.monotonic() + (block_s or 0.0)
                 while store.last_event <= last and (left := deadline - time.monotonic()) > 0:
                     store.cond.wait(left)
-                # Ids are consecutive, so the first new event sits at a computable offset.
-                first = int(store.events[0].id) if store.events else last + 1
-                batch = list(itertools.islice(store.events, max(0, last + 1 - first), None))
+                # Ids are consecutive, so the new events are the last ``last_event - last``
+                # ones: taken from the right end, since a deque is walked from an end to an
+                # offset (from the left, every read walked past every retained event).
+                new = min(store.last_event - last, len(store.events))
+                batch = list(itertools.islice(reversed(store.events), max(0, new)))[::-1]
             if not batch:
                 return
             yield from batch  # never while holding the lock: the consumer may be slow
