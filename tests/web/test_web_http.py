@@ -369,3 +369,17 @@ def test_memory_queues_of_this_process_are_shown(queue_name: str) -> None:
         assert f'<a href="/queue?name={queue_name}">' in http.get("/").text
         page = http.get("/job", params={"queue": queue_name, "id": job.id})
         assert page.status_code == 200 and "{&quot;size&quot;: 256}" in page.text
+
+
+def test_a_live_memory_queue_shows_past_hundreds_emptied_ones(queue_name: str) -> None:
+    """A long-lived process (a test run, a notebook) makes hundreds of memory queues; those
+    emptied since are no queues any more, and must not push a live one past the cap."""
+    for n in range(250):
+        old = Queue(f"{queue_name}-old-{n:03d}", url="memory://")
+        old.enqueue(n)
+        old.backend.purge(JobState.WAITING)
+    live = Queue(f"{queue_name}-zz-live", url="memory://")
+    live.enqueue(1)
+    app = create_app("memory://")
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        assert f'<a href="/queue?name={live.name}">' in http.get("/").text

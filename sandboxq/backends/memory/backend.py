@@ -261,8 +261,19 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
     def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
         with MemoryBackend._registry_lock:
             entries = sorted(MemoryBackend._index)
-        names, ignored = valid_names(entries[:limit])
-        return QueueIndex(names, len(entries), ignored)
+            backends = dict(MemoryBackend._registry)
+        # A queue whose jobs are all gone (purged, expired) and whose workers stopped is
+        # no queue any more, as on Redis (unbacked), and is left out before the cap: a
+        # long-lived process (a test run, a notebook) made hundreds, which hid the live
+        # ones behind a page's cap. Cheap here: the registry is in this process.
+        live = [n for n in entries if (b := backends.get(n)) is not None and b._holds_anything()]
+        names, ignored = valid_names(live[:limit])
+        unbacked = len(entries) - len(live)
+        return QueueIndex(names, len(entries) - unbacked, ignored)
+
+    def _holds_anything(self) -> bool:
+        with self._store.cond:
+            return bool(self._store.jobs) or bool(self._workers)
 
     def close(self) -> None:
         """Nothing to close; the jobs stay, since a shared instance outlives any one user."""
