@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
-from multiprocess import forkserver, resource_tracker
+from multiprocess import forkserver, reduction, resource_tracker
 
 _STDIO = (0, 1, 2)
 
@@ -82,3 +83,22 @@ def replace(fds: Iterable[int]) -> int:
     finally:
         os.close(devnull)
     return replaced
+
+
+class ToChild:
+    """A descriptor the parent holds, given to a child with its launch arguments: the
+    child receives its own duplicate (multiprocess's ``DupFd``), which ``isolate`` keeps
+    when it is named among the child's descriptors."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _received, (reduction.DupFd(self.fd),)
+
+
+def _received(dup: Any) -> int:
+    fd: int = dup.detach()
+    return fd

@@ -42,7 +42,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from multiprocess import reduction
+from sandboxq.pool import descriptors
 
 log = logging.getLogger("sandboxq.pool")
 
@@ -77,7 +77,7 @@ class ChildOutput:
 
     def for_child(self) -> tuple[Any, Any]:
         """Picklable handles of the write ends, for the child's launch arguments."""
-        return _ToChild(self.writers[0]), _ToChild(self.writers[1])
+        return descriptors.ToChild(self.writers[0]), descriptors.ToChild(self.writers[1])
 
     def launched(self) -> None:
         """The child has its ends (or never will): close the parent's copies."""
@@ -131,21 +131,6 @@ class ChildOutput:
         tail += data
         if len(tail) > TAIL_BYTES:
             del tail[: len(tail) - TAIL_BYTES]
-
-
-class _ToChild:
-    __slots__ = ("fd",)
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _received, (reduction.DupFd(self.fd),)
-
-
-def _received(dup: Any) -> int:
-    fd: int = dup.detach()
-    return fd
 
 
 def attach(stdout_fd: int, stderr_fd: int) -> None:

@@ -35,10 +35,8 @@ import faulthandler
 import fcntl
 import os
 import signal
-from typing import Any
 
-from multiprocess import reduction
-
+from sandboxq.pool import descriptors
 from sandboxq.text import bounded_traceback
 
 #: The signal that makes a child dump its stack.
@@ -69,9 +67,9 @@ class StackFile:
     def __init__(self) -> None:
         self.fd = os.memfd_create("sandboxq-stack", os.MFD_CLOEXEC)
 
-    def for_child(self) -> _ToChild:
+    def for_child(self) -> descriptors.ToChild:
         """A picklable handle for the child's launch arguments."""
-        return _ToChild(self.fd)
+        return descriptors.ToChild(self.fd)
 
     def take(self) -> str | None:
         """What was dumped since the last ``take``, bounded (None: nothing), and empty
@@ -100,21 +98,6 @@ def ask(pid: int) -> None:
     """Ask child ``pid`` for its stack (it may have died meanwhile)."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, DUMP_SIGNAL)
-
-
-class _ToChild:
-    __slots__ = ("fd",)
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _received, (reduction.DupFd(self.fd),)
-
-
-def _received(dup: Any) -> int:
-    fd: int = dup.detach()
-    return fd
 
 
 def arm(fd: int) -> None:
