@@ -31,8 +31,8 @@ with ``return 0`` against 2.8 us for a bare ``return 0``), a floor below which e
 claim and finish cannot go while the helpers travel with every script. Renewal: one call
 per renewal of all 10,000 leases, 5.6-5.8 us per lease (target 2 us: missed); the floor of
 what renew.lua does (HMGET owner check, ZSCORE, ZADD) bare is 3.3-3.4 us, the owner check
-and the ZADD alone 2.7-2.9 us, one ZADD 0.92-0.97 us: the owner check per lease (design
-invariant 1) alone puts 2 us out of reach.
+and the ZADD alone 2.7-2.9 us, one ZADD 0.92-0.97 us: the owner check per lease
+(design invariant 1) alone puts 2 us out of reach.
 """
 
 from __future__ import annotations

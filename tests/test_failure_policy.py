@@ -282,7 +282,9 @@ def test_a_job_out_of_memory_is_retried_with_a_raised_limit(
         assert (second.outcome, second.memory_limit_mb) == (Outcome.OK, 120)
         # what it ran with is kept: its peak (the group's high-water mark, or sampled RSS)
         assert first.peak_memory_mb is not None and first.peak_memory_mb >= 50
-        assert second.peak_memory_mb is not None and 90 <= second.peak_memory_mb <= 120
+        # past the first limit (it could not have run under it), within the raised one;
+        # sampled RSS can miss part of a 0.3 s hold, so no closer to 100 than that
+        assert second.peak_memory_mb is not None and 60 < second.peak_memory_mb <= 120
 
 
 @pytest.mark.timeout(60)
