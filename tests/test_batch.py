@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -375,11 +376,20 @@ def test_a_reader_that_leaves_early_ends_the_batch_quietly(tmp_path: Path) -> No
         stderr=subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stderr is not None
+    # stderr is read all along: a full pipe would block the run, not the test's subject
+    errors: list[bytes] = []
+    reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()))  # type: ignore[union-attr]
+    reader.start()
     first = json.loads(proc.stdout.readline())
     proc.stdout.close()  # as `head -1` does
-    assert proc.wait(30) == 1
-    err = proc.stderr.read().decode()
-    proc.stderr.close()
+    try:
+        assert proc.wait(30) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # never left behind, whatever failed
+        reader.join(10)
+        proc.stderr.close()
+    err = b"".join(errors).decode()
     assert first["outcome"] == "ok" and "Traceback" not in err
 
 
