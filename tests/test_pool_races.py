@@ -85,7 +85,9 @@ def test_a_deadline_never_overrides_a_result_already_sent(tmp_path: Path, deadli
 
         pool.execute(pool.make_task("echo", 1), hold_the_supervisor)
         assert holding.wait(10)  # the supervisor thread is now inside this callback
-        open_barrier(fifo)  # the handler returns; its result waits unread in the pipe
+        # the handler returns once it waits on the fifo (its child may still be starting:
+        # a loaded machine); its result then waits unread in the pipe
+        wait_for(lambda: open_or_not(fifo), 10, "the handler to wait on the fifo")
         wait_for(marker.exists, 10, "the handler to return")
         wait_for(lambda: time.monotonic() > begun + 1.2, 5, "the deadline to pass")
         release.set()
