@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sandboxq import ConfigError, Pool
@@ -332,6 +333,20 @@ def test_a_sigkilled_owners_groups_are_removed_by_the_next_pool(tmp_path: Path) 
     try:
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, "the daemon")
         assert _owned_by(owner.pid)
+        # The owner's fence guard removes its groups when the owner dies: here the guard
+        # dies first (the worker and all its helpers killed), the owner stopped meanwhile
+        # so that it cannot start another guard.
+        owner.send_signal(signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(owner.pid).status() == psutil.STATUS_STOPPED, 10, "stop")
+        guards = [
+            p
+            for p in psutil.Process(owner.pid).children()
+            if "sandboxq.pool.guard_process" in " ".join(p.cmdline())
+        ]
+        assert guards, "the owner's fence guard was not found"
+        for guard in guards:
+            guard.kill()
+        psutil.wait_procs(guards, timeout=10)
     finally:
         owner.kill()
         owner.wait()

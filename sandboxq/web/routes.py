@@ -108,8 +108,7 @@ def overview(request: Request) -> Response:
     dash = _dash(request)
     ctx = _ctx(dash, request)
     pairs = [(q, dash.backend(q)) for q in dash.queues()]
-    index = dash.index()
-    body = views.overview(ctx, pairs, dash.hub.throughput, index.note() if index else "")
+    body = views.overview(ctx, pairs, dash.hub.throughput, dash.note())
     return _page(dash, ctx, "Overview", body, "overview")
 
 

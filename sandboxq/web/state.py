@@ -3,7 +3,7 @@
 Dashboard.queues()  ── the names given, or the queue index's (backends/index.py: kept
                        by the enqueue scripts and worker registration; read at most
                        every INDEX_FRESH_S, capped, never a SCAN): a new queue shows at
-                       the page's next refresh
+                       the page's next refresh; the first DASHBOARD_QUEUES by name
 Dashboard.backend(q) ── one backend per queue, opened on first use, at most
                        MAX_BACKENDS beyond the listed queues
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from sandboxq.backends import open_backend, resolve_url
 from sandboxq.backends.base import Backend
-from sandboxq.backends.index import QueueIndex
+from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex
 from sandboxq.errors import SandboxqError
 from sandboxq.models import check_queue_name
 from sandboxq.redaction import redact_url
@@ -78,7 +78,10 @@ class Dashboard:
         with self._index_lock:
             if time.monotonic() - self._index_at >= INDEX_FRESH_S:
                 try:
-                    self._index = self.backend(PROBE).queue_index(DASHBOARD_QUEUES)
+                    # A whole look is read and the page shows the first names of it:
+                    # the index is a set, so a look of DASHBOARD_QUEUES entries would
+                    # be an arbitrary few, differing from refresh to refresh.
+                    self._index = self.backend(PROBE).queue_index(QUEUES_READ_CAP)
                     self._index_error = None
                 except SandboxqError as exc:
                     self._index_error = exc
@@ -91,7 +94,20 @@ class Dashboard:
         if self._fixed is not None:
             return list(self._fixed)
         index = self.index()
-        return [n for n in index.names if n != PROBE] if index is not None else []
+        names = [n for n in index.names if n != PROBE] if index is not None else []
+        return names[:DASHBOARD_QUEUES]
+
+    def note(self) -> str:
+        """What the overview leaves out, in one line ("" when nothing)."""
+        index = self.index()
+        if index is None:
+            return ""
+        found = len([n for n in index.names if n != PROBE])
+        parts = [index.note()] if index.note() else []
+        if found > DASHBOARD_QUEUES:
+            shown = f"{DASHBOARD_QUEUES} of the {found} queues read are shown"
+            parts.append(f"{shown}, the first by name")
+        return "; ".join(parts)
 
     def close(self) -> None:
         self.hub.close()

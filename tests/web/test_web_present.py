@@ -136,8 +136,11 @@ def test_the_number_of_queues_read_is_capped_and_the_cap_is_said(own_redis: Redi
         app = create_app(own_redis.url)  # a dashboard shows fewer, and says so
         with serve(app) as base, httpx.Client(base_url=base, timeout=30) as http:
             page = http.get("/").text
-        assert f"holds {QUEUES_READ_CAP + 500} entries; only {DASHBOARD_QUEUES} were read" in page
+        assert f"holds {QUEUES_READ_CAP + 500} entries; only {QUEUES_READ_CAP} were read" in page
+        assert f"{DASHBOARD_QUEUES} of the {QUEUES_READ_CAP} queues read are shown" in page
         assert page.count('<tr><td><a href="/queue?name=q') == DASHBOARD_QUEUES
+        shown = re.findall(r'<tr><td><a href="/queue\?name=(q\d+)">', page)
+        assert shown == sorted(index.names)[:DASHBOARD_QUEUES]  # the first by name
     finally:
         raw.close()
 
