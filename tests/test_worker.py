@@ -148,6 +148,28 @@ def test_burst_ends_when_its_last_job_does_not_a_claim_wait_later(
     assert [j.result(timeout_s=1) for j in jobs] == [0, 1, 2]
 
 
+@pytest.mark.timeout(60)
+def test_stop_of_an_idle_worker_ends_its_claim_wait_at_once(
+    url: str,
+    queue: Queue,
+    queue_name: str,
+    workers: BackgroundWorkers,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A claim wait of 30 s: a stop that waited it out could not pass for one that ended it.
+    monkeypatch.setattr(fetcher, "IDLE_WAIT_S", 30.0)
+    worker = workers.start(queue_name, H + "echo", url=url, concurrency=1, lease_s=5)
+    assert queue.enqueue(1).result(timeout_s=10) == 1  # the fetcher then waits for more
+    for now in (True, False):
+        began = time.monotonic()
+        worker.stop(now=now)
+        assert workers.join(worker, 10.0), f"stop(now={now}) waited out the claim's wait"
+        assert time.monotonic() - began < 5.0
+        assert queue.enqueue(2).state() is JobState.WAITING  # nothing claims after a stop
+        worker = workers.start(queue_name, H + "echo", url=url, concurrency=1, lease_s=5)
+        assert queue.enqueue(3).result(timeout_s=10) == 3
+
+
 @pytest.mark.timeout(30)
 def test_pickle_payloads_need_an_explicit_opt_in(
     url: str, queue_name: str, workers: BackgroundWorkers

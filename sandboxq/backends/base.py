@@ -159,6 +159,13 @@ class Backend(Protocol):
         """
         ...
 
+    def stop_waiting(self, worker_id: str) -> None:
+        """End the ``claim`` of ``worker_id`` that is waiting for a job (or, if none is, its
+        next one) at once: it returns what it may claim without waiting, and nothing after
+        a wait it did not finish. A stopping worker's fetcher then ends now rather than at
+        its wait's end. Safe from any thread."""
+        ...
+
     def renew(self, worker_id: str, leases: Sequence[tuple[str, str]], lease_s: float) -> list[str]:
         """Extend each ``(job_id, token)`` lease still owned by ``worker_id`` to backend now +
         ``lease_s``; returns the ids it could *not* renew (lease lost, expired and

@@ -51,6 +51,7 @@ from sandboxq.worker.drain import Drain, StopRequest
 from sandboxq.worker.events import (
     AttemptEnded,
     DispatchEvent,
+    FetcherEnded,
     ProgressReported,
     QueueEmpty,
     StopAsked,
@@ -220,6 +221,8 @@ class Dispatcher:
             self._watch()
             if self._stop.asked.is_set():
                 if drain is None:
+                    if self.fetcher is not None:
+                        self.fetcher.stop_waiting()
                     drain = Drain(
                         self._pool,
                         self._inflight.snapshot,
@@ -258,8 +261,8 @@ class Dispatcher:
                     self._on_progress(token, fraction, message)
                 case QueueEmpty():
                     self._request_stop(False)
-                case StopAsked():
-                    pass  # it only woke this thread: the stop itself is read from stopping
+                case StopAsked() | FetcherEnded():
+                    pass  # it only woke this thread: what changed is read in run()
                 case _:
                     assert_never(event)
         return acks
@@ -269,7 +272,7 @@ class Dispatcher:
         stop deadline has passed."""
         # The fetcher may still be inside a claim: wait for it, so a job it starts in that
         # moment is stopped like the others instead of left active.
-        fetching = self.fetcher is not None and self.fetcher.is_alive()
+        fetching = self.fetcher is not None and self.fetcher.fetching()
         if not len(self._inflight) and not fetching:
             return True
         if time.monotonic() > self._stop.deadline():

@@ -2,7 +2,8 @@
 
     pool's supervisor thread ── AttemptEnded(token, result) ─────┐
                              ── ProgressReported(token, ...) ───┤
-    fetcher thread (burst)   ── QueueEmpty() ───────────────────┼─► Dispatcher.events ─► run()
+    fetcher thread (burst)   ── QueueEmpty() ───────────────────┤
+                   (ending)  ── FetcherEnded() ─────────────────┼─► Dispatcher.events ─► run()
     SandboxWorker.stop()     ── StopAsked() ────────────────────┘
 
 ``token`` is the lease token of the attempt the event belongs to: the main thread looks
@@ -44,4 +45,10 @@ class StopAsked:
     """``stop()`` was called: wakes the main thread, which reads the stop itself."""
 
 
-DispatchEvent: TypeAlias = AttemptEnded | ProgressReported | QueueEmpty | StopAsked
+@dataclass(frozen=True, slots=True)
+class FetcherEnded:
+    """The fetcher's loop returned (no claim is under way any more): wakes the main
+    thread, which may be waiting for just that to return."""
+
+
+DispatchEvent: TypeAlias = AttemptEnded | ProgressReported | QueueEmpty | StopAsked | FetcherEnded

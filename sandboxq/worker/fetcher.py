@@ -6,9 +6,10 @@
     burst: an empty claim, nothing held, none waiting/delayed/active ─► QueueEmpty; it ends
 
 An idle fetcher waits inside the backend's claim, which returns as soon as a job arrives
-(no polling), for ``IDLE_WAIT_S`` at most, so it sees a stop in time. A claim that fails
-is tried again after a backoff (2 s at most). In burst mode the first empty claim returns
-at once, so the empty check can end the run; after that it waits like any other.
+(no polling), for ``IDLE_WAIT_S`` at most; a stop ends that wait at once (``stop_waiting``).
+A claim that fails is tried again after a backoff (2 s at most). In burst mode the first
+empty claim returns at once, so the empty check can end the run; after that it waits like
+any other.
 ``start`` and ``give_back`` are the dispatcher's (dispatch.py); a crash of this thread
 fails the worker (``fail``).
 """
@@ -23,14 +24,14 @@ from collections.abc import Callable
 from sandboxq.backends.base import Backend, Claimed
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
-from sandboxq.worker.events import DispatchEvent, QueueEmpty
+from sandboxq.worker.events import DispatchEvent, FetcherEnded, QueueEmpty
 from sandboxq.worker.inflight import InFlight
 from sandboxq.worker.threads import BackgroundThread
 
 log = logging.getLogger("sandboxq.worker")
 
-#: How long an idle fetcher blocks in one claim (it also rechecks "stop" this often, so
-#: it stays below the second a stop(now=True) is given).
+#: How long an idle fetcher blocks in one claim (a stop ends the wait at once; this bounds
+#: how late a stop is seen when that cannot reach the backend).
 IDLE_WAIT_S = 0.5
 
 
@@ -63,14 +64,39 @@ class Fetcher(BackgroundThread):
         self._fail = fail
         #: The burst fetcher found the queue empty: it ended on purpose.
         self.found_empty = False
+        self._ended = False  # the loop returned
 
     def ended_on_purpose(self) -> bool:
         return self.found_empty or super().ended_on_purpose()
 
+    def stop_waiting(self) -> None:
+        """Once the worker stops: end the claim this thread may be waiting in now, rather
+        than at its wait's end (``Backend.stop_waiting``). On a thread of its own, since
+        the round trip it may take must not hold up a stop while the backend hangs."""
+
+        def unblock() -> None:
+            try:
+                self._backend.stop_waiting(self._id)
+            except BackendError as exc:  # the wait then ends within IDLE_WAIT_S, as ever
+                log.debug("could not end the fetcher's wait: %s", exc)
+
+        threading.Thread(target=unblock, name="sandboxq-unblock", daemon=True).start()
+
     def crashed(self) -> None:
         self._fail(f"the fetcher thread died: {self.died}")
 
+    def fetching(self) -> bool:
+        """True until the loop has returned (no claim under way)."""
+        return self.is_alive() and not self._ended
+
     def loop(self) -> None:
+        try:
+            self._fetch()
+        finally:
+            self._ended = True
+            self._report(FetcherEnded())
+
+    def _fetch(self) -> None:
         failures = 0
         idle = False  # the last claim found nothing
         while not self.stopped.is_set():

@@ -50,6 +50,7 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
         self._store = Store(Retention(**options), queue)
         self._workers: dict[str, tuple[dict[str, Any], int]] = {}
         self._depth: dict[int, int] = {}  # minute -> jobs waiting (depth_history)
+        self._not_waiting: set[str] = set()  # workers whose next claim waits not (stop_waiting)
 
     @classmethod
     def shared(cls, queue: str, **options: Any) -> MemoryBackend:
@@ -103,6 +104,9 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
         store = self._store
         with store.cond:
             while not (claimed := store.claim(worker_id, count, lease_s, now_ms())):
+                if worker_id in self._not_waiting:  # stop_waiting: once
+                    self._not_waiting.discard(worker_id)
+                    break
                 left = deadline - time.monotonic()
                 due_ms = store.next_due_ms()
                 if due_ms is not None:
@@ -111,6 +115,11 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
                     break
                 store.cond.wait(left)
             return claimed
+
+    def stop_waiting(self, worker_id: str) -> None:
+        with self._store.cond:
+            self._not_waiting.add(worker_id)
+            self._store.cond.notify_all()
 
     def renew(self, worker_id: str, leases: Sequence[tuple[str, str]], lease_s: float) -> list[str]:
         def extend(job_id: str, token: str, now: int) -> bool:
@@ -215,6 +224,7 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
     def unregister_worker(self, worker_id: str) -> None:
         with self._store.cond:
             self._workers.pop(worker_id, None)
+            self._not_waiting.discard(worker_id)
 
     def running_pid(self, job_id: str, worker_id: str | None) -> int | None:
         """The pid of the child running ``job_id``, from its worker's registry record

@@ -77,6 +77,8 @@ class RedisBackend(Reads, Batches, Backend):
         self._batch_ttl_ms = rules.ms(settings.batch_ttl_s)
         self._watches: list[listen.CancellationWatch] = []
         self._lock = threading.Lock()
+        self._waiting: set[str] = set()  # workers whose claim is in (or about to send) BLPOP
+        self._not_waiting: set[str] = set()  # workers whose next claim waits not
 
     def __repr__(self) -> str:
         return f"RedisBackend({self._conns.where!r}, {self.queue!r})"
@@ -102,13 +104,38 @@ class RedisBackend(Reads, Batches, Backend):
         with self._conns.errors("claim jobs"):
             sent = time.monotonic()
             wait_ms, *flat = self._scripts.claim(args)
-            if not flat and wait_s > 0 and wait_ms != 0:
+            if not flat and wait_s > 0 and wait_ms != 0 and self._may_wait(worker_id):
                 if wait_ms > 0:  # a delayed job falls due before wait_s: claim it then
                     wait_s = min(wait_s, wait_ms / 1000)
-                listen.wait_for_wake(self._conns, self.keys, wait_s)
+                unblock = self.keys.unblock_prefix + worker_id
+                try:
+                    if listen.wait_for_wake(self._conns, self.keys, wait_s, unblock):
+                        return []  # stop_waiting
+                finally:
+                    with self._lock:
+                        self._waiting.discard(worker_id)
                 sent = time.monotonic()
                 wait_ms, *flat = self._scripts.claim(args)
         return self._usable(worker_id, flat, sent)
+
+    def _may_wait(self, worker_id: str) -> bool:
+        """False once, after ``stop_waiting`` (its claim returns without waiting); else
+        the claim is marked as waiting, so ``stop_waiting`` knows to unblock it."""
+        with self._lock:
+            if worker_id in self._not_waiting:
+                self._not_waiting.discard(worker_id)
+                return False
+            self._waiting.add(worker_id)
+            return True
+
+    def stop_waiting(self, worker_id: str) -> None:
+        with self._lock:
+            waiting = worker_id in self._waiting
+            if not waiting:
+                self._not_waiting.add(worker_id)
+        if waiting:  # in its BLPOP, or about to send it: the entry ends it either way
+            with self._conns.errors("unblock a waiting claim"):
+                listen.unblock(self._conns, self.keys.unblock_prefix + worker_id)
 
     def _usable(self, worker_id: str, flat: Sequence[Any], sent: float) -> list[Claimed]:
         """The claimed jobs whose options validate; each other one is failed with the cause

@@ -11,6 +11,8 @@ any of them atomically.
     sq:{q}:seq                 STRING sequence counter for FIFO order
     sq:{q}:events              STREAM job events, capped (MAXLEN ~)
     sq:{q}:wake                LIST   one entry per claimable job; idle workers BLPOP it
+    sq:{q}:unblock:<worker id> LIST   a stopping worker's own entry, ending its BLPOP at
+                               once (a few seconds' TTL, popped at once as a rule)
     sq:{q}:workers             SET    ids of registered workers
     sq:{q}:worker:<id>         STRING a worker's JSON description, with a TTL
     sq:{q}:cancel              pub/sub channel: "<lease token> <job id>" per cancel
@@ -98,6 +100,7 @@ class QueueKeys:
         self.seq = base + "seq"
         self.events = base + "events"
         self.wake = base + "wake"
+        self.unblock_prefix = base + "unblock:"
         self.workers = base + "workers"
         self.worker_prefix = base + "worker:"
         self.cancel_channel = base + "cancel"

@@ -34,8 +34,13 @@ log = logging.getLogger(__name__)
 WATCH_TICK_S = 0.1  # how often the cancellation thread checks whether it should stop
 
 
-def wait_for_wake(conns: Connections, keys: QueueKeys, timeout_s: float) -> None:
-    """BLPOP one wake entry, for at most ``timeout_s``.
+#: An unblock entry nobody popped (the wait it was for had just ended) is gone after this.
+UNBLOCK_TTL_MS = 5000
+
+
+def wait_for_wake(conns: Connections, keys: QueueKeys, timeout_s: float, unblock: str) -> bool:
+    """BLPOP one wake entry, or an entry of the waiter's own ``unblock`` list (``unblock``
+    pushes one: a stopping worker), for at most ``timeout_s``; True when unblocked.
 
     The claim that follows is a separate round trip on purpose: pipelined behind the BLPOP
     it would run on the server the moment a token arrives even if this process were frozen
@@ -43,7 +48,15 @@ def wait_for_wake(conns: Connections, keys: QueueKeys, timeout_s: float) -> None
     """
     # BLPOP's timeout 0 means "forever": never let rounding produce it
     timeout_s = max(0.001, min(timeout_s, BLOCK_CAP_S))
-    run(conns.blocking_lane, [(None, pack_command("BLPOP", keys.wake, f"{timeout_s:.3f}"))])
+    command = pack_command("BLPOP", keys.wake, unblock, f"{timeout_s:.3f}")
+    reply = run(conns.blocking_lane, [(None, command)])[0]
+    return reply is not None and records.text(reply[0]) == unblock
+
+
+def unblock(conns: Connections, key: str) -> None:
+    """End the BLPOP of ``wait_for_wake`` that waits on ``key`` (or the next one)."""
+    push = pack_command("LPUSH", key, "1")
+    run(conns.main_lane, [(None, push), (None, pack_command("PEXPIRE", key, UNBLOCK_TTL_MS))])
 
 
 def read_events(

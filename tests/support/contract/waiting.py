@@ -108,6 +108,31 @@ class WaitingContract:
         assert backend.claim("w1", 1, LEASE_S, wait_s=0.4) == []
         assert 0.3 <= time.monotonic() - start < 0.4 + PROMPT_S
 
+    def test_stop_waiting_ends_that_workers_waiting_claim_once(self, backend: Backend) -> None:
+        # Each wait is far longer than the checks allow: only stop_waiting can end it.
+        stopper = in_thread(0.3, lambda: backend.stop_waiting("w1"))
+        start = time.monotonic()
+        assert backend.claim("w1", 1, LEASE_S, wait_s=20.0) == []
+        stopper.join(timeout=5.0)
+        assert time.monotonic() - start < 0.3 + PROMPT_S
+        # Asked before a claim: that claim does not wait; the next one waits again.
+        backend.stop_waiting("w1")
+        start = time.monotonic()
+        assert backend.claim("w1", 1, LEASE_S, wait_s=20.0) == []
+        assert time.monotonic() - start < PROMPT_S
+        start = time.monotonic()
+        assert backend.claim("w1", 1, LEASE_S, wait_s=0.4) == []
+        assert time.monotonic() - start >= 0.3
+        # Another worker's wait is not ended by it.
+        stopper = in_thread(0.1, lambda: backend.stop_waiting("w1"))
+        start = time.monotonic()
+        assert backend.claim("w2", 1, LEASE_S, wait_s=0.4) == []
+        stopper.join(timeout=5.0)
+        assert time.monotonic() - start >= 0.3
+        # A job that is there is still claimed: only the wait is given up.
+        job_id = add(backend)
+        assert [c.id for c in backend.claim("w1", 1, LEASE_S, wait_s=20.0)] == [job_id]
+
     def test_wait_for_finish(self, backend: Backend) -> None:
         job_id = add(backend)
         claimed = claim_one(backend, lease_s=5.0)
