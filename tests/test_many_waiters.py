@@ -24,18 +24,33 @@ from sandboxq.testing.workers import BackgroundWorkers
 H = "sandboxq.testing.handlers:"
 
 
-def listeners(raw: redis.Redis) -> int:
-    """Connections the server holds for finish listeners (they name themselves)."""
-    return sum(1 for c in raw.client_list() if c.get("name") == finishes.CLIENT_NAME)
+class Server:
+    """The session's redis-server as one test sees it: only connections opened since the
+    test began count (the one before may still be closing its listener: a listener
+    leaves after its read returns, up to ``finishes.LISTEN_BLOCK_S`` later)."""
+
+    def __init__(self, raw: redis.Redis) -> None:
+        self.raw = raw
+        self.since = max(int(c["id"]) for c in raw.client_list())
+
+    def _ours(self) -> list[dict[str, Any]]:
+        return [c for c in self.raw.client_list() if int(c["id"]) > self.since]
+
+    def listeners(self) -> int:
+        """Connections the server holds for finish listeners (they name themselves)."""
+        return sum(1 for c in self._ours() if c.get("name") == finishes.CLIENT_NAME)
+
+    def clients(self) -> int:
+        return len(self._ours())
+
+    def blocked(self) -> int:
+        """Connections parked in a blocking command (XREAD BLOCK, BLPOP)."""
+        return sum(1 for c in self._ours() if "b" in c.get("flags", ""))
 
 
-def clients(raw: redis.Redis) -> int:
-    return len(raw.client_list())
-
-
-def blocked(raw: redis.Redis) -> int:
-    """Connections parked in a blocking command (XREAD BLOCK, BLPOP)."""
-    return sum(1 for c in raw.client_list() if "b" in c.get("flags", ""))
+@pytest.fixture
+def server(raw: redis.Redis) -> Server:
+    return Server(raw)
 
 
 async def wait_all(jobs: list[aio.AsyncJob], timeout_s: float) -> list[Any]:
@@ -51,17 +66,19 @@ async def until(condition: Any, timeout_s: float, what: str) -> None:
 
 
 def many_waiters(
-    n: int, redis_url: str, raw: redis.Redis, queue_name: str, workers: BackgroundWorkers
+    n: int, redis_url: str, server: Server, queue_name: str, workers: BackgroundWorkers
 ) -> None:
     async def main() -> None:
         async with aio.Queue(queue_name, redis_url) as q:
             jobs = await q.enqueue_many([((i,), {}) for i in range(n)])
-            before = clients(raw)
+            before = server.clients()
             waiting = asyncio.ensure_future(wait_all(jobs, timeout_s=120))
             # every waiter registered and parked before any job can finish
-            await until(lambda: finishes.parked_count() >= n and listeners(raw), 60, f"{n} waiters")
-            during = clients(raw)
-            assert listeners(raw) == 1
+            await until(
+                lambda: finishes.parked_count() >= n and server.listeners(), 60, f"{n} waiters"
+            )
+            during = server.clients()
+            assert server.listeners() == 1
             # every result is kept until read (retention keeps 1,000 completed by default)
             keep = {"retain_completed": n}
             workers.start(
@@ -70,28 +87,28 @@ def many_waiters(
             assert await waiting == list(range(n))
             # the queue's own connections (main, lane) plus the one listener
             assert during - before <= 3, (before, during)
-        await until(lambda: listeners(raw) == 0, 10, "the listener to stop")
+        await until(lambda: server.listeners() == 0, 10, "the listener to stop")
 
     asyncio.run(main())
 
 
 @pytest.mark.timeout(120)
 def test_200_coroutines_await_results_on_one_connection(
-    redis_url: str, raw: redis.Redis, queue_name: str, workers: BackgroundWorkers
+    redis_url: str, server: Server, queue_name: str, workers: BackgroundWorkers
 ) -> None:
-    many_waiters(200, redis_url, raw, queue_name, workers)
+    many_waiters(200, redis_url, server, queue_name, workers)
 
 
 @pytest.mark.timeout(300)
 def test_10000_coroutines_await_results_on_one_connection(
-    redis_url: str, raw: redis.Redis, queue_name: str, workers: BackgroundWorkers
+    redis_url: str, server: Server, queue_name: str, workers: BackgroundWorkers
 ) -> None:
-    many_waiters(10_000, redis_url, raw, queue_name, workers)
+    many_waiters(10_000, redis_url, server, queue_name, workers)
 
 
 @pytest.mark.timeout(120)
 def test_200_threads_wait_for_results_on_one_connection(
-    redis_url: str, raw: redis.Redis, queue_name: str, workers: BackgroundWorkers
+    redis_url: str, server: Server, queue_name: str, workers: BackgroundWorkers
 ) -> None:
     n = 200
     with Queue(queue_name, redis_url) as q:
@@ -106,16 +123,16 @@ def test_200_threads_wait_for_results_on_one_connection(
                 errors.append(exc)
 
         threads = [threading.Thread(target=wait, args=(i,)) for i in range(n)]
-        before = clients(raw)
+        before = server.clients()
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
         while finishes.parked_count() < n and time.monotonic() < deadline:
             time.sleep(0.01)
         assert finishes.parked_count() == n
-        during = clients(raw)
-        blocked_during = blocked(raw)
-        assert listeners(raw) == 1
+        during = server.clients()
+        blocked_during = server.blocked()
+        assert server.listeners() == 1
         workers.start(queue_name, H + "echo", url=redis_url, concurrency=2)
         for t in threads:
             t.join(60)
@@ -126,9 +143,9 @@ def test_200_threads_wait_for_results_on_one_connection(
         assert blocked_during == 1, (before, during)
         assert during - before <= lane.MAX_CONNECTIONS + 1, (before, during)
     deadline = time.monotonic() + 10
-    while listeners(raw) and time.monotonic() < deadline:
+    while server.listeners() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert listeners(raw) == 0
+    assert server.listeners() == 0
 
 
 @pytest.fixture
@@ -180,13 +197,15 @@ def test_a_job_finishing_between_the_first_read_and_the_wait_still_wakes_its_wai
 
 @pytest.mark.timeout(60)
 def test_cancelled_waiters_leave_nothing_behind_and_the_listener_stops(
-    redis_url: str, raw: redis.Redis, queue_name: str
+    redis_url: str, server: Server, queue_name: str
 ) -> None:
     async def main() -> None:
         async with aio.Queue(queue_name, redis_url) as q:
             jobs = await q.enqueue_many([((i,), {}) for i in range(500)])
             tasks = [asyncio.ensure_future(job.result(timeout_s=60)) for job in jobs]
-            await until(lambda: finishes.parked_count() >= 500 and listeners(raw), 30, "waiters")
+            await until(
+                lambda: finishes.parked_count() >= 500 and server.listeners(), 30, "waiters"
+            )
             # half are cancelled while parked, the other half as soon as they start
             for task in tasks[:250]:
                 task.cancel()
@@ -197,7 +216,7 @@ def test_cancelled_waiters_leave_nothing_behind_and_the_listener_stops(
             done = await asyncio.gather(*tasks, *late, return_exceptions=True)
             assert all(isinstance(d, asyncio.CancelledError) for d in done)
             assert finishes.waiting_count() == finishes.parked_count() == 0
-            await until(lambda: listeners(raw) == 0, 5, "the listener to stop")
+            await until(lambda: server.listeners() == 0, 5, "the listener to stop")
             # nothing of the listener runs on: only this coroutine's own task is left
             assert asyncio.all_tasks() == {asyncio.current_task()}
             # and a new waiter starts a new one
@@ -246,7 +265,7 @@ def test_each_waiter_keeps_its_own_timeout(
 
 @pytest.mark.timeout(120)
 def test_many_batch_streams_share_the_listener(
-    redis_url: str, raw: redis.Redis, queue_name: str, workers: BackgroundWorkers
+    redis_url: str, server: Server, queue_name: str, workers: BackgroundWorkers
 ) -> None:
     """150 coroutines stream 3 batches (50 each) with ``as_completed`` and 20 threads
     stream one batch: every stream sees every member, on one listener per event loop
@@ -273,11 +292,11 @@ def test_many_batch_streams_share_the_listener(
             # (a stream leaves the board for a moment between its reads, which wait up to
             # batch.READ_SLICE_S each)
             await until(
-                lambda: finishes.waiting_count() >= 100 and listeners(raw) == 2,
+                lambda: finishes.waiting_count() >= 100 and server.listeners() == 2,
                 30,
                 "the streams to wait on two listeners: this loop's and the threads'",
             )
-            assert blocked(raw) == 2
+            assert server.blocked() == 2
             workers.start(queue_name, H + "echo", url=redis_url, concurrency=2)
             got = await asyncio.gather(*streams)
             for n, ids in enumerate(got):
