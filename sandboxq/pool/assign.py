@@ -25,8 +25,9 @@ import time
 from collections import deque
 
 from sandboxq.models import Outcome
-from sandboxq.pool.handles import Attempt, Child
+from sandboxq.pool.handles import Child
 from sandboxq.pool.messages import Run
+from sandboxq.pool.running import Attempt
 
 #: Queue tasks in a busy child's channel only while attempts average less than this...
 PIPELINE_BELOW_S = 0.005

@@ -25,7 +25,8 @@ from collections.abc import Iterable
 
 from sandboxq.models import Outcome
 from sandboxq.pool.containment import Containment
-from sandboxq.pool.handles import MB, Attempt, Child
+from sandboxq.pool.handles import Child
+from sandboxq.pool.running import MB, Attempt
 
 log = logging.getLogger("sandboxq.pool")
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandboxq.models import Outcome
-from sandboxq.pool.handles import Attempt, Child
+from sandboxq.pool.handles import Child
+from sandboxq.pool.running import Attempt
 
 
 @dataclass(frozen=True, slots=True)

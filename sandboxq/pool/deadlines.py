@@ -19,7 +19,8 @@ from typing import Any
 
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import HARD_KILL, MEMORY_KILL, SELF_FENCE, SOFT_SIGNAL
-from sandboxq.pool.handles import Attempt, Child, tell
+from sandboxq.pool.handles import Child
+from sandboxq.pool.running import Attempt, tell
 from sandboxq.pool.stacks import DUMP_EARLY_S
 from sandboxq.pool.teardown import kill_at_deadline
 

@@ -33,8 +33,9 @@ from sandboxq.pool import server
 from sandboxq.pool.attempt import SELF_FENCE, signal_name
 from sandboxq.pool.containment import Containment
 from sandboxq.pool.guard import GUARD_EARLY_S
-from sandboxq.pool.handles import Attempt, Child, tell
+from sandboxq.pool.handles import Child
 from sandboxq.pool.kill import descendants
+from sandboxq.pool.running import Attempt, tell
 
 log = logging.getLogger("sandboxq.pool")
 

@@ -29,8 +29,9 @@ from collections import deque
 
 from sandboxq.models import Outcome
 from sandboxq.pool import deaths
-from sandboxq.pool.handles import Attempt, Child
+from sandboxq.pool.handles import Child
 from sandboxq.pool.kill import _kill_known, _signal, stop_tree
+from sandboxq.pool.running import Attempt
 
 #: How long a v1 kill waits for its group to read FROZEN before it falls back.
 FREEZE_WAIT_S = 0.05
