@@ -22,6 +22,7 @@ SECTION_TITLES = {
     "heartbeat": "Heartbeat under GIL-holding load",
     "metrics": "Worker metrics: no-op throughput with and without (side by side)",
     "aio": "Async producer (sandboxq.aio) against the sync one",
+    "floors": "Round trips beside their floors: enqueue vs PING, asyncio vs sync, idle latency",
     "containment": "Containment (control group per child against the process-tree mode)",
     "waiters": "Any number of waiters: result() of 10,000 coroutines and 500 threads",
     "batch": "Batches (Redis): enqueue, progress(), as_completed, memory, sandboxq run --url",

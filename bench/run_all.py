@@ -43,6 +43,7 @@ SECTIONS = (
     "metrics",
     "tracing",
     "aio",
+    "floors",
     "containment",
     "exporter",
     "waiters",
@@ -61,6 +62,7 @@ def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
         "metrics": ["metrics_bench.py", "--url", url, "--runs", runs],
         "tracing": ["tracing_bench.py", "--url", url, "--runs", runs],
         "aio": ["aio_bench.py", "--url", url, "--runs", runs],
+        "floors": ["floors_bench.py", "--url", url, "--runs", runs],
         "containment": ["containment_bench.py", "all"],
         "exporter": ["exporter_bench.py"],  # a redis-server of its own
         "waiters": ["waiters_bench.py", "--url", url],
