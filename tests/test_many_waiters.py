@@ -19,6 +19,7 @@ import redis
 from sandboxq import Queue, aio
 from sandboxq.backends.redis import finishes, lane
 from sandboxq.models import JobState
+from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 
 H = "sandboxq.testing.handlers:"
@@ -131,7 +132,8 @@ def test_200_threads_wait_for_results_on_one_connection(
             time.sleep(0.01)
         assert finishes.parked_count() == n
         during = server.clients()
-        blocked_during = server.blocked()
+        # the listener is parked in XREAD but for a moment after each read
+        blocked_during = wait_for(lambda: server.blocked() or None, 10, "the listener to block")
         assert server.listeners() == 1
         workers.start(queue_name, H + "echo", url=redis_url, concurrency=2)
         for t in threads:
@@ -296,7 +298,10 @@ def test_many_batch_streams_share_the_listener(
                 30,
                 "the streams to wait on two listeners: this loop's and the threads'",
             )
-            assert server.blocked() == 2
+            # Both parked in XREAD at once (each is between reads for a moment after every
+            # read), and never more: 170 waiters, two blocked connections.
+            await until(lambda: server.blocked() == 2, 10, "both listeners to block")
+            assert server.blocked() <= 2
             workers.start(queue_name, H + "echo", url=redis_url, concurrency=2)
             got = await asyncio.gather(*streams)
             for n, ids in enumerate(got):

@@ -101,51 +101,67 @@ class Listener:
             client_name=finishes.CLIENT_NAME,
         )
         self._cursor = "0-0"
-        self.started: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._start())
-        self._task: asyncio.Task[None] | None = None
+        loop = asyncio.get_running_loop()
+        #: Done once the listener has its cursor (or failed to get one): joiners await it.
+        self.started: asyncio.Future[None] = loop.create_future()
+        # One task from the first read to the close, so its ``finally`` covers every moment
+        # the connection is open. (The listening loop was a second task started by the
+        # first: cancelled by asyncio.run's end before its first step, it never entered
+        # its ``finally`` and left the connection open.)
+        self._task = loop.create_task(self._main())
+        self._task.add_done_callback(self._ended)
 
-    async def _start(self) -> None:
-        try:
-            self._cursor = finishes.start_cursor(
-                await self._client.xrevrange(self._stream, count=1)
-            )
-        except BaseException:
-            self._leave()
-            await self._client.aclose()
-            raise
-        self._task = asyncio.get_running_loop().create_task(self._run())
+    def _ended(self, _task: asyncio.Task[None]) -> None:
+        """The task ended, even one cancelled before its first step (nothing was opened
+        then): joiners still waiting for the start are told, and the table forgets it."""
+        if not self.started.done():
+            self.started.cancel()
+        self._leave()
 
-    async def _run(self) -> None:
-        broken = False
-        block_ms = rules.lease_ms(finishes.LISTEN_BLOCK_S)
+    async def _main(self) -> None:
         try:
-            while True:
-                try:
-                    oldest = await self._client.xrange(self._stream, count=1)
-                    reply: Any = await self._client.xread(
-                        {self._stream: self._cursor}, count=finishes.LISTEN_COUNT, block=block_ms
-                    )
-                except (RedisError, OSError) as exc:
-                    if self.board.empty():
-                        return
-                    if not broken:
-                        log.warning("finish listener on %s: %s; retrying", self._where, exc)
-                    broken = True
-                    await asyncio.sleep(RETRY_S)
-                    continue
-                if broken or finishes.trimmed(self._cursor, oldest):
-                    if broken:
-                        log.warning("finish listener on %s: reconnected", self._where)
-                    broken = False
-                    self.board.wake_all()
-                entries = list(reply[0][1]) if reply else []
-                self._cursor = finishes.next_cursor(self._cursor, entries, oldest)
-                self.board.deliver(entries)
-                if self.board.empty():
-                    return
+            try:
+                newest = await self._client.xrevrange(self._stream, count=1)
+            except asyncio.CancelledError:
+                self.started.cancel()
+                raise
+            except BaseException as exc:
+                self.started.set_exception(exc)
+                raise
+            self._cursor = finishes.start_cursor(newest)
+            self.started.set_result(None)
+            await self._listen()
         finally:
             self._leave()
             await self._client.aclose()
+
+    async def _listen(self) -> None:
+        broken = False
+        block_ms = rules.lease_ms(finishes.LISTEN_BLOCK_S)
+        while True:
+            try:
+                oldest = await self._client.xrange(self._stream, count=1)
+                reply: Any = await self._client.xread(
+                    {self._stream: self._cursor}, count=finishes.LISTEN_COUNT, block=block_ms
+                )
+            except (RedisError, OSError) as exc:
+                if self.board.empty():
+                    return
+                if not broken:
+                    log.warning("finish listener on %s: %s; retrying", self._where, exc)
+                broken = True
+                await asyncio.sleep(RETRY_S)
+                continue
+            if broken or finishes.trimmed(self._cursor, oldest):
+                if broken:
+                    log.warning("finish listener on %s: reconnected", self._where)
+                broken = False
+                self.board.wake_all()
+            entries = list(reply[0][1]) if reply else []
+            self._cursor = finishes.next_cursor(self._cursor, entries, oldest)
+            self.board.deliver(entries)
+            if self.board.empty():
+                return
 
     def _leave(self) -> None:
         if self._table.get(self._key) is self:
@@ -166,8 +182,8 @@ async def join(
     if not listener.started.done():
         # shielded: one waiter cancelled during the start must not end it for the others
         await asyncio.shield(listener.started)
-    elif (error := listener.started.exception()) is not None:
-        raise error
+    else:
+        listener.started.result()  # raises what the start failed with
     return listener
 
 
