@@ -40,23 +40,13 @@ log = logging.getLogger(__name__)
 RETRY_S = 0.2
 
 
-class Waiter:
+class Waiter(finishes.Waiter[asyncio.Event]):
     """One waiting coroutine: woken by the listener task (on the same loop)."""
 
-    __slots__ = ("_told", "_woken")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self._woken = asyncio.Event()
-        self._told: JobState | None = None
-
-    def wake(self, state: JobState | None) -> None:
-        self._told = state or self._told
-        self._woken.set()
-
-    def told(self) -> JobState | None:
-        """The final state the last wakes named (taken), if any did."""
-        state, self._told = self._told, None
-        return state
+        super().__init__(asyncio.Event())
 
     async def wait(self, timeout_s: float) -> bool:
         """Whether a wake came within ``timeout_s`` (it is consumed)."""

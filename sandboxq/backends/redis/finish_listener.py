@@ -38,23 +38,13 @@ log = logging.getLogger(__name__)
 RETRY_S = 0.2
 
 
-class Waiter:
-    """One waiting thread: woken by the listener, it looks again."""
+class Waiter(finishes.Waiter[threading.Event]):
+    """One waiting thread."""
 
-    __slots__ = ("_told", "_woken")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self._woken = threading.Event()
-        self._told: JobState | None = None
-
-    def wake(self, state: JobState | None) -> None:
-        self._told = state or self._told
-        self._woken.set()
-
-    def told(self) -> JobState | None:
-        """The final state the last wakes named (taken), if any did."""
-        state, self._told = self._told, None
-        return state
+        super().__init__(threading.Event())
 
     def wait(self, timeout_s: float) -> bool:
         """Whether a wake came within ``timeout_s`` (it is consumed)."""

@@ -29,6 +29,7 @@ I/O: the board, what an entry means, and the gap check.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -70,6 +71,30 @@ class Wakeable(Protocol):
 
 
 W = TypeVar("W", bound=Wakeable)
+#: What a waiter waits on: a thread's event (finish_listener.py) or a coroutine's
+#: (aio_finishes.py); each waits on it in its own way.
+E = TypeVar("E", threading.Event, asyncio.Event)
+
+
+class Waiter(Generic[E]):
+    """One waiter: woken by its listener, it looks again. The sync and asyncio waiters add
+    only how they wait on ``_woken``."""
+
+    __slots__ = ("_told", "_woken")
+
+    def __init__(self, woken: E) -> None:
+        self._woken: E = woken
+        self._told: JobState | None = None
+
+    def wake(self, state: JobState | None) -> None:
+        self._told = state or self._told
+        self._woken.set()
+
+    def told(self) -> JobState | None:
+        """The final state the last wakes named (taken), if any did."""
+        state, self._told = self._told, None
+        return state
+
 
 _boards: weakref.WeakSet[Any] = weakref.WeakSet()
 _boards_lock = threading.Lock()
