@@ -9,9 +9,11 @@ tested ones are the same. Every state change is a Lua script run with ``EVALSHA`
 script calls are checked against the caller's ACL too, so both roles need them.
 
 What separates the roles is what only a worker does outside the scripts: it registers
-itself (``SET``/``SADD``/``SREM`` on the worker registry), blocks on the wake list
-(``BLPOP``) and subscribes to cancellations. A producer-only user lacks those, so a worker
-started with its credentials fails at once with Redis's ``NOPERM`` naming the command.
+itself (``SET``/``SADD``/``SREM`` on the worker registry), blocks on the wake list and
+its own unblock list (``BLPOP``; a stop pushes to the latter with ``LPUSH``/``PEXPIRE``,
+which the scripts need anyway) and subscribes to cancellations. A producer-only user
+lacks those, so a worker started with its credentials fails at once with Redis's
+``NOPERM`` naming the command.
 Both write the queue index (a set of names shared by every queue on the server, or by
 the queues of one Cluster slot): a user of one queue can add names to it, which is why
 its readers ignore malformed entries, cap what they read, and say so.
