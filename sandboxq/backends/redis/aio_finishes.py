@@ -36,9 +36,6 @@ from sandboxq.redaction import redact_url
 
 log = logging.getLogger(__name__)
 
-#: How long a listener whose connection broke waits before it tries again.
-RETRY_S = 0.2
-
 
 class Waiter(finishes.Waiter[asyncio.Event]):
     """One waiting coroutine: woken by the listener task (on the same loop)."""
@@ -140,7 +137,7 @@ class Listener:
                 if not broken:
                     log.warning("finish listener on %s: %s; retrying", self._where, exc)
                 broken = True
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(finishes.RETRY_S)
                 continue
             if broken or finishes.trimmed(self._cursor, oldest):
                 if broken:

@@ -10,7 +10,8 @@ waiting on that queue, in any number of threads (finishes.py says how it works).
 A waiter that found no listener starts one: it connects and takes the stream's newest
 entry as the cursor before the waiter reads anything, so every finish after that read is
 an entry the listener will see. A broken connection (Redis restarted) is retried every
-``RETRY_S`` with one log line per outage; when it works again every waiter looks again.
+``finishes.RETRY_S`` with one log line per outage; when it works again every waiter looks
+again.
 """
 
 from __future__ import annotations
@@ -33,9 +34,6 @@ from sandboxq.models import JobState
 from sandboxq.redaction import redact_url
 
 log = logging.getLogger(__name__)
-
-#: How long a listener whose connection broke waits before it tries again.
-RETRY_S = 0.2
 
 
 class Waiter(finishes.Waiter[threading.Event]):
@@ -96,7 +94,7 @@ class Listener:
                 if not broken:
                     log.warning("finish listener on %s: %s; retrying", self._where, exc)
                 broken = True
-                time.sleep(RETRY_S)
+                time.sleep(finishes.RETRY_S)
                 continue
             if broken or finishes.trimmed(self._cursor, oldest):
                 if broken:

@@ -45,6 +45,8 @@ CLIENT_NAME = "sandboxq-finishes"
 LISTEN_BLOCK_S = 1.0
 #: Stream entries one read takes at most.
 LISTEN_COUNT = 1000
+#: How long a listener whose connection broke waits before it tries again.
+RETRY_S = 0.2
 #: Events that cannot change whether a job (or a batch member) is final: no wake.
 QUIET_KINDS = frozenset({b"added", b"active", b"progress"})
 
