@@ -536,3 +536,28 @@ def test_the_first_calls_after_a_redis_restart_succeed(queue_name: str) -> None:
             assert [c.id for c in backend.claim("w1", 1, lease_s=30)] == ["b"]
         finally:
             backend.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_claim_counts_its_lease_from_its_write_not_from_making_its_connection(
+    redis_server: RedisServer, queue_name: str
+) -> None:
+    """Behind a slow link, making a connection takes round trips of its own before the
+    claim is written. The lease was counted from before them, so a claim on a fresh
+    connection arrived with its lease nearly spent locally, and the worker fenced the jobs
+    unstarted. It counts from the write now: never more than one round trip old."""
+    from tests.support.proxy import TcpProxy
+
+    with TcpProxy("127.0.0.1", redis_server.port, delay_s=0.25) as proxy:
+        producer = RedisBackend(redis_server.url, queue_name)
+        backend = RedisBackend(proxy.url, queue_name)
+        try:
+            producer.enqueue([NewJob(b"[[], {}]")])
+            began = time.monotonic()
+            (claimed,) = backend.claim("w1", 1, lease_s=30)  # on a connection made now
+            took = time.monotonic() - began
+            assert took > 0.9, f"the claim took {took:.2f} s: the connection was not new"
+            assert claimed.claimed_at - began > took - 0.75, (claimed.claimed_at - began, took)
+        finally:
+            backend.close()
+            producer.close()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -101,9 +100,10 @@ class RedisBackend(Reads, Batches, Backend):
         if count <= 0:
             return []
         args: list[Arg] = [worker_id, count, rules.lease_ms(lease_s), rules.token_base()]
+        lane = self._conns.main_lane
         with self._conns.errors("claim jobs"):
-            sent = time.monotonic()
             wait_ms, *flat = self._scripts.claim(args)
+            sent = lane.sent_at()  # the lease counts from the write, the connection made
             if not flat and wait_s > 0 and wait_ms != 0 and self._may_wait(worker_id):
                 if wait_ms > 0:  # a delayed job falls due before wait_s: claim it then
                     wait_s = min(wait_s, wait_ms / 1000)
@@ -114,8 +114,8 @@ class RedisBackend(Reads, Batches, Backend):
                 finally:
                     with self._lock:
                         self._waiting.discard(worker_id)
-                sent = time.monotonic()
                 wait_ms, *flat = self._scripts.claim(args)
+                sent = lane.sent_at()
         return self._usable(worker_id, flat, sent)
 
     def _may_wait(self, worker_id: str) -> bool:
@@ -220,8 +220,8 @@ class RedisBackend(Reads, Batches, Backend):
         args.append(replay_of or "")
         what = f"finish job {acks[0].job_id!r}" if len(acks) == 1 else f"finish {len(acks)} jobs"
         with self._conns.errors(what):
-            sent = time.monotonic()
             reply = self._scripts.finish(args)
+            sent = self._conns.main_lane.sent_at()  # the claimed jobs' lease: as in claim
         n = int(reply[0])
         flags = [int(x) for x in reply[1 : n + 1]]
         for ack, flag in zip(acks, flags, strict=True):
