@@ -96,14 +96,10 @@ class Listener:
                 broken = True
                 time.sleep(finishes.RETRY_S)
                 continue
-            if broken or finishes.trimmed(self._cursor, oldest):
-                if broken:
-                    log.warning("finish listener on %s: reconnected", self._where)
-                broken = False
-                self.board.wake_all()
-            entries = list(reply[0][1]) if reply else []
-            self._cursor = finishes.next_cursor(self._cursor, entries, oldest)
-            self.board.deliver(entries)
+            self._cursor = finishes.took_read(
+                self.board, self._cursor, reply, oldest, broken, self._where
+            )
+            broken = False
             if self._stop_if_idle():
                 return
 

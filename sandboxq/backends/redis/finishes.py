@@ -30,6 +30,7 @@ I/O: the board, what an entry means, and the gap check.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -38,6 +39,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from sandboxq.backends.redis import records
 from sandboxq.models import JobState
+
+log = logging.getLogger(__name__)
 
 #: The name each listener's connection gives itself (``CLIENT SETNAME``).
 CLIENT_NAME = "sandboxq-finishes"
@@ -224,6 +227,21 @@ def next_cursor(cursor: str, entries: Any, oldest: Any) -> str:
     if entries:
         return records.text(entries[-1][0])
     return cursor if oldest else "0-0"
+
+
+def took_read(
+    board: Board[Any], cursor: str, reply: Any, oldest: Any, broken: bool, where: str
+) -> str:
+    """What a listener does with one read (the sync thread's and the asyncio task's
+    alike): after an outage or a trimmed gap every waiter looks again, then the entries
+    read wake theirs. Returns where the next read starts."""
+    if broken or trimmed(cursor, oldest):
+        if broken:
+            log.warning("finish listener on %s: reconnected", where)
+        board.wake_all()
+    entries = list(reply[0][1]) if reply else []
+    board.deliver(entries)
+    return next_cursor(cursor, entries, oldest)
 
 
 def start_cursor(newest: Any) -> str:
