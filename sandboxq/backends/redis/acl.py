@@ -63,6 +63,7 @@ SCRIPT_COMMANDS = (
     "xadd",
     "zadd",
     "zcard",
+    "zmscore",
     "zpopmin",
     "zrange",
     "zrangebyscore",

@@ -9,6 +9,7 @@ import time
 from sandboxq.backends.base import (
     Ack,
     Backend,
+    Claimed,
     FinishAction,
     FinishResult,
     NewJob,
@@ -246,6 +247,26 @@ class LeaseContract:
         lost = backend.renew("w1", [*leases, (theirs.id, theirs.token)], LEASE_S)
         assert sorted(lost) == sorted([finished, "no-such-job", other])
         assert mine.id == owned
+
+    def test_a_renewal_of_thousands_of_leases_names_exactly_the_lost_ones(
+        self, backend: Backend
+    ) -> None:
+        """Redis renews the active set a thousand leases at a time (renew.lua): the leases
+        lost at and around each boundary are named, the others extended."""
+        backend.enqueue([new_job(f"j{i:04}") for i in range(2500)])
+        held: list[Claimed] = []
+        while len(held) < 2500:
+            got = backend.claim("w1", 2500 - len(held), 60.0)
+            assert got, "the queue ran dry before every job was claimed"
+            held += got
+        gone = [held[i] for i in (0, 998, 999, 1000, 1999, 2000, 2499)]
+        for claimed in gone:
+            assert finish(backend, claimed).accepted
+        leases = [(c.id, c.token) for c in held]
+        lost = backend.renew("w1", leases, 60.0)
+        assert sorted(lost) == sorted(c.id for c in gone)
+        assert sorted(backend.renew("w1", leases, 60.0)) == sorted(lost)
+        assert backend.counts()[JobState.ACTIVE] == 2500 - len(gone)
 
     def test_record_progress_is_owner_checked(self, backend: Backend) -> None:
         job_id = add(backend)
