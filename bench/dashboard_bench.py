@@ -11,7 +11,7 @@ the backend reads and the HTML, no network) and times each ``RUNS`` times.
 
 Figures: median and worst server time per page (target: <= 200 ms each), the round trips
 to Redis per render (counted in this process: a queue page is two, the counts' pipeline
-and the one EVALSHA that returns the 50 jobs), and the commands Redis ran for it
+and the one script call that returns the 50 jobs), and the commands Redis ran for it
 (``INFO stats``, those inside the script included: they show no page scans all jobs;
 the overview's count includes the events reader's blocking read, once a second).
 Without --url it starts its own redis-server; the fill takes most of the run (about a

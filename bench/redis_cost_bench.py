@@ -22,17 +22,18 @@ with ours in every round, against the same server.
 
 Targets: the life of a no-op job <= 0.5x BullMQ's; renewal <= 2 us per lease.
 
-Measured (5,000 jobs, 2 runs of 3 rounds, medians): the life of a no-op job 103 and 122 us
-of server CPU against BullMQ's 210 and 202 us: 0.51x and 0.58x (rounds 0.48-0.64x). Enqueue
-one by one 58-64 us (BullMQ 60-64 us), enqueue_many 8.3 us (addBulk 18 us), claim one at a
-time 64-88 us, finish 76-95 us. Each script call pays ~12 us for its prelude (the rules
-constants and common.lua's helpers, defined anew on every EVALSHA: 15 us for the prelude
-with ``return 0`` against 2.8 us for a bare ``return 0``), a floor below which enqueue,
-claim and finish cannot go while the helpers travel with every script. Renewal: one call
-per renewal of all 10,000 leases, 5.6-5.8 us per lease (target 2 us: missed); the floor of
-what renew.lua does (HMGET owner check, ZSCORE, ZADD) bare is 3.3-3.4 us, the owner check
-and the ZADD alone 2.7-2.9 us, one ZADD 0.92-0.97 us: the owner check per lease
-(design invariant 1) alone puts 2 us out of reach.
+Measured (5,000 jobs, 3 runs of this tree alternated with 3 of the tree before the scripts
+became a function library, medians): the life of a no-op job 93.5 us of server CPU (runs
+92-117) against 107 us before (106-110); BullMQ's 167 us in the same runs: 0.56x (runs
+0.56-0.58x; before 0.61-0.65x: target 0.5x missed). Enqueue one by one 60 us (before 72),
+claim one at a time 65 us (80), finish 72 us (85): a function call saves the ~12 us an
+EVALSHA paid to define common.lua's helpers anew on every call (15 us for that prelude
+with ``return 0`` against 2.4-2.8 us for a bare ``return 0``). What is left is the scripts'
+own work: inside them, Redis commands are about a third of their time (a job's life
+runs 4 ZADD, 3 HSET, 3 XADD, 2 HMGET, ZPOPMIN, RPUSH...), Lua the rest. Renewal: 3.5 us per
+lease (runs 3.4-3.6; before 4.4-4.9: target 2 us missed); the floor of what renew.lua does
+bare is 2.5 us (the owner check, HMGET of three fields of a job's hash: ~1.7 us, and the
+ZADD), so the owner check per lease (design invariant 1) alone puts 2 us out of reach.
 """
 
 from __future__ import annotations
@@ -208,7 +209,10 @@ def renewal(url: str, r: redis.Redis, leases_n: int, renewals: int) -> dict[str,
                 lost = backend.renew(WORKER_ID, leases, 600.0)
                 took_s.append(time.perf_counter() - t0)
                 assert not lost, f"{len(lost)} leases lost"
-        scripts = cost["commands"].get("evalsha", {"calls": 0, "usec": 0})
+        scripts = {  # the scripts run as functions (FCALL), or as EVALSHA under an ACL user
+            part: sum(cost["commands"].get(c, {}).get(part, 0) for c in ("fcall", "evalsha"))
+            for part in ("calls", "usec")
+        }
         return {
             "cpu_us_per_lease": cost["cpu_s"] / (leases_n * renewals) * 1e6,
             "script_us_per_lease": scripts["usec"] / (leases_n * renewals),

@@ -15,6 +15,7 @@ from sandboxq import Queue, aio
 from sandboxq.errors import ConfigError, JobFailed
 from sandboxq.models import JobState
 from sandboxq.testing.workers import BackgroundWorkers
+from tests.support.server_stats import script_calls
 
 H = "sandboxq.testing.handlers:"
 
@@ -190,16 +191,12 @@ def test_enqueue_many_of_ten_thousand_yields_to_the_loop(redis_url: str, queue_n
 def test_concurrent_enqueues_share_script_calls_and_keep_their_answers(
     redis_url: str, raw: Any, queue_name: str
 ) -> None:
-    def evalsha_calls() -> int:
-        stats = raw.info("commandstats").get("cmdstat_evalsha", {"calls": 0})
-        return int(stats["calls"])
-
     async def main() -> None:
         async with aio.Queue(queue_name, redis_url) as q:
             await q.enqueue("warm-up")
-            before = evalsha_calls()
+            before = script_calls(raw)
             jobs = await asyncio.gather(*(q.enqueue(i) for i in range(200)))
-            calls = evalsha_calls() - before
+            calls = script_calls(raw) - before
             assert len({job.id for job in jobs}) == 200
             assert calls < 50, f"{calls} script calls for 200 concurrent enqueues"
             assert [(await j.info()).state for j in jobs[:3]] == [JobState.WAITING] * 3

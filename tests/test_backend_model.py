@@ -42,7 +42,7 @@ from sandboxq.backends import rules as backend_rules
 from sandboxq.backends.base import Ack, Backend, Claimed, NewJob
 from sandboxq.backends.memory import MemoryBackend
 from sandboxq.backends.redis import RedisBackend
-from sandboxq.backends.redis.scripts import source
+from sandboxq.backends.redis.scripts import eval_source, library
 from sandboxq.models import AttemptRecord, JobInfo, JobState, Outcome
 
 IDS = ["a", "b", "c", "d", "e"]
@@ -457,10 +457,11 @@ def test_memory_and_redis_backends_agree(redis_url: str) -> None:
 
 
 def test_the_lua_scripts_get_their_rules_from_python() -> None:
-    """One place for the constants and texts: the scripts are generated with them."""
-    text = source("recover_stalled")
-    assert f"local HISTORY_CAP = {backend_rules.HISTORY_CAP}" in text
-    assert f"local DEFAULT_MAX_STALLS = {backend_rules.DEFAULT_MAX_STALLS}" in text
-    assert backend_rules.STALL_FAIL_TEXT in text and backend_rules.STALL_RETRY_TEXT in text
+    """One place for the constants and texts: the scripts are generated with them, as the
+    function library and as the EVALSHA fallback alike."""
+    for text in (library()[1], eval_source("recover_stalled")):
+        assert f"local HISTORY_CAP = {backend_rules.HISTORY_CAP}" in text
+        assert f"local DEFAULT_MAX_STALLS = {backend_rules.DEFAULT_MAX_STALLS}" in text
+        assert backend_rules.STALL_FAIL_TEXT in text and backend_rules.STALL_RETRY_TEXT in text
     assert backend_rules.ms(0.0011) == 2 and backend_rules.lease_ms(0) == 1
     assert backend_rules.lease_expired(10, 11) and not backend_rules.lease_expired(10, 10)

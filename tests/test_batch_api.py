@@ -24,6 +24,7 @@ from sandboxq.errors import BatchIncomplete, BatchNotFound, ConfigError, Seriali
 from sandboxq.models import member_id
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
+from tests.support.server_stats import SCRIPT_COMMANDS
 
 H = "sandboxq.testing.handlers:"
 GATES = "tests.support.gates:"
@@ -162,10 +163,10 @@ def test_the_last_two_members_racing_on_two_workers_send_one_follow_up(
 
 
 def blocked_finish(raw: redis.Redis) -> bool:
-    """A client is held by CLIENT PAUSE in an EVALSHA carrying an attempt record (a finish:
-    a renewal's arguments are a few dozen bytes)."""
+    """A client is held by CLIENT PAUSE in a script call carrying an attempt record (a
+    finish: a renewal's arguments are a few dozen bytes)."""
     return any(
-        client.get("cmd") == "evalsha"
+        client.get("cmd") in SCRIPT_COMMANDS
         and "b" in client.get("flags", "")
         and int(client.get("argv-mem", 0)) > 150
         for client in raw.client_list()

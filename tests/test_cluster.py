@@ -2,7 +2,7 @@
 
 The backend contract runs unchanged against it, then a worker end to end. A script whose
 keys spanned two slots would fail here with CROSSSLOT (the server refuses it, and redis-py
-refuses to route an EVALSHA whose keys map to different slots); a pipeline carrying a
+refuses to route a script call whose keys map to different slots); a pipeline carrying a
 script or TIME would be refused by the cluster client.
 """
 
@@ -115,7 +115,7 @@ def test_a_worker_end_to_end_on_a_cluster(
     cluster: LocalCluster, cluster_queue: Queue, workers: BackgroundWorkers
 ) -> None:
     """Results, retries, a delayed job, a cancellation (pub/sub across the cluster) and an
-    emptied script cache (NOSCRIPT: every script is loaded again on every master)."""
+    emptied server (FUNCTION FLUSH: the scripts' library is loaded again on every master)."""
     worker = workers.start(cluster_queue, H + "succeed_after", concurrency=2, lease_s=2.0)
     jobs = cluster_queue.enqueue_many([((0.01, i), {}) for i in range(20)])
     delayed = cluster_queue.options(delay_s=0.5).enqueue(0, "late")
@@ -136,7 +136,7 @@ def test_a_worker_end_to_end_on_a_cluster(
     clients = node_clients(cluster)
     try:
         for client in clients:
-            client.script_flush()
+            client.function_flush()
     finally:
         for client in clients:
             client.close()

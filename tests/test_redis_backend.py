@@ -523,7 +523,8 @@ def test_retry_failed_purge_and_workers(backend: RedisBackend, raw: redis.Redis)
 @pytest.mark.timeout(30)
 def test_the_first_calls_after_a_redis_restart_succeed(queue_name: str) -> None:
     """Pooled connections the restarted server closed are replaced before anything is
-    sent, and its emptied script cache is refilled: no call fails once Redis is back."""
+    sent, and the scripts' library it lost is loaded again: no call fails once Redis is
+    back."""
     with RedisServer() as server:
         backend = RedisBackend(server.url, queue_name)
         try:

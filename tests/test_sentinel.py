@@ -1,7 +1,7 @@
 """sandboxq behind Redis Sentinel: a worker and a producer follow a failover (the master is
-SIGKILLed, the sentinels promote the replica) and every job completes. The new master has
-never seen our scripts (Redis does not replicate the script cache), so every script is
-loaded again on the first NOSCRIPT."""
+SIGKILLed, the sentinels promote the replica) and every job completes. The new master
+holds the scripts' function library already: Redis replicates functions with the data
+(reloading a library a server lacks is test_cluster's, after a FUNCTION FLUSH)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import pytest
 import redis
 
 from sandboxq import ConfigError, Queue
+from sandboxq.backends.redis.scripts import library
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 from tests.support.redis_sentinel import LocalSentinel
+from tests.support.server_stats import libraries
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,10 +55,10 @@ def test_worker_and_producer_follow_a_failover(
         master = redis.Redis(port=sentinel.master.port)
         replica = redis.Redis(port=sentinel.replica.port)
         try:
-            # Everything so far is on the replica; the scripts are not.
+            # Everything so far is on the replica, the scripts' library included.
             assert master.execute_command("WAIT", 1, 5000) == 1
-            sha = queue.backend._scripts.finish.sha  # type: ignore[attr-defined]
-            assert replica.script_exists(sha) == [False]
+            digest, text = library()
+            assert libraries(replica) == {f"sandboxq_{digest}": text}
         finally:
             master.close()
             replica.close()

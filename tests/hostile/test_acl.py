@@ -14,11 +14,13 @@ import redis
 
 from sandboxq import Queue
 from sandboxq.backends.redis import acl
+from sandboxq.backends.redis.scripts import function_name, library
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.worker import SandboxWorker
+from tests.support.server_stats import libraries
 
 from .support import H, cli
 
@@ -86,6 +88,55 @@ def test_a_user_of_one_queue_cannot_touch_another(acl_user: MakeUser, queue_name
     with Queue(queue_name + "-other", url=producer_url) as other:
         with pytest.raises(BackendError, match=r"permission denied.*keys"):
             other.enqueue("x")
+
+
+@pytest.mark.parametrize("role", acl.ROLES)
+def test_a_queue_user_cannot_replace_the_scripts_library(
+    acl_user: MakeUser, queue_name: str, raw: redis.Redis, role: acl.Role
+) -> None:
+    """A function runs with its caller's rights: a user who could load a library named as
+    ours would run its code as every queue's worker. The documented users cannot load,
+    delete or flush functions; they run the scripts with EVALSHA (content-addressed)."""
+    digest, text = library()
+    raw.execute_command("FUNCTION", "LOAD", "REPLACE", text)
+    forged = (
+        f"#!lua name=sandboxq_{digest}\n"
+        f"redis.register_function('{function_name(digest, 'finish')}', function() return 1 end)"
+    )
+    hostile = redis.Redis.from_url(acl_user(queue_name, role))
+    try:
+        for command in (
+            ["FUNCTION", "LOAD", "REPLACE", forged],
+            ["FUNCTION", "DELETE", f"sandboxq_{digest}"],
+            ["FUNCTION", "FLUSH"],
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                hostile.execute_command(*command)
+    finally:
+        hostile.close()
+    assert libraries(raw)[f"sandboxq_{digest}"] == text
+
+
+def test_a_user_who_may_call_but_not_load_functions_runs_an_emptied_server(
+    acl_user: MakeUser, queue_name: str, raw: redis.Redis
+) -> None:
+    """``+fcall`` without ``function|load``: the library an administrator loaded is used;
+    once the server has lost it (FUNCTION FLUSH) the load is refused and the scripts go on
+    with EVALSHA, reloaded in turn when the script cache is emptied."""
+    raw.execute_command("FUNCTION", "LOAD", "REPLACE", library()[1])
+    url = acl_user(queue_name, "producer")
+    name = url.split("//")[1].split(":")[0]
+    raw.execute_command("ACL", "SETUSER", name, "+fcall")
+    with Queue(queue_name, url=url) as q:
+        before = raw.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
+        q.enqueue("with the library")
+        assert raw.info("commandstats")["cmdstat_fcall"]["calls"] > before
+        raw.execute_command("FUNCTION", "FLUSH")
+        q.enqueue("after its loss")
+        raw.script_flush()
+        q.enqueue("after the script cache's loss too")
+        assert q.counts()[JobState.WAITING] == 3
+    assert libraries(raw) == {}
 
 
 @pytest.mark.parametrize("role", acl.ROLES)

@@ -22,6 +22,7 @@ from sandboxq.codec import DEFAULT_MAX_BYTES
 from sandboxq.errors import BackendError, SerializationError
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
+from tests.support.server_stats import script_calls
 
 from .support import cli, forge_completed
 
@@ -143,12 +144,9 @@ def test_a_worker_on_a_broken_queue_logs_why_and_others_go_on(
         # script thousands of times a second, a backing-off one a few times.
         wait_for(failures, 30, "a logged claim failure naming the damaged key")
 
-        def scripts_run() -> int:
-            return int(raw.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
-
-        before, started = scripts_run(), time.monotonic()
+        before, started = script_calls(raw), time.monotonic()
         time.sleep(2.0)  # the subject: how often it tries over a stretch of time
-        rate = (scripts_run() - before) / (time.monotonic() - started)
+        rate = (script_calls(raw) - before) / (time.monotonic() - started)
         assert rate < 50, f"{rate:.0f} script calls a second: spinning"
         assert other.enqueue("still").result(timeout_s=30) == "still"
         assert not workers.not_running() and broken is not None

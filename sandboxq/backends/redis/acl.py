@@ -4,9 +4,12 @@
     ACL SETUSER thumbs-worker on >password <the rules>
 
 The README's table is checked against this module, so the documented rules and the
-tested ones are the same. Every state change is a Lua script run with ``EVALSHA`` (and
-``SCRIPT LOAD`` when the server's script cache is empty); since Redis 7 the commands a
-script calls are checked against the caller's ACL too, so both roles need them.
+tested ones are the same. Every state change is a Lua script, run here with ``EVALSHA``
+(and ``SCRIPT LOAD`` when the server's script cache is empty); since Redis 7 the commands a
+script calls are checked against the caller's ACL too, so both roles need them. Neither
+role gets ``fcall`` or ``function|load``: a function runs with its caller's rights, so a
+user who may load one could replace the scripts' library and act as every queue's worker
+(scripts.py falls back to ``EVALSHA`` for such users).
 
 What separates the roles is what only a worker does outside the scripts: it registers
 itself (``SET``/``SADD``/``SREM`` on the worker registry), blocks on the wake list and

@@ -31,9 +31,8 @@ import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sandboxq.backends.redis.scripts import Script, unknown_scripts
+from sandboxq.backends.redis.scripts import Calls, settle
 
-Calls = Sequence[tuple[Script | None, bytes]]
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -127,8 +126,8 @@ class AsyncLane:
 
     async def run(self, calls: Calls) -> list[Any]:
         """Send ``calls`` (with any made meanwhile by other coroutines); their replies.
-        Scripts the server does not know are loaded and sent again; an error reply is
-        raised."""
+        Calls refused for want of the library or a script are sent again once it is loaded
+        (``scripts.settle``); an error reply is raised."""
         return await self._calls.add(calls)
 
     async def _send_many(self, many: list[Calls]) -> list[list[Any] | BaseException]:
@@ -144,13 +143,13 @@ class AsyncLane:
 
     async def _send(self, calls: Calls) -> list[Any]:
         replies = await self._round_trip([packed for _, packed in calls])
-        missing, loads = unknown_scripts(calls, replies)
-        if missing:
-            await self._round_trip(loads)
-            again = await self._round_trip([calls[i][1] for i in missing])
-            for i, reply in zip(missing, again, strict=True):
-                replies[i] = reply
-        return replies
+        settling = settle(calls, replies)
+        try:
+            trip = next(settling)
+            while True:
+                trip = settling.send(await self._round_trip(trip))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     async def _round_trip(self, commands: Sequence[bytes]) -> list[Any]:
         """One write, one reply read per command (an error reply returned as its exception)."""

@@ -34,7 +34,7 @@ from sandboxq.backends.redis.scripts import (
     pack_command,
     raise_errors,
     run,
-    unknown_scripts,
+    send,
 )
 from sandboxq.errors import BackendError, BatchIncomplete, ConfigError
 from sandboxq.models import BatchProgress, JobState
@@ -285,11 +285,7 @@ class Batches:
         try:
             with self._conns.errors(f"enqueue batch {batch_id!r}"):
                 for trip in trips(calls):
-                    got = lane.round_trip([packed for _, packed in trip])
-                    missing, loads = unknown_scripts(trip, got)
-                    if missing:  # NOSCRIPT answers change nothing: the same calls again
-                        lane.round_trip(loads)
-                        got = lane.round_trip([packed for _, packed in trip])
+                    got = send(lane, trip)
                     replies += got
                     if any(isinstance(reply, ResponseError) for reply in got):
                         break

@@ -1,7 +1,7 @@
 """New jobs as enqueue.lua takes them, for the sync and the asyncio client alike.
 
     NewJob ── frame_job (options checked: rules.job_options) ──► bytes: header + fields
-    frames ── pack_enqueue (ENQUEUE_CHUNK jobs per script call) ──► packed EVALSHA calls
+    frames ── pack_enqueue (ENQUEUE_CHUNK jobs per script call) ──► packed script calls
     replies ── enqueued ──► (job id, created) per job
 
 Framing is the only work a big batch costs in Python, so it is one ``struct`` header per

@@ -27,7 +27,7 @@ from sandboxq.backends.base import (
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import Connections, Lane
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Arg, Script
+from sandboxq.backends.redis.scripts import Arg, Library, Script
 from sandboxq.errors import ConfigError
 from sandboxq.models import JobState, RunningAttempt
 
@@ -54,10 +54,10 @@ def _int(raw: bytes) -> int | None:
 
 
 class Pages:
-    def __init__(self, keys: QueueKeys, lane: Lane) -> None:
+    def __init__(self, keys: QueueKeys, lane: Lane, library_use: Library) -> None:
         self.keys = keys
-        self._page = Script("page", keys.script_keys, _UNUSED, lane)
-        self._oldest = Script("oldest_waiting", keys.script_keys, _UNUSED, lane)
+        self._page = Script("page", keys.script_keys, _UNUSED, lane, library_use)
+        self._oldest = Script("oldest_waiting", keys.script_keys, _UNUSED, lane, library_use)
 
     def job_page(
         self, state: JobState, cursor: str | None, limit: int, outcome: str | None

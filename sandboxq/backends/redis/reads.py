@@ -97,7 +97,7 @@ class Reads:
 
     @functools.cached_property
     def _pages(self) -> pages.Pages:
-        return pages.Pages(self.keys, self._conns.main_lane)
+        return pages.Pages(self.keys, self._conns.main_lane, self._scripts.library)
 
     def job_page(
         self,
