@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 
 from sandboxq.backends.base import (
+    Ack,
     Backend,
 )
-from sandboxq.models import JobState
+from sandboxq.models import JobState, Outcome
 from tests.support.contract.support import (
     LEASE_S,
     SLACK_S,
@@ -18,6 +19,7 @@ from tests.support.contract.support import (
     finish,
     info,
     new_job,
+    record,
 )
 
 
@@ -108,6 +110,29 @@ class AdminContract:
         assert backend.get(failed[0]) is None and info(backend, failed[1]).state == "failed"
         # A trimmed id is free again.
         assert backend.enqueue([new_job("done-0")]) == [("done-0", True)]
+
+    def test_retention_by_count_when_one_call_finishes_many_jobs(
+        self, make_backend: MakeBackend
+    ) -> None:
+        """Redis trims once per finished set for all of a call's acks (finish.lua): the
+        caps hold as they do when each job finishes on its own."""
+        backend = make_backend(retain_completed=3, retain_failed=2)
+        backend.enqueue([new_job(f"j{i}") for i in range(10)])
+        held = backend.claim("w1", 10, 60.0)
+        assert len(held) == 10
+        acks = [
+            Ack(c.id, c.token, "complete", record(c), result=b"1")
+            if i < 7
+            else Ack(c.id, c.token, "fail", record(c, Outcome.ERROR, error="boom"), error="boom")
+            for i, c in enumerate(held)
+        ]
+        accepted, _ = backend.finish_many("w1", acks)
+        assert accepted == [True] * 10
+        counts = backend.counts()
+        assert (counts[JobState.COMPLETED], counts[JobState.FAILED]) == (3, 2)
+        kept = [j for j in (f"j{i}" for i in range(10)) if backend.get(j) is not None]
+        assert len(kept) == 5
+        assert sorted(backend.list_jobs(JobState.COMPLETED)) == sorted(kept[:3])
 
     def test_retention_by_age(self, make_backend: MakeBackend) -> None:
         backend = make_backend(retain_s=0.5)

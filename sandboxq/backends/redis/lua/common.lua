@@ -327,10 +327,14 @@ local function sweep_batch(bid, budget)
   return 0
 end
 
--- Batches past their batch_ttl_s go, TRIM_BUDGET members per call, like finished jobs.
-local function sweep_batches(now)
-  local due = redis.call('ZRANGEBYSCORE', BATCHES, '-inf', int(now), 'LIMIT', 0, 1)
-  if #due > 0 then sweep_batch(due[1], TRIM_BUDGET) end
+-- Batches past their batch_ttl_s go, TRIM_BUDGET members per round, like finished jobs:
+-- up to `rounds` rounds (one per job that finished), ending at the first with none due.
+local function sweep_batches(now, rounds)
+  for _ = 1, rounds or 1 do
+    local due = redis.call('ZRANGEBYSCORE', BATCHES, '-inf', int(now), 'LIMIT', 0, 1)
+    if #due == 0 then return end
+    sweep_batch(due[1], TRIM_BUDGET)
+  end
 end
 -- ---- end of batches ---------------------------------------------------------------------
 
@@ -403,17 +407,20 @@ local function expire_due(now, budget)
   return budget - #ids
 end
 
--- Retention, after job `id` entered finished set `zset` (its options `opts`: its own time
--- to live): it is kept until now + its time to live; then the set keeps at most `keep`
--- jobs (the oldest go first, ties by id: the sorted set's order; counted in TRIMS; one
--- still fenced stays), then
--- jobs past their time go (expire_due). Bounded work per call (TRIM_BUDGET); every job
--- entering a finished set calls it again, so the sets converge.
-local function trim_finished(zset, keep, now, id, opts)
-  if id then
-    redis.call('ZADD', EXPIRY, int(now + ttl_ms(opts, STATE_OF[zset])), id)
-  end
-  local budget = TRIM_BUDGET
+-- Retention, part one: job `id` entered finished set `zset` (its options `opts`: its own
+-- time to live) and is kept until now + its time to live.
+local function keep_until(zset, now, id, opts)
+  redis.call('ZADD', EXPIRY, int(now + ttl_ms(opts, STATE_OF[zset])), id)
+end
+
+-- Retention, part two, after `jobs` jobs entered finished set `zset`: the set keeps at most
+-- `keep` jobs (the oldest go first, ties by id: the sorted set's order; counted in TRIMS;
+-- one still fenced stays), then jobs past their time go (expire_due), then done batches
+-- past theirs. Bounded work per call (TRIM_BUDGET per job that entered); every job
+-- entering a finished set is followed by this, so the sets converge. finish.lua runs it
+-- once for all the jobs of a call (its reads cost as much for one job as for a hundred).
+local function retain(zset, keep, now, jobs)
+  local budget = TRIM_BUDGET * jobs
   local excess = redis.call('ZCARD', zset) - keep
   if excess > 0 then
     local n = math.min(excess, budget)
@@ -437,7 +444,13 @@ local function trim_finished(zset, keep, now, id, opts)
     budget = budget - n
   end
   expire_due(now, budget)
-  sweep_batches(now)
+  sweep_batches(now, jobs)
+end
+
+-- Both parts for one job.
+local function trim_finished(zset, keep, now, id, opts)
+  keep_until(zset, now, id, opts)
+  retain(zset, keep, now, 1)
 end
 
 -- Design invariant 7: a record too broken to run fails that one job with a stated cause.
@@ -561,10 +574,16 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
   local out = {}
   local n = 0
   local expiry = int(now + lease_ms)
+  -- popped `count - n` at a time (one call for many jobs); every popped job is claimed or
+  -- failed below, never left out of line
+  local popped, at = {}, 1
   while n < count do
-    local popped = redis.call('ZPOPMIN', WAITING)
-    if #popped == 0 then break end
-    local id = popped[1]
+    if at > #popped then
+      popped, at = redis.call('ZPOPMIN', WAITING, count - n), 1
+      if #popped == 0 then break end
+    end
+    local id = popped[at]
+    at = at + 2
     local key = PREFIX .. id
     local problem, f, bad_field, opts = claim_problem(key)
     local number, created, late, why

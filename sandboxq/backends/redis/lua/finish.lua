@@ -13,6 +13,8 @@
 --          claim.lua}. A single rejected ack claims nothing ("nothing changed"). With
 --          replay_of, the jobs still leased to the worker under tokens "<replay_of>.<n>"
 --          come first among the claimed (a scan of the active set: only on that rare path).
+-- Retention (common.lua: keep_until per job, retain once per finished set for all of the
+-- call's jobs) runs after every ack, before the claim.
 -- Upholds: design invariant 1 (only the current owner + token may end an attempt: a late ack
 -- after recovery or cancellation is rejected and changes nothing), design invariant 3 (every job
 -- leaves active for a stated state; history keeps the attempt), bounded memory (retention),
@@ -23,6 +25,8 @@
 local worker = ARGV[5]
 local now = now_ms()
 local FIELDS = 10
+-- jobs that entered each finished set: retention runs once per set after every ack
+local entered = {[COMPLETED] = 0, [FAILED] = 0}
 
 local function finish_one(base)
   local id, token, action = ARGV[base], ARGV[base + 1], ARGV[base + 2]
@@ -60,13 +64,15 @@ local function finish_one(base)
     end
     redis.call('ZADD', COMPLETED, int(now), id)
     emit('completed', id, 'outcome', outcome)
-    trim_finished(COMPLETED, RETAIN_COMPLETED, now, id, f[5])
+    keep_until(COMPLETED, now, id, f[5])
+    entered[COMPLETED] = entered[COMPLETED] + 1
   elseif action == 'fail' then
     to = 'failed'
     set('state', 'failed', 'finished_ms', int(now))
     redis.call('ZADD', FAILED, int(now), id)
     emit('failed', id, 'outcome', outcome, 'error', err)
-    trim_finished(FAILED, RETAIN_FAILED, now, id, f[5])
+    keep_until(FAILED, now, id, f[5])
+    entered[FAILED] = entered[FAILED] + 1
   elseif action == 'retry' then
     to = delay > 0 and 'delayed' or 'waiting'
     if delay > 0 then
@@ -125,6 +131,8 @@ for i = 1, n do
   out[#out + 1] = ok
   accepted = accepted + ok
 end
+if entered[COMPLETED] > 0 then retain(COMPLETED, RETAIN_COMPLETED, now, entered[COMPLETED]) end
+if entered[FAILED] > 0 then retain(FAILED, RETAIN_FAILED, now, entered[FAILED]) end
 for i = 1, #replayed do out[#out + 1] = replayed[i] end
 local count = tonumber(ARGV[6]) - #replayed / CLAIM_ROW
 if count > 0 and not (n == 1 and accepted == 0) then
