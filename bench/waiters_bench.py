@@ -16,10 +16,13 @@ registered and waiting before any job runs), then a real worker in a process of 
 - this process's CPU per woken waiter (the ticker included): one event loop follows
   finishes up to about its inverse a second; faster, results queue up behind each other.
 
-Both with no-op jobs (the worker at full speed, ~600 jobs/s here) and with ``--job-s``
-jobs (5 ms: two children finish ~300 a second).
+Both with no-op jobs (the worker at full speed, ~5,000 jobs/s here; once more with
+``gc.freeze()`` after the waiters are parked, which takes the garbage collector's full
+collections out of the lateness) and with ``--job-s`` jobs (5 ms: two children finish
+~360 a second).
 
-Then the same with ``--threads`` threads each blocked in the synchronous ``Job.result()``.
+Then the same with ``--threads`` threads each blocked in the synchronous ``Job.result()``
+(``--threads 0``: none).
 The machine is shared (2 cores: Redis, the worker, its children and this process): the
 figures are what this run got, printed and written as JSON.
 """
@@ -288,9 +291,11 @@ def main() -> None:
     fast: list[dict[str, Any]] = []
     paced: list[dict[str, Any]] = []
     sruns: list[dict[str, Any]] = []
+    frozen: list[dict[str, Any]] = []
     idle: list[float] = []
     n = f"{args.waiters:,} coroutines"
     flabel = f"{n}, no-op jobs"
+    zlabel = f"{n}, no-op jobs, gc.freeze() once parked"
     plabel = f"{n}, {args.job_s * 1000:g} ms jobs"
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(RedisServer()).url
@@ -298,8 +303,12 @@ def main() -> None:
             idle.append(asyncio.run(idle_lateness_ms()))
             fast.append(asyncio.run(async_run(url, args.waiters)))
             print(f"  run {i + 1}/{args.runs}: " + async_line(flabel, fast[-1], idle[-1]))
+            frozen.append(asyncio.run(async_run(url, args.waiters, freeze=True)))
+            print(f"  run {i + 1}/{args.runs}: " + async_line(zlabel, frozen[-1], idle[-1]))
             paced.append(asyncio.run(async_run(url, args.waiters, args.job_s)))
             print(f"  run {i + 1}/{args.runs}: " + async_line(plabel, paced[-1], idle[-1]))
+            if not args.threads:
+                continue
             sruns.append(sync_run(url, args.threads))
             s = sruns[-1]
             print(
@@ -312,10 +321,17 @@ def main() -> None:
     figs = [
         figures.figure("event-loop lateness, idle loop (the machine's own)", idle, "ms"),
         *async_figures(flabel, fast),
+        figures.figure(
+            f"{zlabel}: event-loop lateness, worst",
+            [r["late_ms"] for r in frozen],
+            "ms",
+            LATENESS,
+            note="what is left once the collector no longer walks the parked waiters",
+        ),
         *async_figures(plabel, paced),
-        *conn_figures(slabel, sruns),
-        *wake_figures(slabel, sruns, target=False),
     ]
+    if sruns:
+        figs += [*conn_figures(slabel, sruns), *wake_figures(slabel, sruns, target=False)]
     for fig in figs:
         print(figures.line(fig))
     figures.write_json(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from sandboxq import Queue, aio
+from sandboxq.backends.redis.aio_lane import SLICE, Coalescer
 from sandboxq.errors import ConfigError, JobFailed
 from sandboxq.models import JobState
 from sandboxq.testing.workers import BackgroundWorkers
@@ -186,6 +187,41 @@ def test_enqueue_many_of_ten_thousand_yields_to_the_loop(redis_url: str, queue_n
 
     # the bound is bench/'s job (aio_bench.py); this checks only that the loop kept turning
     assert run(main()) < 5.0
+
+
+@pytest.mark.timeout(30)
+def test_one_round_trip_answering_many_callers_resumes_them_a_slice_at_a_time() -> None:
+    """Every caller a round trip answers runs before the loop looks at anything else: a
+    thousand woken waiters parsing their records held it for 100 ms. They are resumed
+    SLICE at a time, so what else is ready (here: a callback the first one schedules)
+    runs long before the last of 200 callers."""
+
+    async def main() -> list[object]:
+        order: list[object] = []
+        release = asyncio.Event()
+
+        async def send(items: list[int]) -> list[int | BaseException]:
+            await release.wait()  # the first send holds until every caller has queued
+            return list(items)
+
+        lane: Coalescer[int, int] = Coalescer(send)
+        in_flight = asyncio.create_task(lane.add(-1))
+
+        async def caller(i: int) -> None:
+            assert await lane.add(i) == i
+            if not order:
+                asyncio.get_running_loop().call_soon(order.append, "other work")
+            order.append(i)
+
+        callers = [asyncio.create_task(caller(i)) for i in range(200)]
+        await asyncio.sleep(0)  # each has queued behind the send in flight
+        release.set()
+        await asyncio.gather(in_flight, *callers)
+        return order
+
+    order = run(main())
+    assert sorted(i for i in order if isinstance(i, int)) == list(range(200))
+    assert order.index("other work") <= 2 * SLICE, order.index("other work")
 
 
 def test_concurrent_enqueues_share_script_calls_and_keep_their_answers(

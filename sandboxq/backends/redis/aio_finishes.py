@@ -70,6 +70,11 @@ async def again_once(read: Callable[[], Awaitable[T]]) -> T:
         return await read()
 
 
+#: Stream entries one read takes at most: fewer than the thread's (finishes.LISTEN_COUNT).
+#: Every waiter a read wakes runs before the loop looks at anything else, so a read wakes
+#: at most ~85 (three events per job); the loop turns again while the next read is out.
+READ_COUNT = 256
+
 Table = dict[tuple[str, str], "Listener"]
 _tables: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Table] = weakref.WeakKeyDictionary()
 
@@ -129,7 +134,7 @@ class Listener:
             try:
                 oldest = await self._client.xrange(self._stream, count=1)
                 reply: Any = await self._client.xread(
-                    {self._stream: self._cursor}, count=finishes.LISTEN_COUNT, block=block_ms
+                    {self._stream: self._cursor}, count=READ_COUNT, block=block_ms
                 )
             except (RedisError, OSError) as exc:
                 if self.board.empty():
