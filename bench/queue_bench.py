@@ -2,7 +2,8 @@
 
     python bench/queue_bench.py [--runs N] [--json OUT] [--url URL] [--quick]
 
-Figures (median of --runs): no-op throughput with the worker's own CPU per job and RSS,
+Figures (median of --runs): no-op throughput with the worker's own CPU per job and RSS
+(and on ``memory://``, a worker in this process),
 enqueue rate one by one and bulk, idle enqueue→start latency p50/p95/p99, CPU-bound
 efficiency vs the raw 2-process ceiling, recovery time after SIGKILL of a worker, Redis
 memory per retained finished job, and no-op throughput at 1, 2, 4 and 8 children.
@@ -145,6 +146,23 @@ def noop_throughput(url: str, n: int = 20000, concurrency: int = 2) -> dict[str,
     finally:
         stop(w)
         q.close()
+
+
+def memory_throughput(n: int) -> float:
+    """Jobs/s of a worker on ``memory://`` (the in-process store, no Redis: local batches,
+    tests) for ``n`` no-op jobs waiting when it starts, in this process as a user runs it
+    (``SandboxWorker(...).run(burst=True)``: start-up included)."""
+    from sandboxq.worker import SandboxWorker
+
+    name = f"m-{uuid.uuid4().hex[:8]}"
+    with Queue(name, url="memory://") as q:
+        q.enqueue_many([((i,), {}) for i in range(n)])
+        w = SandboxWorker(name, "bench_jobs:noop", url="memory://", concurrency=2)
+        started = time.perf_counter()
+        w.run(burst=True)
+        took_s = time.perf_counter() - started
+        assert q.counts()[JobState.COMPLETED] == n
+    return n / took_s
 
 
 def bullmq_enqueue_rates(url: str, n: int) -> tuple[float, float] | None:
@@ -296,6 +314,7 @@ def redis_bytes_per_job(url: str, n: int = RETAINED) -> dict[str, float]:
 #: that read it.
 FIGURES: dict[str, tuple[str, str, figures.Target | None]] = {
     "noop_jobs_s": ("queue no-op throughput", "jobs/s", figures.QUEUE_NOOP),
+    "memory_noop_jobs_s": ("memory:// no-op throughput, in-process worker", "jobs/s", None),
     "parent_cpu_us_per_job": ("worker process CPU per no-op job", "us", None),
     "parent_rss_mb": ("worker process RSS after the no-op run", "MB", None),
     "enqueue_single_s": ("enqueue one by one", "jobs/s", figures.ENQUEUE_SINGLE),
@@ -328,6 +347,7 @@ def one_run(url: str, size: dict[str, int], values: dict[str, list[float]]) -> N
     for key in ("parent_cpu_us_per_job", "parent_rss_mb"):
         values[key].append(noop[key])
     values["noop_jobs_s"].append(noop["jobs_s"])
+    values["memory_noop_jobs_s"].append(memory_throughput(size["noop"]))
     for c in CONCURRENCY_STEPS:
         rate = noop["jobs_s"] if c == 2 else noop_throughput(url, size["noop"], c)["jobs_s"]
         values[f"noop_jobs_s_c{c}"].append(rate)

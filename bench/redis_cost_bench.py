@@ -22,18 +22,21 @@ with ours in every round, against the same server.
 
 Targets: the life of a no-op job <= 0.5x BullMQ's; renewal <= 2 us per lease.
 
-Measured (5,000 jobs, 3 runs of this tree alternated with 3 of the tree before the scripts
-became a function library, medians): the life of a no-op job 93.5 us of server CPU (runs
-92-117) against 107 us before (106-110); BullMQ's 167 us in the same runs: 0.56x (runs
-0.56-0.58x; before 0.61-0.65x: target 0.5x missed). Enqueue one by one 60 us (before 72),
-claim one at a time 65 us (80), finish 72 us (85): a function call saves the ~12 us an
-EVALSHA paid to define common.lua's helpers anew on every call (15 us for that prelude
-with ``return 0`` against 2.4-2.8 us for a bare ``return 0``). What is left is the scripts'
-own work: inside them, Redis commands are about a third of their time (a job's life
-runs 4 ZADD, 3 HSET, 3 XADD, 2 HMGET, ZPOPMIN, RPUSH...), Lua the rest. Renewal: 3.5 us per
-lease (runs 3.4-3.6; before 4.4-4.9: target 2 us missed); the floor of what renew.lua does
-bare is 2.5 us (the owner check, HMGET of three fields of a job's hash: ~1.7 us, and the
-ZADD), so the owner check per lease (design invariant 1) alone puts 2 us out of reach.
+Measured (5,000 jobs, runs of one tree alternated with runs of the one before it,
+medians): the scripts as a function library: the life of a no-op job 93.5 us of server
+CPU (runs 92-117) against 107 us as EVALSHA (106-110); enqueue one by one 60 us (before
+72), claim one at a time 65 us (80), finish 72 us (85): a function call saves the ~12 us
+an EVALSHA paid to define common.lua's helpers anew on every call (15 us for that prelude
+with ``return 0`` against 2.4-2.8 us for a bare ``return 0``). Then a finish trimming once
+for all its jobs and a claim popping its jobs in one call: Redis calls per job's life 24.9
+-> 21.0, server CPU inside the scripts 73 -> 60 us a job, the life 92.9 us (runs 91.5-94.2)
+against 102 us (97.7-108). BullMQ's life in those runs: 164, 178 and 221 us: 0.52x
+(0.43-0.57x; target 0.5x: met in one run of three). Enqueue one by one costs as much as
+BullMQ's add (60 us): half of it is outside the script (reading the request, writing the
+reply), the rest is its eight calls inside. Renewal: 3.4-4.0 us per lease (before the
+ZMSCORE/ZADD chunks and the library 4.4-4.9; target 2 us missed); the floor of bare renew is
+2.5 us (the owner check, HMGET of three fields of a job's hash, ~1.7 us, and the ZADD), so
+the owner check per lease (design invariant 1) alone puts 2 us out of reach.
 """
 
 from __future__ import annotations
