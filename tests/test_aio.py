@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from sandboxq import Queue, aio
+from sandboxq.backends.redis import aio_finishes, finishes
 from sandboxq.backends.redis.aio_lane import SLICE, Coalescer
 from sandboxq.errors import ConfigError, JobFailed
 from sandboxq.models import JobState
@@ -222,6 +223,41 @@ def test_one_round_trip_answering_many_callers_resumes_them_a_slice_at_a_time() 
     order = run(main())
     assert sorted(i for i in order if isinstance(i, int)) == list(range(200))
     assert order.index("other work") <= 2 * SLICE, order.index("other work")
+
+
+@pytest.mark.timeout(30)
+def test_a_coroutine_waiter_keeps_every_wake_its_wait_did_not_take() -> None:
+    """aio_finishes.Waiter: a wake before the wait, or after a wait that timed out (but
+    before its coroutine resumed), is taken by the next wait; a wake during a wait ends it;
+    a wake after a cancelled wait raises nothing in the listener."""
+
+    async def main() -> None:
+        waiter = aio_finishes.Waiter()
+        waiter.wake(None)  # no wait under way
+        assert await waiter.wait(5.0) is True
+        assert await waiter.wait(0.01) is False  # that wake was taken
+
+        waiting = asyncio.ensure_future(waiter.wait(5.0))
+        await asyncio.sleep(0)
+        waiter.wake(JobState.COMPLETED)
+        assert await waiting is True and waiter.told() is JobState.COMPLETED
+
+        timing_out = asyncio.ensure_future(waiter.wait(0.01))
+        await asyncio.sleep(0)
+        # due just after its timer: runs once that fired, before the coroutine resumes
+        asyncio.get_running_loop().call_later(0.01, waiter.wake, None)
+        assert await timing_out is False
+        assert await waiter.wait(5.0) is True  # the wake that came too late is kept
+
+        cancelled = asyncio.ensure_future(waiter.wait(5.0))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        waiter.wake(None)  # the listener must not trip on the cancelled wait
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert finishes.parked_count() == 0
+
+    run(main())
 
 
 def test_concurrent_enqueues_share_script_calls_and_keep_their_answers(

@@ -198,15 +198,14 @@ class AsyncRedisBackend:
     async def wait_for_finish(self, job_id: str, timeout_s: float) -> JobState | None:
         """Woken by the loop's finish listener of this queue (aio_finishes.py): one
         connection however many coroutines wait."""
-
-        async def read_state() -> Any:
-            args = [job_id, records.MAX_STATE_BYTES]
-            return await self._script(self._scripts.read_state, args)
-
         with redis_errors(self.where, f"wait for job {job_id!r}"):
             return await aio_finishes.wait_for_finish(
-                self.url, self.keys, self._timeout_s, job_id, timeout_s, read_state
+                self.url, self.keys, self._timeout_s, job_id, timeout_s, self._read_state
             )
+
+    async def _read_state(self, job_id: str) -> Any:
+        """The job's state, bounded (read_state.lua)."""
+        return await self._script(self._scripts.read_state, [job_id, records.MAX_STATE_BYTES])
 
     async def events(self, since: str | None, block_s: float | None) -> AsyncIterator[Event]:
         """As ``listen.events``: the retained events after ``since``; then, with

@@ -36,13 +36,17 @@ from sandboxq.redaction import redact_url
 log = logging.getLogger(__name__)
 
 
-class Waiter(finishes.Waiter[threading.Event]):
+class Waiter(finishes.Waiter):
     """One waiting thread."""
 
-    __slots__ = ()
+    __slots__ = ("_woken",)
 
     def __init__(self) -> None:
-        super().__init__(threading.Event())
+        super().__init__()
+        self._woken = threading.Event()
+
+    def _signal(self) -> None:
+        self._woken.set()
 
     def wait(self, timeout_s: float) -> bool:
         """Whether a wake came within ``timeout_s`` (it is consumed)."""

@@ -29,12 +29,10 @@ I/O: the board, what an entry means, and the gap check.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
 from sandboxq.backends.redis import records
@@ -76,24 +74,24 @@ class Wakeable(Protocol):
 
 
 W = TypeVar("W", bound=Wakeable)
-#: What a waiter waits on: a thread's event (finish_listener.py) or a coroutine's
-#: (aio_finishes.py); each waits on it in its own way.
-E = TypeVar("E", threading.Event, asyncio.Event)
 
 
-class Waiter(Generic[E]):
-    """One waiter: woken by its listener, it looks again. The sync and asyncio waiters add
-    only how they wait on ``_woken``."""
+class Waiter:
+    """One waiter: woken by its listener, it looks again. The sync and asyncio waiters
+    (finish_listener.py, aio_finishes.py) add how a wake reaches them (``_signal``) and
+    how they wait for one."""
 
-    __slots__ = ("_told", "_woken")
+    __slots__ = ("_told",)
 
-    def __init__(self, woken: E) -> None:
-        self._woken: E = woken
+    def __init__(self) -> None:
         self._told: JobState | None = None
 
     def wake(self, state: JobState | None) -> None:
         self._told = state or self._told
-        self._woken.set()
+        self._signal()
+
+    def _signal(self) -> None:
+        raise NotImplementedError
 
     def told(self) -> JobState | None:
         """The final state the last wakes named (taken), if any did."""
@@ -177,25 +175,34 @@ def _discard(table: dict[str, list[W]], key: str, waiter: W) -> None:
         del table[key]
 
 
-_parked = 0
+class _Parked:
+    """Around a waiter's wait for a wake (its first read done): counted by ``parked_count``.
+    One object for every wait: a generator-based context manager made two per waiter,
+    and each object a waiter holds is walked by every full garbage collection."""
 
+    def __init__(self) -> None:
+        self.count = 0
 
-@contextmanager
-def parked() -> Iterator[None]:
-    """Around a waiter's wait for a wake (its first read done): counted by ``parked_count``."""
-    global _parked
-    with _boards_lock:
-        _parked += 1
-    try:
-        yield
-    finally:
+    def __enter__(self) -> None:
         with _boards_lock:
-            _parked -= 1
+            self.count += 1
+
+    def __exit__(self, *_exc: object) -> None:
+        with _boards_lock:
+            self.count -= 1
+
+
+_PARKED = _Parked()
+
+
+def parked() -> _Parked:
+    """The context a waiter waits for a wake in (``with parked(): ...``)."""
+    return _PARKED
 
 
 def parked_count() -> int:
     """Waiters in this process that have read their job once and now wait for a wake."""
-    return _parked
+    return _PARKED.count
 
 
 def waiting_count() -> int:
