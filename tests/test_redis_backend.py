@@ -16,12 +16,14 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from sandboxq import Queue
 from sandboxq.backends.base import Claimed, FinishAction, NewJob
 from sandboxq.backends.redis import RedisBackend
 from sandboxq.backends.redis.keys import INDEX, QueueKeys
-from sandboxq.errors import BackendError
+from sandboxq.errors import BackendError, JobFailed
 from sandboxq.models import Action, AttemptRecord, JobState, Outcome
 from sandboxq.testing.redis_server import RedisServer, free_port
+from sandboxq.testing.workers import BackgroundWorkers
 
 PAYLOAD = b"[[1],{}]"
 MakeBackend = Callable[..., RedisBackend]
@@ -518,6 +520,28 @@ def test_retry_failed_purge_and_workers(backend: RedisBackend, raw: redis.Redis)
     assert backend.workers() == [{"pid": 1, "worker_id": "w1"}]
     backend.unregister_worker("w1")
     assert backend.workers() == []
+
+
+@pytest.mark.timeout(60)
+def test_a_server_without_functions_runs_every_script_with_evalsha(
+    queue_name: str, workers: BackgroundWorkers
+) -> None:
+    """A server with no FCALL or FUNCTION (one older than Redis 7, or one that renamed
+    them away): the first call is refused as an unknown command, and from then on the
+    backend sends EVALSHA; a worker runs jobs end to end, batches and retries included."""
+    no_functions = ["--rename-command", "FCALL", "", "--rename-command", "FUNCTION", ""]
+    with RedisServer(extra_args=no_functions) as server, Queue(queue_name, server.url) as q:
+        jobs = q.enqueue_many([((0, i), {}) for i in range(5)])
+        batch = q.batch([([0, i], {}) for i in range(3)])
+        broken = q.options(retries=1, backoff_s=0.1).enqueue("not a number")
+        workers.burst(queue_name, "sandboxq.testing.handlers:succeed_after", url=server.url)
+        assert [job.result(timeout_s=10) for job in jobs] == list(range(5))
+        assert batch.results(timeout_s=10) == [0, 1, 2]
+        with pytest.raises(JobFailed) as failed:
+            broken.result(timeout_s=10)
+        assert failed.value.attempts == 2
+        stats = redis.Redis.from_url(server.url).info("commandstats")
+        assert "cmdstat_fcall" not in stats and int(stats["cmdstat_evalsha"]["calls"]) > 5
 
 
 @pytest.mark.timeout(30)

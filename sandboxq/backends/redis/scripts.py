@@ -23,10 +23,11 @@ calling); a call packs only its own arguments.
 Refused calls ran nothing, so they are sent again once their cause is settled (``settle``):
 ``Function not found`` (a restarted Redis without persistence, a flushed one) loads the
 library; ``NOSCRIPT`` loads the script. A user whom the server's ACL does not let load the
-library (``function|load``) or call it (``fcall``) runs the scripts with EVALSHA from then
-on: a function runs with its caller's rights, so whoever may load one may replace ours and
-act as every queue's worker, and the README's per-queue users are not given that right.
-EVALSHA names a script by the digest of its text, which no one can replace.
+library (``function|load``) or call it (``fcall``), and a server without functions, run
+the scripts with EVALSHA from then on. A function runs with its caller's rights, so
+whoever may load one may replace ours and act as every queue's worker: the README's
+per-queue users are not given that right. EVALSHA names a script by the digest of its
+text, which no one can replace.
 """
 
 from __future__ import annotations
@@ -194,11 +195,11 @@ def settle(calls: Calls, replies: list[Any]) -> Settling:
     scripts = [script for i in refused if (script := calls[i][0]) is not None]
     library_use = scripts[0]._library
     if library_use.functions:
-        if any(isinstance(replies[i], NoPermissionError) for i in refused):
-            library_use.functions = False  # this user may not call functions (fcall)
+        if any(_no_functions(replies[i]) for i in refused):
+            library_use.functions = False  # this user, or this server, cannot call them
         else:
             (loaded,) = yield [pack_command("FUNCTION", "LOAD", "REPLACE", library()[1])]
-            if isinstance(loaded, NoPermissionError):
+            if _no_functions(loaded):
                 library_use.functions = False  # nor load the library (function|load)
             elif isinstance(loaded, ResponseError):
                 raise loaded
@@ -217,13 +218,22 @@ def settle(calls: Calls, replies: list[Any]) -> Settling:
 
 def _refused(script: Script | None, reply: Any) -> bool:
     """Whether ``reply`` says the server did not run ``script``'s call for want of the
-    library or the script, or of the right to call functions (a call packed before its
-    backend's way of calling changed can come back with either)."""
+    library or the script, or of functions (a call packed before its backend's way of
+    calling changed can come back with either)."""
     if script is None or not isinstance(reply, ResponseError):
         return False
+    return isinstance(reply, NoScriptError) or str(reply) == NOT_LOADED or _no_functions(reply)
+
+
+def _no_functions(reply: Any) -> bool:
+    """Whether ``reply`` refuses a function command for good: the server's ACL denies this
+    user ``fcall`` or ``function|load``, or the server has no such command (one older than
+    Redis 7, or one that renamed it away)."""
     if isinstance(reply, NoPermissionError):
-        return "'fcall'" in str(reply)
-    return isinstance(reply, NoScriptError) or str(reply) == NOT_LOADED
+        return "'fcall'" in str(reply) or "'function|load'" in str(reply)
+    return isinstance(reply, ResponseError) and str(reply).lower().startswith(
+        ("unknown command 'fcall'", "unknown command 'function'")
+    )
 
 
 def send(lane: Lane, calls: Calls) -> list[Any]:
