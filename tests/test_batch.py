@@ -25,6 +25,7 @@ from sandboxq.backends.memory import MemoryBackend
 from sandboxq.cli import batch, main
 from sandboxq.cli.batch import parse_line
 from sandboxq.cli.batch_view import BatchView, Tally
+from sandboxq.pool.kill import ended
 from sandboxq.testing.waiting import wait_for
 from sandboxq.text import number_ranges
 
@@ -323,7 +324,7 @@ def test_a_second_ctrl_c_kills_running_lines_at_once(tmp_path: Path) -> None:
     assert {n: r["outcome"] for n, r in rows.items()} == {1: "not_run", 2: "not_run", 3: "not_run"}
     assert "3 line(s) did not run: 1-3" in text
     for pid in children:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+        assert ended(pid)
 
 
 @pytest.mark.timeout(60)

@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import psutil
 import pytest
 
 from sandboxq import JobFailed
 from sandboxq.client import Job, Queue
 from sandboxq.models import JobState, Outcome
+from sandboxq.pool.kill import ended
 from sandboxq.testing.cases import CASES, HandlerCase
 from sandboxq.testing.redis_server import free_port
 from sandboxq.testing.workers import StartWorker
@@ -249,7 +249,7 @@ def test_orphan_check_catches_leaked_processes(
     assert "a_daemon_started_by_a_job" not in summary
     for pid_file in ("daemon", "grandchild"):
         pid = int((tmp_path / pid_file).read_text())
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+        assert ended(pid)
 
 
 def printed(result: pytest.RunResult) -> tuple[str, str]:

@@ -15,6 +15,7 @@ import pytest
 
 from sandboxq import Job, JobFailed, Queue
 from sandboxq.models import JobState, Outcome
+from sandboxq.pool.kill import ended
 from sandboxq.testing.processes import frozen_order
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
@@ -135,7 +136,7 @@ def test_a_worker_stopped_past_its_lease_is_fenced_when_it_resumes(
         for pid in [a.pid, *(p for p in family if p != a.pid)]:
             os.kill(pid, signal.SIGCONT)
     wait_for(
-        lambda: not psutil.pid_exists(a_child) or psutil.Process(a_child).status() == "zombie",
+        lambda: ended(a_child),  # gone or a zombie: one read, no window between two
         5,
         "A's child to be killed",
     )
