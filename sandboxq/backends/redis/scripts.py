@@ -120,7 +120,8 @@ def _bulk(value: Arg) -> bytes:
 
 class Library:
     """How one backend's scripts reach its server: as the library's functions until the
-    server's ACL refuses this user loading or calling them, then with EVALSHA."""
+    server refuses them for good (its ACL denies this user loading or calling them, or it
+    has no functions), then with EVALSHA."""
 
     def __init__(self) -> None:
         self.functions = True
