@@ -24,6 +24,7 @@ from sandboxq.backends.base import NewJob
 from sandboxq.backends.memory import MemoryBackend
 from sandboxq.errors import BackendError, SandboxqError
 from sandboxq.models import JobState, Outcome
+from sandboxq.pool.pool import Pool
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
@@ -101,6 +102,36 @@ def test_an_old_attempts_outcome_never_lands_on_the_new_lease(
     assert job.result(timeout_s=20) == 1
     assert [a.outcome for a in job.info().history] == [Outcome.CANCELLED, Outcome.OK]
     assert worker.stats["cancelled"] == 1 and worker.stats["completed"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_cancel_that_comes_before_the_worker_learned_the_task_id_still_kills(
+    tmp_path: Path, queue_name: str, workers: BackgroundWorkers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool starts an attempt as soon as it is submitted; the thread that submitted it
+    may not run again for a while (a loaded machine). A cancel in that moment must kill the
+    attempt, not an attempt of id 0: it was lost until the next renewal, 10 s later, which
+    then ended it as a lost lease. Forced here: the submitting thread is held until the
+    child runs and the cancel has gone out."""
+    cancelled = threading.Event()
+    real_execute = Pool.execute
+
+    def execute_then_wait(self: Pool, *args: Any, **kwargs: Any) -> int:
+        task_id = real_execute(self, *args, **kwargs)
+        cancelled.wait(20)
+        return task_id
+
+    monkeypatch.setattr(Pool, "execute", execute_then_wait)
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    worker = start(workers, queue_name, G + "run_then_wait")
+    queue = Queue(queue_name)
+    job = queue.enqueue(str(log), str(gate))
+    wait_for(lambda: len(starts(log)) == 1, 20, "the child to start the job")
+    assert job.cancel()
+    cancelled.set()
+    wait_for(lambda: worker.stats["cancelled"] == 1, 8, "the cancel to end the attempt")
+    assert worker.stats["lease_lost"] == 0
+    assert [a.outcome for a in job.info().history] == [Outcome.CANCELLED]
 
 
 @pytest.mark.timeout(60)
@@ -292,8 +323,8 @@ def test_a_finish_refills_a_slot_whose_claimer_is_still_starting_its_jobs(
             finish_reserved.set()
         return free
 
-    def execute(self: Pool, task: Any, on_done: Any) -> int:
-        task_id = real_execute(self, task, on_done)
+    def execute(self: Pool, task: Any, on_done: Any, **kwargs: Any) -> int:
+        task_id = real_execute(self, task, on_done, **kwargs)
         if threading.current_thread().name.endswith("fetcher") and task.job_id == first.id:
             finish_reserved.wait(10)  # the fetcher, between its start and its unreserve
         return task_id

@@ -221,13 +221,25 @@ class Pool:
             max_memory_mb=s.max_memory_mb,
         )
 
-    def execute(self, task: Task, on_done: Callable[[AttemptResult], None]) -> int:
+    def execute(
+        self,
+        task: Task,
+        on_done: Callable[[AttemptResult], None],
+        *,
+        task_id: int | None = None,
+    ) -> int:
         """Queue one attempt; ``on_done`` is called once, on the supervisor thread.
 
         Returns the attempt's task id, which ``kill``, ``extend_fence`` and ``soft_stop``
-        take.
+        take: ``task_id`` when given (from ``new_task_id``), else a new one.
         """
-        return self._supervisor.submit(task, on_done)
+        return self._supervisor.submit(task, on_done, task_id)
+
+    def new_task_id(self) -> int:
+        """A task id to give ``execute``. The attempt may start, and be worth killing,
+        before ``execute`` returns to its caller's thread: a caller that others may ask
+        to kill it (a cancel, a lost lease) records its id first."""
+        return self._supervisor.new_task_id()
 
     def kill(self, task_id: int, outcome: Outcome, detail: str) -> None:
         """End attempt ``task_id`` now with ``outcome``; kills its child's tree if it runs."""

@@ -138,13 +138,19 @@ class Supervisor:
         self._thread.start()
         self._spawned.wait()
 
-    def submit(self, task: Task, on_done: OnDone) -> int:
-        """Queue ``task``; returns its task id (what ``Kill``, ``Fence`` and ``Soft`` name)."""
+    def new_task_id(self) -> int:
+        """A task id for a later ``submit``."""
+        return next(self._task_ids)
+
+    def submit(self, task: Task, on_done: OnDone, task_id: int | None = None) -> int:
+        """Queue ``task``; returns its task id (what ``Kill``, ``Fence`` and ``Soft`` name):
+        ``task_id`` if given (``new_task_id``), else a new one."""
         if self.broken is not None:
             raise self.broken
         if self._closing:
             raise RuntimeError("cannot submit to a pool that is shutting down")
-        task_id = next(self._task_ids)
+        if task_id is None:
+            task_id = next(self._task_ids)
         self._mail.put(Submit(Attempt(task_id, task, on_done, self._live)))
         return task_id
 

@@ -181,8 +181,11 @@ class Dispatcher:
         )
         if spans is not None:  # tracing: the attempt's span opens at claim
             spans.attach(job, task)
+        # The id first: the attempt can start, and a cancel or a lost lease ask for its
+        # kill by this id, before this thread runs again (a loaded machine).
+        lease.task_id = self._pool.new_task_id()
         try:
-            lease.task_id = self._pool.execute(task, ended)
+            self._pool.execute(task, ended, task_id=lease.task_id)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
             if spans is not None:  # tracing
                 spans.abandon(token, f"the pool cannot run jobs: {exc}")
