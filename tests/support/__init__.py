@@ -7,6 +7,7 @@
     prometheus_server  a real Prometheus scraping a worker and the exporter
     ledger             a handler that logs its executions, and the check that none overlapped
     gates              handlers a test holds at a point of its choosing (a file it creates)
+    server_stats       what a redis-server says it ran: script calls, function libraries
 
 Processors here are named ``tests.support.<module>:<function>``; tests/conftest.py puts
 the repository on ``PYTHONPATH`` so every process a test starts can import them.
