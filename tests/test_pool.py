@@ -331,6 +331,36 @@ def test_unpicklable_arguments_fail_at_submit() -> None:
 
 
 @pytest.mark.timeout(20)
+def test_tree_walk_finds_a_child_forked_by_a_thread_other_than_the_first() -> None:
+    """A process with one thread has one children list, read alone; one with more has a
+    list per thread, and a child forked from a second thread is only in that thread's."""
+    import subprocess
+    import sys
+
+    from sandboxq.pool import kill
+
+    script = (
+        "import subprocess, sys, threading, time\n"
+        "def start():\n"
+        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "    time.sleep(30)\n"
+        "threading.Thread(target=start).start()\n"
+        "time.sleep(30)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        wait_for(lambda: kill.children_of(child.pid), 10, "the child the thread started")
+        [grandchild] = kill.children_of(child.pid)
+        assert kill.stop_tree(child.pid, include_root=True) == {child.pid, grandchild}
+        kill.kill_tree(child.pid)
+        assert child.wait(5) == -signal.SIGKILL
+        wait_for(lambda: kill.ended(grandchild), 5, "the grandchild killed")
+    finally:
+        kill.kill_tree(child.pid)
+        child.wait(5)
+
+
+@pytest.mark.timeout(20)
 def test_tree_walk_finds_grandchildren_that_left_the_group_either_way(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

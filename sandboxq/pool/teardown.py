@@ -22,15 +22,13 @@ path: kill, wait until dead, outcome from the child's sentinel.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 from collections import deque
 
 from sandboxq.models import Outcome
 from sandboxq.pool import deaths
 from sandboxq.pool.handles import Child
-from sandboxq.pool.kill import _kill_known, _signal, stop_tree
+from sandboxq.pool.kill import kill_stopped
 from sandboxq.pool.running import Attempt
 
 #: How long a v1 kill waits for its group to read FROZEN before it falls back.
@@ -46,13 +44,8 @@ def kill_at_deadline(child: Child, outcome: Outcome, detail: str) -> None:
     if group is not None:
         stopped = group.kill_pending(FREEZE_WAIT_S)
     else:
-        for pid in stop_tree(child.pid, include_root=True):
-            _signal(pid, signal.SIGKILL)
-        # As kill.sweep: what memory sampling saw (it may have been re-parented since),
-        # and a member of the child's process group not yet forked when walked.
-        _kill_known(run.tree)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signal.SIGKILL)
+        # what memory sampling saw may have been re-parented out of the tree since
+        kill_stopped(child.pid, True, run.tree)
         stopped = True
     if not stopped:
         child.kill_all(run.tree)  # the old path: its sentinel settles the attempt
