@@ -68,12 +68,15 @@ def peak_rss_bytes(pid: int) -> int | None:
 class _Open:
     """An attempt's span while it is open."""
 
-    __slots__ = ("end_ns", "peak", "recording", "span")
+    __slots__ = ("end_ns", "peak", "peaks", "recording", "span")
 
     def __init__(self, span: Any) -> None:
         self.span = span
         #: False for a span the sampler left out: nothing is read or set for it.
         self.recording: bool = span.is_recording()
+        #: Whether the child resets its peak memory for this attempt (a sampled span's
+        #: only: tracing.enter_attempt), so that reading it means the attempt's peak.
+        self.peaks = self.recording and span.get_span_context().trace_flags.sampled
         self.end_ns: int | None = None  # the attempt's own end, once its outcome came
         self.peak: int | None = None  # read just before a kill
 
@@ -133,7 +136,7 @@ class AttemptSpans:
             held = self._open.get(token)
         if held is None or not held.recording:
             return
-        if pid is not None and name != "soft_signal":  # a kill: the peak, while it lives
+        if held.peaks and pid is not None and name != "soft_signal":  # a kill: the peak
             held.peak = peak_rss_bytes(pid)
         held.span.add_event(EVENT_NAMES.get(name, name), {"sandboxq.detail": detail})
 
@@ -161,7 +164,7 @@ class AttemptSpans:
         if result.pid is not None:
             attributes["sandboxq.child.pid"] = result.pid
             answered = result.result is not None or result.error is not None
-            if answered:
+            if answered and held.peaks:
                 held.peak = peak_rss_bytes(result.pid)
         if held.peak is not None:
             attributes["sandboxq.peak_rss_bytes"] = held.peak
