@@ -13,6 +13,8 @@ registered and waiting before any job runs), then a real worker in a process of 
   (target: p99 <= 5 ms);
 - the event loop's worst lateness meanwhile: a ticker sleeping 1 ms in a loop, the most it
   woke late (target <= 5 ms), beside the same ticker on an idle loop (the machine's own);
+  and the most CPU the loop's thread spent within one tick: the part of a late tick that
+  the loop's own work (callbacks, the collector) explains, the rest being a wait for a core;
 - this process's CPU per woken waiter (the ticker included): one event loop follows
   finishes up to about its inverse a second; faster, results queue up behind each other.
 
@@ -92,16 +94,22 @@ def wake_ms(returned_s: dict[str, float], finished_ms: dict[str, int]) -> list[f
 
 
 class Ticker:
+    """Sleeps ``TICK_S`` in a loop: the most it woke late, and the most CPU the loop's own
+    thread spent within one tick (its callbacks, the collector). A tick late by more than
+    that waited for a core: the machine's scheduling, not work that held the loop."""
+
     def __init__(self) -> None:
         self.late_s = 0.0
+        self.busy_s = 0.0
         self.measuring = False
 
     async def run(self) -> None:
         while True:
-            before = time.perf_counter()
+            before, cpu_before = time.perf_counter(), time.thread_time()
             await asyncio.sleep(TICK_S)
             if self.measuring:
                 self.late_s = max(self.late_s, time.perf_counter() - before - TICK_S)
+                self.busy_s = max(self.busy_s, time.thread_time() - cpu_before)
 
 
 async def until(condition: Any, timeout_s: float, what: str) -> None:
@@ -159,6 +167,7 @@ async def async_run(url: str, n: int, job_s: float = 0.0, freeze: bool = False) 
         "during": during,
         "wake_ms": wake_ms(returned_s, finished),  # type: ignore[arg-type]
         "late_ms": ticker.late_s * 1000,
+        "busy_ms": ticker.busy_s * 1000,
         "took_s": took_s,
         "cpu_us": cpu_s * 1e6 / n,
     }
@@ -249,7 +258,8 @@ def async_line(label: str, a: dict[str, Any], idle_ms: float) -> str:
         f"{label}: +{a['during']['all'] - a['before']['all']} connections "
         f"({a['during']['listeners']} listener), wake p50 {statistics.median(a['wake_ms']):.1f} "
         f"ms, p99 {figures.percentile(a['wake_ms'], 99):.1f} ms, loop late {a['late_ms']:.1f} "
-        f"ms (idle {idle_ms:.1f} ms), {len(a['wake_ms']) / a['took_s']:,.0f} jobs/s"
+        f"ms (idle {idle_ms:.1f} ms; busy in one tick {a['busy_ms']:.1f} ms), "
+        f"{len(a['wake_ms']) / a['took_s']:,.0f} jobs/s"
     )
 
 
@@ -259,6 +269,12 @@ def async_figures(label: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]
         *wake_figures(label, runs, target=True),
         figures.figure(
             f"{label}: event-loop lateness, worst", [r["late_ms"] for r in runs], "ms", LATENESS
+        ),
+        figures.figure(
+            f"{label}: the loop's own CPU within one tick, worst",
+            [r["busy_ms"] for r in runs],
+            "ms",
+            note="the loop's work (callbacks, collections); lateness beyond it waited for a core",
         ),
         figures.figure(
             f"{label}: this process's CPU per woken waiter",
