@@ -31,6 +31,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from sandboxq.errors import ConfigError
+from sandboxq.traceparent import is_traceparent
 
 
 def now_ms() -> int:
@@ -51,21 +52,8 @@ _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 #: Job ids are any text a user likes (braces and colons included), up to this length.
 MAX_JOB_ID = 512
 
-#: A W3C trace context ``traceparent`` of version 00 (trace id and span id not all zero):
-#: the only form a job's stored trace context may take (sandboxq/tracing.py).
-TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
-TRACEPARENT_LENGTH = 55
-
 #: The validation context of options read back from a backend (``parse_job_options``).
 _STORED = {"stored": True}
-
-
-def is_traceparent(value: object) -> bool:
-    return (
-        isinstance(value, str)
-        and len(value) == TRACEPARENT_LENGTH
-        and TRACEPARENT.fullmatch(value) is not None
-    )
 
 
 def check_queue_name(name: str) -> str:

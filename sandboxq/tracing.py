@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from sandboxq.models import is_traceparent
+from sandboxq.traceparent import is_traceparent
 
 try:
     from opentelemetry import context as _context

@@ -145,6 +145,21 @@ def test_results_go_to_stdout_and_retries_apply(
 
 
 @pytest.mark.timeout(30)
+def test_a_run_returns_once_every_line_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The follower stops waiting for events once every line is written: with a tick far
+    past this test's timeout, a run that waited for one more tick would never return."""
+    from sandboxq.cli import batch
+
+    monkeypatch.setattr(batch, "FOLLOW_TICK_S", 3600.0)
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}', '{"args": [2]}')
+    assert main(["run", H + "echo", str(source), "--concurrency", "1"]) == 0
+    out, _ = capsys.readouterr()
+    assert sorted(json.loads(row)["result"] for row in out.splitlines()) == [1, 2]
+
+
+@pytest.mark.timeout(30)
 def test_a_file_without_job_lines_starts_no_pool(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -70,3 +70,15 @@ def test_a_producer_import_loads_no_process_machinery() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+@pytest.mark.timeout(30)
+def test_the_fork_server_preloads_no_pydantic() -> None:
+    """Every pool waits for its fork server, which imports the child's module (and
+    forkserver_hooks) before the first child: pydantic was two thirds of that import."""
+    code = (
+        "import sys, sandboxq.pool.child, sandboxq.pool.forkserver_hooks\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'redis')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

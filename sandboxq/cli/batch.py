@@ -352,9 +352,10 @@ def _run_worker(
     try:
         thread.start()
         follow_until(lambda: not thread.is_alive())
+    except BaseException:
+        worker.stop(now=True)  # following failed (stdout closed...): stop the pool too
+        raise
     finally:
-        if thread.is_alive():  # following failed (stdout closed...): stop the pool too
-            worker.stop(now=True)
         thread.join()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -370,8 +371,10 @@ def follow(
     stop: _Stop,
     done: Callable[[], bool],
 ) -> None:
-    """Write each line as its job finishes, until the worker is done and every event read."""
+    """Write each line as its job finishes, until every line is written or the worker is
+    done (and every event read)."""
     by_id = {item.job_id: item for item in items}
+    unwritten = len(items)
     since: str | None = None
     shown = 0  # stop requests already shown
 
@@ -389,8 +392,14 @@ def follow(
             since = event.id
             item = by_id.get(event.job_id)
             if item is not None and event.kind in FINISHED_EVENTS and output.job(backend, item):
+                del by_id[event.job_id]  # written: each line once
+                unwritten -= 1
                 view.finished()
             show_stop_requests()
+            if not unwritten:
+                break  # the events wait on, a tick after the last: it is not wanted
         show_stop_requests()
-        if finished:
+        # Every line written: the burst worker stops on its own, its thread is joined by
+        # the caller. Waiting for it here cost the rest of a tick (~0.2 s) after the last.
+        if finished or not unwritten:
             return
