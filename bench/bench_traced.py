@@ -3,8 +3,9 @@
 Importing it (the worker parent imports its processor; the fork server preloads it for the
 children) sets the OpenTelemetry SDK's tracer provider, with the batch span processor a
 production deployment uses and an exporter that only counts the spans. At exit the count
-is written to ``$SANDBOXQ_BENCH_SPANS`` (when set), so the benchmark can check that every
-attempt was recorded.
+is written to ``$SANDBOXQ_BENCH_SPANS.<pid>`` (when set), so the benchmark can check that
+every attempt was recorded. A file per process: the fork server imports this module too,
+and its count (none) must not overwrite the worker's when it happens to exit last.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _report() -> None:
     _provider.shutdown()  # flushes the batch processor
     path = os.environ.get("SANDBOXQ_BENCH_SPANS")
     if path:
-        with open(path, "w") as out:
+        with open(f"{path}.{os.getpid()}", "w") as out:
             out.write(str(_exporter.spans))
 
 

@@ -104,7 +104,9 @@ def run_backlog(url: str, n: int, mode: str) -> tuple[float, float, int | None]:
     finally:
         stop(w)
         q.close()
-    spans = int(spans_file.read_text()) if spans_file.exists() else None
+    # one file per process that imported bench_traced (the worker, its fork server)
+    counts = [int(f.read_text()) for f in spans_file.parent.glob(f"{spans_file.name}.*")]
+    spans = sum(counts) if counts else None
     return rate, busy_s / n * 1e6, spans
 
 
