@@ -145,14 +145,15 @@ def test_results_go_to_stdout_and_retries_apply(
 
 
 @pytest.mark.timeout(30)
-def test_a_run_returns_once_every_line_is_written(
+def test_a_run_returns_once_its_worker_is_done(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The follower stops waiting for events once every line is written: with a tick far
-    past this test's timeout, a run that waited for one more tick would never return."""
+    """The follower stops once the worker is done, not at its next look at the events:
+    with looks far apart (past this test's timeout), a run that waited for one more would
+    never return."""
     from sandboxq.cli import batch
 
-    monkeypatch.setattr(batch, "FOLLOW_TICK_S", 3600.0)
+    monkeypatch.setattr(batch, "FOLLOW_LOOK_S", 3600.0)
     source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}', '{"args": [2]}')
     assert main(["run", H + "echo", str(source), "--concurrency", "1"]) == 0
     out, _ = capsys.readouterr()
@@ -413,8 +414,8 @@ def test_a_reader_that_leaves_early_ends_the_batch_quietly(tmp_path: Path) -> No
 def test_following_a_finished_worker_reads_what_is_left_without_waiting_a_tick(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A tick long enough that waiting one cannot pass for not waiting.
-    monkeypatch.setattr(batch, "FOLLOW_TICK_S", 10.0)
+    # A look interval long enough that waiting one cannot pass for not waiting.
+    monkeypatch.setattr(batch, "FOLLOW_LOOK_S", 10.0)
     backend = MemoryBackend("follow-done")
     item = batch.Item(1, b"[[],{}]")
     backend.enqueue([NewJob(b"[[],{}]", job_id=item.job_id)])
@@ -424,7 +425,7 @@ def test_following_a_finished_worker_reads_what_is_left_without_waiting_a_tick(
     monkeypatch.setattr(output, "write", lambda line, outcome, **_: lines.append(outcome))
     view = BatchView(1, tally, redirect_stdout=False)
     began = time.monotonic()
-    batch.follow(backend, [item], output, view, batch._Stop(None), done=lambda: True)
+    batch.follow(backend, [item], output, view, batch._Stop(None), wait_done=lambda s: True)
     assert time.monotonic() - began < 5.0  # the worker was done: no tick to wait out
     assert lines == []  # its one job never finished: nothing to write
     backend.close()

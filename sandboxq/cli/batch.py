@@ -60,8 +60,10 @@ from sandboxq.settings import WorkerSettings
 
 log = logging.getLogger("sandboxq.cli")
 
-#: How long the follower waits for events before it checks whether the worker is done.
+#: How long a fleet run's follower waits for finished members before it looks again.
 FOLLOW_TICK_S = 0.2
+#: How often a local run reads the events of the lines that finished meanwhile.
+FOLLOW_LOOK_S = 0.05
 FINISHED_EVENTS = ("completed", "failed", "cancelled")
 _KEYS = ("args", "kwargs")
 _EXAMPLE = '{"args": [1, 2], "kwargs": {"size": 256}}'
@@ -301,7 +303,9 @@ def _run_here(args: argparse.Namespace) -> int:
         with BatchView(len(good), tally, redirect_stdout=redirect) as view:
             if good:  # else there is nothing to start a pool for
                 _run_worker(
-                    worker, stop, lambda done: follow(backend, good, output, view, stop, done)
+                    worker,
+                    stop,
+                    lambda wait_done: follow(backend, good, output, view, stop, wait_done),
                 )
         for item in good:  # what the events did not deliver, and what never ran
             if item.line not in output.written and not output.job(backend, item):
@@ -335,7 +339,7 @@ class _Stop:
 
 
 def _run_worker(
-    worker: Any, stop: _Stop, follow_until: Callable[[Callable[[], bool]], None]
+    worker: Any, stop: _Stop, follow_until: Callable[[Callable[[float], bool]], None]
 ) -> None:
     """Run the worker on a thread of its own while this (main) thread follows it and
     keeps the signals (the worker installs none off the main thread)."""
@@ -349,9 +353,14 @@ def _run_worker(
 
     thread = threading.Thread(target=work, name="sandboxq-batch-worker", daemon=True)
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def wait_done(timeout_s: float) -> bool:
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
     try:
         thread.start()
-        follow_until(lambda: not thread.is_alive())
+        follow_until(wait_done)
     except BaseException:
         worker.stop(now=True)  # following failed (stdout closed...): stop the pool too
         raise
@@ -369,37 +378,28 @@ def follow(
     output: Output,
     view: BatchView,
     stop: _Stop,
-    done: Callable[[], bool],
+    wait_done: Callable[[float], bool],
 ) -> None:
-    """Write each line as its job finishes, until every line is written or the worker is
-    done (and every event read)."""
+    """Write each line as its job finishes, until the worker is done and every event read.
+
+    The events are read every ``FOLLOW_LOOK_S`` (and once the worker is done), not as each
+    comes: a wake-up per job cost this thread more than the line it writes, on cores the
+    children need. ``wait_done(s)`` waits up to ``s`` for the worker to be done."""
     by_id = {item.job_id: item for item in items}
-    unwritten = len(items)
     since: str | None = None
     shown = 0  # stop requests already shown
-
-    def show_stop_requests() -> None:
-        nonlocal shown
-        if stop.requests != shown:
-            shown = stop.requests
-            view.stopping(now=shown > 1)
-
+    finished = False
     while True:
-        finished = done()  # read before the events, so the last ones are never skipped
-        # Once the worker is done no event can come: read what is there and return,
-        # rather than wait a whole tick for one more.
-        for event in backend.events(since, block_s=None if finished else FOLLOW_TICK_S):
+        for event in backend.events(since):  # all there is now
             since = event.id
             item = by_id.get(event.job_id)
             if item is not None and event.kind in FINISHED_EVENTS and output.job(backend, item):
                 del by_id[event.job_id]  # written: each line once
-                unwritten -= 1
                 view.finished()
-            show_stop_requests()
-            if not unwritten:
-                break  # the events wait on, a tick after the last: it is not wanted
-        show_stop_requests()
-        # Every line written: the burst worker stops on its own, its thread is joined by
-        # the caller. Waiting for it here cost the rest of a tick (~0.2 s) after the last.
-        if finished or not unwritten:
+        if stop.requests != shown:
+            shown = stop.requests
+            view.stopping(now=shown > 1)
+        if finished:
             return
+        # Done is read before the next read of the events, so none is left behind.
+        finished = wait_done(FOLLOW_LOOK_S)
