@@ -75,7 +75,8 @@ def main() -> None:
             job.result(timeout_s=60)
         except JobFailed as err:
             attempts = ", ".join(f"{a.outcome}" for a in job.info().history)
-            print(f"  {kind:6} failed after {err.attempts} attempts ({attempts}): {err.error}")
+            tries = f"{err.attempts} attempt" + ("s" if err.attempts != 1 else "")
+            print(f"  {kind:6} failed after {tries} ({attempts}): {err.error}")
     thread.join()
     print(f"\n{worker.stats}")
     print(f"all done in {time.monotonic() - started:.1f} s; the worker and every child stopped")

@@ -95,6 +95,9 @@ def test_ml_batch() -> None:
 def test_demo_still_runs() -> None:
     out = run_example(str(EXAMPLES / "demo.py"))
     assert "the worker and every child stopped" in out
+    # what a newcomer reads first: each failure named, in words that read right
+    assert "exit   failed after 1 attempt (exit): exit: the handler exited with code 10" in out
+    assert "hang   failed after 2 attempts (hard_timeout, hard_timeout)" in out
 
 
 @pytest.mark.timeout(180)
