@@ -186,6 +186,23 @@ def test_handler_exception_is_chained_with_remote_traceback() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_handlers_traceback_starts_at_the_handler() -> None:
+    """The child's own frames that call the handler (its loop, the limits' wrapper) are
+    left out; an error the call itself raised, before any frame of the handler, keeps
+    them, or nothing would say where it came from."""
+    with Pool(H + "succeed_after", size=1, cpu_time_s=30) as pool:  # wrapped: limits.py
+        with pytest.raises(AttemptFailed) as info:
+            pool.submit("not seconds").result(timeout=10)
+        frames = [ln for ln in info.value.remote_traceback.splitlines() if "File " in ln]
+        assert frames and "handlers.py" in frames[0] and "succeed_after" in frames[0]
+        assert not [f for f in frames if "child.py" in f or "limits.py" in f]
+        with pytest.raises(AttemptFailed) as info:
+            pool.submit(1, 2, 3, 4).result(timeout=10)  # the call is refused: no handler frame
+        assert "child.py" in info.value.remote_traceback
+        assert "takes from 1 to 2 positional arguments" in info.value.remote_traceback
+
+
+@pytest.mark.timeout(30)
 def test_unserializable_and_huge_results_fail_one_job() -> None:
     with Pool(H + "return_unserializable", size=1) as pool:
         with pytest.raises(AttemptFailed, match="cannot be encoded"):

@@ -46,7 +46,7 @@ import socket
 import sys
 import threading
 import traceback
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 from sandboxq import codec, tracing
@@ -127,6 +127,16 @@ def _on_soft_timeout(signum: int, frame: FrameType | None) -> None:
         raise SoftTimeout(f"soft timeout of job {job.job_id or job.task_id}")
 
 
+def _from_handler(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` from the handler's first frame on: the frames of this module and of
+    ``limits.wrap`` that called it say nothing about the user's code. An error raised in
+    them (the call itself refused: a wrong number of arguments) keeps them all."""
+    start = tb
+    while start is not None and start.tb_frame.f_code.co_filename in _CALLER_FILES:
+        start = start.tb_next
+    return start or tb
+
+
 def describe(exc: BaseException) -> RemoteError:
     """Describe an exception so it always crosses the pipe, pickleable or not."""
     try:
@@ -134,7 +144,8 @@ def describe(exc: BaseException) -> RemoteError:
     except Exception:
         message = object.__repr__(exc)
     # Bounded here, before it crosses the pipe: a recursion error's is megabytes.
-    tb = bounded_traceback("".join(traceback.format_exception(exc)))
+    lines = traceback.format_exception(type(exc), exc, _from_handler(exc.__traceback__))
+    tb = bounded_traceback("".join(lines))
     pickled: bytes | None
     try:
         pickled = pickle.dumps(exc)
@@ -159,6 +170,10 @@ def _exit_now(exc: SystemExit) -> None:
     sys.stderr.flush()
     sweep_own_tree()
     os._exit(status)
+
+
+#: Where the frames that call a handler come from (``_from_handler``).
+_CALLER_FILES = frozenset({_from_handler.__code__.co_filename, limits.wrap.__code__.co_filename})
 
 
 def run_one(
