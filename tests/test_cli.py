@@ -313,6 +313,23 @@ def test_enqueue_refuses_bad_input_in_one_line(
 
 
 @pytest.mark.timeout(60)
+def test_info_shows_a_new_workers_containment_before_its_first_refresh(
+    sq: Run, at: str, start_worker: Callable[..., SandboxWorker]
+) -> None:
+    """The registry entry is refreshed every lease_s / 3 (40 s here): the containment the
+    pool chose is in it from the start, not from the first refresh."""
+    worker = start_worker("echo", lease_s=120.0)
+
+    def shown() -> Any:
+        workers = json.loads(sq(f"info {at} --json")[1])["workers"]
+        return workers if workers and workers[0]["containment"] else None
+
+    (w,) = wait_for(shown, 20, "info to show the new worker's containment")
+    assert w["containment"] == probe()[0]
+    assert w["protections"] == ", ".join(worker._pool.protections)  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
 def test_info_shows_counts_workers_their_jobs_child_pids_and_lease_left(
     sq: Run, at: str, queue: Queue, queue_name: str, start_worker: Callable[..., SandboxWorker]
 ) -> None:

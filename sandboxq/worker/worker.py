@@ -182,6 +182,9 @@ class SandboxWorker:
             unwatch = self.backend.watch_cancellations(self._on_cancel)
             log.info("worker %s started on queue %r: %s", self.id, s.queue, s.processor)
             pool = self._pool = Pool.from_settings(s, s.concurrency)
+            # Once more with what the pool chose (containment, protections): the next
+            # refresh is renew_every_s away, and `sandboxq info` showed them empty till then.
+            self._register()
         except BaseException:
             self._disconnect(unwatch)
             raise
