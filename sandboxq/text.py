@@ -40,6 +40,16 @@ def ago(ms: int | None, now: int) -> str:
     return "" if ms is None else f"{duration(max(0, now - ms) / 1000)} ago"
 
 
+def attempts(charged: int, numbered: Iterable[int], stalls: int) -> str:
+    """A job's attempts: what its retry budget charged and, when a manual retry started
+    that count again or a requeue went uncharged, how many ran in all (the highest attempt
+    number of its history, ``numbered``)."""
+    in_all = max(numbered, default=0)
+    if in_all > charged:
+        return f"{charged} charged, {in_all} in all (stalls: {stalls})"
+    return f"{charged} (stalls: {stalls})"
+
+
 def clip(text: str | None, width: int = 80) -> str:
     """One line of at most ``width`` characters (an error can be a whole traceback)."""
     if not text:

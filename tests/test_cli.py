@@ -413,7 +413,7 @@ def test_job_shows_the_full_attempt_history_and_the_result(
     assert (second["outcome"], second["action"]) == ("hard_timeout", "fail")
     assert first["pid"] and first["pid"] != second["pid"]  # the killed child was replaced
     code, out, _ = sq(f"job {at} {slow}")
-    assert code == 0 and "attempts" in out and "SIGKILL" in out and "retry" in out
+    assert code == 0 and "2 (stalls: 0)" in out and "SIGKILL" in out and "retry" in out
     assert str(first["pid"]) in out and "killed at the hard deadline" in out
     code, out, _ = sq(f"job {at} {ok} --json")
     assert json.loads(out)["result"] == "fine"
@@ -436,6 +436,8 @@ def test_retry_one_or_all_failed(
     code, out, _ = sq(f"retry {at} {bad}")
     assert code == 0 and out.strip() == f"retried job {bad}"
     queue.backend.wait_for_finish(bad, 30)  # it fails again: still not a number
+    code, out, _ = sq(f"job {at} {bad}")  # the retry began the budget's count again
+    assert code == 0 and "1 charged, 2 in all (stalls: 0)" in out
     code, out, _ = sq(f"retry {at} --all-failed --json")
     assert code == 0 and sorted(json.loads(out)["retried"]) == sorted([slow, bad])
     for neither_or_both in (f"retry {at}", f"retry {at} {ok} --all-failed"):

@@ -125,7 +125,12 @@ def job(args: argparse.Namespace) -> int:
 def _fields(data: dict[str, Any]) -> list[tuple[str, Any]]:
     fields = [
         ("state", data["state"]),
-        ("attempts", f"{data['attempts']} (stalls: {data['stalls']})"),
+        (
+            "attempts",
+            text.attempts(
+                data["attempts"], (a["attempt"] for a in data["history"]), data["stalls"]
+            ),
+        ),
         ("outcome", data["outcome"]),
         ("error", data["error"]),
         ("created", text.when(data["created_ms"])),

@@ -21,6 +21,7 @@ from sandboxq.backends.index import WORKERS_READ_CAP
 from sandboxq.codec import decode_stored, reader_codecs
 from sandboxq.errors import BackendError, CodecRefused, SerializationError
 from sandboxq.models import JobInfo, JobState, Outcome
+from sandboxq.text import attempts as attempts_text
 from sandboxq.web import charts
 from sandboxq.web.auth import Session
 from sandboxq.web.html import (
@@ -279,7 +280,9 @@ def job_page(ctx: Ctx, name: str, detail: JobDetail, full: bool) -> Safe:
             ("queue", name),
             ("state", Safe(f'<span id="state" class="state {esc(info.state.value)}">'
                            f"{esc(info.state.value)}</span>")),
-            ("attempts", f"{info.attempts} (stalls: {info.stalls})"),
+            ("attempts", attempts_text(
+                info.attempts, (a.attempt for a in info.history), info.stalls
+            )),
             ("outcome", info.outcome.value if info.outcome else ""),
             ("created", when(info.created_ms)),
             ("finished", when(info.finished_ms)),
