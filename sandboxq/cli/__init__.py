@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, extra = parser.parse_known_args(argv)
         if extra and not _late_positional(args, extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            parser.error(f"unrecognized arguments: {' '.join(extra)}{_hint(args, extra)}")
     except SystemExit as exc:  # --help, or a usage error argparse has already printed
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     _configure_logging(logging.DEBUG if args.verbose else getattr(args, "log_level", 0))
@@ -100,6 +100,15 @@ def _late_positional(args: argparse.Namespace, extra: list[str]) -> bool:
         return False
     setattr(args, name, extra[0])
     return True
+
+
+def _hint(args: argparse.Namespace, extra: list[str]) -> str:
+    """What a verb says of words left over (its ``words_hint``), when none is an option:
+    ``enqueue q a b`` most likely meant the job's arguments."""
+    hint = getattr(args, "words_hint", None)
+    if hint is None or any(word.startswith("-") for word in extra):
+        return ""
+    return f" ({hint(extra)})"
 
 
 def _say(message: str) -> None:

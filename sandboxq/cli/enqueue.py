@@ -61,7 +61,7 @@ def add_parser(verbs: Any) -> None:
     e.add_argument("--timeout-s", type=float, help="with --wait: give up after this long")
     add_json(e)
     add_allow_pickle(e)
-    e.set_defaults(run=run)
+    e.set_defaults(run=run, words_hint=_args_hint)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,3 +108,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(value, ensure_ascii=False))
     return EXIT_OK
+
+
+def _args_hint(words: list[str]) -> str:
+    example = json.dumps(words)
+    quoted = f"'{example}'" if "'" not in example else "'[...]'"
+    return f"a job's arguments go in --args, as a JSON array: --args {quoted}"
