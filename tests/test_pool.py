@@ -348,63 +348,45 @@ def test_unpicklable_arguments_fail_at_submit() -> None:
         pool.submit(threading.Lock())
 
 
+_THREAD_FORKS = (
+    "import ctypes, platform, subprocess, sys, threading, time\n"
+    "def start():\n"
+    "    time.sleep(0.2)  # the first thread has exited by now, if it was to\n"
+    "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+    "    time.sleep(30)\n"
+    "threading.Thread(target=start).start()\n"
+)
+_FIRST_THREAD_EXITS = (
+    "SYS_EXIT = {'x86_64': 60, 'aarch64': 93}[platform.machine()]\n"
+    "ctypes.CDLL(None).syscall(SYS_EXIT, 0)  # exit(2): this thread only\n"
+)
+
+
 @pytest.mark.timeout(20)
-def test_tree_walk_finds_a_child_forked_by_a_thread_other_than_the_first() -> None:
+@pytest.mark.parametrize(
+    "first_thread", [_THREAD_FORKS + "time.sleep(30)\n", _THREAD_FORKS + _FIRST_THREAD_EXITS],
+    ids=["lives", "exited"],
+)  # fmt: skip
+def test_tree_walk_finds_a_child_forked_by_a_thread_other_than_the_first(
+    first_thread: str,
+) -> None:
     """A process with one thread has one children list, read alone; one with more has a
-    list per thread, and a child forked from a second thread is only in that thread's."""
+    list per thread, and a child forked by a second thread is only in that thread's. A
+    first thread that exited while the second lives on still counts (the kernel keeps
+    it till the process ends), so the second's list is read then too."""
     import subprocess
     import sys
 
     from sandboxq.pool import kill
 
-    script = (
-        "import subprocess, sys, threading, time\n"
-        "def start():\n"
-        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
-        "    time.sleep(30)\n"
-        "threading.Thread(target=start).start()\n"
-        "time.sleep(30)\n"
-    )
-    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    child = subprocess.Popen([sys.executable, "-c", first_thread], start_new_session=True)
     try:
-        wait_for(lambda: kill.children_of(child.pid), 10, "the child the thread started")
-        [grandchild] = kill.children_of(child.pid)
+        wait_for(lambda: kill.descendants(child.pid), 10, "the child the thread started")
+        [grandchild] = [p.pid for p in kill.descendants(child.pid)]
+        assert len(os.listdir(f"/proc/{child.pid}/task")) == 2  # an exited first one stays
         assert kill.stop_tree(child.pid, include_root=True) == {child.pid, grandchild}
         kill.kill_tree(child.pid)
         assert child.wait(5) == -signal.SIGKILL
-        wait_for(lambda: kill.ended(grandchild), 5, "the grandchild killed")
-    finally:
-        kill.kill_tree(child.pid)
-        child.wait(5)
-
-
-@pytest.mark.timeout(20)
-def test_tree_walk_finds_the_children_of_a_process_whose_first_thread_exited() -> None:
-    """A process whose first thread exited while another lives on keeps two children
-    lists, its children in the live thread's: the walk that reads one list for a process
-    with one thread must not take it for one (the kernel still counts the first)."""
-    import subprocess
-    import sys
-
-    from sandboxq.pool import kill
-
-    script = (
-        "import ctypes, platform, subprocess, sys, threading, time\n"
-        "def start():\n"
-        "    time.sleep(0.2)  # the first thread is gone by now\n"
-        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
-        "    time.sleep(30)\n"
-        "threading.Thread(target=start).start()\n"
-        "SYS_EXIT = {'x86_64': 60, 'aarch64': 93}[platform.machine()]\n"
-        "ctypes.CDLL(None).syscall(SYS_EXIT, 0)  # exit(2): this thread only\n"
-    )
-    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    try:
-        wait_for(lambda: kill.descendants(child.pid), 10, "the child the live thread started")
-        [grandchild] = [p.pid for p in kill.descendants(child.pid)]
-        assert len(os.listdir(f"/proc/{child.pid}/task")) == 2  # the exited one stays
-        assert kill.stop_tree(child.pid, include_root=True) == {child.pid, grandchild}
-        kill.kill_tree(child.pid)
         wait_for(lambda: kill.ended(grandchild), 5, "the grandchild killed")
     finally:
         kill.kill_tree(child.pid)
