@@ -65,7 +65,7 @@ def _own_children(pid: int) -> list[int]:
         try:
             return [int(p) for p in _read(f"/proc/{pid}/task/{pid}/children").split()]
         except OSError:
-            pass  # its first thread ended (the others live on): read them all
+            pass  # it ended meanwhile: the listing below finds that out
     found: list[int] = []
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -179,12 +179,14 @@ def sweep(root: int, *, include_root: bool = True, known: Iterable[psutil.Proces
         if include_root:
             _signal(root, signal.SIGKILL)
         return 0
-    stopped = kill_stopped(root, include_root, known)
+    stopped = kill_stopped(root, include_root=include_root, known=known)
     _wait_ended(list(stopped))
     return len(stopped)
 
 
-def kill_stopped(root: int, include_root: bool, known: Iterable[psutil.Process] = ()) -> set[int]:
+def kill_stopped(
+    root: int, *, include_root: bool, known: Iterable[psutil.Process] = ()
+) -> set[int]:
     """``stop_tree``, then SIGKILL every process it stopped, each of ``known`` not among
     them (re-parented out of the tree since it was seen), and, with ``root``, its process
     group (a member not yet forked when walked). Returns the pids stopped; none waited for."""

@@ -45,7 +45,7 @@ def kill_at_deadline(child: Child, outcome: Outcome, detail: str) -> None:
         stopped = group.kill_pending(FREEZE_WAIT_S)
     else:
         # what memory sampling saw may have been re-parented out of the tree since
-        kill_stopped(child.pid, True, run.tree)
+        kill_stopped(child.pid, include_root=True, known=run.tree)
         stopped = True
     if not stopped:
         child.kill_all(run.tree)  # the old path: its sentinel settles the attempt
