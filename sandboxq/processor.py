@@ -28,6 +28,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from functools import cache
+from pathlib import PurePosixPath
 from types import ModuleType
 from typing import Any
 
@@ -137,8 +138,22 @@ def _import_on_thread(path: str, module_name: str, timeout_s: float) -> ModuleTy
 def _import_error(path: str, module_name: str, exc: BaseException) -> ProcessorError:
     detail = "".join(traceback.format_exception_only(exc)).strip()
     return ProcessorError(
-        f"processor {path!r}: cannot import module {module_name!r}: {detail}", processor=path
+        f"processor {path!r}: cannot import module {module_name!r}: {detail}"
+        f"{_file_path_hint(module_name, path)}",
+        processor=path,
     )
+
+
+def _file_path_hint(module_name: str, path: str) -> str:
+    """What to write instead when the module was named as a file ("jobs/thumbs.py")."""
+    if "/" not in module_name and not module_name.endswith(".py"):
+        return ""
+    parts = PurePosixPath(module_name.removesuffix(".py")).parts
+    if module_name.startswith("/") or ".." in parts:  # where it imports from is unknown
+        return " (a module is named as Python imports it, with dots: 'package.module')"
+    dotted = ".".join(part for part in parts if part != ".")
+    function = path.partition(":")[2]
+    return f" (a module is named as Python imports it, with dots: '{dotted}:{function}')"
 
 
 def _lookup(path: str, module: ModuleType, module_name: str, attr: str) -> Callable[..., Any]:

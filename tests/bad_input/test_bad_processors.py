@@ -89,6 +89,21 @@ def test_a_processor_that_cannot_be_used_fails_at_start_naming_why(
     assert refused.value.processor == path
 
 
+@pytest.mark.parametrize(
+    ("path", "hint"),
+    [
+        ("jobs/thumbs.py:make", "with dots: 'jobs.thumbs:make'"),
+        ("./jobs/thumbs.py:make", "with dots: 'jobs.thumbs:make'"),
+        ("thumbs.py:make", "with dots: 'thumbs:make'"),
+        ("/srv/app/thumbs.py:make", "with dots: 'package.module'"),  # its root is unknown
+    ],
+)
+def test_a_module_named_as_a_file_is_refused_saying_how_to_name_it(path: str, hint: str) -> None:
+    with pytest.raises(ProcessorError) as refused:
+        build_worker(path)
+    assert "cannot import module" in str(refused.value) and hint in str(refused.value)
+
+
 def test_a_syntax_error_names_the_file_and_line(make_module: MakeModule) -> None:
     module = make_module("x = 1\ndef fn(:\n    pass\n")
     with pytest.raises(ProcessorError, match=rf"{module}\.py.*line 2") as refused:
