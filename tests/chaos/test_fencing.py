@@ -10,8 +10,9 @@ import threading
 
 import pytest
 from audit import audit
-from harness import Scene
+from harness import Fleet, Scene
 
+from sandboxq import Queue
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from sandboxq.testing.waiting import wait_for
@@ -65,9 +66,35 @@ class CancelRetryStorm(threading.Thread):
             self._unretried.pop(0)
             (self.hits if retried else self.refused).append(victim)
 
+    @property
+    def unretried(self) -> list[str]:
+        return list(self._unretried)
+
     def stop(self) -> None:
         self._halt.set()
         self.join(30)
+
+
+def unended(queue: Queue, ids: list[str], storm: CancelRetryStorm, fleet: Fleet) -> str:
+    """What a job that never ended was left as, and what the storm and the workers did."""
+    lines = []
+    for job_id in ids:
+        info = queue.backend.get(job_id)
+        if info is None or info.state not in (JobState.COMPLETED, JobState.FAILED):
+            history = (
+                [
+                    (h.attempt, h.outcome.value, h.action and h.action.value, h.worker_id)
+                    for h in info.history
+                ]
+                if info
+                else []
+            )
+            lines.append(f"{job_id}: {info.state.value if info else 'lost'}, history {history}")
+    lines.append(f"retries refused {storm.refused}, never sent {storm.unretried}")
+    for worker in fleet.workers:
+        alive = "running" if worker in fleet.running() else "ended"
+        lines.append(f"--- {worker.name} ({alive}) ---\n{fleet.tail(worker, 15)}")
+    return "\n".join(lines)
 
 
 def test_cancel_then_retry_storm_never_runs_a_job_twice_at_once(scene: Scene) -> None:
@@ -85,7 +112,10 @@ def test_cancel_then_retry_storm_never_runs_a_job_twice_at_once(scene: Scene) ->
 
     wait_for(lambda: done(100), 90, "most jobs to complete under the storm")
     storm.stop()
-    wait_for(lambda: done(len(producer.accepted)), 90, "every job to end")
+    try:
+        wait_for(lambda: done(len(producer.accepted)), 90, "every job to end")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}:\n{unended(queue, producer.accepted, storm, fleet)}") from None
     result = audit(queue, producer.accepted, scene.tally, scene.ledger)
     print(f"\n{len(storm.hits)} cancel-then-retries; {result.line()}")
     assert len(storm.hits) >= 10, "the storm hit too few running jobs to prove anything"
