@@ -186,6 +186,28 @@ def test_handler_exception_is_chained_with_remote_traceback() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_kill_for_a_task_id_given_out_but_not_submitted_ends_it_when_it_comes(
+    tmp_path: Path,
+) -> None:
+    """A caller records the id first (``new_task_id``), then submits: a kill sent in
+    between is kept and done when the attempt comes, which then never starts. An id the
+    pool never gave out, or whose attempt ended, is still nothing to it."""
+    marker = tmp_path / "ran"
+    with Pool(H + "touch_and_return", size=1) as pool:
+        pool.kill(12345, Outcome.CANCELLED, "no such attempt")  # never given out: ignored
+        task_id = pool.new_task_id()
+        pool.kill(task_id, Outcome.CANCELLED, "cancelled before it was submitted")
+        done: Future[AttemptResult] = Future()
+        pool.execute(pool.make_task(str(marker)), done.set_result, task_id=task_id)
+        result = done.result(timeout=10)
+        assert result.outcome is Outcome.CANCELLED and result.pid is None  # never started
+        assert "cancelled before it was submitted" in result.cause
+        assert not marker.exists()
+        assert attempt(pool, str(marker)).outcome is Outcome.OK  # the next one runs
+        assert marker.exists()
+
+
+@pytest.mark.timeout(30)
 def test_a_handlers_traceback_starts_at_the_handler() -> None:
     """The child's own frames that call the handler (its loop, the limits' wrapper) are
     left out; an error the call itself raised, before any frame of the handler, keeps

@@ -135,6 +135,44 @@ def test_a_cancel_that_comes_before_the_worker_learned_the_task_id_still_kills(
 
 
 @pytest.mark.timeout(60)
+def test_a_cancel_that_comes_before_the_attempt_is_submitted_ends_it_unstarted(
+    tmp_path: Path, queue_name: str, workers: BackgroundWorkers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claimed job is held (a cancel can find its lease) a moment before its attempt
+    goes to the pool. A cancel in that moment was sent for task 0 and lost: the attempt
+    ran until its next renewal. Forced here: the thread that starts the job is held
+    between the two until the cancel has been handled; the attempt must end cancelled
+    without the child ever starting it."""
+    from sandboxq.worker import dispatch
+
+    reached, handled, release = threading.Event(), threading.Event(), threading.Event()
+    real_task_for, real_on_cancel = dispatch.task_for, SandboxWorker._on_cancel
+
+    def task_for_then_wait(*args: Any, **kwargs: Any) -> Any:
+        reached.set()
+        release.wait(20)
+        return real_task_for(*args, **kwargs)
+
+    def on_cancel(self: SandboxWorker, *args: Any) -> None:
+        real_on_cancel(self, *args)
+        handled.set()
+
+    monkeypatch.setattr(dispatch, "task_for", task_for_then_wait)
+    monkeypatch.setattr(SandboxWorker, "_on_cancel", on_cancel)
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    worker = start(workers, queue_name, G + "run_then_wait")
+    job = Queue(queue_name).enqueue(str(log), str(gate))
+    wait_for(reached.is_set, 20, "the worker to hold the job before submitting it")
+    assert job.cancel()
+    wait_for(handled.is_set, 20, "the worker to handle the cancel")
+    release.set()
+    wait_for(lambda: worker.stats["cancelled"] == 1, 8, "the cancel to end the attempt")
+    assert worker.stats["lease_lost"] == 0
+    assert starts(log) == []  # the child never began it
+    assert [a.outcome for a in job.info().history] == [Outcome.CANCELLED]
+
+
+@pytest.mark.timeout(60)
 def test_a_cancel_then_retry_never_runs_beside_the_cancelled_attempt(
     tmp_path: Path, queue_name: str, workers: BackgroundWorkers
 ) -> None:

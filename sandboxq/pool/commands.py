@@ -14,9 +14,11 @@ attempt wherever it is: pending (not yet sent), queued in a busy child's channel
 
 Any thread puts a command in the supervisor's ``Mailbox`` (a deque, and one byte on a
 wake pipe the supervisor's select watches); the supervisor thread runs them in order
-(``run``), so a task's ``Kill`` always comes after its ``Submit``. A command finds its
-attempt by task id in the supervisor's index of attempts not yet settled; an id that is
-not there has ended already, and the command does nothing. An attempt that ends here
+(``run``). A command finds its attempt by task id in the supervisor's index of attempts
+not yet settled; an id that is not there has ended already, and the command does nothing,
+unless it was given out (``Pool.new_task_id``) and not submitted yet: a cancel or a lost
+lease can name an attempt before its ``Submit`` comes, and is then done as it comes
+(``Reserved``). An attempt that ends here
 reports itself (``Attempt.settle``); ``collect`` reads what a child already sent, so an
 attempt that returned is not killed.
 """
@@ -131,12 +133,32 @@ class Mailbox:
             self.fd = self._wake_w = -1
 
 
+class Reserved:
+    """Task ids given out (``Pool.new_task_id``, any thread) whose ``Submit`` has not come,
+    and the commands that named one of them first (supervisor thread): the caller records
+    an attempt's id before it submits it, and a cancel or a lost lease may be sent in
+    between. They are done when it comes, in the order they came."""
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+        self._early: dict[int, list[Kill | Fence | Soft]] = {}
+
+    def hold(self, command: Kill | Fence | Soft) -> None:
+        if command.task_id in self.ids:
+            self._early.setdefault(command.task_id, []).append(command)
+
+    def submitted(self, task_id: int) -> list[Kill | Fence | Soft]:
+        self.ids.discard(task_id)
+        return self._early.pop(task_id, []) if self._early else []
+
+
 def run(
     command: Command,
     live: dict[int, Attempt],
     pending: deque[Attempt],
     children: Iterable[Child],
     collect: Callable[[Child], Any],
+    reserved: Reserved,
 ) -> None:
     """Do what ``command`` says (on the supervisor thread)."""
     match command:
@@ -145,21 +167,34 @@ def run(
             # Python 3.11 capturing its field costs more than the rest of its handling.
             live[command.attempt.task_id] = command.attempt
             pending.append(command.attempt)
-        case Kill(task_id, outcome, detail):
-            if (found := live.get(task_id)) is not None:
-                kill(found, pending, collect, outcome, detail)
-        case Fence(task_id, deadline):
-            if (found := live.get(task_id)) is not None:
-                extend_fence(found, deadline)
-        case Soft(task_id):
-            if (found := live.get(task_id)) is not None:
-                soft_stop(found)
+            for early in reserved.submitted(command.attempt.task_id):
+                run(early, live, pending, children, collect, reserved)
+        case Kill() | Fence() | Soft():
+            if (found := live.get(command.task_id)) is None:
+                reserved.hold(command)  # ended, or not submitted yet (then done when it is)
+            else:
+                _act_on(found, command, pending, collect)
         case EndUnstarted(outcome, detail):
             while pending:
                 pending.popleft().settle(outcome, None, detail=detail)
         case Close(cancel):
             if cancel:
                 cancel_all(children, pending)
+
+
+def _act_on(
+    attempt: Attempt,
+    command: Kill | Fence | Soft,
+    pending: deque[Attempt],
+    collect: Callable[[Child], Any],
+) -> None:
+    match command:
+        case Kill(_, outcome, detail):
+            kill(attempt, pending, collect, outcome, detail)
+        case Fence(_, deadline):
+            extend_fence(attempt, deadline)
+        case Soft():
+            soft_stop(attempt)
 
 
 def kill(

@@ -238,7 +238,9 @@ class Pool:
     def new_task_id(self) -> int:
         """A task id to give ``execute``. The attempt may start, and be worth killing,
         before ``execute`` returns to its caller's thread: a caller that others may ask
-        to kill it (a cancel, a lost lease) records its id first."""
+        to kill it (a cancel, a lost lease) records its id first. A ``kill``,
+        ``soft_stop`` or ``extend_fence`` that names it before ``execute`` is kept and
+        done when the attempt comes (a kill then ends it unstarted)."""
         return self._supervisor.new_task_id()
 
     def kill(self, task_id: int, outcome: Outcome, detail: str) -> None:

@@ -96,6 +96,7 @@ class Supervisor:
         self._task_ids = itertools.count(1)
         self._mail = Mailbox()
         self._live: dict[int, Attempt] = {}  # every attempt not yet settled, by task id
+        self._reserved = commands.Reserved()  # ids given out, not submitted yet
         self._pending: deque[Attempt] = deque()
         self._children: list[Child] = []
         self._idle: list[Child] = []
@@ -139,8 +140,10 @@ class Supervisor:
         self._spawned.wait()
 
     def new_task_id(self) -> int:
-        """A task id for a later ``submit``."""
-        return next(self._task_ids)
+        """A task id for a later ``submit``; commands naming it before then wait for it."""
+        task_id = next(self._task_ids)
+        self._reserved.ids.add(task_id)
+        return task_id
 
     def submit(self, task: Task, on_done: OnDone, task_id: int | None = None) -> int:
         """Queue ``task``; returns its task id (what ``Kill``, ``Fence`` and ``Soft`` name):
@@ -238,7 +241,7 @@ class Supervisor:
     def _on_wake(self, _fd: Any) -> None:
         queue, live, pending, collect = self._mail.take(), self._live, self._pending, self._collect
         while queue:
-            commands.run(queue.popleft(), live, pending, self._children, collect)
+            commands.run(queue.popleft(), live, pending, self._children, collect, self._reserved)
         # Commands come with every lease renewal while jobs run: the guard's beat is
         # looked at that often, and costs a read of shared memory.
         self._guard.check(time.monotonic())

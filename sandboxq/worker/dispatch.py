@@ -163,7 +163,11 @@ class Dispatcher:
             self._finish([(job, unstarted_ack(job, *late, self._id))], held=False)
             return False
         token = job.token
-        lease = Lease(job.id, token, 0, job.claimed_at)
+        # The attempt's id first, before anything can find the lease and ask for a kill
+        # by it (a cancel, a lost lease): the pool keeps such a kill until the attempt
+        # comes, and the attempt can start before this thread runs again (a loaded
+        # machine).
+        lease = Lease(job.id, token, self._pool.new_task_id(), job.claimed_at)
         self._inflight.add(Held(job, lease))
         events = self.events
         spans = self._spans
@@ -181,9 +185,6 @@ class Dispatcher:
         )
         if spans is not None:  # tracing: the attempt's span opens at claim
             spans.attach(job, task)
-        # The id first: the attempt can start, and a cancel or a lost lease ask for its
-        # kill by this id, before this thread runs again (a loaded machine).
-        lease.task_id = self._pool.new_task_id()
         try:
             self._pool.execute(task, ended, task_id=lease.task_id)
         except Exception as exc:  # a broken or closing pool: the job goes back, uncharged
