@@ -415,6 +415,36 @@ def test_tree_walk_finds_a_child_forked_by_a_thread_other_than_the_first(
         child.wait(5)
 
 
+@pytest.mark.timeout(30)
+def test_tree_walk_finds_every_child_of_a_process_with_a_thousand() -> None:
+    """A children list gives at most a page a read (some 800 pids): a sweep that read it
+    once would leave the rest of a wide fork burst running."""
+    import subprocess
+    import sys
+
+    from sandboxq.pool import kill
+
+    script = (
+        "import os, signal\n"
+        "for _ in range(1000):\n"
+        "    if os.fork() == 0:\n"
+        "        signal.pause()\n"
+        "        os._exit(0)\n"
+        "signal.pause()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        wait_for(lambda: len(kill.children_of(child.pid)) >= 1000, 20, "a thousand children")
+        stopped = kill.stop_tree(child.pid, include_root=True)
+        assert len(stopped) == 1001
+        kill.kill_tree(child.pid)
+        assert child.wait(10) == -signal.SIGKILL
+        wait_for(lambda: all(kill.ended(pid) for pid in stopped), 10, "every child killed")
+    finally:
+        kill.kill_tree(child.pid)
+        child.wait(10)
+
+
 @pytest.mark.timeout(20)
 def test_tree_walk_finds_grandchildren_that_left_the_group_either_way(
     monkeypatch: pytest.MonkeyPatch,
