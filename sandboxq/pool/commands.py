@@ -18,9 +18,8 @@ wake pipe the supervisor's select watches); the supervisor thread runs them in o
 not yet settled; an id that is not there has ended already, and the command does nothing,
 unless it was given out (``Pool.new_task_id``) and not submitted yet: a cancel or a lost
 lease can name an attempt before its ``Submit`` comes, and is then done as it comes
-(``Reserved``). An attempt that ends here
-reports itself (``Attempt.settle``); ``collect`` reads what a child already sent, so an
-attempt that returned is not killed.
+(``Reserved``). An attempt that ends here reports itself (``Attempt.settle``);
+``collect`` reads what a child already sent, so an attempt that returned is not killed.
 """
 
 from __future__ import annotations
