@@ -4,11 +4,15 @@ and nothing is left running."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -370,6 +374,19 @@ def test_unpicklable_arguments_fail_at_submit() -> None:
         pool.submit(threading.Lock())
 
 
+@contextlib.contextmanager
+def script_tree(script: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -c script`` in a session of its own; its whole tree killed at the end."""
+    from sandboxq.pool import kill
+
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        yield child
+    finally:
+        kill.kill_tree(child.pid)
+        child.wait(10)
+
+
 _THREAD_FORKS = (
     "import ctypes, platform, subprocess, sys, threading, time\n"
     "def start():\n"
@@ -396,13 +413,9 @@ def test_tree_walk_finds_a_child_forked_by_a_thread_other_than_the_first(
     list per thread, and a child forked by a second thread is only in that thread's. A
     first thread that exited while the second lives on still counts (the kernel keeps
     it till the process ends), so the second's list is read then too."""
-    import subprocess
-    import sys
-
     from sandboxq.pool import kill
 
-    child = subprocess.Popen([sys.executable, "-c", first_thread], start_new_session=True)
-    try:
+    with script_tree(first_thread) as child:
         wait_for(lambda: kill.descendants(child.pid), 10, "the child the thread started")
         [grandchild] = [p.pid for p in kill.descendants(child.pid)]
         assert len(os.listdir(f"/proc/{child.pid}/task")) == 2  # an exited first one stays
@@ -410,18 +423,12 @@ def test_tree_walk_finds_a_child_forked_by_a_thread_other_than_the_first(
         kill.kill_tree(child.pid)
         assert child.wait(5) == -signal.SIGKILL
         wait_for(lambda: kill.ended(grandchild), 5, "the grandchild killed")
-    finally:
-        kill.kill_tree(child.pid)
-        child.wait(5)
 
 
 @pytest.mark.timeout(30)
 def test_tree_walk_finds_every_child_of_a_process_with_a_thousand() -> None:
     """A children list gives at most a page a read (some 800 pids): a sweep that read it
     once would leave the rest of a wide fork burst running."""
-    import subprocess
-    import sys
-
     from sandboxq.pool import kill
 
     script = (
@@ -432,17 +439,13 @@ def test_tree_walk_finds_every_child_of_a_process_with_a_thousand() -> None:
         "        os._exit(0)\n"
         "signal.pause()\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    try:
+    with script_tree(script) as child:
         wait_for(lambda: len(kill.children_of(child.pid)) >= 1000, 20, "a thousand children")
         stopped = kill.stop_tree(child.pid, include_root=True)
         assert len(stopped) == 1001
         kill.kill_tree(child.pid)
         assert child.wait(10) == -signal.SIGKILL
         wait_for(lambda: all(kill.ended(pid) for pid in stopped), 10, "every child killed")
-    finally:
-        kill.kill_tree(child.pid)
-        child.wait(10)
 
 
 @pytest.mark.timeout(20)
@@ -451,9 +454,6 @@ def test_tree_walk_finds_grandchildren_that_left_the_group_either_way(
 ) -> None:
     """The kernel's per-thread children lists and psutil's full scan find the same tree
     (a child, its grandchild in the group and one that called setsid)."""
-    import subprocess
-    import sys
-
     from sandboxq.pool import kill
 
     script = (
@@ -463,8 +463,7 @@ def test_tree_walk_finds_grandchildren_that_left_the_group_either_way(
         " start_new_session=True)\n"
         "time.sleep(30)\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    try:
+    with script_tree(script) as child:
         wait_for(lambda: len(kill.descendants(child.pid)) >= 2, 10, "the child and grandchild")
         fast = sorted(p.pid for p in kill.descendants(child.pid))
         monkeypatch.setattr(kill, "_CHILDREN_LISTS", False)
@@ -472,6 +471,3 @@ def test_tree_walk_finds_grandchildren_that_left_the_group_either_way(
         assert len(fast) == 2 and fast == scanned
         kill.kill_tree(child.pid, kill.descendants(child.pid))
         assert child.wait(5) == -signal.SIGKILL
-    finally:
-        kill.kill_tree(child.pid)
-        child.wait(5)
