@@ -321,7 +321,9 @@ with Pool("tests.support.where:print_and_return", size=1, capture_output=sys.arg
           containment="process_tree") as pool:
     done = Future()
     pool.execute(pool.make_task("OUT-LINE", 1, "ERR-LINE"), done.set_result)
-    print("kept:", repr(done.result(timeout=20).output), file=sys.stderr)
+    # one write: the relay thread may write ERR-LINE at the same moment (a print writes
+    # its parts one by one to an unbuffered stderr)
+    sys.stderr.write(f"kept: {done.result(timeout=20).output!r}\\n")
 """
 
 
