@@ -308,6 +308,11 @@ class ContainmentSettings(_Settings):
     network: NetworkSwitch = setting_field(
         True, "off: children run in a network namespace with loopback only (root)"
     )
+    pid_namespace: Switch = setting_field(
+        False,
+        "children run in PID namespaces of their own: the kernel ends what each started "
+        "when it dies (root)",
+    )
 
 
 class ChildSettings(ContainmentSettings):

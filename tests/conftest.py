@@ -14,11 +14,13 @@ import redis
 
 from sandboxq import Queue
 from sandboxq.pool.containment import probe
+from sandboxq.pool.privileges import pid_namespace_refused
 from sandboxq.testing import processes
 from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.workers import BackgroundWorkers
 
 MODE, WHY = probe()
+PID_NAMESPACE_REFUSED = pid_namespace_refused()
 
 # The project's own test bench (tests/support) holds processors too: every process a
 # test starts (`sandboxq worker`, a script) finds it, whatever its working directory.
@@ -28,7 +30,26 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("
 
 def pytest_report_header() -> str:
     """Which containment the pools of this run get: the cgroup-only tests skip without one."""
-    return f"sandboxq containment: {MODE} ({WHY})"
+    namespace = PID_NAMESPACE_REFUSED or "allowed"
+    return f"sandboxq containment: {MODE} ({WHY}); PID namespaces: {namespace}"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(False, id="own-pids"),
+        pytest.param(
+            True,
+            marks=pytest.mark.skipif(
+                PID_NAMESPACE_REFUSED is not None,
+                reason=f"no PID namespace here: {PID_NAMESPACE_REFUSED}",
+            ),
+            id="pid-namespace",
+        ),
+    ]
+)
+def pid_namespace(request: pytest.FixtureRequest) -> bool:
+    """Both: children in the worker's PID namespace, and each in one of its own."""
+    return bool(request.param)
 
 
 @pytest.fixture(

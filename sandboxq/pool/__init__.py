@@ -16,6 +16,7 @@ guard.py        the guard, a process of the pool's own that enforces fence deadl
 kill.py server.py containment.py cgroups.py limits.py   kills, orphans, control groups
 privileges.py   what a child gives up before its processor loads (read-only cgroup
                 mounts, capabilities, user and group, network)
+pid_namespace.py  a child in a PID namespace of its own, whose processes end with it
 pool_lock.py    a pool's lifetime lock on its groups: cleanup touches only the dead
 teardown.py     a deadline kill settled once nothing of the attempt can run
 """

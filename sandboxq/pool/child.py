@@ -1,8 +1,9 @@
 """The child's main loop. Runs in the child process; never imports Redis code.
 
-    start: only its channel and stdio kept (descriptors.py) → join its control group,
-           set rlimits (limits.py) → setsid (own process group) → subreaper → stop when
-           the parent dies → import the processor → Ready
+    start: only its channel and stdio kept (descriptors.py) → (pid_namespace=True: on
+           as pid 2 of a PID namespace of its own, pid_namespace.py) → join its control
+           group, set rlimits (limits.py) → setsid (own process group) → subreaper → stop
+           when the parent dies → import the processor → Ready
     loop:  Run ─► decode args ─► processor(*args, **kwargs) ─► encode result ─┐
                                         │ raised / SoftTimeout                 │
                                         ▼                                      ▼
@@ -51,7 +52,7 @@ from typing import Any
 
 from sandboxq import codec, tracing
 from sandboxq.errors import SandboxqError, SoftTimeout
-from sandboxq.pool import descriptors, limits, linux, output, stacks
+from sandboxq.pool import descriptors, limits, linux, output, pid_namespace, stacks
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
@@ -249,9 +250,11 @@ def child_main(
     # tracker or another helper stays reachable (descriptors.py).
     given = () if stack_fd is None else (stack_fd,)
     descriptors.isolate(sock.fileno(), *given)
+    setup = setup or limits.ChildSetup()
+    if setup.privileges.pid_namespace:
+        pid_namespace.enter()  # from here on: pid 2 of a PID namespace of its own
     if stack_fd is not None:
         stacks.arm(stack_fd)  # where it hangs or crashes, for the parent (stacks.py)
-    setup = setup or limits.ChildSetup()
     limits.enter(setup)  # then its control group and rlimits cover all that follows
     _soft_task_id = soft_task_id
     conn = Channel(sock)

@@ -59,15 +59,13 @@ class Containment:
         pool_dirs: Mapping[str, str] | None = None,
         max_processes: int | None = None,
         *,
-        uid: int | None = None,
-        gid: int | None = None,
-        network: bool = True,
+        asked: privileges.Asked = privileges.DEFAULT_ASK,
         lock: PoolLock | None = None,
     ) -> None:
         self.mode: Mode = mode
         self._lock = lock  # held while the pool lives: its groups are not stale
         self.why = why  # how the mode was chosen, in words (logged once)
-        given_up, self._owner, protections = privileges.plan(bool(pool_dirs), uid, gid, network)
+        given_up, self._owner, protections = privileges.plan(bool(pool_dirs), asked)
         #: What keeps a handler from lifting its limits, in words (privileges.py).
         self.protections: tuple[str, ...] = protections
         self._setup = replace(setup, privileges=given_up)  # the same for every child
@@ -75,6 +73,11 @@ class Containment:
         self._max_processes = max_processes
         self._numbers = itertools.count(1)
         self._lingering: list[Group] = []
+
+    @property
+    def pid_namespace(self) -> bool:
+        """Whether each child runs in a PID namespace of its own (pid_namespace.py)."""
+        return self._setup.privileges.pid_namespace
 
     @property
     def pool_dirs(self) -> dict[str, str]:
@@ -157,17 +160,14 @@ def detect(
     *,
     mountinfo: str = "/proc/self/mountinfo",
     own_cgroups: str = "/proc/self/cgroup",
-    uid: int | None = None,
-    gid: int | None = None,
-    network: bool = True,
+    asked: privileges.Asked = privileges.DEFAULT_ASK,
 ) -> Containment:
     """Choose the mode, create this pool's group, and log once which mode is in force and
-    which protections (``uid``/``gid``: the children's, None: the worker's own; ``network``
-    False: children with loopback only).
+    which protections (what the settings ``asked`` of the children: privileges.py).
 
     ``mountinfo`` and ``own_cgroups`` are the kernel's files; tests hand others.
     """
-    chosen = _choose(setting, setup, max_processes, mountinfo, own_cgroups, uid, gid, network)
+    chosen = _choose(setting, setup, max_processes, mountinfo, own_cgroups, asked)
     log.info("containment protections: %s", ", ".join(chosen.protections) or "none")
     return chosen
 
@@ -178,18 +178,14 @@ def _choose(
     max_processes: int | None,
     mountinfo: str,
     own_cgroups: str,
-    uid: int | None,
-    gid: int | None,
-    network: bool,
+    asked: privileges.Asked,
 ) -> Containment:
     if setting == "process_tree":
         chosen = Containment(
             "process_tree",
             "forced by the containment setting",
             setup,
-            uid=uid,
-            gid=gid,
-            network=network,
+            asked=asked,
         )
         log.info("containment: process_tree (%s)", chosen.why)
         return chosen
@@ -212,9 +208,7 @@ def _choose(
             setup,
             dirs,
             max_processes,
-            uid=uid,
-            gid=gid,
-            network=network,
+            asked=asked,
             lock=lock,
         )
         log.info("containment: %s (%s; max_processes=%s)", mode, chosen.why, max_processes)
@@ -232,9 +226,7 @@ def _choose(
         "process_tree",
         f"control groups not writable: {why}",
         setup,
-        uid=uid,
-        gid=gid,
-        network=network,
+        asked=asked,
     )
 
 

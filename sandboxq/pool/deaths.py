@@ -52,7 +52,7 @@ def bury(child: Child, exitcode: int | None, pending: deque[Attempt], contain: C
         # a control group, the group holds it wherever it went).
         child.kill_all(run.tree if run else ())
         server.sweep_orphans()
-    server.forget(child.pid)
+    server.forget(child.process.pid)
     if run is not None:
         settle_death(child, run, exitcode, pending)
     # After: its OOM-kill counter names the outcome. Never waited for after a deadline kill.
@@ -141,8 +141,8 @@ def stop_all(children: list[Child], pending: deque[Attempt]) -> None:
             child.stacks.close()
         if child.output is not None:
             child.output.close()
+        server.forget(child.process.pid)
         child.process.close()
-        server.forget(child.pid)
     server.sweep_orphans()  # kept strays and daemons of children that died on their own
 
 

@@ -68,6 +68,8 @@ class Child:
         self.soft_task_id = soft_task_id  # shared: which attempt the soft signal is meant for
         self.fence = Fence(None)  # its slot in the guard's table (guard.py), once guarded
         self.shared = shared  # shared: the task it started last, the tasks withdrawn (child.py)
+        #: The process that runs the handler: the one the pool started, or with a PID
+        #: namespace (pid_namespace.py), from Ready on, the one two below it.
         self.pid: int = process.pid
         self.ready = False
         self.retiring = False

@@ -27,7 +27,7 @@ from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.commands import EndUnstarted, Fence, Kill, Soft
 from sandboxq.pool.containment import detect
 from sandboxq.pool.limits import ChildSetup
-from sandboxq.pool.privileges import resolve_user
+from sandboxq.pool.privileges import Asked, resolve_user
 from sandboxq.pool.supervisor import Supervisor
 from sandboxq.processor import resolve_within, split_path
 from sandboxq.settings import (
@@ -103,6 +103,7 @@ class Pool:
         user: str | int | None = None,
         group: str | int | None = None,
         network: bool = True,
+        pid_namespace: bool = False,
     ) -> None:
         # Every keyword is the setting of that name, with its default.
         s = from_call(PoolSettings, locals())
@@ -136,9 +137,8 @@ class Pool:
             max_address_space_mb=s.max_address_space_mb,
         )
         uid, gid = resolve_user(s.user, s.group)
-        self._containment = detect(
-            s.containment, limits, s.max_processes, uid=uid, gid=gid, network=s.network
-        )
+        asked = Asked(uid, gid, s.network, s.pid_namespace)
+        self._containment = detect(s.containment, limits, s.max_processes, asked=asked)
         self._supervisor = Supervisor(
             # A processor run as another user is imported by each child once it is that
             # user, never by the fork server (root) beforehand.

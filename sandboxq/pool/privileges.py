@@ -1,10 +1,13 @@
 """What a child gives up before any of its user's code runs, so that a handler cannot
 lift its own limits, even as root.
 
-    pool start (parent): plan(cgroup mode?, user, group) ──► Privileges, protections in words
+    pool start (parent): plan(cgroup mode?, Asked: user, group, network, PID namespace)
+                         ──► Privileges, protections in words
     spawn (parent):      the child's group created, its files chowned to GROUP_OWNER_UID
                          when the child will run as root (cgroups.Group.create)
-    child start:         limits.enter ─► join its group ─► rlimits ─► drop(privileges):
+    child start:         (pid_namespace=True: into a PID namespace of its own, with
+                         ``own_proc``: pid_namespace.py)
+                         limits.enter ─► join its group ─► rlimits ─► drop(privileges):
                            1. a mount namespace of its own, in which every cgroup mount is
                               read-only (a write there fails with EROFS)
                            2. the capability bounding set emptied (no exec can get one back)
@@ -40,6 +43,7 @@ import grp
 import os
 import pwd
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sandboxq.errors import ConfigError
@@ -53,6 +57,7 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
+CLONE_NEWPID = 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_SLAVE = 32, 4096, 16384, 1 << 19
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
@@ -85,16 +90,38 @@ class Privileges:
     gid: int | None = None
     #: A network namespace of its own, with loopback only (``network=False``).
     no_network: bool = False
+    #: The child runs in a PID namespace of its own, with its /proc (pid_namespace.py).
+    pid_namespace: bool = False
 
 
 #: A child that keeps what the worker has.
 NO_CHANGE = Privileges()
 
 
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What the pool's settings ask of its children (``plan`` says what they get)."""
+
+    uid: int | None = None  # None: the worker's own
+    gid: int | None = None
+    network: bool = True  # False: loopback only
+    pid_namespace: bool = False  # True: a PID namespace per child, or an error
+
+
+#: The settings' defaults: the worker's user, a network, the worker's PID namespace.
+DEFAULT_ASK = Asked()
+
+
 def _check(result: int, what: str) -> None:
     if result != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare(flags: int, what: str) -> None:
+    """unshare(2); raises ``OSError`` naming ``what`` when the kernel refuses."""
+    assert _libc is not None
+    _check(_libc.unshare(flags), what)
 
 
 def _prctl(option: int, value: int, arg3: int = 0) -> None:
@@ -121,7 +148,7 @@ def drop(privileges: Privileges) -> None:
     if _libc is None:
         return
     if privileges.no_network:
-        _check(_libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        unshare(_CLONE_NEWNET, "unshare(CLONE_NEWNET)")
         _loopback_up()
     if privileges.read_only:
         _read_only_groups(privileges.read_only)
@@ -159,11 +186,17 @@ def _loopback_up() -> None:
         fcntl.ioctl(s.fileno(), siocsifflags, struct.pack("16sH22x", b"lo", flags | iff_up))
 
 
-def _read_only_groups(mounts: tuple[tuple[str, int], ...]) -> None:
+def _own_mounts() -> None:
+    """A mount namespace of the caller's own."""
     assert _libc is not None
-    _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    unshare(_CLONE_NEWNS, "unshare(CLONE_NEWNS)")
     # Slave: mounts made on the machine still reach us; nothing we change goes back.
     _check(_libc.mount(None, b"/", None, ctypes.c_ulong(_MS_REC | _MS_SLAVE), None), "mount /")
+
+
+def _read_only_groups(mounts: tuple[tuple[str, int], ...]) -> None:
+    assert _libc is not None
+    _own_mounts()
     for point, flags in mounts:
         flags |= _MS_BIND | _MS_REMOUNT | _MS_RDONLY
         _check(
@@ -233,16 +266,26 @@ def resolve_user(user: str | int | None, group: str | int | None) -> tuple[int |
 
 
 def plan(
-    cgroups: bool, uid: int | None = None, gid: int | None = None, network: bool = True
+    cgroups: bool, asked: Asked = DEFAULT_ASK
 ) -> tuple[Privileges, int | None, tuple[str, ...]]:
     """What children give up, the uid their group files must be owned by (None: leave
     them as created), and the protections in force, in words (logged once, shown in the
-    worker record). Raises ``ConfigError`` when ``network=False`` cannot be had here."""
+    worker record). Raises ``ConfigError`` when ``network=False`` or ``pid_namespace``
+    cannot be had here."""
+    uid, gid, network = asked.uid, asked.gid, asked.network
     root = os.geteuid() == 0
+    not_root = f"the worker runs as uid {os.geteuid()}"
     protections: list[str] = []
+    if asked.pid_namespace:
+        if refused := pid_namespace_refused():
+            raise ConfigError(
+                f"pid_namespace=True needs a PID namespace per child with a /proc of its "
+                f"own, which this machine refuses: {refused} (it needs root with "
+                f"CAP_SYS_ADMIN)"
+            )
+        protections.append("a PID namespace per child")
     if not network:
-        refused = _refused(_CLONE_NEWNET) if root else f"the worker runs as uid {os.geteuid()}"
-        if refused:
+        if refused := _refused(_unshare_probe(_CLONE_NEWNET)) if root else not_root:
             raise ConfigError(
                 f"network=False needs a network namespace per child, which this machine "
                 f"refuses: {refused} (it needs root with CAP_SYS_ADMIN)"
@@ -258,10 +301,10 @@ def plan(
             # The groups were delegated to the worker's uid, which the child shares: its
             # own files stay writable to it.
             protections.append("group files writable by the child (not run as root)")
-        return Privileges(), None, tuple(protections)
+        return Privileges(pid_namespace=asked.pid_namespace), None, tuple(protections)
     read_only = cgroup_mounts() if cgroups else ()
     owner = GROUP_OWNER_UID if cgroups and uid in (None, 0) else None
-    if read_only and (refused := _refused(_CLONE_NEWNS)):
+    if read_only and (refused := _refused(_unshare_probe(_CLONE_NEWNS))):
         read_only = ()
         protections.append(f"cgroup mounts writable (no mount namespace: {refused})")
     elif read_only:
@@ -269,18 +312,23 @@ def plan(
     if owner is not None:
         protections.append(f"group files owned by uid {owner}")
     protections += ["no capabilities", "no_new_privs"]
-    return Privileges(read_only, True, uid, gid, not network), owner, tuple(protections)
+    given_up = Privileges(read_only, True, uid, gid, not network, asked.pid_namespace)
+    return given_up, owner, tuple(protections)
 
 
-def _refused(flags: int) -> str | None:
-    """Why the kernel refuses a child the namespaces ``flags`` names (None: it allows
-    them), tried in a forked process that does nothing else."""
+def _refused(attempt: Callable[[], None]) -> str | None:
+    """Why the kernel refuses ``attempt`` (None: it allows it), tried in a forked process
+    that does nothing else; ``attempt`` raises ``OSError`` when refused."""
     if _libc is None:
         return "not Linux"
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the forked probe
-        code = 0 if _libc.unshare(flags) == 0 else ctypes.get_errno() or 1
+        try:
+            attempt()
+            code = 0
+        except OSError as exc:
+            code = exc.errno or 1
         os.write(w, bytes([min(code, 255)]))
         os._exit(0)
     os.close(w)
@@ -289,3 +337,41 @@ def _refused(flags: int) -> str | None:
     os.waitpid(pid, 0)
     code = answer[0] if answer else 255
     return None if code == 0 else os.strerror(code)
+
+
+def pid_namespace_refused() -> str | None:
+    """Why this machine refuses children PID namespaces of their own (None: it allows
+    them): tried as a child does it, in a forked process."""
+    if os.geteuid() != 0:
+        return f"the worker runs as uid {os.geteuid()}"
+    return _refused(_pid_namespace_probe)
+
+
+def _unshare_probe(flags: int) -> Callable[[], None]:
+    return lambda: unshare(flags, f"unshare({flags:#x})")
+
+
+def _pid_namespace_probe() -> None:
+    """What a child does to enter its PID namespace (pid_namespace.py), up to the fork of
+    the handler's process: a new namespace, its first process, its /proc."""
+    unshare(CLONE_NEWPID, "unshare(CLONE_NEWPID)")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the namespace's first process
+        try:
+            own_proc()
+            code = 0
+        except OSError as exc:
+            code = exc.errno or 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if code := os.waitstatus_to_exitcode(status):
+        raise OSError(code if code > 0 else 1, "in a new PID namespace")
+
+
+def own_proc() -> None:
+    """In the first process of a new PID namespace: a mount namespace of its own, whose
+    ``/proc`` shows that PID namespace (its pids, its processes only)."""
+    assert _libc is not None
+    _own_mounts()
+    flags = ctypes.c_ulong(_MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _check(_libc.mount(b"proc", b"/proc", b"proc", flags, None), "mount /proc")

@@ -58,6 +58,7 @@ from sandboxq.pool.handles import Child, readable
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready
 from sandboxq.pool.output import Relay
+from sandboxq.pool.pid_namespace import inner_pid
 from sandboxq.pool.running import Attempt, OnDone, call
 from sandboxq.pool.spawn import Spawner
 
@@ -329,6 +330,10 @@ class Supervisor:
                 call(run.task.on_progress, msg.fraction, msg.message)
         elif kind is Ready:
             child.ready = True
+            if self._contain.pid_namespace:
+                # Signals and memory samples go to the handler's own process, two below
+                # the one the pool started (pid_namespace.py).
+                child.pid = inner_pid(child.process.pid) or child.pid
             self._start_failures = 0
             if self._max_growth_mb is not None:
                 child.rss_ready = child.rss()

@@ -119,3 +119,26 @@ def _cmdline(proc: psutil.Process) -> str:
         return " ".join(proc.cmdline())
     except psutil.Error:
         return ""
+
+
+def in_namespace_of(pid: int, inner: Iterable[int]) -> list[int]:
+    """The pids, as this process sees them, of ``inner``: pids in ``pid``'s own PID
+    namespace (what a handler sees and records with ``pid_namespace=True``); those gone
+    are left out."""
+    wanted = set(inner)
+    try:
+        namespace = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.readlink(f"/proc/{proc.pid}/ns/pid") != namespace:
+                continue
+            with open(f"/proc/{proc.pid}/status") as f:
+                nspid = next(line for line in f if line.startswith("NSpid:")).split()
+        except (OSError, StopIteration):
+            continue
+        if int(nspid[-1]) in wanted:
+            found.append(proc.pid)
+    return found

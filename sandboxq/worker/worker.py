@@ -140,6 +140,7 @@ class SandboxWorker:
         user: str | int | None = None,
         group: str | int | None = None,
         network: bool = True,
+        pid_namespace: bool = False,
     ) -> None:
         # Every keyword but backend_options is the setting of that name, with its default.
         self.settings = s = from_call(WorkerSettings, locals())

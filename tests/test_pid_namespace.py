@@ -1,0 +1,231 @@
+"""``pid_namespace=True``: each child runs in a PID namespace of its own
+(pid_namespace.py), so whatever a handler starts dies with its child, even when the
+worker, its fork server and its guard all die at once and no process of the pool is left
+to kill anything; and a child in one ends its attempts exactly as one without."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from sandboxq import Pool
+from sandboxq.models import Outcome
+from sandboxq.pool.attempt import AttemptResult
+from sandboxq.pool.kill import state
+from sandboxq.pool.privileges import pid_namespace_refused
+from sandboxq.testing.processes import still_running
+from sandboxq.testing.waiting import wait_for
+
+H = "sandboxq.testing.handlers:"
+NS = "tests.support.pidns:"
+
+REFUSED = pid_namespace_refused()
+pytestmark = pytest.mark.skipif(REFUSED is not None, reason=f"no PID namespace here: {REFUSED}")
+
+WORKER = textwrap.dedent(
+    """
+    import sys, time
+    from sandboxq import Pool
+    from sandboxq.testing.processes import in_namespace_of
+    pool = Pool("sandboxq.testing.handlers:daemonize_grandchild", size=1,
+                containment=sys.argv[2], pid_namespace=sys.argv[3] == "on")
+    pool.submit(sys.argv[1], "hang")
+    while not open(sys.argv[1]).read().strip():
+        time.sleep(0.01)
+    child = pool._supervisor._children[0]
+    daemon = [int(p) for p in open(sys.argv[1]).read().split()]
+    if sys.argv[3] == "on":  # the handler wrote its namespace's pid
+        daemon = in_namespace_of(child.pid, daemon)
+    print(pool._supervisor._guard.pid, child.process.pid, child.pid, *daemon, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@contextlib.contextmanager
+def _everything_killed(containment: str, tmp_path: Path, namespace: str) -> Iterator[list[int]]:
+    """A worker whose handler started a daemon, then the worker's process group (the
+    worker, its fork server) and its guard killed at once. Yields [daemon, child, the
+    process the pool started]; kills whatever of them is left at the end."""
+    pid_file = tmp_path / "pids"
+    pid_file.write_text("")
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER, str(pid_file), containment, namespace],
+        stdout=subprocess.PIPE,
+        start_new_session=True,  # its own process group: the worker and its fork server
+    )
+    pids: list[int] = []
+    try:
+        assert worker.stdout is not None
+        guard, outer, child, *daemon = (int(p) for p in worker.stdout.readline().split())
+        pids = [*daemon, child, outer, guard]
+        assert len(daemon) == 1 and still_running(daemon)
+        os.kill(guard, signal.SIGKILL)
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        yield [*daemon, child, outer]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        if worker.stdout is not None:
+            worker.stdout.close()
+        for pid in still_running(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(60)
+def test_a_daemon_dies_when_the_worker_its_fork_server_and_its_guard_all_die(
+    containment: str, tmp_path: Path
+) -> None:
+    with _everything_killed(containment, tmp_path, "on") as pids:
+        wait_for(lambda: not still_running(pids), 10, "the daemon and its child to die")
+
+
+@pytest.mark.timeout(60)
+def test_without_a_namespace_the_daemon_outlives_them(tmp_path: Path) -> None:
+    """The same kill with ``pid_namespace`` off: the child is left stopped and the daemon
+    runs on (what the README's containment table says of that mode)."""
+    with _everything_killed("process_tree", tmp_path, "off") as (daemon, child, _):
+        wait_for(lambda: state(child) == b"T", 10, "the child to be stopped")
+        assert still_running([daemon])
+
+
+@pytest.mark.timeout(60)
+def test_the_handler_sees_its_namespace_and_only_it(containment: str) -> None:
+    with Pool(NS + "what_i_see", 1, containment=containment, pid_namespace=True) as pool:
+        assert "a PID namespace per child" in pool.protections
+        seen = pool.submit().result(timeout=30)
+        child = pool._supervisor._children[0]
+        # The handler is pid 2 (its namespace's first process is the reaper); its /proc
+        # shows that namespace only, and a process it starts gets the next pid there.
+        assert (seen["pid"], seen["ppid"], seen["nspid"]) == (2, 1, [2])
+        assert seen["proc"][:2] == [1, 2] and len(seen["proc"]) <= 4, seen["proc"]
+        assert seen["started"][1] == 2 and seen["started"][0] > 2
+        assert seen["thread_ran"]  # the reason the handler is not the namespace's maker
+        # The pool signals and samples that process, under its own pid here.
+        assert child.pid != child.process.pid
+        with open(f"/proc/{child.pid}/status") as f:
+            assert f"\t{child.pid}\t2" in next(line for line in f if line.startswith("NSpid:"))
+
+
+def _ending(pool: Pool, *args: Any) -> AttemptResult:
+    from concurrent.futures import Future
+
+    done: Future[AttemptResult] = Future()
+    pool.execute(pool.make_task(*args), done.set_result)
+    return done.result(timeout=30)
+
+
+ENDINGS = [
+    ("returns", H + "echo", (7,)),
+    ("raises", H + "raise_unpicklable", ()),
+    ("os._exit(3)", H + "os_exit", (3,)),
+    ("sys.exit(4)", H + "sys_exit", (4,)),
+    ("segfault", H + "segfault", ()),
+    ("abort", H + "abort", ()),
+    ("SIGKILL to itself", NS + "kill_myself", (int(signal.SIGKILL),)),
+    ("SIGTERM to itself", NS + "kill_myself", (int(signal.SIGTERM),)),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("how", "handler", "args"), ENDINGS, ids=[e[0] for e in ENDINGS])
+def test_a_child_in_a_namespace_ends_its_attempt_as_one_without(
+    how: str, handler: str, args: tuple[Any, ...]
+) -> None:
+    """The outcome, its cause and its exit code are the same with and without: the
+    process the pool started ends as the handler's process did."""
+    endings = {}
+    for namespace in (True, False):
+        with Pool(handler, 1, containment="process_tree", pid_namespace=namespace) as pool:
+            r = _ending(pool, *args)
+            cause = r.cause.replace(str(r.pid), "PID")
+            endings[namespace] = (r.outcome, r.exitcode, r.signal, cause)
+    assert endings[True] == endings[False], how
+
+
+@pytest.mark.timeout(60)
+def test_soft_and_hard_timeouts_and_stacks_reach_the_handler(containment: str) -> None:
+    with Pool(
+        H + "ignore_signals",
+        1,
+        containment=containment,
+        pid_namespace=True,
+        soft_timeout_s=0.3,
+        hard_timeout_s=1.0,
+    ) as pool:
+        r = _ending(pool)
+    assert r.outcome is Outcome.HARD_TIMEOUT, r.cause
+    assert r.traceback and "ignore_signals" in r.traceback  # its stack, dumped on request
+    with Pool(
+        H + "sleep_forever", 1, containment=containment, pid_namespace=True, soft_timeout_s=0.3
+    ) as pool:
+        r = _ending(pool)
+    assert r.outcome is Outcome.SOFT_TIMEOUT, r.cause
+
+
+@pytest.mark.timeout(60)
+def test_a_burst_is_killed_on_time_and_leaves_no_zombie(containment: str, tmp_path: Path) -> None:
+    with Pool(
+        H + "fork_burst", 1, containment=containment, pid_namespace=True, hard_timeout_s=1.0
+    ) as pool:
+        r = _ending(pool, str(tmp_path / "pids"), 200, "hang")
+        assert r.outcome is Outcome.HARD_TIMEOUT, r.cause
+        me = psutil.Process()
+
+        def zombies() -> list[int]:
+            found = []
+            for proc in me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if proc.status() == psutil.STATUS_ZOMBIE:
+                        found.append(proc.pid)
+            return found
+
+        wait_for(lambda: not zombies() and len(pool._supervisor._children) == 1, 10, "no zombie")
+        assert pool.submit(str(tmp_path / "again"), 3, "return").result(timeout=30) == "return"
+
+
+@pytest.mark.timeout(60)
+def test_a_memory_limit_holds_in_a_namespace(containment: str) -> None:
+    with Pool(
+        H + "grow_memory", 1, containment=containment, pid_namespace=True, max_memory_mb=60
+    ) as pool:
+        r = _ending(pool)
+    assert r.outcome is Outcome.MEMORY_LIMIT, r.cause
+
+
+@pytest.mark.timeout(60)
+def test_what_the_handler_prints_is_captured_and_its_pipes_end_with_it() -> None:
+    """Only the handler's process holds the child's stdout and stderr: the outer process
+    and the reaper close theirs, or a replaced child's pipes would never end."""
+    with Pool(
+        "tests.support.where:print_and_return",
+        1,
+        containment="process_tree",
+        pid_namespace=True,
+        max_jobs_per_child=1,
+    ) as pool:
+        for n in range(3):
+            r = _ending(pool, f"hello {n}", 1, f"oops {n}")
+            assert r.outcome is Outcome.OK, r.cause
+            assert r.output is not None and f"hello {n}" in r.output and f"oops {n}" in r.output
+        outer = pool._supervisor._children[0].process.pid
+
+        def held() -> list[str]:
+            return [os.readlink(f"/proc/{outer}/fd/{fd}") for fd in os.listdir(f"/proc/{outer}/fd")]
+
+        # It closes them right after its fork: looked for, not assumed done by now.
+        wait_for(lambda: len(held()) == 1, 5, f"the outer to hold one pipe only: {held()}")
+        assert held()[0].startswith("pipe:")  # the reaper's word of how the child ended
