@@ -38,37 +38,55 @@ def value(pool: Pool, *args: object) -> Any:
 
 
 @pytest.mark.timeout(60)
-def test_a_root_handler_cannot_raise_its_own_pids_max() -> None:
-    with Pool(E + "raise_pids_max", 1, hard_timeout_s=30, max_processes=20) as pool:
+def test_a_root_handler_cannot_raise_its_own_pids_max(pid_namespace: bool) -> None:
+    with Pool(
+        E + "raise_pids_max", 1, hard_timeout_s=30, pid_namespace=pid_namespace, max_processes=20
+    ) as pool:
         got = value(pool, 100)
     assert got["wrote"] != "ok", "the handler raised its own pids.max"
     assert got["forked"] < 20, f"{got['forked']} forks under max_processes=20"
 
 
 @pytest.mark.timeout(60)
-def test_a_root_handler_cannot_lift_its_own_memory_limit() -> None:
-    with Pool(E + "raise_memory_limit", 1, hard_timeout_s=30, max_memory_mb=100) as pool:
+def test_a_root_handler_cannot_lift_its_own_memory_limit(pid_namespace: bool) -> None:
+    with Pool(
+        E + "raise_memory_limit",
+        1,
+        hard_timeout_s=30,
+        pid_namespace=pid_namespace,
+        max_memory_mb=100,
+    ) as pool:
         result = attempt(pool, 300)
     assert result.outcome is Outcome.MEMORY_LIMIT, (result.outcome, result.cause)
 
 
 @pytest.mark.timeout(60)
-def test_a_root_handler_cannot_move_itself_out_of_its_group() -> None:
-    with Pool(E + "leave_group", 1, hard_timeout_s=30) as pool:
+def test_a_root_handler_cannot_move_itself_out_of_its_group(pid_namespace: bool) -> None:
+    with Pool(E + "leave_group", 1, hard_timeout_s=30, pid_namespace=pid_namespace) as pool:
         got = value(pool)
     assert got["moved"] != "ok" and got["still_in"], got
 
 
 @pytest.mark.timeout(60)
-def test_a_root_handler_cannot_remount_the_groups_read_write() -> None:
-    with Pool(E + "remount_groups_rw", 1, hard_timeout_s=30, max_processes=20) as pool:
+def test_a_root_handler_cannot_remount_the_groups_read_write(pid_namespace: bool) -> None:
+    with Pool(
+        E + "remount_groups_rw", 1, hard_timeout_s=30, pid_namespace=pid_namespace, max_processes=20
+    ) as pool:
         got = value(pool)
     assert got["remount"] != "ok" and got["wrote"] != "ok", got
 
 
 @pytest.mark.timeout(60)
-def test_a_root_handler_cannot_write_its_group_through_a_mount_of_its_own() -> None:
-    with Pool(E + "userns_cgroup_mount", 1, hard_timeout_s=30, max_processes=20) as pool:
+def test_a_root_handler_cannot_write_its_group_through_a_mount_of_its_own(
+    pid_namespace: bool,
+) -> None:
+    with Pool(
+        E + "userns_cgroup_mount",
+        1,
+        hard_timeout_s=30,
+        pid_namespace=pid_namespace,
+        max_processes=20,
+    ) as pool:
         got = value(pool)
     assert got["wrote"] != "ok", got
 

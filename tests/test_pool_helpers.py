@@ -45,9 +45,9 @@ def kill_fork_server() -> int:
 
 @pytest.mark.timeout(30)
 def test_fork_server_death_interrupts_without_blame_and_the_pool_recovers(
-    tmp_path: Path,
+    tmp_path: Path, pid_namespace: bool
 ) -> None:
-    with Pool(H + "mark_then_hang", size=2) as pool:
+    with Pool(H + "mark_then_hang", size=2, pid_namespace=pid_namespace) as pool:
         first = start_running(pool, tmp_path / "a")
         second = start_running(pool, tmp_path / "b")
         old = pool.pids
