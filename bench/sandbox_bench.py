@@ -1,16 +1,19 @@
 """The kernel sandbox's figures: hard-kill overshoot per containment mode, and what the
 protections against a root handler cost.
 
-    python bench/sandbox_bench.py [kill|protections|drop|all] [--json OUT] [--quick]
+    python bench/sandbox_bench.py [kill|protections|namespace|drop|all] [--json OUT] [--quick]
 
 - kill: hard-kill overshoot of an attempt that forked a burst of 200 processes, in each
-  mode this machine has (control groups, forced process tree): median and max, and how
-  many of the burst could still run an instruction when the outcome was known.
+  mode this machine has (control groups, forced process tree; each without and with a PID
+  namespace per child): median and max, and how many of the burst could still run an
+  instruction when the outcome was known.
 - protections: no-op pool throughput, and a child's start (replacement) time, with the
   protections (read-only cgroup mounts, dropped capabilities, no_new_privs, group files
   handed to another uid) on and off, run by run back to back, so both see the same load.
   "Off" replaces ``privileges.plan`` in this bench's process with one that gives up
   nothing (no setting turns them off).
+- namespace: the same two figures with ``pid_namespace`` on and off (process-tree mode,
+  where no other protection is in force).
 - drop: the same cost alone: a fork that gives the privileges up and exits, against a
   fork that only exits (pool figures move by tens of percent from run to run here).
 
@@ -20,6 +23,7 @@ The machine is shared: run it several times and read medians.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 import time
@@ -41,7 +45,9 @@ BURST = 200
 HARD_S = 1.0
 
 
-def _kill_overshoots(containment: str, kills: int) -> tuple[str, list[float], int]:
+def _kill_overshoots(
+    containment: str, kills: int, pid_namespace: bool
+) -> tuple[str, list[float], int]:
     import psutil
 
     from sandboxq import Pool
@@ -54,8 +60,11 @@ def _kill_overshoots(containment: str, kills: int) -> tuple[str, list[float], in
         size=1,
         hard_timeout_s=HARD_S,
         containment=containment,  # type: ignore[arg-type]
+        pid_namespace=pid_namespace,
     ) as pool:
         mode = pool.containment
+        if any("a PID namespace" in p for p in pool.protections):
+            mode += ", PID namespace"
         for _ in range(kills):
             done: Future[AttemptResult] = Future()
             pool.execute(pool.make_task(None, BURST, "hang"), done.set_result)
@@ -73,11 +82,11 @@ def bench_kill(quick: bool = False) -> dict[str, Any]:
     every process to exit, alternated kill by kill batch so both see the same load."""
     kills = 4 if quick else 10
     out: dict[str, Any] = {"figures": []}
-    for setting in ("cgroup", "process_tree"):
+    for setting, namespace in itertools.product(("cgroup", "process_tree"), (False, True)):
         for swift in (True, False):
             _swift_kill(swift)
             try:
-                mode, ms, left = _kill_overshoots(setting, kills)
+                mode, ms, left = _kill_overshoots(setting, kills, namespace)
             except Exception as exc:  # no control groups here: say so, measure the rest
                 print(f"  {setting}: not measured ({exc})", flush=True)
                 break
@@ -128,7 +137,9 @@ def _replacement_ms(pool: Any, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1000
 
 
-def bench_protections(quick: bool = False) -> dict[str, Any]:
+def _on_and_off(what: str, pool_kwargs: Any, quick: bool) -> dict[str, Any]:
+    """No-op throughput and a child's start with ``what`` on and off, run by run back to
+    back; ``pool_kwargs(on)`` gives the pools' keywords (and may switch ``what`` itself)."""
     from sandboxq import Pool
 
     n, starts, runs = (3000, 20, 2) if quick else (10000, 60, 5)
@@ -137,22 +148,20 @@ def bench_protections(quick: bool = False) -> dict[str, Any]:
     shown: tuple[str, ...] = ()
     for _ in range(runs):
         for on in (True, False):
-            _protections(on)
-            with Pool("bench_jobs:noop", size=2, containment="cgroup") as pool:
+            with Pool("bench_jobs:noop", size=2, **pool_kwargs(on)) as pool:
                 shown = pool.protections if on else shown
                 figures.submit_rate(pool.submit, 1000)
                 rates[on].append(figures.submit_rate(pool.submit, n))
-            with Pool("bench_jobs:noop", 1, containment="cgroup", max_jobs_per_child=1) as pool:
+            with Pool("bench_jobs:noop", 1, max_jobs_per_child=1, **pool_kwargs(on)) as pool:
                 pool.submit(0).result(timeout=30)
                 start_ms[on].append(_replacement_ms(pool, starts))
-    _protections(True)
     out: dict[str, Any] = {"protections": list(shown), "figures": []}
     for on in (True, False):
         word = "on" if on else "off"
         out["figures"] += [
-            figures.figure(f"pool no-op throughput, protections {word}", rates[on], "jobs/s",
+            figures.figure(f"pool no-op throughput, {what} {word}", rates[on], "jobs/s",
                            digits=0),
-            figures.figure(f"child replacement, protections {word}", start_ms[on], "ms"),
+            figures.figure(f"child replacement, {what} {word}", start_ms[on], "ms"),
         ]  # fmt: skip
     rate_on, rate_off = (statistics.median(rates[b]) for b in (True, False))
     start_on, start_off = (statistics.median(start_ms[b]) for b in (True, False))
@@ -162,10 +171,31 @@ def bench_protections(quick: bool = False) -> dict[str, Any]:
         print(figures.line(fig), flush=True)
     print(f"  protections in force: {', '.join(shown)}")
     print(
-        f"  cost of the protections: {out['throughput_cost_pct']} % throughput, "
+        f"  cost of the {what}: {out['throughput_cost_pct']} % throughput, "
         f"{out['start_cost_pct']} % child start (target within 5 %; a shared machine)"
     )
     return out
+
+
+def bench_protections(quick: bool = False) -> dict[str, Any]:
+    def cgroup_pool(on: bool) -> dict[str, Any]:
+        _protections(on)
+        return {"containment": "cgroup"}
+
+    try:
+        return _on_and_off("protections", cgroup_pool, quick)
+    finally:
+        _protections(True)
+
+
+def bench_namespace(quick: bool = False) -> dict[str, Any]:
+    """The PID namespace alone (its reaper's fork at a child's start, the reaper's check
+    after each attempt), in the process-tree mode: no other protection is in force there."""
+    return _on_and_off(
+        "PID namespace",
+        lambda on: {"containment": "process_tree", "pid_namespace": on},
+        quick,
+    )
 
 
 def _forked_ms(given_up: Any) -> float:
@@ -209,7 +239,12 @@ def bench_drop(quick: bool = False) -> dict[str, Any]:
     return {"protections": list(shown), "cost_ms": round(cost_ms, 3), "figures": figs}
 
 
-SECTIONS = {"kill": bench_kill, "protections": bench_protections, "drop": bench_drop}
+SECTIONS = {
+    "kill": bench_kill,
+    "protections": bench_protections,
+    "namespace": bench_namespace,
+    "drop": bench_drop,
+}
 
 
 def main() -> None:
