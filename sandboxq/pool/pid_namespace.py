@@ -49,11 +49,15 @@ def enter() -> None:
     the child. Returns in the child only (pid 2 of the namespace); the outer and the
     reaper end in here."""
     unshare(CLONE_NEWPID, "unshare(CLONE_NEWPID)")
-    watch = os.pidfd_open(os.getpid())  # the reaper's view of the outer: see _reap
+    try:
+        watch: int | None = os.pidfd_open(os.getpid())  # the reaper's view of the outer
+    except OSError:  # before Linux 5.3: the outer's death before the fork goes unseen
+        watch = None
     readable, writable = os.pipe()
     reaper = os.fork()
     if reaper:
-        os.close(watch)
+        if watch is not None:
+            os.close(watch)
         os.close(writable)
         _outer(reaper, readable)
     os.close(readable)
@@ -89,16 +93,17 @@ def _end_as(status: int) -> NoReturn:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-def _reap(watch: int, status_pipe: int) -> None:
+def _reap(watch: int | None, status_pipe: int) -> None:
     """The reaper: start the child (which returns from here), then reap whatever the
     namespace hands it until the child ends."""
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     linux.die_with_parent(signal.SIGKILL)
     # getppid() is 0 here (the outer is outside the namespace): ask the outer's pidfd
     # whether it died before the death signal was armed.
-    if select.select([watch], [], [], 0)[0]:
-        os._exit(1)
-    os.close(watch)
+    if watch is not None:
+        if select.select([watch], [], [], 0)[0]:
+            os._exit(1)
+        os.close(watch)
     try:
         own_proc()
     except OSError as exc:
