@@ -229,3 +229,14 @@ def test_what_the_handler_prints_is_captured_and_its_pipes_end_with_it() -> None
         # It closes them right after its fork: looked for, not assumed done by now.
         wait_for(lambda: len(held()) == 1, 5, f"the outer to hold one pipe only: {held()}")
         assert held()[0].startswith("pipe:")  # the reaper's word of how the child ended
+
+
+@pytest.mark.timeout(60)
+def test_a_handler_cannot_end_its_namespace_early(containment: str) -> None:
+    """Its namespace's first process ignores every signal the namespace sends it: the
+    handler can neither end the namespace (and what it holds) nor break the next job."""
+    with Pool(NS + "kill_the_reaper", 1, containment=containment, pid_namespace=True) as pool:
+        assert pool.submit().result(timeout=30) is True
+        child = pool._supervisor._children[0]
+        assert pool.submit().result(timeout=30) is True
+        assert pool._supervisor._children == [child]  # the same child, its reaper alive
