@@ -311,7 +311,7 @@ class ContainmentSettings(_Settings):
     pid_namespace: Switch = setting_field(
         False,
         "children run in PID namespaces of their own: the kernel ends what each started "
-        "when it dies (root)",
+        "when it dies",
     )
 
 

@@ -52,15 +52,35 @@ WORKER = textwrap.dedent(
 )
 
 
+def _not_root() -> list[str]:
+    """A command prefix that runs a process as uid 1000 with no capability (in a user
+    namespace of its own, where root's files are its own): a worker that is not root."""
+    prefix = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
+    try:
+        said = subprocess.run(
+            [*prefix, sys.executable, "-c", "import os; print(os.geteuid())"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except OSError as exc:
+        pytest.skip(f"cannot run a process as another user here: {exc}")
+    if said.stdout.strip() != "1000":
+        pytest.skip(f"cannot run a process as another user here: {said.stderr.strip()}")
+    return prefix
+
+
 @contextlib.contextmanager
-def _everything_killed(containment: str, tmp_path: Path, namespace: str) -> Iterator[list[int]]:
+def _everything_killed(
+    containment: str, tmp_path: Path, namespace: str, prefix: tuple[str, ...] = ()
+) -> Iterator[list[int]]:
     """A worker whose handler started a daemon, then the worker's process group (the
     worker, its fork server) and its guard killed at once. Yields [daemon, child, the
     process the pool started]; kills whatever of them is left at the end."""
     pid_file = tmp_path / "pids"
     pid_file.write_text("")
     worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(pid_file), containment, namespace],
+        [*prefix, sys.executable, "-c", WORKER, str(pid_file), containment, namespace],
         stdout=subprocess.PIPE,
         start_new_session=True,  # its own process group: the worker and its fork server
     )
@@ -91,6 +111,41 @@ def test_a_daemon_dies_when_the_worker_its_fork_server_and_its_guard_all_die(
 ) -> None:
     with _everything_killed(containment, tmp_path, "on") as pids:
         wait_for(lambda: not still_running(pids), 10, "the daemon and its child to die")
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_is_not_root_gets_the_same_through_a_user_namespace(
+    tmp_path: Path,
+) -> None:
+    prefix = tuple(_not_root())
+    with _everything_killed("process_tree", tmp_path, "on", prefix) as pids:
+        wait_for(lambda: not still_running(pids), 10, "the daemon and its child to die")
+    seen = subprocess.run(
+        [*prefix, sys.executable, "-c", NOT_ROOT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert seen[0] == "a PID namespace per child (in a user namespace)", seen
+    assert seen[1] == "2 1000 True", seen  # its pid, its uid, a thread of its own ran
+    assert seen[2] == "0000000000000000", seen  # no capability, in any namespace
+
+
+NOT_ROOT = textwrap.dedent(
+    """
+    from sandboxq import Pool
+    with Pool("tests.support.pidns:what_i_see", 1, containment="process_tree",
+              pid_namespace=True) as pool:
+        print(*pool.protections)
+        seen = pool.submit().result(timeout=30)
+        child = pool._supervisor._children[0].pid
+        with open(f"/proc/{child}/status") as f:
+            caps = next(line for line in f if line.startswith("CapEff:")).split()[1]
+    print(seen["pid"], seen["uid"], seen["thread_ran"])
+    print(caps)
+    """
+)
 
 
 @pytest.mark.timeout(60)

@@ -22,6 +22,10 @@ inside the namespace; and not as its first process, which ignores every signal i
 namespace sends it without a handler installed (a handler's
 ``os.kill(os.getpid(), SIGKILL)`` would do nothing).
 
+A worker that is not root gets the namespace inside a user namespace the outer makes
+(privileges.new_pid_namespace: its uid and gid map to themselves), and the child gives up
+the capabilities that user namespace gave it.
+
 The parent learns the child's pid in its own namespace at ``Ready`` (``inner_pid``):
 signals (soft timeout, stack dumps, withdrawals) and memory sampling go there; kills of
 the child's tree, and the guard's of the outer's, reach the same processes. Inside, the
@@ -39,7 +43,7 @@ from typing import NoReturn
 
 from sandboxq.pool import linux
 from sandboxq.pool.kill import children_of
-from sandboxq.pool.privileges import CLONE_NEWPID, own_proc, unshare
+from sandboxq.pool.privileges import Privileges, drop, new_pid_namespace, own_proc
 
 _STATUS = struct.Struct("i")  # a wait status, from the reaper to the outer
 
@@ -48,7 +52,7 @@ def enter() -> None:
     """In the process the pool started, first thing: make the namespace, its reaper and
     the child. Returns in the child only (pid 2 of the namespace); the outer and the
     reaper end in here."""
-    unshare(CLONE_NEWPID, "unshare(CLONE_NEWPID)")
+    new_pid_namespace()
     try:
         watch: int | None = os.pidfd_open(os.getpid())  # the reaper's view of the outer
     except OSError:  # before Linux 5.3: the outer's death before the fork goes unseen
@@ -113,6 +117,10 @@ def _reap(watch: int | None, status_pipe: int) -> None:
     if child == 0:
         os.close(status_pipe)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if os.geteuid() != 0:
+            # Every capability of the user namespace it came with (they reach only what
+            # that namespace owns, but the handler needs none of them).
+            drop(Privileges(drop_capabilities=True))
         return
     try:
         _close_all_but(status_pipe)

@@ -58,6 +58,7 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
+_CLONE_NEWUSER = 0x10000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_SLAVE = 32, 4096, 16384, 1 << 19
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
@@ -278,12 +279,12 @@ def plan(
     protections: list[str] = []
     if asked.pid_namespace:
         if refused := pid_namespace_refused():
+            how = "root with CAP_SYS_ADMIN" if root else "user namespaces open to users"
             raise ConfigError(
                 f"pid_namespace=True needs a PID namespace per child with a /proc of its "
-                f"own, which this machine refuses: {refused} (it needs root with "
-                f"CAP_SYS_ADMIN)"
+                f"own, which this machine refuses: {refused} (it needs {how})"
             )
-        protections.append("a PID namespace per child")
+        protections.append("a PID namespace per child" + ("" if root else " (in a user namespace)"))
     if not network:
         if refused := _refused(_unshare_probe(_CLONE_NEWNET)) if root else not_root:
             raise ConfigError(
@@ -342,8 +343,6 @@ def _refused(attempt: Callable[[], None]) -> str | None:
 def pid_namespace_refused() -> str | None:
     """Why this machine refuses children PID namespaces of their own (None: it allows
     them): tried as a child does it, in a forked process."""
-    if os.geteuid() != 0:
-        return f"the worker runs as uid {os.geteuid()}"
     return _refused(_pid_namespace_probe)
 
 
@@ -354,7 +353,7 @@ def _unshare_probe(flags: int) -> Callable[[], None]:
 def _pid_namespace_probe() -> None:
     """What a child does to enter its PID namespace (pid_namespace.py), up to the fork of
     the handler's process: a new namespace, its first process, its /proc."""
-    unshare(CLONE_NEWPID, "unshare(CLONE_NEWPID)")
+    new_pid_namespace()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the namespace's first process
         try:
@@ -366,6 +365,28 @@ def _pid_namespace_probe() -> None:
     _, status = os.waitpid(pid, 0)
     if code := os.waitstatus_to_exitcode(status):
         raise OSError(code if code > 0 else 1, "in a new PID namespace")
+
+
+def new_pid_namespace() -> None:
+    """A PID namespace for the caller's children (the caller stays where it is): with
+    root's ``CAP_SYS_ADMIN``, else inside a user namespace of the caller's own, in which
+    its uid and gid stay what they are and stand for themselves alone (the kernel lets any
+    user make one, where it is not restricted). Needs a single-threaded caller."""
+    if os.geteuid() == 0:
+        unshare(CLONE_NEWPID, "unshare(CLONE_NEWPID)")
+        return
+    uid, gid = os.geteuid(), os.getegid()
+    unshare(_CLONE_NEWUSER | CLONE_NEWPID, "unshare(CLONE_NEWUSER | CLONE_NEWPID)")
+    for name, line in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
 
 
 def own_proc() -> None:

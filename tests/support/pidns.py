@@ -28,6 +28,7 @@ def what_i_see() -> dict[str, object]:
     return {
         "pid": os.getpid(),
         "ppid": os.getppid(),
+        "uid": os.getuid(),
         "nspid": [int(p) for p in nspid],
         "proc": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
         "started": [int(p) for p in started],
