@@ -2,8 +2,8 @@
 it wakes.
 
 A running attempt has up to five times (``Attempt.next_event``): its soft deadline (the
-soft signal), ``DUMP_EARLY_S`` before its hard deadline (asked for its stack, stacks.py),
-its hard deadline (a tree kill, whatever the dump did), its fence deadline (a tree kill:
+soft signal), ``DUMP_EARLY_S`` before its hard deadline (asked for its stack, stacks.py,
+and its tree walked once, ``Child.look_before_kill``), its hard deadline (a tree kill, whatever the dump did), its fence deadline (a tree kill:
 the lease was not renewed in time) and, where memory is sampled, its next sample. A policy
 may end it too, as a hard timeout does (the soft signal, then a tree kill ``end_grace_s``
 later): its job's ``deadline_s`` and the progress watchdog (``Attempt.ending_due``). The
@@ -82,6 +82,7 @@ def enforce(
             kill_at = run.kill_at()
             if kill_at is not None and not run.hard_stack_asked and now >= kill_at - DUMP_EARLY_S:
                 child.ask_stack_before_kill(run)
+                child.look_before_kill()
             due = run.memory_check_at is not None and now >= run.memory_check_at
             if due and (why := child.over_memory(run, now, memory_every)) is not None:
                 tell(run, child.pid, MEMORY_KILL, why)

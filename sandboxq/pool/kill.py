@@ -100,7 +100,7 @@ def children_of(pid: int) -> list[int]:
     return _own_children(pid)
 
 
-def _descendant_pids(pid: int) -> list[int]:
+def descendant_pids(pid: int) -> list[int]:
     """Pids below ``pid``, read from the kernel's per-thread children lists."""
     found: list[int] = []
     todo = [pid]
@@ -119,7 +119,7 @@ def descendants(pid: int) -> list[psutil.Process]:
         except psutil.Error:
             return []
     procs = []
-    for child in _descendant_pids(pid):
+    for child in descendant_pids(pid):
         try:
             procs.append(psutil.Process(child))
         except psutil.Error:
@@ -222,7 +222,7 @@ def stop_tree(root: int, include_root: bool) -> set[int]:
     if include_root:
         _signal(root, signal.SIGSTOP)
         stopped.add(root)
-    while new := [pid for pid in _descendant_pids(root) if pid not in stopped]:
+    while new := [pid for pid in descendant_pids(root) if pid not in stopped]:
         for pid in new:
             _signal(pid, signal.SIGSTOP)
         stopped.update(new)
