@@ -3,8 +3,9 @@ it wakes.
 
 A running attempt has up to five times (``Attempt.next_event``): its soft deadline (the
 soft signal), ``DUMP_EARLY_S`` before its hard deadline (asked for its stack, stacks.py,
-and its tree walked once, ``Child.look_before_kill``), its hard deadline (a tree kill, whatever the dump did), its fence deadline (a tree kill:
-the lease was not renewed in time) and, where memory is sampled, its next sample. A policy
+and its tree walked once, ``Child.look_before_kill``), its hard deadline (a tree kill,
+whatever the dump did), its fence deadline (a tree kill: the lease was not renewed in
+time) and, where memory is sampled, its next sample. A policy
 may end it too, as a hard timeout does (the soft signal, then a tree kill ``end_grace_s``
 later): its job's ``deadline_s`` and the progress watchdog (``Attempt.ending_due``). The
 select waits until the nearest of them over every child, so nothing polls and a kill lands
