@@ -57,7 +57,7 @@ _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWNET = 0x40000000
-CLONE_NEWPID = 0x20000000
+_CLONE_NEWPID = 0x20000000
 _CLONE_NEWUSER = 0x10000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_SLAVE = 32, 4096, 16384, 1 << 19
@@ -373,10 +373,10 @@ def new_pid_namespace() -> None:
     its uid and gid stay what they are and stand for themselves alone (the kernel lets any
     user make one, where it is not restricted). Needs a single-threaded caller."""
     if os.geteuid() == 0:
-        unshare(CLONE_NEWPID, "unshare(CLONE_NEWPID)")
+        unshare(_CLONE_NEWPID, "unshare(CLONE_NEWPID)")
         return
     uid, gid = os.geteuid(), os.getegid()
-    unshare(_CLONE_NEWUSER | CLONE_NEWPID, "unshare(CLONE_NEWUSER | CLONE_NEWPID)")
+    unshare(_CLONE_NEWUSER | _CLONE_NEWPID, "unshare(CLONE_NEWUSER | CLONE_NEWPID)")
     for name, line in (
         ("setgroups", "deny"),
         ("uid_map", f"{uid} {uid} 1"),
