@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 
 from sandboxq import Pool
 from sandboxq.models import Outcome
+from sandboxq.pool import cgroups
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.kill import state
 from sandboxq.pool.privileges import pid_namespace_refused
@@ -295,3 +297,40 @@ def test_a_handler_cannot_end_its_namespace_early(containment: str) -> None:
         child = pool._supervisor._children[0]
         assert pool.submit().result(timeout=30) is True
         assert pool._supervisor._children == [child]  # the same child, its reaper alive
+
+
+REFUSED_HERE = textwrap.dedent(
+    """
+    import os, sys
+    from sandboxq import Pool
+    from sandboxq.errors import ConfigError
+    try:
+        Pool("sandboxq.testing.handlers:echo", 1, containment=sys.argv[1], pid_namespace=True)
+    except ConfigError as exc:
+        print(os.getpid())
+        print(exc)
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_refused_a_namespace_says_why_and_leaves_no_group(containment: str) -> None:
+    """Root without CAP_SYS_ADMIN (a container that drops it): the pool refuses to start,
+    naming what the machine refused and what it needs, and the groups it had made for
+    itself before it knew are gone with it."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv here to drop CAP_SYS_ADMIN")
+    without = ["setpriv", "--bounding-set", "-sys_admin", "--inh-caps", "-sys_admin"]
+    said = subprocess.run(
+        [*without, sys.executable, "-c", REFUSED_HERE, containment],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert len(said) == 2, said
+    pid, message = int(said[0]), said[1]
+    assert "pid_namespace=True needs a PID namespace per child" in message
+    assert "Operation not permitted" in message and "CAP_SYS_ADMIN" in message
+    left = [str(p) for p in Path("/sys/fs/cgroup").glob(f"**/{cgroups.PREFIX}{pid}.*")]
+    assert left == [], left

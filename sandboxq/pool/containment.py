@@ -202,15 +202,20 @@ def _choose(
             continue
         mode: Mode = "cgroup_v2" if version == 2 else "cgroup_v1"
         where = ", ".join(sorted(set(dirs.values())))
-        chosen = Containment(
-            mode,
-            f"groups under {where}",
-            setup,
-            dirs,
-            max_processes,
-            asked=asked,
-            lock=lock,
-        )
+        try:
+            chosen = Containment(
+                mode,
+                f"groups under {where}",
+                setup,
+                dirs,
+                max_processes,
+                asked=asked,
+                lock=lock,
+            )
+        except BaseException:  # a setting the machine refuses: the pool never starts
+            cgroups.remove_tree(dirs, CLOSE_WAIT_S)
+            lock.release()
+            raise
         log.info("containment: %s (%s; max_processes=%s)", mode, chosen.why, max_processes)
         return chosen
     why = "; ".join(problems)
