@@ -6,7 +6,9 @@ holds the supervisor thread, a hook that ends the child at an exact point of its
   unread is not applied to it: the attempt is reported with its true outcome;
 - an attempt cancelled while queued behind a busy child never starts;
 - a child that dies between tasks does not charge the next task for its death;
-- memory is charged to the job that used it.
+- memory is charged to the job that used it;
+- a lease renewal that reaches the supervisor after the guard fenced its child does not
+  make the fence's kill read as a crash.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from sandboxq import Pool
@@ -151,3 +154,33 @@ def test_a_child_over_the_limit_after_its_attempt_is_replaced() -> None:
         done = run(pool, "leak_then_hold", 150, 0, max_memory_mb=100).result(timeout=10)
         assert done.outcome in (Outcome.OK, Outcome.MEMORY_LIMIT)
         wait_for(lambda: pool.pids and pool.pids != before, 10, "the child to be replaced")
+
+
+@pytest.mark.timeout(30)
+def test_a_renewal_landing_after_the_guard_fenced_does_not_make_the_kill_a_crash() -> None:
+    """A worker stopped with a renewal on its way: the guard kills the child at its fence
+    deadline, and the renewal's later deadline reaches the supervisor before the child's
+    death does. The death is still the fence's (``lease_lost``: the job is recovered), not
+    a crash (a failed job). Forced: a cancel's callback holds the supervisor thread while
+    the renewal is queued behind it and the guard kills."""
+    with Pool(CALL, size=1, containment="process_tree") as pool:
+        fence_s = 1.5
+        fenced_id, fenced = execute(
+            pool, "sleep_forever", fence_deadline=time.monotonic() + fence_s, hard_timeout_s=20.0
+        )
+        child = wait_for(lambda: pool.running_pids().get(fenced_id), 10, "the child to start")
+        holding, release = threading.Event(), threading.Event()
+
+        def hold_the_supervisor(_: AttemptResult) -> None:
+            holding.set()
+            release.wait(20)
+
+        waiting = pool.make_task("echo", 1)
+        waiting_id = pool.execute(waiting, hold_the_supervisor)  # pending: the child is busy
+        pool.kill(waiting_id, Outcome.CANCELLED, "cancelled while pending")
+        assert holding.wait(10)  # the supervisor thread is in the cancel's callback
+        pool.extend_fence(fenced_id, time.monotonic() + 60.0)  # queued behind the cancel
+        psutil.Process(child).wait(fence_s + 5)  # the guard's fence kill
+        release.set()
+        result = fenced.result(timeout=10)
+        assert result.outcome is Outcome.LEASE_LOST, result.cause

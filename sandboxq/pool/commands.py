@@ -6,7 +6,8 @@ attempt wherever it is: pending (not yet sent), queued in a busy child's channel
                                 settled, or, if the child started it meanwhile, killed once
                                 the parent sees it running; running → its child's tree is
                                 killed, the death settles it
-    Fence(task_id, deadline)    moves the fence deadline (and the running child's guard)
+    Fence(task_id, deadline)    moves the fence deadline (and the running child's guard),
+                                unless it has come while the attempt runs
     Soft(task_id)               the soft signal now; however it ends, it is ``interrupted``
     EndUnstarted(outcome)       every pending attempt ends with ``outcome``, never run
     Close(cancel)               put once submits are refused; with ``cancel``, every attempt
@@ -25,12 +26,14 @@ lease can name an attempt before its ``Submit`` comes, and is then done as it co
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from sandboxq.models import Outcome
+from sandboxq.pool.guard import GUARD_EARLY_S
 from sandboxq.pool.handles import Child
 from sandboxq.pool.running import Attempt
 
@@ -219,10 +222,26 @@ def kill(
 
 
 def extend_fence(attempt: Attempt, deadline: float) -> None:
-    attempt.fence_deadline = deadline
+    """Move ``attempt``'s fence deadline, unless it runs and its deadline has come: the guard
+    may have killed its child on it already. A renewal that lands after that (the worker
+    was stopped with one on its way) would make the fence's kill read as a crash."""
     child = attempt.child
-    if child is not None and child.running is attempt:
+    if child is None or child.running is not attempt:
+        attempt.fence_deadline = deadline  # not in the guard's table
+        return
+    old = attempt.fence_deadline
+    if _came(old):
+        return
+    attempt.fence_deadline = deadline
+    child.sync_fence()
+    if _came(old):  # it came as the slot was written: the guard may have read the old one
+        attempt.fence_deadline = old
         child.sync_fence()
+
+
+def _came(fence: float | None) -> bool:
+    """Has ``fence`` come, as the guard counts (it strikes GUARD_EARLY_S early)?"""
+    return fence is not None and time.monotonic() + GUARD_EARLY_S >= fence
 
 
 def soft_stop(attempt: Attempt) -> None:

@@ -13,7 +13,9 @@ into a late renewal.
 The heartbeat never kills on a timer of its own: each attempt carries a fence deadline
 in the pool's supervisor, which enforces it like any other deadline. So if Redis hangs,
 this thread may block in ``renew`` for as long as it likes; the fence still falls on
-time and the child dies before the lease can expire on the server.
+time and the child dies before the lease can expire on the server. A renewal that lands
+after its attempt's fence has come (the worker was stopped with it on the way) moves
+nothing: the fence's kill stands, and the job is recovered as a lost lease.
 
 Handlers run in other processes, so nothing they do (GIL-holding C calls, CPU spin) can
 delay this thread: it competes only with the worker's own threads for the parent's GIL.
