@@ -14,7 +14,8 @@ spans the worker exported are counted, so a run that recorded nothing cannot pas
 cheap one.
 
 Also, in this process: the CPU per attempt of the worker's span bookkeeping (start,
-ended, acked, with the same SDK set-up), and what the hooks cost while tracing is off
+ended, acked, with the same SDK set-up), the SDK's own CPU for such a span without
+sandboxq (the floor under the bookkeeping), and what the hooks cost while tracing is off
 (one ``enqueue_span`` with no provider).
 """
 
@@ -135,6 +136,44 @@ def bookkeeping_us_per_attempt(attempts: int = 20_000) -> float:
     return took / attempts * 1e6
 
 
+def sdk_alone_us_per_span(spans_n: int = 20_000) -> float:
+    """CPU of the SDK alone for what an attempt's span asks of it, without sandboxq: a
+    CONSUMER span started with the same attributes under a producer's context, its
+    outcome attributes set, ended; the same provider set-up. The floor under the
+    bookkeeping figure: what is left above it is sandboxq's own."""
+    from bench_traced import CountingExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.trace import SpanKind
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(CountingExporter()))
+    tracer = provider.get_tracer("bench")
+    context = tracing.context_of(new_traceparent())
+    t0 = time.process_time()
+    for i in range(spans_n):
+        span = tracer.start_span(
+            "process bench",
+            context=context,
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "sandboxq",
+                "messaging.operation.type": "process",
+                "messaging.destination.name": "bench",
+                "messaging.message.id": f"id{i}",
+                "sandboxq.worker.id": "w1",
+                "sandboxq.attempt": 1,
+                "sandboxq.lease.token": f"tok.{i}",
+            },
+        )
+        span.set_attributes({"sandboxq.outcome": "ok"})
+        span.set_attribute("sandboxq.action", "complete")
+        span.end()
+    took = time.process_time() - t0
+    provider.shutdown()
+    return took / spans_n * 1e6
+
+
 def off_hook_ns(calls: int = 200_000) -> float:
     """One producer hook while tracing is off (no provider set in this process)."""
     assert tracing.tracer() is None, "a tracer provider is set: this measures the off path"
@@ -200,6 +239,7 @@ def main() -> None:
         return [(b - a) / a * 100 for a, b in zip(cpu["off"], cpu[mode], strict=True)]
 
     bookkeeping = [bookkeeping_us_per_attempt() for _ in range(3)]
+    sdk_alone = [sdk_alone_us_per_span() for _ in range(3)]
     figs = [
         figures.figure("no-op throughput, tracing off", rate["off"], "jobs/s", digits=0),
         figures.figure("no-op throughput, tracing on (SDK)", rate["on"], "jobs/s", digits=0),
@@ -216,6 +256,13 @@ def main() -> None:
         figures.figure("tracing on: extra parent CPU per job", extra_cpu("on"), "%", SLOWDOWN),
         figures.figure("sampling none: extra parent CPU", extra_cpu("unsampled"), "%", SLOWDOWN),
         figures.figure("span bookkeeping per attempt (CPU)", bookkeeping, "us", digits=2),
+        figures.figure(
+            "the SDK alone, one such span (CPU)",
+            sdk_alone,
+            "us",
+            digits=2,
+            note="the floor under the bookkeeping: started, attributes set, ended",
+        ),
         figures.figure("producer hook with tracing off", [hook_off], "ns", digits=0),
     ]
     for fig in figs:
