@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,31 +26,13 @@ from sandboxq.pool.kill import state
 from sandboxq.pool.privileges import pid_namespace_refused
 from sandboxq.testing.processes import still_running
 from sandboxq.testing.waiting import wait_for
+from tests.support.everything_killed import everything_killed
 
 H = "sandboxq.testing.handlers:"
 NS = "tests.support.pidns:"
 
 REFUSED = pid_namespace_refused()
 pytestmark = pytest.mark.skipif(REFUSED is not None, reason=f"no PID namespace here: {REFUSED}")
-
-WORKER = textwrap.dedent(
-    """
-    import sys, time
-    from sandboxq import Pool
-    from sandboxq.testing.processes import in_namespace_of
-    pool = Pool("sandboxq.testing.handlers:daemonize_grandchild", size=1,
-                containment=sys.argv[2], pid_namespace=sys.argv[3] == "on")
-    pool.submit(sys.argv[1], "hang")
-    while not open(sys.argv[1]).read().strip():
-        time.sleep(0.01)
-    child = pool._supervisor._children[0]
-    daemon = [int(p) for p in open(sys.argv[1]).read().split()]
-    if sys.argv[3] == "on":  # the handler wrote its namespace's pid
-        daemon = in_namespace_of(child.pid, daemon)
-    print(pool._supervisor._guard.pid, child.process.pid, child.pid, *daemon, flush=True)
-    time.sleep(600)
-    """
-)
 
 
 def _not_root() -> list[str]:
@@ -72,46 +53,11 @@ def _not_root() -> list[str]:
     return prefix
 
 
-@contextlib.contextmanager
-def _everything_killed(
-    containment: str, tmp_path: Path, namespace: str, prefix: tuple[str, ...] = ()
-) -> Iterator[list[int]]:
-    """A worker whose handler started a daemon, then the worker's process group (the
-    worker, its fork server) and its guard killed at once. Yields [daemon, child, the
-    process the pool started]; kills whatever of them is left at the end."""
-    pid_file = tmp_path / "pids"
-    pid_file.write_text("")
-    worker = subprocess.Popen(
-        [*prefix, sys.executable, "-c", WORKER, str(pid_file), containment, namespace],
-        stdout=subprocess.PIPE,
-        start_new_session=True,  # its own process group: the worker and its fork server
-    )
-    pids: list[int] = []
-    try:
-        assert worker.stdout is not None
-        guard, outer, child, *daemon = (int(p) for p in worker.stdout.readline().split())
-        pids = [*daemon, child, outer, guard]
-        assert len(daemon) == 1 and still_running(daemon)
-        os.kill(guard, signal.SIGKILL)
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
-        yield [*daemon, child, outer]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
-        if worker.stdout is not None:
-            worker.stdout.close()
-        for pid in still_running(pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
 @pytest.mark.timeout(60)
 def test_a_daemon_dies_when_the_worker_its_fork_server_and_its_guard_all_die(
     containment: str, tmp_path: Path
 ) -> None:
-    with _everything_killed(containment, tmp_path, "on") as pids:
+    with everything_killed(containment, tmp_path, "on") as pids:
         wait_for(lambda: not still_running(pids), 10, "the daemon and its child to die")
 
 
@@ -120,7 +66,7 @@ def test_a_worker_that_is_not_root_gets_the_same_through_a_user_namespace(
     tmp_path: Path,
 ) -> None:
     prefix = tuple(_not_root())
-    with _everything_killed("process_tree", tmp_path, "on", prefix) as pids:
+    with everything_killed("process_tree", tmp_path, "on", prefix) as pids:
         wait_for(lambda: not still_running(pids), 10, "the daemon and its child to die")
     seen = subprocess.run(
         [*prefix, sys.executable, "-c", NOT_ROOT],
@@ -154,7 +100,7 @@ NOT_ROOT = textwrap.dedent(
 def test_without_a_namespace_the_daemon_outlives_them(tmp_path: Path) -> None:
     """The same kill with ``pid_namespace`` off: the child is left stopped and the daemon
     runs on (what the README's containment table says of that mode)."""
-    with _everything_killed("process_tree", tmp_path, "off") as (daemon, child, _):
+    with everything_killed("process_tree", tmp_path, "off") as (daemon, child, _):
         wait_for(lambda: state(child) == b"T", 10, "the child to be stopped")
         assert still_running([daemon])
 
@@ -278,7 +224,14 @@ def test_what_the_handler_prints_is_captured_and_its_pipes_end_with_it() -> None
             r = _ending(pool, f"hello {n}", 1, f"oops {n}")
             assert r.outcome is Outcome.OK, r.cause
             assert r.output is not None and f"hello {n}" in r.output and f"oops {n}" in r.output
-        outer = pool._supervisor._children[0].process.pid
+
+        # The child that ran the last job retires (max_jobs_per_child): its replacement's.
+        def fresh() -> int | None:
+            kids = pool._supervisor._children
+            ready = [c for c in kids if c.ready and not c.retiring and not c.recycle]
+            return ready[0].process.pid if ready else None
+
+        outer = wait_for(fresh, 10, "the replacement child")
 
         def held() -> list[str]:
             return [os.readlink(f"/proc/{outer}/fd/{fd}") for fd in os.listdir(f"/proc/{outer}/fd")]
