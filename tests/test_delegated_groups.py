@@ -1,8 +1,8 @@
 """A worker that is not root, in control groups delegated to its user (an administrator's
 ``chown``, systemd's ``Delegate=``): its pool makes the children's groups there, and with
 ``pid_namespace=True`` each child, though it runs in a user namespace of its own, still
-joins its group, so its limits hold, and what it starts dies with it when the worker, its
-fork server and its guard all die.
+joins its group, so its limits (processes, memory) hold, and what it starts dies with it
+when the worker, its fork server and its guard all die.
 
 The worker runs as uid 1000 (``tests/support/delegated.py``) in groups this test makes
 under the test's own, in each cgroup v1 hierarchy the pool uses; where there are none (a
@@ -112,12 +112,18 @@ SEEN = textwrap.dedent(
         error = result.error
         said = error.message.splitlines()[0] if error else ""  # more than one may be refused
         print(os.getuid(), result.outcome, error and error.type_name, said, sep="|")
+    with Pool("sandboxq.testing.handlers:grow_memory", 1, containment="cgroup",
+              pid_namespace=True, max_memory_mb=96, hard_timeout_s=30) as pool:
+        done = Future()
+        pool.execute(pool.make_task(16, 0.001), done.set_result)
+        result = done.result(timeout=60)
+        print(result.outcome, result.cause, sep="|")
     """
 )
 
 
 @pytest.mark.timeout(90)
-def test_a_child_in_a_user_and_pid_namespace_joins_its_delegated_group(
+def test_a_child_in_a_user_and_pid_namespace_joins_its_delegated_group_and_its_limits_hold(
     delegated: dict[str, str],
 ) -> None:
     if (why := pid_namespace_refused()) is not None:
@@ -129,7 +135,7 @@ def test_a_child_in_a_user_and_pid_namespace_joins_its_delegated_group(
         timeout=80,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    mode, groups, ran = done.stdout.splitlines()
+    mode, groups, ran, memory = done.stdout.splitlines()
     assert mode.split("|")[0] == "cgroup_v1", mode
     assert "a PID namespace per child (in a user namespace)" in mode.split("|"), mode
     # The child's group in each hierarchy: its own, below its pool's, below the delegated.
@@ -144,6 +150,9 @@ def test_a_child_in_a_user_and_pid_namespace_joins_its_delegated_group(
     # processes ("fork refused: Resource temporarily unavailable after N processes").
     assert kind.endswith("ForkRefused"), ran
     assert int(message.rsplit("after ", 1)[1].split()[0]) <= 40, ran
+    # And its memory limit: the kernel OOM-killed it in its group.
+    outcome, cause = memory.split("|", 1)
+    assert outcome == "memory_limit" and "OOM-killed" in cause, memory
 
 
 @pytest.mark.timeout(90)
