@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,11 +90,15 @@ def as_delegated_user(dirs: dict[str, str]) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def shared_directory() -> Path:
+@pytest.fixture
+def shared_directory() -> Iterator[Path]:
     """A directory UID can write in: the pid file of the handler's daemon goes there."""
     directory = Path(tempfile.mkdtemp(prefix="sandboxq-delegated-", dir="/tmp"))
     directory.chmod(0o777)
-    return directory
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory)
 
 
 SEEN = textwrap.dedent(
@@ -157,11 +162,9 @@ def test_a_child_in_a_user_and_pid_namespace_joins_its_delegated_group_and_its_l
 
 @pytest.mark.timeout(90)
 def test_a_daemon_dies_with_the_worker_its_fork_server_and_its_guard(
-    delegated: dict[str, str],
+    delegated: dict[str, str], shared_directory: Path
 ) -> None:
     if (why := pid_namespace_refused()) is not None:
         pytest.skip(f"no PID namespace here: {why}")
-    with everything_killed(
-        "cgroup", shared_directory(), "on", as_delegated_user(delegated)
-    ) as pids:
+    with everything_killed("cgroup", shared_directory, "on", as_delegated_user(delegated)) as pids:
         wait_for(lambda: not still_running(pids), 10, "the daemon and its child to die")
