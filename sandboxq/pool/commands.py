@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandboxq.models import Outcome
-from sandboxq.pool.guard import GUARD_EARLY_S
+from sandboxq.pool.guard import fence_came
 from sandboxq.pool.handles import Child
 from sandboxq.pool.running import Attempt
 
@@ -230,18 +230,13 @@ def extend_fence(attempt: Attempt, deadline: float) -> None:
         attempt.fence_deadline = deadline  # not in the guard's table
         return
     old = attempt.fence_deadline
-    if _came(old):
+    if fence_came(old, time.monotonic()):
         return
     attempt.fence_deadline = deadline
     child.sync_fence()
-    if _came(old):  # it came as the slot was written: the guard may have read the old one
+    if fence_came(old, time.monotonic()):  # as the slot was written: the guard read the old
         attempt.fence_deadline = old
         child.sync_fence()
-
-
-def _came(fence: float | None) -> bool:
-    """Has ``fence`` come, as the guard counts (it strikes GUARD_EARLY_S early)?"""
-    return fence is not None and time.monotonic() + GUARD_EARLY_S >= fence
 
 
 def soft_stop(attempt: Attempt) -> None:

@@ -32,7 +32,7 @@ from sandboxq.models import Outcome
 from sandboxq.pool import server
 from sandboxq.pool.attempt import SELF_FENCE, signal_name
 from sandboxq.pool.containment import Containment
-from sandboxq.pool.guard import GUARD_EARLY_S
+from sandboxq.pool.guard import fence_came
 from sandboxq.pool.handles import Child
 from sandboxq.pool.kill import descendants
 from sandboxq.pool.running import Attempt, tell
@@ -156,7 +156,7 @@ def kill_overshoot_s(run: Attempt, outcome: Outcome, now: float) -> float | None
     if outcome is run.ending and run.end_kill_at is not None:  # deadline_s, the watchdog
         return max(0.0, now - run.end_kill_at)
     fence = run.fence_deadline
-    if outcome is Outcome.LEASE_LOST and fence is not None and now + GUARD_EARLY_S >= fence:
+    if outcome is Outcome.LEASE_LOST and fence is not None and fence_came(fence, now):
         return max(0.0, now - fence)
     return None
 
@@ -175,7 +175,7 @@ def death_outcome(
         return Outcome.CPU_LIMIT, "the attempt used up its CPU time (cpu_time_s)", code, signum
     if code is not None:
         return Outcome.EXIT, f"the handler exited with code {code}", code, signum
-    if signum == signal.SIGKILL and fence and time.monotonic() + GUARD_EARLY_S >= fence:
+    if signum == signal.SIGKILL and fence_came(fence, time.monotonic()):
         # the pool's guard (guard.py): the lease was not renewed in time
         return Outcome.LEASE_LOST, "the lease could not be renewed in time", code, signum
     return Outcome.CRASHED, f"the child was killed by {signal_name(signum or 0)}", code, signum

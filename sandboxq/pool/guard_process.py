@@ -30,7 +30,15 @@ import time
 from collections.abc import Iterator
 
 from sandboxq.pool.cgroups import remove_tree
-from sandboxq.pool.guard import CLOSING, GUARD_EARLY_S, HEADER, SLOT_FORMAT, created, header_of
+from sandboxq.pool.guard import (
+    CLOSING,
+    GUARD_EARLY_S,
+    HEADER,
+    SLOT_FORMAT,
+    created,
+    fence_came,
+    header_of,
+)
 from sandboxq.pool.kill import resume, state, stop_tree, sweep
 
 #: How often the worker's state is read, and the longest wait between looks at the table
@@ -71,7 +79,7 @@ class Guard:
 
     def enforce_fences(self, entries: list[tuple[int, int, float, float]], now: float) -> None:
         for index, pid, when, deadline in entries:
-            if deadline <= 0.0 or now < deadline - GUARD_EARLY_S or (pid, when) in self.fenced:
+            if deadline <= 0.0 or not fence_came(deadline, now) or (pid, when) in self.fenced:
                 continue
             # Still the same child and the same deadline: the supervisor may have freed
             # the slot or moved the deadline (a renewal) since the snapshot.
