@@ -20,6 +20,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 
 
 def _closed_to_others(path: str) -> str | None:
@@ -34,7 +35,10 @@ def _closed_to_others(path: str) -> str | None:
 
 
 def open_the_way(paths: list[str]) -> None:
-    """Make each of ``paths`` reachable by any user, in this mount namespace only."""
+    """Make each of ``paths`` reachable by any user, in this mount namespace only (what is
+    set aside goes in a tmpfs over /mnt, seen here only: nothing is left behind)."""
+    scratch = "/mnt" if os.path.isdir("/mnt") else tempfile.mkdtemp(prefix=".delegated-")
+    _mount(["-t", "tmpfs", "tmpfs", scratch])
     while True:
         needed: dict[str, set[str]] = {}  # closed directory -> its entries on the way
         for path in paths:
@@ -44,8 +48,8 @@ def open_the_way(paths: list[str]) -> None:
         if not needed:
             return
         for closed, entries in needed.items():
-            aside = f"/tmp/.delegated-{os.getpid()}-{len(os.listdir('/tmp'))}"
-            os.makedirs(aside)
+            aside = os.path.join(scratch, str(len(os.listdir(scratch))))
+            os.mkdir(aside)
             _mount(["--bind", closed, aside])  # the directory as it is, for its entries
             _mount(["-t", "tmpfs", "-o", "mode=755", "tmpfs", closed])
             for entry in entries:
