@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from sandboxq import Queue, aio
-from sandboxq.backends.redis import finishes, lane
+from sandboxq.backends.redis import aio_finishes, finishes, lane
 from sandboxq.models import JobState
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
@@ -230,6 +230,39 @@ def test_cancelled_waiters_leave_nothing_behind_and_the_listener_stops(
             with pytest.raises(TimeoutError):
                 await waiting
             assert finishes.waiting_count() == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_listener_cancelled_while_it_closes_still_closes_its_connection(
+    redis_url: str, server: Server, queue_name: str
+) -> None:
+    """The end of ``asyncio.run`` cancels every task left, the listener's possibly while
+    it closes its connection (it stops once its read returns with nobody waiting): the
+    close is finished anyway. Forced: its close is held a moment, and cancelled there."""
+
+    async def main() -> None:
+        async with aio.Queue(queue_name, redis_url) as q:
+            job = await q.enqueue()
+            with pytest.raises(TimeoutError):
+                await job.result(timeout_s=0.05)  # a listener, left with nobody to wake
+            (listener,) = aio_finishes._tables[asyncio.get_running_loop()].values()
+            closing = asyncio.Event()
+            close = listener._client.aclose
+
+            async def close_after_a_moment() -> None:
+                closing.set()
+                await asyncio.sleep(0.05)  # the cancel lands here
+                await close()
+
+            listener._client.aclose = close_after_a_moment  # type: ignore[method-assign]
+            await until(closing.is_set, 5, "the listener to start closing")
+            listener._task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await listener._task
+            # (the server drops a closed connection a moment after its end: looked for)
+            await until(lambda: server.listeners() == 0, 2, "its connection to be closed")
 
     asyncio.run(main())
 

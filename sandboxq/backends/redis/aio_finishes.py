@@ -150,7 +150,7 @@ class Listener:
             await self._listen()
         finally:
             self._leave()
-            await self._client.aclose()
+            await _close(self._client)
 
     async def _listen(self) -> None:
         broken = False
@@ -179,6 +179,18 @@ class Listener:
     def _leave(self) -> None:
         if self._table.get(self._key) is self:
             del self._table[self._key]
+
+
+async def _close(client: aredis.Redis) -> None:
+    """Close ``client``'s connections, to the end even if cancelled meanwhile: the end of
+    ``asyncio.run`` cancels every task left, a listener's possibly inside this close, which
+    would leave its connection open. A task is cancelled once; the close done again is
+    not, and then the cancellation goes on."""
+    try:
+        await client.aclose()
+    except asyncio.CancelledError:
+        await client.aclose()
+        raise
 
 
 def listener_for(url: str, keys: QueueKeys, timeout_s: float) -> Listener:
