@@ -5,7 +5,6 @@ leaving them for the next pool on the machine."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from sandboxq.pool import cgroups
 from sandboxq.pool.containment import probe
 from sandboxq.testing.processes import still_running
 from sandboxq.testing.waiting import wait_for
+from tests.support.everything_killed import end_worker
 
 MODE, WHY = probe()
 
@@ -72,11 +72,4 @@ def test_a_killed_worker_group_leaves_no_daemon_and_no_group(
         wait_for(lambda: not still_running(daemon), 10, "the daemon to die with the worker")
         wait_for(lambda: not _groups_of(worker.pid), 10, "the dead pool's groups to go")
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
-        if worker.stdout is not None:
-            worker.stdout.close()
-        for pid in still_running(daemon):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        end_worker(worker, daemon)

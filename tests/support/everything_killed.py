@@ -68,11 +68,17 @@ def everything_killed(
         worker.wait()
         yield [*daemon, child, outer]
     finally:
+        end_worker(worker, pids)
+
+
+def end_worker(worker: subprocess.Popen[bytes], strays: list[int]) -> None:
+    """A test's cleanup: the worker's process group killed and reaped, its pipe closed,
+    and whichever of ``strays`` still runs killed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait()
+    if worker.stdout is not None:
+        worker.stdout.close()
+    for pid in still_running(strays):
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
-        if worker.stdout is not None:
-            worker.stdout.close()
-        for pid in still_running(pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
