@@ -17,6 +17,7 @@ connection then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
@@ -189,7 +190,9 @@ async def _close(client: aredis.Redis) -> None:
     try:
         await client.aclose()
     except asyncio.CancelledError:
-        await client.aclose()
+        # Its own failure (a connection already broken) must not replace the cancellation.
+        with contextlib.suppress(RedisError, OSError):
+            await client.aclose()
         raise
 
 
