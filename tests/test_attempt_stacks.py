@@ -6,11 +6,15 @@ attempt wrote to stdout and stderr."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import os
 import pickle
 import signal
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -21,6 +25,7 @@ from sandboxq import AttemptFailed, Pool
 from sandboxq.models import Outcome
 from sandboxq.pool import stacks
 from sandboxq.pool.attempt import AttemptResult
+from sandboxq.pool.child import SIGSOFT
 from sandboxq.pool.output import TAIL_BYTES
 from sandboxq.text import MAX_TRACEBACK_BYTES, bounded_traceback
 
@@ -370,3 +375,63 @@ def test_sandboxq_run_stdout_is_json_lines_when_handlers_print(
     # write to it at once, so their lines may interleave mid-line.
     for n in range(4):
         assert ran.stderr.count(f"printed {n}") == 2 and f"said {n}" in ran.stderr
+
+
+# -- the soft signal and the dump ------------------------------------------------------------
+
+
+def _waits_in(pid: int, kernel_function: str) -> None:
+    """Until ``pid`` sleeps in ``kernel_function`` (its /proc wchan: the kernel names
+    it ``pipe_read`` or ``anon_pipe_read``, by version)."""
+    deadline = time.monotonic() + 10
+    while kernel_function not in Path(f"/proc/{pid}/wchan").read_text():
+        assert time.monotonic() < deadline, f"{pid} never waited in {kernel_function}"
+        time.sleep(0.001)
+
+
+def _drain(fd: int) -> None:
+    while os.read(fd, 65536):
+        pass
+
+
+@pytest.mark.timeout(30)
+def test_a_soft_signal_landing_during_the_stack_dump_still_ends_a_blocked_call() -> None:
+    """``signal_soft`` sends the dump signal, then the soft signal at once. When the soft
+    one lands while faulthandler still dumps, the call the dump interrupted (a ``read()``
+    here) must end with EINTR, not be restarted by the kernel once the dump returns: else
+    the soft signal's Python handler never runs, and a soft timeout becomes a hard one.
+    A full pipe as the dump's file holds the dump in its first write, so the soft signal
+    lands inside it every time."""
+    dump_r, dump_w = os.pipe()
+    fcntl.fcntl(dump_w, fcntl.F_SETPIPE_SZ, 4096)
+    os.set_blocking(dump_w, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(dump_w, b"x" * 4096)
+    os.set_blocking(dump_w, True)
+    drain = threading.Thread(target=_drain, args=(dump_r,), daemon=True)
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.support.soft_during_dump", str(dump_w)],
+        pass_fds=(dump_w,),
+        stdout=subprocess.PIPE,
+    ) as child:
+        os.close(dump_w)
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline() == b"armed\n"
+            _waits_in(child.pid, "pipe_read")
+            os.kill(child.pid, stacks.DUMP_SIGNAL)
+            _waits_in(child.pid, "pipe_write")  # the dump, held by the full pipe
+            os.kill(child.pid, SIGSOFT)
+            # then let the dump finish (the reader ends when the child closes its end)
+            drain.start()
+            try:
+                out, _ = child.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the soft signal never ended the read: the kernel restarted it")
+            assert out == b"soft\n"
+        finally:
+            child.kill()
+    if drain.ident is not None:  # started
+        drain.join(timeout=10)
+    os.close(dump_r)

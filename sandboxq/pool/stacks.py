@@ -108,6 +108,14 @@ def arm(fd: int) -> None:
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
     faulthandler.enable(file=fd, all_threads=True)
     faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True)
+    # faulthandler asks the kernel to restart a call its dump interrupts (SA_RESTART). The
+    # soft signal comes right after the dump signal (``handles.signal_soft``); when it
+    # lands while the dump runs, its Python handler only runs once the interrupted call
+    # returns, and a restarted read() on a silent pipe never does: the soft timeout would
+    # become a hard one. Without SA_RESTART the call fails with EINTR, Python runs the
+    # pending handler and, if none raised, retries the call (PEP 475): nothing else
+    # changes for the handler's Python code.
+    signal.siginterrupt(DUMP_SIGNAL, True)
     # A process the handler forks (os.fork, multiprocessing) would inherit both and write
     # its own crash into this child's file: it is not the child, and its stack is not
     # what the parent reads there. (A program it executes gets neither: exec resets
