@@ -89,6 +89,8 @@ def bounded_traceback(text: str, max_bytes: int = MAX_TRACEBACK_BYTES) -> str:
     lines = text.splitlines(keepends=True)
     innermost_first = "(most recent call first)" in text
     head = [] if innermost_first else lines[:1]
+    if head and _size(head[0]) > max_bytes // 2:  # one huge line (a message alone)
+        head = [_cut_line(head[0], max_bytes // 2)]
     rest = lines if innermost_first else lines[1:]
     budget = max_bytes - _size("".join(head)) - _NOTE_ROOM
     kept: list[str] = []
@@ -96,9 +98,14 @@ def bounded_traceback(text: str, max_bytes: int = MAX_TRACEBACK_BYTES) -> str:
     for line in rest if innermost_first else reversed(rest):
         size = _size(line)
         if size > budget:
-            if not kept:  # one line longer than all the room (a huge exception message)
-                kept.append(_cut_line(line, budget))
-            break
+            if kept:
+                break
+            # The innermost line alone is longer than all the room (a huge exception
+            # message): its start, in half the room, and the frames above it in the rest.
+            cut = _cut_line(line, budget // 2)
+            kept.append(cut)
+            budget -= _size(cut)
+            continue
         kept.append(line)
         whole += 1
         budget -= size

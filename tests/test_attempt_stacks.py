@@ -74,6 +74,24 @@ def test_a_huge_traceback_is_bounded_keeping_the_innermost_frames() -> None:
     assert "in deep_recursion" in tb.split(" cut ...\n")[1]
 
 
+@pytest.mark.timeout(60)
+def test_a_huge_exception_message_is_bounded_and_keeps_the_type_and_traceback() -> None:
+    """50 MB of message in one line, over the pipe's frame limit as raised: the child
+    bounds it (and drops the exception's pickle) before it sends it."""
+    with Pool(W + "raise_huge_message", size=1, containment=TREE) as pool:
+        result = attempt(pool, 50 * 1024 * 1024)
+        assert result.outcome is Outcome.ERROR and result.error is not None
+        assert result.error.type_name == "builtins.ValueError"
+        assert result.error.message.startswith("EEEE") and " cut ...\n" in result.error.message
+        assert len(result.error.message.encode()) <= MAX_TRACEBACK_BYTES
+        assert result.error.pickled is None
+        tb = result.traceback
+        assert tb is not None and len(tb.encode()) <= MAX_TRACEBACK_BYTES
+        assert "in raise_huge_message" in tb and "ValueError: EEEE" in tb
+        with pytest.raises(AttemptFailed, match=r"ValueError: EEEEEEEEEE$"):  # the pool goes on
+            pool.submit(10).result(timeout=30)
+
+
 def test_bounding_says_how_much_was_cut() -> None:
     frames = [f'  File "m.py", line {n}, in f{n}\n    f{n + 1}()\n' for n in range(2000)]
     text = "Traceback (most recent call last):\n" + "".join(frames) + "ValueError: last\n"
@@ -96,6 +114,9 @@ def test_bounding_says_how_much_was_cut() -> None:
     )
     assert bounded.endswith(" cut ...\n") and len(bounded.encode()) <= 4096
     assert bounded_traceback("short\n") == "short\n"
+    # One line alone (an exception's message) is cut too.
+    one = bounded_traceback("E" * 100_000, 4096)
+    assert one.startswith("EEEE") and len(one.encode()) <= 4096 and " cut ...\n" in one
 
 
 # -- the stack of a hung or crashed child ---------------------------------------------------

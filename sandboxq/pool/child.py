@@ -118,6 +118,10 @@ def current_job() -> JobContext:
     return _current
 
 
+#: The most of an exception's pickle sent to the parent (``describe``): the exception
+#: itself, rebuilt there, is a convenience; its type, message and traceback are the record.
+MAX_PICKLED_ERROR_BYTES = 1024 * 1024
+
 _soft_task_id: Any = None  # shared with the parent: which task the soft signal is meant for
 
 
@@ -144,13 +148,18 @@ def describe(exc: BaseException) -> RemoteError:
         message = str(exc)
     except Exception:
         message = object.__repr__(exc)
-    # Bounded here, before it crosses the pipe: a recursion error's is megabytes.
+    # Bounded here, before it crosses the pipe: a recursion error's traceback is megabytes,
+    # and a message can be anything (a frame over the pipe's limit would lose it all).
+    message = bounded_traceback(message)
     lines = traceback.format_exception(type(exc), exc, _from_handler(exc.__traceback__))
     tb = bounded_traceback("".join(lines))
     pickled: bytes | None
     try:
         pickled = pickle.dumps(exc)
-        pickle.loads(pickled)  # some exceptions pickle but cannot be rebuilt
+        if len(pickled) > MAX_PICKLED_ERROR_BYTES:
+            pickled = None  # described by its type, message and traceback alone
+        else:
+            pickle.loads(pickled)  # some exceptions pickle but cannot be rebuilt
     except Exception:
         pickled = None
     kind = type(exc)

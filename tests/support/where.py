@@ -19,6 +19,11 @@ def inner_frame_raises(message: str) -> None:
     raise RuntimeError(message)
 
 
+def raise_huge_message(size: int) -> None:
+    """Raises a ValueError whose message alone is ``size`` characters, on one line."""
+    raise ValueError("E" * size)
+
+
 def deep_recursion() -> None:
     """Raises RecursionError after ~1,000 frames that alternate between two functions (so
     Python does not fold them into "[Previous line repeated]"): a traceback far over the
