@@ -307,6 +307,22 @@ def test_kill_of_a_queued_attempt_never_runs_it() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_cancelling_a_submitted_future_ends_its_attempt_running_or_queued(tmp_path: Path) -> None:
+    running_marker, queued_marker = tmp_path / "running", tmp_path / "queued"
+    with Pool(H + "call", size=1) as pool:
+        running = pool.submit("mark_then_hang", str(running_marker))
+        queued = pool.submit("mark_started", str(queued_marker))
+        wait_for(lambda: running_marker.exists() and running_marker.read_text(), 10, "a start")
+        pid = int(running_marker.read_text())
+        assert running.cancel() and queued.cancel()
+        assert running.cancelled() and queued.cancelled()
+        # the one child is free again: the hung attempt was killed, the queued one skipped
+        assert pool.submit("echo", "next").result(timeout=10) == "next"
+        wait_for(lambda: not psutil.pid_exists(pid), 10, "the killed child to be reaped")
+    assert not queued_marker.exists()
+
+
+@pytest.mark.timeout(30)
 def test_short_tasks_wait_behind_an_unexpectedly_long_one_only_up_to_the_pipeline_depth() -> None:
     """While jobs are short, busy children get tasks queued in their channels; one job that
     turns out long holds back only the few queued behind it, never the whole backlog."""

@@ -205,9 +205,21 @@ class Pool:
         return self._supervisor.helper_restarts
 
     def submit(self, *args: Any, **kwargs: Any) -> Future[Any]:
-        """Run ``processor(*args, **kwargs)`` in a child; returns a Future of its result."""
+        """Run ``processor(*args, **kwargs)`` in a child; returns a Future of its result.
+
+        ``cancel()`` on it, until it is done, ends the attempt (as pebble's pool does, and
+        unlike ``ProcessPoolExecutor``, whose running futures cannot be cancelled): one not
+        started yet never starts, a running one's tree is killed."""
         future: Future[Any] = Future()
-        self.execute(self.make_task(*args, **kwargs), lambda attempt: _settle(future, attempt))
+        task_id = self.new_task_id()
+
+        def on_done(done: Future[Any]) -> None:
+            if done.cancelled():
+                self.kill(task_id, Outcome.CANCELLED, "its future was cancelled")
+
+        future.add_done_callback(on_done)
+        task = self.make_task(*args, **kwargs)
+        self.execute(task, lambda attempt: _settle(future, attempt), task_id=task_id)
         return future
 
     def make_task(self, *args: Any, **kwargs: Any) -> Task:
