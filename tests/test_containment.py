@@ -134,6 +134,20 @@ def test_a_job_over_its_memory_limit_is_oom_killed_by_the_kernel() -> None:
         assert "OOM-killed" in result.cause  # the kernel's counter, not a sampled guess
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("then", ["return", "raise"])
+def test_a_grandchild_over_the_memory_limit_ends_the_attempt_as_memory_limit(
+    containment: str, then: str
+) -> None:
+    """Whichever mode: the kernel OOM-kills the grandchild in a group (the handler then
+    answers), the sampler kills the tree in the process-tree mode."""
+    grows = "tests.support.grandchild_memory:grandchild_grows"
+    with Pool(grows, 1, hard_timeout_s=20, max_memory_mb=64, containment=containment) as pool:
+        result = attempt(pool, 256, then)
+        assert result.outcome is Outcome.MEMORY_LIMIT, result.cause
+        assert pool.submit(1, "return", 0).result(timeout=30) == 0  # the pool goes on
+
+
 @pytest.mark.timeout(30)
 def test_cpu_time_s_ends_a_spinning_attempt_as_cpu_limit(containment: str) -> None:
     with Pool(H + "cpu_spin", 1, hard_timeout_s=20, cpu_time_s=1, containment=containment) as p:

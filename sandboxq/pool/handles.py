@@ -124,7 +124,21 @@ class Child:
         asked = run.soft_sent or run.hard_stack_asked
         stack = self.asked_stack() if asked else None
         out = self.output.take() if self.output is not None else None
-        if isinstance(msg, Finished):
+        limit, group = run.task.max_memory_mb, self.group
+        if limit and group is not None and group.oom_killed_since_start():
+            # The kernel killed a process of its tree at the group's limit (a grandchild
+            # that grew), and the handler went on to answer: the attempt still went over
+            # its limit, as the process-tree mode's sampling would have found.
+            did = "returned" if isinstance(msg, Finished) else "raised"
+            detail = (
+                f"the kernel OOM-killed a process of its tree at its limit of {limit:g} MB "
+                f"(the handler then {did})"
+            )
+            tb = None if isinstance(msg, Finished) else bounded_traceback(msg.error.traceback)
+            run.settle(
+                Outcome.MEMORY_LIMIT, self.pid, now, at_ms, detail=detail, traceback=tb, output=out
+            )
+        elif isinstance(msg, Finished):
             outcome = run.soft_outcome if run.soft_sent else Outcome.OK
             stack = (stack or run.soft_stack) if outcome is not Outcome.OK else None
             run.settle(
