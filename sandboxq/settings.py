@@ -290,7 +290,7 @@ class ContainmentSettings(_Settings):
     )
     core_dumps: Switch = setting_field(False, "let children write core files (for debugging)")
     keep_strays: Switch = setting_field(
-        False, "let processes an attempt started outlive it (they end with their child)"
+        False, "let processes and threads an attempt started outlive it (they end with their child)"
     )
     max_child_growth_mb: Limit = setting_field(
         None,

@@ -200,3 +200,29 @@ def test_pool_close_takes_the_daemonised_grandchild(tmp_path: Path, containment:
     wait_for(lambda: recorded(pid_file), 10, "the daemon to start")
     pool.shutdown(cancel=True)
     assert not still_running(recorded(pid_file)), "the daemon outlived the pool"
+
+
+# -- threads ---------------------------------------------------------------------------------
+
+T = "tests.support.leftover_threads:"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("daemon", [False, True], ids=["thread", "daemon-thread"])
+def test_a_thread_the_attempt_left_running_ends_with_its_child(daemon: bool) -> None:
+    """A thread cannot be killed: the child that holds it is replaced before its next task,
+    and it exits (its normal end would wait for a non-daemon thread forever)."""
+    with Pool(T + "leave_threads", size=1, containment="process_tree") as pool:
+        first = pool.submit(3, daemon).result(timeout=10)
+        second = pool.submit(0).result(timeout=10)
+        assert second != first
+        wait_for(lambda: not still_running([first]), 10, "the replaced child to exit")
+        assert pool.submit(0).result(timeout=10) == second  # no thread left: kept
+
+
+@pytest.mark.timeout(30)
+def test_keep_strays_keeps_the_threads_but_not_past_close() -> None:
+    with Pool(T + "leave_threads", size=1, containment="process_tree", keep_strays=True) as pool:
+        first = pool.submit(2).result(timeout=10)
+        assert pool.submit(0).result(timeout=10) == first
+    wait_for(lambda: not still_running([first]), 10, "the child to exit at close")

@@ -148,6 +148,17 @@ def test_a_grandchild_over_the_memory_limit_ends_the_attempt_as_memory_limit(
         assert pool.submit(1, "return", 0).result(timeout=30) == 0  # the pool goes on
 
 
+@needs_cgroups
+@pytest.mark.timeout(60)
+def test_threads_an_attempt_left_do_not_use_up_the_next_attempts_processes() -> None:
+    """The pids limit counts threads: a child still holding an attempt's threads would
+    refuse every later attempt's fork. It is replaced instead (test_boundary.py)."""
+    with Pool("tests.support.leftover_threads:call", 1, max_processes=32) as pool:
+        started = pool.submit("leave_threads_to_the_limit").result(timeout=30)
+        assert 0 < started < 32
+        assert pool.submit("fork_and_wait").result(timeout=30) == 0
+
+
 @pytest.mark.timeout(30)
 def test_cpu_time_s_ends_a_spinning_attempt_as_cpu_limit(containment: str) -> None:
     with Pool(H + "cpu_spin", 1, hard_timeout_s=20, cpu_time_s=1, containment=containment) as p:

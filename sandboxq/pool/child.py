@@ -18,8 +18,10 @@
 The attempt boundary: the child is a subreaper, so whatever its handler starts (a
 daemon that double-forks, a helper in its own session) stays below it, and after every
 attempt, before the outcome is sent, ``kill.sweep_own_tree`` kills and reaps all of it.
-``keep_strays`` (a pool setting, off by default) skips that sweep for handlers that keep
-a helper alive across jobs on purpose; the child still sweeps when it exits.
+A Python thread the attempt left running cannot be killed: the child marks the attempt
+(``shared[THREADS_LEFT]``) and the parent replaces it before its next task.
+``keep_strays`` (a pool setting, off by default) skips both for handlers that keep a
+helper alive across jobs on purpose; the child still sweeps when it exits.
 
 The soft timeout arrives as SIGSOFT: the handler raises ``SoftTimeout`` in the main thread
 only while the processor is running, so a late signal can never break the loop itself.
@@ -65,9 +67,10 @@ SIGSOFT = signal.SIGUSR1
 #: The ``shared`` array between parent and child: [0] the id of the task the child
 #: started last (written before it runs anything of it), [1] how many tasks the parent
 #: has withdrawn, [2] the task whose reply could not be sent because the child's own code
-#: closed or broke its channel, [3:] a ring of the withdrawn task ids. A withdrawn task is
-#: skipped, never run.
-STARTED, WITHDRAWN, CHANNEL_LOST, RING = 0, 1, 2, 3
+#: closed or broke its channel, [3] the task that left threads running (written before
+#: its reply), [4:] a ring of the withdrawn task ids. A withdrawn task is skipped, never
+#: run.
+STARTED, WITHDRAWN, CHANNEL_LOST, THREADS_LEFT, RING = 0, 1, 2, 3, 4
 WITHDRAWN_RING = 64
 SHARED_SIZE = RING + WITHDRAWN_RING
 
@@ -202,6 +205,7 @@ def run_one(
         if shared[WITHDRAWN] and run.task_id in shared[RING:]:
             return  # withdrawn while it waited in our channel: never started, no reply
     job = _current = JobContext(conn, lock, run)
+    threads_before = _python_threads()
     reply: Finished | Failed
     try:
         args, kwargs = codec.decode_call(run.codec, run.payload)
@@ -229,6 +233,11 @@ def run_one(
     output.flush_stdio()  # what it printed is in the pipe before its reply leaves
     if not keep_strays:
         sweep_own_tree()  # before the outcome leaves: nothing the attempt started outlives it
+        if shared is not None and _python_threads() - threads_before:
+            # A thread cannot be killed from outside it: the child is replaced instead,
+            # before its next task (a leftover thread would print into the next attempt's
+            # output, spend its CPU and count against its max_processes).
+            shared[THREADS_LEFT] = run.task_id
     try:
         with lock:
             conn.send(reply)
@@ -287,3 +296,19 @@ def child_main(
         return  # the parent closed our channel: stop quietly
     finally:
         sweep_own_tree()  # kept strays included: nothing outlives the child
+        if _python_threads() - {threading.main_thread().ident}:
+            # A thread a handler left (kept strays, or the attempt it recycles this
+            # child for): the process's normal end would wait for it, maybe forever.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+
+def _python_threads() -> set[int | None]:
+    """The Python threads running in this process (a C library's own threads, and the
+    stand-ins ``threading`` makes for foreign ones, are not counted)."""
+    return {
+        t.ident
+        for t in threading.enumerate()
+        if t.is_alive() and not isinstance(t, threading._DummyThread)
+    }

@@ -7,8 +7,10 @@ queued task, memory sample), and how an attempt that answered is settled
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -20,7 +22,15 @@ from sandboxq.models import Outcome, now_ms
 from sandboxq.pool import stacks
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import CHANNEL_LOST, RING, SIGSOFT, STARTED, WITHDRAWN, WITHDRAWN_RING
+from sandboxq.pool.child import (
+    CHANNEL_LOST,
+    RING,
+    SIGSOFT,
+    STARTED,
+    THREADS_LEFT,
+    WITHDRAWN,
+    WITHDRAWN_RING,
+)
 from sandboxq.pool.guard import Fence
 from sandboxq.pool.kill import descendant_pids, kill_tree, resume, stop, tree_rss
 from sandboxq.pool.messages import Failed, Finished
@@ -150,6 +160,9 @@ class Child:
             tb = bounded_traceback(msg.error.traceback)
             run.settle(outcome, self.pid, now, at_ms, error=msg.error, traceback=tb, output=out)
         self.jobs_done += 1
+        if self.shared[THREADS_LEFT] == run.task_id:
+            self.recycle = True  # replaced before its next task (child.py says why)
+            _threads_left.warn(self.pid, run.task.job_id)
         if run.task.max_memory_mb is not None or max_growth_mb is not None:
             self.check_after(run, max_growth_mb)
         return now, at_ms
@@ -331,3 +344,36 @@ class Child:
                 f"{run.task.max_memory_mb:g} MB"
             )
         return None
+
+
+class _ThreadsLeftWarning:
+    """The warning that an attempt left threads running, once a minute at most: a handler
+    that leaves a thread every time has its child replaced every time, and a line per job
+    would bury the log (the line says how many since the last one)."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # one per process; pools' supervisors share it
+        self._last = -math.inf
+        self._unsaid = 0
+
+    def warn(self, pid: int, job_id: str | None) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._unsaid += 1
+            if now - self._last < self.EVERY_S:
+                return
+            self._last, count, self._unsaid = now, self._unsaid, 0
+        of = f" of job {job_id}" if job_id else ""
+        more = f" ({count - 1} more children since the last such line)" if count > 1 else ""
+        log.warning(
+            "child %d: the attempt%s left Python threads running; the child is replaced "
+            "before its next task (keep_strays=True keeps them)%s",
+            pid,
+            of,
+            more,
+        )
+
+
+_threads_left = _ThreadsLeftWarning()
