@@ -371,6 +371,25 @@ def test_info_shows_counts_workers_their_jobs_child_pids_and_lease_left(
     assert f" {w['containment']} " in out
 
 
+@pytest.mark.timeout(60)
+def test_info_shows_a_job_with_its_pid_soon_after_it_starts_and_not_after_it_ends(
+    sq: Run, at: str, queue: Queue, start_worker: Callable[..., SandboxWorker]
+) -> None:
+    """The periodic refresh is every lease_s / 3 (40 s here); a change of the jobs held is
+    published about a second after it."""
+    start_worker("sleep_forever", lease_s=120.0, prefetch=0)
+    job = queue.enqueue()
+
+    def held() -> list[Any]:
+        data = json.loads(sq(f"info {at} --json")[1])
+        return [j for w in data["workers"] for j in w["jobs"]]
+
+    (shown,) = wait_for(lambda: [j for j in held() if j["pid"]], 10, "the job with its pid")
+    assert shown["id"] == job.id
+    job.cancel()
+    wait_for(lambda: not held(), 10, "the cancelled job to leave the worker's record")
+
+
 @pytest.mark.timeout(30)
 def test_info_on_an_idle_queue(sq: Run, at: str) -> None:
     code, out, _ = sq(f"info {at}")

@@ -24,6 +24,7 @@ delay this thread: it competes only with the worker's own threads for the parent
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -147,16 +148,46 @@ class Heartbeat(BackgroundThread):
 
 class RegistryRefresh(BackgroundThread):
     """Publishes the worker's record every ``interval_s``, on the main connection and a
-    thread of its own, so a slow registry write never delays a renewal."""
+    thread of its own, so a slow registry write never delays a renewal; and, when the jobs
+    it holds change, ``SETTLE_S`` later (the attempt has a child by then), at most every
+    ``MIN_GAP_S``: ``sandboxq info`` shows a job a second after it starts, not up to
+    ``interval_s`` later."""
+
+    #: After a change, wait this long (more changes come together; the child starts).
+    SETTLE_S = 0.2
+    #: At least this long between two records written for changes.
+    MIN_GAP_S = 1.0
 
     def __init__(self, interval_s: float, refresh: Callable[[], None]) -> None:
         super().__init__("registry")
         self._interval_s = interval_s
         self._refresh = refresh
+        self._changed = threading.Event()
+
+    def changed(self) -> None:
+        """The held jobs changed (any thread; costs a read when already told)."""
+        if not self._changed.is_set():
+            self._changed.set()
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        self._changed.set()  # wakes the loop; it sees ``stopped`` then
+        super().stop(timeout_s)
 
     def loop(self) -> None:
-        while not self.stopped.wait(self._interval_s):
+        last = time.monotonic()
+        while True:
+            self._changed.wait(max(0.0, last + self._interval_s - time.monotonic()))
+            if self._changed.is_set():
+                settle_until = max(time.monotonic() + self.SETTLE_S, last + self.MIN_GAP_S)
+                if self.stopped.wait(max(0.0, settle_until - time.monotonic())):
+                    return
+                self._changed.clear()  # before the read: a later change is published too
+            elif self.stopped.is_set():
+                return
+            elif time.monotonic() < last + self._interval_s:
+                continue
             try:
                 self._refresh()
             except Exception:
                 log.exception("the registry refresh failed")
+            last = time.monotonic()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from sandboxq.backends.base import Claimed
 from sandboxq.worker.heartbeat import Lease
@@ -50,6 +50,9 @@ class InFlight:
         self._reserved = 0
         self._cond = threading.Condition()
         self._recent_job_s = 1.0  # moving average of attempt run times
+        #: Told (any thread, holding no lock of ours) that the held jobs changed: the
+        #: registry refresh publishes them soon (``RegistryRefresh.changed``).
+        self.on_change: Callable[[], None] = _nothing
 
     def _capacity(self) -> int:
         """Jobs this worker may hold: one per child, plus the prefetch.
@@ -109,6 +112,7 @@ class InFlight:
         with self._cond:
             self._held[held.job.token] = held
             self._reserved -= 1
+        self.on_change()
 
     def get(self, token: str) -> Held | None:
         """The job held under lease ``token`` (None: that lease is not held any more)."""
@@ -121,6 +125,7 @@ class InFlight:
             for token in tokens:
                 self._held.pop(token, None)
             self._wake_if_room()
+        self.on_change()
 
     def _wake_if_room(self) -> None:
         """Wake ``wait_for_room`` only when a slot is free (the caller holds the lock).
@@ -143,3 +148,7 @@ class InFlight:
         """Wake ``wait_for_room`` (the worker is stopping)."""
         with self._cond:
             self._cond.notify_all()
+
+
+def _nothing() -> None:
+    pass

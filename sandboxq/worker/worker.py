@@ -200,6 +200,7 @@ class SandboxWorker:
         )
         spans = self._spans = attempt_spans(s.queue, self.id)
         registry = RegistryRefresh(s.renew_every_s, self._register)
+        self._inflight.on_change = registry.changed
         reaper = Reaper(self.backend, s.stall_every_s, s.max_infra_deaths, TrimWatch(self.backend))
         parts = (heartbeat, registry, reaper)
         dispatcher = self._dispatcher = Dispatcher(
