@@ -24,8 +24,13 @@ from sandboxq.worker.inflight import Held
 
 #: Longest wait between the soft signal and the kill.
 MAX_SOFT_GRACE_S = 5.0
-#: How long after its stop deadline ``run()`` leaves for the last steps (pool shutdown).
-STOP_SLACK_S = 0.8
+#: How long after its stop deadline the dispatcher may still wait for the acks of what
+#: it interrupted; ``run()``'s last steps (pool shutdown, deregistration: under 0.1 s with
+#: Redis hung) then fit in what is left of the promised second.
+STOP_SLACK_S = 0.6
+#: The worker's deregistration gets at least this long, even past the deadline: a record
+#: removed at once beats one that lingers in ``sandboxq info`` until its time to live.
+DEREGISTER_MIN_S = 0.05
 
 
 class StopRequest:
@@ -58,10 +63,13 @@ class StopRequest:
             ends.append(self._now_at + STOP_SLACK_S)
         return min(ends)
 
-    def time_left(self) -> float | None:
-        """Seconds left before the deadline, for a join (None: no deadline yet)."""
+    def time_left(self, at_least_s: float = 0.0) -> float | None:
+        """Seconds left before the deadline, for a join (None: no deadline yet), or
+        ``at_least_s`` when less is left. The steps after the deadline each get only what
+        they ask for here: a floor on every one of them (50 ms each) once added up past the
+        promised bound when the backend hung."""
         deadline = self.deadline()
-        return None if deadline == math.inf else max(0.05, deadline - time.monotonic())
+        return None if deadline == math.inf else max(at_least_s, deadline - time.monotonic())
 
 
 class Drain:

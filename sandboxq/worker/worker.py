@@ -63,7 +63,7 @@ from sandboxq.settings import (
 )
 from sandboxq.worker.bounded import run_until
 from sandboxq.worker.dispatch import Dispatcher
-from sandboxq.worker.drain import StopRequest
+from sandboxq.worker.drain import DEREGISTER_MIN_S, StopRequest
 from sandboxq.worker.events import StopAsked
 from sandboxq.worker.heartbeat import Heartbeat, Lease, RegistryRefresh
 from sandboxq.worker.inflight import InFlight
@@ -235,7 +235,7 @@ class SandboxWorker:
             pool.shutdown(cancel=True)
             if spans is not None:  # tracing: attempts whose ack never came end here
                 spans.end_all("the worker stopped before the attempt was acknowledged")
-            run_until(lambda: self._disconnect(unwatch), left())
+            run_until(lambda: self._disconnect(unwatch), left(DEREGISTER_MIN_S))
             restore()
         if dispatcher.failure is not None:
             raise WorkerFailed(f"worker {self.id} stopped: {dispatcher.failure}")
