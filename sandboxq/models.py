@@ -194,8 +194,12 @@ def setting_field(default: Any, description: str, *, none: str | None = None, **
     return Field(default, description=description, json_schema_extra=extra, **bounds)
 
 
-#: The longest a finished job may be kept (ten years): a time to live beyond it is a typo.
-MAX_TTL_S = 10 * 365 * 24 * 3600.0
+#: The most any setting in seconds may be (ten years; README "Settings"): beyond it is a
+#: typo, and every place a duration goes takes it: a thread's wait (``threading.TIMEOUT_MAX``,
+#: about 292 years on Linux), a wall-clock time (``time_t``), milliseconds in Redis.
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
+#: The longest a finished job may be kept: the bound of every duration.
+MAX_TTL_S = MAX_SECONDS
 #: How long a finished job is kept by default (README "Retention"): a completed one a day,
 #: a failed or cancelled one a week (time to look into why).
 RESULT_TTL_S = 24 * 3600.0

@@ -48,7 +48,7 @@ from sandboxq.errors import ConfigError
 from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
     FAILURE_TTL_S,
-    MAX_TTL_S,
+    MAX_SECONDS,
     NUMBER_ONLY,
     RESULT_TTL_S,
     RETAIN_COMPLETED,
@@ -69,6 +69,10 @@ DEFAULT_MAX_PROCESSES = 1024
 #: Longest interval between two background checks: ``threading.Event.wait`` overflows on
 #: absurd timeouts, and a check that never comes is a setting nobody meant.
 MAX_INTERVAL_S = 24 * 3600.0
+#: The most any setting in MB may be (a pebibyte; README "Settings"): more memory or file
+#: than a machine has, and in bytes (2**50) it fits where a limit goes: an rlimit (a C
+#: long), a control group's memory file.
+MAX_MB = float(2**30)
 
 #: A process exit status: what a handler's exit code can be mapped from.
 ExitCode = Annotated[int, NUMBER_ONLY, Field(ge=0, le=255)]
@@ -234,7 +238,9 @@ NONE_IS_EMPTY = BeforeValidator(lambda value: {} if value is None else value)
 Number = Annotated[float, NUMBER_ONLY]
 Count = Annotated[int, NUMBER_ONLY]
 CountOrNone = Annotated[int | None, NUMBER_ONLY]
-Limit = Annotated[float | None, NUMBER_ONLY, POSITIVE]
+#: A limit, when given: a positive, finite number. NaN and the infinities are refused
+#: before a field's upper bound is checked, so they are not said to be too large.
+Limit = Annotated[float | None, Field(allow_inf_nan=False), NUMBER_ONLY, POSITIVE]
 #: An opt-in: only a real True turns it on, never 1 or "yes".
 Switch = Annotated[bool, Strict()]
 
@@ -282,11 +288,17 @@ class ContainmentSettings(_Settings):
         None, "RLIMIT_NOFILE of a child", none="inherited", ge=16, le=2**20
     )
     max_file_size_mb: Limit = setting_field(
-        None, "RLIMIT_FSIZE of a child: a larger write fails (EFBIG)", none="no limit"
+        None,
+        "RLIMIT_FSIZE of a child: a larger write fails (EFBIG)",
+        none="no limit",
+        le=MAX_MB,
     )
     # RLIMIT_AS: address space is not memory; OpenBLAS reserves a buffer of it per thread
     max_address_space_mb: Limit = setting_field(
-        None, "RLIMIT_AS of a child; opt-in only: it breaks numpy/OpenBLAS", none="no limit"
+        None,
+        "RLIMIT_AS of a child; opt-in only: it breaks numpy/OpenBLAS",
+        none="no limit",
+        le=MAX_MB,
     )
     core_dumps: Switch = setting_field(False, "let children write core files (for debugging)")
     keep_strays: Switch = setting_field(
@@ -296,6 +308,7 @@ class ContainmentSettings(_Settings):
         None,
         "replace a child whose resident memory grew by more than this since it started",
         none="never",
+        le=MAX_MB,
     )
     user: Account = setting_field(
         None,
@@ -321,15 +334,22 @@ class ChildSettings(ContainmentSettings):
 
     processor: str = setting_field(..., "the handler, as package.module:function", min_length=3)
     soft_timeout_s: Limit = setting_field(
-        None, "an attempt's soft timeout: SoftTimeout raised in the handler", none="none"
+        None,
+        "an attempt's soft timeout: SoftTimeout raised in the handler",
+        none="none",
+        le=MAX_SECONDS,
     )
     hard_timeout_s: Limit = setting_field(
-        None, "an attempt's hard timeout: the child's process tree killed", none="none"
+        None,
+        "an attempt's hard timeout: the child's process tree killed",
+        none="none",
+        le=MAX_SECONDS,
     )
     max_memory_mb: Limit = setting_field(
         None,
         "the most an attempt's process tree may grow: outcome memory_limit",
         none="no limit",
+        le=MAX_MB,
     )
     max_jobs_per_child: CountOrNone = setting_field(
         None, "replace a child after this many attempts", none="never", ge=1
@@ -338,6 +358,7 @@ class ChildSettings(ContainmentSettings):
         None,
         "the children's memory together: near it the newest attempt ends (memory_pressure)",
         none="no budget",
+        le=MAX_MB,
     )
     start_method: StartMethod = setting_field(
         "forkserver", "how children start: forkserver (the processor preloaded) or spawn"
@@ -398,7 +419,7 @@ class WorkerSettings(ChildSettings):
         allow_inf_nan=False,
     )
     renew_interval_s: Limit = setting_field(
-        None, "how often held leases are renewed", none="lease_s / 3", ge=0.01
+        None, "how often held leases are renewed", none="lease_s / 3", ge=0.01, le=MAX_INTERVAL_S
     )
     stall_check_s: Limit = setting_field(
         None,
@@ -418,16 +439,19 @@ class WorkerSettings(ChildSettings):
         None,
         "a job not started this long after it became runnable never starts: outcome expired",
         none="no limit",
+        le=MAX_SECONDS,
     )
     deadline_s: Limit = setting_field(
         None,
         "a job's whole budget from enqueue, every attempt and backoff: outcome deadline",
         none="no limit",
+        le=MAX_SECONDS,
     )
     progress_timeout_s: Limit = setting_field(
         None,
         "end an attempt that did not call progress() for this long: outcome progress_timeout",
         none="no watchdog",
+        le=MAX_SECONDS,
     )
     memory_retry_factor: Limit = setting_field(
         None,
@@ -435,7 +459,10 @@ class WorkerSettings(ChildSettings):
         none="off: memory_limit fails",
     )
     memory_retry_max_mb: Limit = setting_field(
-        None, "the most memory_retry_factor may raise a job's limit to", none="no cap"
+        None,
+        "the most memory_retry_factor may raise a job's limit to",
+        none="no cap",
+        le=MAX_MB,
     )
     exit_codes: Annotated[dict[ExitCode, Action], NONE_IS_EMPTY] = setting_field(
         None,
@@ -450,6 +477,7 @@ class WorkerSettings(ChildSettings):
         30.0,
         "how long a drain (SIGTERM, Ctrl-C) lets running jobs finish before they are killed",
         ge=0,
+        le=MAX_SECONDS,
         allow_inf_nan=False,
     )
     allow_pickle: Switch = setting_field(
@@ -473,14 +501,14 @@ class WorkerSettings(ChildSettings):
         RESULT_TTL_S,
         "keep a completed job (its result) this long",
         ge=0,
-        le=MAX_TTL_S,
+        le=MAX_SECONDS,
         allow_inf_nan=False,
     )
     failure_ttl_s: Number = setting_field(
         FAILURE_TTL_S,
         "keep a failed or cancelled job this long",
         ge=0,
-        le=MAX_TTL_S,
+        le=MAX_SECONDS,
         allow_inf_nan=False,
     )
     retain_completed: Count = setting_field(

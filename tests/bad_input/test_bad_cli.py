@@ -24,14 +24,14 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def run_cli(
-    *argv: str, env: dict[str, str] | None = None, timeout_s: float = 40
+    *argv: str, env: dict[str, str] | None = None, timeout_s: float = 40, verb: str = "worker"
 ) -> tuple[int, str]:
     """``python -m sandboxq worker ...`` in its own process: (exit status, stderr). Unless
     the test names one, the worker gets a Redis URL nothing listens on: every refusal
     tested here must come before the worker first reaches for Redis."""
     nowhere = {"SANDBOXQ_URL": f"redis://127.0.0.1:{free_port()}/0"}
     done = subprocess.run(
-        [sys.executable, "-m", "sandboxq", "worker", *argv],
+        [sys.executable, "-m", "sandboxq", verb, *argv],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -59,7 +59,12 @@ ECHO = H + "echo"
         (["q", ECHO, "--concurrency", "abc"], "argument --concurrency: invalid int value: 'abc'"),
         (["q", ECHO, "--concurrency", "0"], "concurrency: Input should be greater than or equal"),
         (["q", ECHO, "--lease-s", "nan"], "lease_s: Input should be a finite number"),
-        (["q", ECHO, "--hard-timeout-s", "inf"], "hard_timeout_s: Value error"),
+        (["q", ECHO, "--hard-timeout-s", "inf"], "hard_timeout_s: Input should be a finite"),
+        (["q", ECHO, "--stop-timeout-s", "1e10"], "stop_timeout_s: Input should be less than"),
+        (["q", ECHO, "--hard-timeout-s", "1e10"], "hard_timeout_s: Input should be less than"),
+        (["q", ECHO, "--max-file-size-mb", "1e13"], "max_file_size_mb: Input should be less"),
+        (["q", ECHO, "--max-address-space-mb", "1e13"], "max_address_space_mb: Input should"),
+        (["q", ECHO, "--pool-memory-mb", "1e30"], "pool_memory_mb: Input should be less than"),
         (["q", ECHO, "--soft-timeout-s", "5", "--hard-timeout-s", "1"], "must be less than"),
         (["q", ECHO, "--exit-code", "x=fail"], "--exit-code 'x=fail' is not N=ACTION"),
         (["q", ECHO, "--exit-code", "3"], "--exit-code '3' is not N=ACTION"),
@@ -97,6 +102,23 @@ def test_a_processor_that_hangs_at_import_exits_2_after_the_import_timeout(tmp_p
     assert time.monotonic() - started < 30  # the hung import thread does not hold up the exit
     status, stderr = run_cli("q", ECHO, env={"SANDBOXQ_IMPORT_TIMEOUT_S": "soon"})
     assert_one_line_error(status, stderr, "SANDBOXQ_IMPORT_TIMEOUT_S='soon'")
+
+
+@pytest.mark.timeout(60)
+def test_a_duration_beyond_the_bound_is_refused_from_a_variable_and_by_run(
+    tmp_path: Path,
+) -> None:
+    """Regression: a stop timeout of 1e10 s was accepted, the jobs ran, and the stop
+    crashed with a traceback (a thread's wait overflowed: timestamp out of range for
+    platform time_t), exit status 1."""
+    status, stderr = run_cli("q", ECHO, env={"SANDBOXQ_STOP_TIMEOUT_S": "1e10"})
+    assert_one_line_error(status, stderr, "SANDBOXQ_STOP_TIMEOUT_S='1e10': Input should be less")
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"args": [1]}\n')
+    status, stderr = run_cli(
+        ECHO, str(lines), "--concurrency", "1", "--stop-timeout-s", "1e23", verb="run"
+    )
+    assert_one_line_error(status, stderr, "stop_timeout_s: Input should be less than or equal")
 
 
 # -- any option value: a burst run, or exit 2 with one line ----------------------------------

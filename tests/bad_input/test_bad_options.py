@@ -15,11 +15,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from annotated_types import Le
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandboxq import ConfigError, Pool, Queue
-from sandboxq.models import JobOptions
+from sandboxq.models import MAX_SECONDS, JobOptions
+from sandboxq.settings import MAX_MB, PoolSettings, WorkerSettings
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import StartWorker
 from sandboxq.worker import SandboxWorker
@@ -172,7 +174,7 @@ def test_a_timedelta_is_accepted_wherever_seconds_are(queue: Queue) -> None:
 
 # -- soft must be below hard, wherever the two meet ----------------------------------------
 
-positive = st.floats(min_value=1e-6, max_value=1e9, allow_nan=False, allow_infinity=False)
+positive = st.floats(min_value=1e-6, max_value=MAX_SECONDS, allow_nan=False, allow_infinity=False)
 
 
 @SHARED_ACROSS_EXAMPLES
@@ -244,7 +246,9 @@ def test_a_thirty_day_hard_timeout_runs_jobs_instead_of_breaking_the_pool() -> N
 
 @pytest.mark.timeout(60)
 def test_huge_job_timeouts_run_through_a_worker(queue: Queue, start_worker: StartWorker) -> None:
-    worker = start_worker("echo", hard_timeout_s=1e9)
+    """The largest durations a worker takes work too, its stop (at teardown) included."""
+    most = {"hard_timeout_s": MAX_SECONDS, "stop_timeout_s": MAX_SECONDS}
+    worker = start_worker("echo", **most, deadline_s=MAX_SECONDS, max_queue_s=MAX_SECONDS)
     job = queue.options(soft_timeout_s=1e300 / 2, hard_timeout_s=1e300).enqueue("big")
     assert job.result(timeout_s=30) == "big"
     assert queue.enqueue("next").result(timeout_s=30) == "next"
@@ -278,6 +282,45 @@ def test_worker_settings_that_only_looked_valid_are_refused(
     with pytest.raises(ConfigError) as refused:
         SandboxWorker(queue_name, H + "echo", url=url, **kwargs)
     assert needle in str(refused.value)
+
+
+def _upper_bound(model: type[WorkerSettings | PoolSettings], name: str) -> float | None:
+    return min((b.le for b in model.model_fields[name].metadata if isinstance(b, Le)), default=None)
+
+
+#: Every setting in seconds or in MB, of the pool and of the worker.
+SIZED = sorted(
+    {
+        (m, n)
+        for m in (PoolSettings, WorkerSettings)
+        for n in m.model_fields
+        if n.endswith(("_s", "_mb"))
+    },
+    key=lambda pair: (pair[0].__name__, pair[1]),
+)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("model", "name"), SIZED, ids=[f"{m.__name__}.{n}" for m, n in SIZED])
+def test_every_setting_in_seconds_or_mb_is_bounded_by_the_one_bound_of_its_unit(
+    url: str, queue_name: str, model: type[WorkerSettings | PoolSettings], name: str
+) -> None:
+    """Regression: stop_timeout_s=1e10 was accepted, and the worker's stop crashed (a
+    thread's wait overflowed); max_file_size_mb=1e13 made every child's setrlimit fail
+    (a C long overflowed), so the pool could run nothing; pool_memory_mb=1e30 failed the
+    pool's start with a raw OSError. A setting may be bounded closer than its unit's
+    bound, never further."""
+    most = MAX_SECONDS if name.endswith("_s") else MAX_MB
+    bound = _upper_bound(model, name)
+    assert bound is not None and bound <= most, (name, bound)
+    with pytest.raises(ConfigError) as refused:
+        if model is PoolSettings:
+            Pool(H + "echo", 1, **{name: most * 10})
+        else:
+            SandboxWorker(queue_name, H + "echo", url=url, **{name: most * 10})
+    assert f"invalid {model.__name__}: {name}: Input should be less than or equal to" in str(
+        refused.value
+    )
 
 
 @pytest.mark.parametrize("timeout_s", [float("nan"), "5", True, [1]])
