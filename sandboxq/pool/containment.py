@@ -114,12 +114,19 @@ class Containment:
 
     def limit_pool_memory(self, max_bytes: int) -> None:
         """Limit the pool's group, every child's group within it, to ``max_bytes``
-        (pool_memory_mb: budget.py); nothing to do without groups."""
+        (pool_memory_mb: budget.py); nothing to do without groups. A limit the kernel
+        refuses is a ``ConfigError`` naming the setting."""
         memory = self._pool_dirs.get("memory", self._pool_dirs.get("unified"))
         if memory is not None:
             name = "memory.max" if self.mode == "cgroup_v2" else "memory.limit_in_bytes"
-            with open(os.path.join(memory, name), "w") as f:
-                f.write(str(max_bytes))
+            try:
+                with open(os.path.join(memory, name), "w") as f:
+                    f.write(str(max_bytes))
+            except OSError as exc:
+                raise ConfigError(
+                    f"pool_memory_mb: the kernel refused {max_bytes} bytes as the limit "
+                    f"of {memory}: {exc.strerror or exc}"
+                ) from None
 
     def pool_usage(self) -> int | None:
         """What the pool's group is charged now, in bytes (None: no groups)."""

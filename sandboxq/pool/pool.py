@@ -139,21 +139,29 @@ class Pool:
         uid, gid = resolve_user(s.user, s.group)
         asked = Asked(uid, gid, s.network, s.pid_namespace)
         self._containment = detect(s.containment, limits, s.max_processes, asked=asked)
-        self._supervisor = Supervisor(
-            # A processor run as another user is imported by each child once it is that
-            # user, never by the fork server (root) beforehand.
-            _context(s.start_method, s.processor, preload=uid is None and gid is None),
-            s.processor,
-            size,
-            max_jobs_per_child=s.max_jobs_per_child,
-            max_result_bytes=max_result_bytes,
-            memory_check_interval_s=memory_check_interval_s,
-            keep_strays=s.keep_strays,
-            max_child_growth_mb=s.max_child_growth_mb,
-            containment=self._containment,
-            capture_output=s.capture_output,
-            pool_memory_mb=s.pool_memory_mb,
-        )
+        try:
+            self._supervisor = Supervisor(
+                # A processor run as another user is imported by each child once it is
+                # that user, never by the fork server (root) beforehand.
+                _context(s.start_method, s.processor, preload=uid is None and gid is None),
+                s.processor,
+                size,
+                max_jobs_per_child=s.max_jobs_per_child,
+                max_result_bytes=max_result_bytes,
+                memory_check_interval_s=memory_check_interval_s,
+                keep_strays=s.keep_strays,
+                max_child_growth_mb=s.max_child_growth_mb,
+                containment=self._containment,
+                capture_output=s.capture_output,
+                pool_memory_mb=s.pool_memory_mb,
+            )
+        except BaseException:
+            # The pool never started (the kernel refused its memory budget, say): its
+            # groups go now, as when a setting fails the containment's own start, rather
+            # than wait for the next pool to find them stale. Once the supervisor runs,
+            # its children are in them and its shutdown removes them.
+            self._containment.close()
+            raise
         self._supervisor.start()
         _live_pools.add(self)
 

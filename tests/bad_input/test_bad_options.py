@@ -10,6 +10,8 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 
 from sandboxq import ConfigError, Pool, Queue
 from sandboxq.models import MAX_SECONDS, JobOptions
+from sandboxq.pool.containment import probe
 from sandboxq.settings import MAX_MB, PoolSettings, WorkerSettings
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import StartWorker
@@ -321,6 +324,43 @@ def test_every_setting_in_seconds_or_mb_is_bounded_by_the_one_bound_of_its_unit(
     assert f"invalid {model.__name__}: {name}: Input should be less than or equal to" in str(
         refused.value
     )
+
+
+#: A pool that fails to start once its control groups are made: under a one-byte file size
+#: limit the kernel refuses to size the fence guard's table (EFBIG). It prints the error,
+#: then the groups its process still has (a pool's group is named after its owner's pid).
+FAILED_START = f"""
+import os, resource, signal
+from pathlib import Path
+from sandboxq import Pool
+from sandboxq.pool.containment import _below, _mounts, _own_paths
+from {H.rstrip(":")} import echo  # imported before the limit, which would refuse its .pyc
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    Pool({H + "echo"!r}, 1, containment="cgroup")
+except OSError as exc:
+    print("refused:", exc)
+own = _own_paths("/proc/self/cgroup")
+for root, point, fs, options in _mounts("/proc/self/mountinfo"):
+    for controller, path in own.items():
+        if (fs == "cgroup2") == (controller == "") and (not controller or controller in options):
+            for group in Path(_below(root, point, path)).glob(f"sandboxq.{{os.getpid()}}.*"):
+                print("left:", group)
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(probe()[0] == "process_tree", reason="no writable control groups here")
+def test_a_pool_whose_start_fails_after_its_groups_are_made_removes_them() -> None:
+    """Regression: pool_memory_mb=1e30 failed the pool's start with an OSError once its
+    control groups were made, and they stayed until another pool started."""
+    done = subprocess.run(
+        [sys.executable, "-c", FAILED_START], capture_output=True, text=True, timeout=50
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused: [Errno 27] File too large" in done.stdout, done.stdout
+    assert "left:" not in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("timeout_s", [float("nan"), "5", True, [1]])
