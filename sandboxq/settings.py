@@ -245,9 +245,15 @@ Limit = Annotated[float | None, Field(allow_inf_nan=False), NUMBER_ONLY, POSITIV
 Switch = Annotated[bool, Strict()]
 
 
+#: The largest uid or gid (``uid_t`` is 32 bits, and its all-ones value means "none").
+MAX_ACCOUNT_ID = 2**32 - 2
+
+
 def _named(value: str | None) -> str | None:
     if value is not None and not value.strip():
         raise ValueError("must name a user or group (a name or a number), got an empty text")
+    if value is not None and value.isdecimal() and int(value) > MAX_ACCOUNT_ID:
+        raise ValueError(f"a number must be at most {MAX_ACCOUNT_ID}, got {value:.40}")
     return value
 
 

@@ -244,8 +244,8 @@ def resolve_user(user: str | int | None, group: str | int | None) -> tuple[int |
     given alone runs with its own primary group. Raises ``ConfigError`` naming the one
     that does not exist here, or when the worker cannot change to them (not root)."""
     uid = gid = None
-    user = int(user) if isinstance(user, str) and user.isdigit() else user
-    group = int(group) if isinstance(group, str) and group.isdigit() else group
+    user = int(user) if isinstance(user, str) and user.isdecimal() else user
+    group = int(group) if isinstance(group, str) and group.isdecimal() else group
     if user is not None:
         try:
             entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)

@@ -65,6 +65,8 @@ ECHO = H + "echo"
         (["q", ECHO, "--max-file-size-mb", "1e13"], "max_file_size_mb: Input should be less"),
         (["q", ECHO, "--max-address-space-mb", "1e13"], "max_address_space_mb: Input should"),
         (["q", ECHO, "--pool-memory-mb", "1e30"], "pool_memory_mb: Input should be less than"),
+        (["q", ECHO, "--group", "1" + "0" * 30], "group: Value error, a number must be at most"),
+        (["q", ECHO, "--user", "1" + "0" * 30], "user: Value error, a number must be at most"),
         (["q", ECHO, "--soft-timeout-s", "5", "--hard-timeout-s", "1"], "must be less than"),
         (["q", ECHO, "--exit-code", "x=fail"], "--exit-code 'x=fail' is not N=ACTION"),
         (["q", ECHO, "--exit-code", "3"], "--exit-code '3' is not N=ACTION"),

@@ -326,6 +326,25 @@ def test_every_setting_in_seconds_or_mb_is_bounded_by_the_one_bound_of_its_unit(
     )
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"group": 10**30}, "invalid PoolSettings: group: Value error, a number must be at most"),
+        ({"user": str(2**32)}, "invalid PoolSettings: user: Value error, a number must be at most"),
+        ({"user": "\u00b2"}, "user='\u00b2': no such user on this machine"),
+    ],
+)
+def test_a_user_or_group_no_account_can_have_is_refused_by_name(
+    kwargs: dict[str, Any], needle: str
+) -> None:
+    """Regression: a gid past 32 bits raised OverflowError from the group lookup, and a
+    digit that is no decimal digit (a superscript two) a ValueError from int()."""
+    with pytest.raises(ConfigError) as refused:
+        Pool(H + "echo", 1, **kwargs)
+    assert needle in str(refused.value)
+
+
 #: A pool that fails to start once its control groups are made: under a one-byte file size
 #: limit the kernel refuses to size the fence guard's table (EFBIG). It prints the error,
 #: then the groups its process still has (a pool's group is named after its owner's pid).
