@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sandboxq import BackendError, ConfigError, Queue
+from sandboxq import BackendError, ConfigError, Queue, aio
 from sandboxq.backends import REDIS_SCHEMES
 from sandboxq.testing.redis_server import free_port
 from sandboxq.worker import SandboxWorker
@@ -50,6 +50,7 @@ def test_a_url_that_is_not_text_is_refused(queue_name: str, url: Any) -> None:
         ("redis://[::1/0", "Invalid IPv6 URL"),
         ("redis://localhost/0?socket_timeout=soon", "socket_timeout"),
         ("redis://user:secret@localhost:notaport/0", "Port could not be cast"),
+        ("redis://user:secret@localhost/db1", "the database must be a number, e.g. /0, got 'db1'"),
     ],
 )
 def test_a_malformed_redis_url_is_a_config_error_without_the_password(
@@ -60,6 +61,25 @@ def test_a_malformed_redis_url_is_a_config_error_without_the_password(
     message = str(refused.value)
     assert message.startswith("invalid Redis URL ") and needle in message
     assert "secret" not in message
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("path", ["abc", "3/zzz", "1/2", "-1", "\u0661"])
+def test_a_redis_url_whose_database_is_not_a_number_is_refused(
+    redis_url: str, queue_name: str, path: str
+) -> None:
+    """Regression: redis-py reads a database it cannot parse as database 0 (and ``/1/2``
+    as 12), so the queue was silently another database's."""
+    url = f"{redis_url.rpartition('/')[0]}/{path}"
+    expected = f"invalid Redis URL {url!r}: the database must be a number, e.g. /0, got {path!r}"
+    with pytest.raises(ConfigError) as refused:
+        Queue(queue_name, url=url)
+    assert str(refused.value) == expected
+    with pytest.raises(ConfigError) as refused:
+        aio.Queue(queue_name, url=url)
+    assert str(refused.value) == expected
+    with Queue(queue_name, url=f"{redis_url.rpartition('/')[0]}/1/") as queue:
+        assert queue.counts()  # a number, with a slash after it, is a database
 
 
 @pytest.mark.parametrize(

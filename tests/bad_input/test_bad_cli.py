@@ -75,6 +75,7 @@ ECHO = H + "echo"
         (["bad{q}", ECHO], "queue name 'bad{q}' is invalid"),
         (["q", ECHO, "--url", "http://x"], "unsupported backend URL 'http://x'"),
         (["q", ECHO, "--url", "redis://h:notaport/0"], "invalid Redis URL"),
+        (["q", ECHO, "--url", "redis://h:6379/zero"], "the database must be a number"),
         (["q", "nope_not_a_module:fn"], "No module named 'nope_not_a_module'"),
         (["q", H + "nope"], "has no attribute 'nope'"),
         (["q", "sandboxq.testing.handlers"], "is not of the form 'package.module:function'"),

@@ -49,6 +49,7 @@ from sandboxq.backends.redis.enqueue import (
 )
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Script, Scripts, pack_command, script_settings
+from sandboxq.backends.redis.urls import check_plain
 from sandboxq.backends.rules import lease_ms
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.finished import Trims
@@ -74,6 +75,7 @@ class AsyncRedisBackend:
         self._batch_ttl_ms = rules.ms(settings.batch_ttl_s)
         timeout = self._timeout_s = float(settings.socket_timeout_s)
         try:
+            check_plain(url)
             self._main = aredis.Redis.from_url(
                 url, socket_timeout=timeout, socket_connect_timeout=min(2.0, timeout)
             )

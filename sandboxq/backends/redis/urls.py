@@ -67,6 +67,28 @@ def _query_options(query: str, allowed: Sequence[str], scheme: str) -> dict[str,
     return found
 
 
+def _database(text: str) -> int:
+    """The database a URL's path names: a number (none: 0). redis-py reads a path it
+    cannot parse as database 0, so a typo would use another queue's keys in silence."""
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdecimal()):
+        raise ConfigError(f"the database must be a number, e.g. /0, got {text!r}")
+    return int(text)
+
+
+def check_plain(url: str) -> None:
+    """What redis-py does not check of a redis://, rediss:// or unix:// URL: that each
+    query option is one it knows (it passes others on to the connection class, where a
+    typo such as ssl_ca_cert= fails only at the first command, as a TypeError), and that
+    the path of a server's URL is a database number."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    _query_options(parts.query, [*URL_QUERY_ARGUMENT_PARSERS, *TLS_OPTIONS], scheme)
+    if scheme != "unix":  # there the path is the socket's
+        _database(parts.path.strip("/"))
+
+
 def retry() -> Retry:
     # One immediate retry covers a pooled connection that died (Redis restarted); more
     # retries with backoff would turn "Redis is down" into a long hang.
@@ -122,9 +144,7 @@ def client_builder(
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in SENTINEL_SCHEMES + CLUSTER_SCHEMES:
-        # redis-py passes unknown query options on to the connection class, where a
-        # typo (ssl_ca_cert=) fails only at the first command, as a TypeError.
-        _query_options(parts.query, [*URL_QUERY_ARGUMENT_PARSERS, *TLS_OPTIONS], scheme)
+        check_plain(url)
         return partial(redis.Redis.from_url, url, decode_responses=False), False
     tls = _query_options(parts.query, TLS_OPTIONS, scheme)
     options: dict[str, Any] = {"decode_responses": False, **_credentials(parts.netloc)}
@@ -152,10 +172,7 @@ def _sentinel(
     service, _, db = path.strip("/").partition("/")
     if not service:
         raise ConfigError("a Sentinel URL names the master: host:port,.../service[/db]")
-    try:
-        options["db"] = int(db or 0)
-    except ValueError:
-        raise ConfigError(f"bad database {db!r}") from None
+    options["db"] = _database(db)
     # One Sentinel manager (one connection per sentinel) serves all three clients; it
     # is only asked where the master is, so short timeouts suit it whatever they wait
     # for. Its own retry too: redis-py's default backs off for seconds on a dead
