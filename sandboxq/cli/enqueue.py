@@ -22,12 +22,13 @@ from sandboxq.cli.options import (
     add_json,
     add_setting_flags,
     add_url,
+    bounded,
     open_queue,
     parse_json,
     setting_flags,
 )
 from sandboxq.errors import JobFailed
-from sandboxq.models import JobOptions
+from sandboxq.models import MAX_SECONDS, JobOptions
 
 #: The JobOptions that have a flag, made from the model's fields (the rest take the
 #: queue's defaults).
@@ -58,7 +59,11 @@ def add_parser(verbs: Any) -> None:
     add_setting_flags(e, JobOptions, JOB_OPTIONS)
     add_url(e)
     e.add_argument("--wait", action="store_true", help="wait for the job and print its result")
-    e.add_argument("--timeout-s", type=float, help="with --wait: give up after this long")
+    e.add_argument(
+        "--timeout-s",
+        type=bounded(float, 0, MAX_SECONDS),
+        help="with --wait: give up after this many seconds (default: wait until it ends)",
+    )
     add_json(e)
     add_allow_pickle(e)
     e.set_defaults(run=run, words_hint=_args_hint)

@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from types import NoneType, UnionType
 from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
@@ -118,6 +118,26 @@ def parse_json(flag: str, text: str | None, expected: type, example: str) -> Any
             f"e.g. {flag} '{example}'"
         )
     return value
+
+
+def bounded(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """The argparse ``type`` of a number flag that is no setting (``enqueue --timeout-s``,
+    ``jobs --limit``): a ``kind`` from ``low`` to ``high``. Anything else (NaN included)
+    is argparse's usage error, naming the flag and the value given, before the command
+    does anything."""
+    what = "a whole number" if kind is int else "a number"
+    span = " to ".join(str(int(b)) if float(b).is_integer() else str(b) for b in (low, high))
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected {what} from {span}, got {text!r:.40}")
+        return value
+
+    return parse
 
 
 def json_type(python_type: type) -> str:

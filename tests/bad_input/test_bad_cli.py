@@ -15,7 +15,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from sandboxq import cli
+from sandboxq import Queue, cli
 from sandboxq.testing.redis_server import free_port
 
 from .support import SHARED_ACROSS_EXAMPLES, H
@@ -122,6 +122,23 @@ def test_a_duration_beyond_the_bound_is_refused_from_a_variable_and_by_run(
         ECHO, str(lines), "--concurrency", "1", "--stop-timeout-s", "1e23", verb="run"
     )
     assert_one_line_error(status, stderr, "stop_timeout_s: Input should be less than or equal")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timeout_s", ["nan", "-1", "inf", "soon"])
+def test_a_wait_that_cannot_be_is_refused_before_the_job_is_enqueued(
+    redis_url: str, queue_name: str, timeout_s: str
+) -> None:
+    """Regression: ``--timeout-s nan`` enqueued the job, printed its id, and only then
+    failed, so a user who tried again made a second job; ``-1`` was taken."""
+    status, stderr = run_cli(
+        queue_name, "--args", "[1]", "--wait", "--timeout-s", timeout_s,
+        env={"SANDBOXQ_URL": redis_url}, verb="enqueue",
+    )  # fmt: skip
+    needle = f"argument --timeout-s: expected a number from 0 to 315360000, got {timeout_s!r}"
+    assert_one_line_error(status, stderr, needle)
+    with Queue(queue_name, url=redis_url) as queue:
+        assert sum(queue.counts().values()) == 0
 
 
 # -- any option value: a burst run, or exit 2 with one line ----------------------------------
