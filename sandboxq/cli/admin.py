@@ -27,12 +27,16 @@ from sandboxq.cli.options import (
     add_allow_pickle,
     add_json,
     add_url,
+    bounded,
     open_queue,
 )
 from sandboxq.errors import BackendError, ConfigError
 from sandboxq.models import JobInfo, JobState, now_ms
 
 STATES = [state.value for state in JobState]
+#: The most jobs ``jobs --limit`` lists per state: as many as a queue keeps completed by
+#: default (``retain_completed``), each read one by one.
+MAX_LIMIT = 1_000_000
 
 
 def add_parsers(verbs: Any) -> None:
@@ -48,7 +52,12 @@ def add_parsers(verbs: Any) -> None:
     verb("info", "counts by state, live workers and the jobs they run", info)
     jobs_ = verb("jobs", "list jobs (with outcome and error) by state", jobs)
     jobs_.add_argument("--state", choices=STATES, action="append", help="repeatable; default all")
-    jobs_.add_argument("--limit", type=int, default=50, help="at most this many per state")
+    jobs_.add_argument(
+        "--limit",
+        type=bounded(int, 1, MAX_LIMIT),
+        default=50,
+        help=f"at most this many per state, 1 to {MAX_LIMIT} (default: 50)",
+    )
     job_ = verb("job", "one job in full: options, result or error, every attempt", job)
     job_.add_argument("id")
     retry_ = verb("retry", "put a failed or cancelled job back in the queue", retry)
@@ -172,7 +181,7 @@ def _summary(info: JobInfo) -> dict[str, Any]:
 def jobs_data(backend: Backend, states: list[JobState], limit: int) -> list[dict[str, Any]]:
     rows = []
     for state in states:
-        for job_id in backend.list_jobs(state, max(0, limit)):
+        for job_id in backend.list_jobs(state, limit):
             try:
                 info = backend.get(job_id)
             except BackendError as exc:  # one unreadable record must not hide the others

@@ -141,6 +141,23 @@ def test_a_wait_that_cannot_be_is_refused_before_the_job_is_enqueued(
         assert sum(queue.counts().values()) == 0
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("limit", ["-1", "0", "99999999999999999999", "2.5"])
+def test_a_jobs_limit_that_lists_nothing_or_overflows_is_refused(
+    redis_url: str, queue_name: str, limit: str
+) -> None:
+    """Regression: ``jobs --limit -1`` and ``--limit 0`` said there were no jobs while
+    there were; a limit past 64 bits was blamed on Redis ("failed to list waiting jobs:
+    value is not an integer or out of range")."""
+    with Queue(queue_name, url=redis_url) as queue:
+        queue.enqueue()
+    status, stderr = run_cli(
+        queue_name, "--limit", limit, env={"SANDBOXQ_URL": redis_url}, verb="jobs"
+    )
+    needle = f"argument --limit: expected a whole number from 1 to 1000000, got {limit!r}"
+    assert_one_line_error(status, stderr, needle)
+
+
 # -- any option value: a burst run, or exit 2 with one line ----------------------------------
 
 FLAGS = {
