@@ -172,7 +172,7 @@ def _env_value(var: str, raw: str, annotation: Any) -> Any:
     it checks a Python value, so a setting that takes numbers only is given a number."""
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to read as JSON
         if get_origin(annotation) is dict:
             raise ConfigError(
                 f'{var}={raw!r} is not a JSON object (e.g. {var}=\'{{"3": "retry"}}\')'

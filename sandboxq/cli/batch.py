@@ -135,6 +135,8 @@ def parse_line(number: int, raw: bytes) -> Item:
         return bad(f"not UTF-8 text ({exc.reason} at byte {exc.start})")
     except ValueError as exc:
         return bad(f"not JSON: {exc}")
+    except RecursionError:
+        return bad("nested too deeply to be read as JSON")
     if not isinstance(value, dict):
         return bad(f"expected a JSON object like {_EXAMPLE}, got a JSON {json_type(type(value))}")
     if unknown := sorted(set(value) - set(_KEYS)):

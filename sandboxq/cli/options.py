@@ -112,6 +112,10 @@ def parse_json(flag: str, text: str | None, expected: type, example: str) -> Any
         value = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"{flag} is not valid JSON ({exc}); e.g. {flag} '{example}'") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{flag} is nested too deeply to be read as JSON; e.g. {flag} '{example}'"
+        ) from None
     if not isinstance(value, expected):
         raise ConfigError(
             f"{flag} must be a JSON {json_type(expected)}, got {json_type(type(value))}; "

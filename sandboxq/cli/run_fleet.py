@@ -164,7 +164,7 @@ def _reattach(queue: Queue, batch_id: str) -> tuple[Batch[Job], list[int], dict[
         lines = parse_ranges(data["lines"])
         malformed = parse_ranges(data.get("malformed", ""))
         assert isinstance(data[LABEL_KEY], str)
-    except (ValueError, KeyError, TypeError, AssertionError):
+    except (ValueError, KeyError, TypeError, AssertionError, RecursionError):
         raise ConfigError(
             f"batch {batch_id!r} was not sent by sandboxq run: its label holds no line numbers"
         ) from None
@@ -202,7 +202,7 @@ def written_lines(path: str) -> Iterator[tuple[int, str]]:
         try:
             record = json.loads(row)
             yield int(record["line"]), str(record["outcome"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
 
 

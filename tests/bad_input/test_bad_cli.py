@@ -158,6 +158,57 @@ def test_a_jobs_limit_that_lists_nothing_or_overflows_is_refused(
     assert_one_line_error(status, stderr, needle)
 
 
+#: JSON nested deeper than Python's JSON reader can recurse.
+DEEP_ARRAY = "[" * 1000 + "]" * 1000
+DEEP_OBJECT = '{"a": ' * 1000 + "1" + "}" * 1000
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("flag", "deep"), [("--args", DEEP_ARRAY), ("--kwargs", DEEP_OBJECT)])
+def test_json_nested_too_deeply_to_read_is_refused_in_one_line(
+    redis_url: str, queue_name: str, flag: str, deep: str, tmp_path: Path
+) -> None:
+    """Regression: a JSON flag, variable or input line nested 1000 deep ended in a
+    RecursionError traceback."""
+    env = {"SANDBOXQ_URL": redis_url}
+    status, stderr = run_cli(queue_name, flag, deep, env=env, verb="enqueue")
+    assert_one_line_error(status, stderr, f"{flag} is nested too deeply to be read as JSON")
+    with Queue(queue_name, url=redis_url) as queue:
+        assert sum(queue.counts().values()) == 0
+    status, stderr = run_cli("q", ECHO, env={"SANDBOXQ_EXIT_CODES": DEEP_ARRAY})
+    assert_one_line_error(status, stderr, "SANDBOXQ_EXIT_CODES='[[[[")
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(f'{{"args": [1]}}\n{{"args": {deep}}}\n')
+    status, stderr = run_cli(ECHO, str(lines), "--strict", verb="run")
+    assert status == 2 and "Traceback" not in stderr, stderr
+    assert f"{lines} line 2: nested too deeply to be read as JSON\n" in stderr, stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_resumed_run_refuses_what_is_nested_too_deeply_in_its_label_or_output(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """Regression: ``run --resume`` read the batch's label (from a Redis others may write)
+    and the output file's lines as JSON, and one nested 1000 deep was a traceback."""
+    at = ["--url", redis_url, "--queue", queue_name]
+    out = tmp_path / "out.jsonl"
+    with Queue(queue_name, url=redis_url) as queue:
+        forged = queue.batch([([1], {})], label=DEEP_ARRAY)
+    status, stderr = run_cli("--resume", forged.id, *at, "--output", str(out), verb="run")
+    assert_one_line_error(status, stderr, "was not sent by sandboxq run")
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n')
+    status, stderr = run_cli(
+        ECHO, str(source), *at, "--concurrency", "1", "--output", str(out), verb="run"
+    )
+    assert status == 0, stderr
+    sent = next(line for line in stderr.splitlines() if line.startswith("sandboxq: batch "))
+    batch_id = sent.split()[2].rstrip(":")
+    out.write_text(out.read_text() + DEEP_OBJECT + "\n")
+    status, stderr = run_cli("--resume", batch_id, *at, "--output", str(out), verb="run")
+    assert_one_line_error(status, stderr, f"{out} line 2 is not a line sandboxq run wrote")
+
+
 # -- any option value: a burst run, or exit 2 with one line ----------------------------------
 
 FLAGS = {
