@@ -5,18 +5,22 @@
     defaults ─────────────┘  (an error names the setting, or the variable it came from)
 
 One log line per job outcome (the worker's own, at INFO). SIGTERM or Ctrl-C drains; a
-second one stops at once. The settings model is the Python API's, so a value is refused
-for the same reason whichever way it came in; each flag is made from its field
-(``options.add_setting_flags``: name, type, help, the default shown), ``run``'s too.
+second one stops at once. Stopped by Ctrl-C (SIGINT, once or twice), it exits 130, as
+the shell reports a command Ctrl-C ended; otherwise 0. The settings model is the Python
+API's, so a value is refused for the same reason whichever way it came in; each flag is
+made from its field (``options.add_setting_flags``: name, type, help, the default
+shown), ``run``'s too.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from typing import Any
 
 from sandboxq.cli.options import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     add_setting_flags,
     add_url,
@@ -117,4 +121,4 @@ def run(args: argparse.Namespace) -> int:
     worker = SandboxWorker(**chosen.model_dump())
     worker.run(burst=args.burst)
     log.info("worker %s stopped: %s", worker.id, worker.stats)
-    return EXIT_OK
+    return EXIT_INTERRUPTED if signal.SIGINT in worker.signals else EXIT_OK

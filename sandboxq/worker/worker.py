@@ -85,7 +85,8 @@ class SandboxWorker:
     finish; a grace before ``stop_timeout_s`` they get the soft signal, at it they are
     killed; interrupted jobs go back to the queue without being charged an attempt, and
     ``run()`` returns within a second more. A second signal stops at once (within a
-    second). If a part of the worker dies, ``run()`` raises ``WorkerFailed``.
+    second); ``signals`` lists those received. If a part of the worker dies, ``run()``
+    raises ``WorkerFailed``.
 
     ``metrics_port`` serves Prometheus metrics (sandboxq/observe/metrics.py) on ``metrics_host``
     (127.0.0.1 by default) while ``run()`` runs; 0 picks a free port, logged and kept in
@@ -152,6 +153,9 @@ class SandboxWorker:
         # "Retention"); backend_options, where they name the same, win
         self.backend = open_backend(url, queue, **{**s.retention, **(backend_options or {})})
         self.stats = WorkerStats()
+        #: The stop signals received while ``run()`` ran, in order (``sandboxq worker``
+        #: exits 130 when one was SIGINT: stopped by Ctrl-C).
+        self.signals: list[signal.Signals] = []
         self._stop = StopRequest(s.stop_timeout_s)
         self._inflight = InFlight(s.concurrency, s.prefetch, self._stop.asked)
         self._pool: Pool | None = None
@@ -254,6 +258,7 @@ class SandboxWorker:
             return lambda: None
 
         def handler(signum: int, frame: object) -> None:
+            self.signals.append(signal.Signals(signum))
             log.warning(
                 "received %s: %s",
                 signal.Signals(signum).name,

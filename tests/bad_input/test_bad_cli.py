@@ -5,6 +5,7 @@ wrong, never a traceback and never a hang; a usable command line still runs.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,8 +16,10 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from sandboxq import Queue, cli
+from sandboxq import JobState, Queue, cli
 from sandboxq.testing.redis_server import free_port
+from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers
 
 from .support import SHARED_ACROSS_EXAMPLES, H
 
@@ -207,6 +210,33 @@ def test_a_resumed_run_refuses_what_is_nested_too_deeply_in_its_label_or_output(
     out.write_text(out.read_text() + DEEP_OBJECT + "\n")
     status, stderr = run_cli("--resume", batch_id, *at, "--output", str(out), verb="run")
     assert_one_line_error(status, stderr, f"{out} line 2 is not a line sandboxq run wrote")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("presses", [1, 2])
+def test_a_worker_stopped_by_ctrl_c_exits_130(
+    workers: BackgroundWorkers, redis_url: str, queue_name: str, tmp_path: Path, presses: int
+) -> None:
+    """Regression: the README gives 130 for "stopped by Ctrl-C", but a worker that Ctrl-C
+    drained (once) or stopped (twice) exited 0. Ctrl-C is SIGINT to the terminal's whole
+    process group: the worker is started as a shell would start it, and so signalled."""
+    runs, log = tmp_path / "runs", tmp_path / "worker.log"
+    proc = workers.spawn(
+        queue_name, H + "recorded_sleep", "--concurrency", "1",
+        url=redis_url, log=log, new_session=True,
+    )  # fmt: skip
+    with Queue(queue_name, url=redis_url) as queue:
+        job = queue.enqueue(str(runs), "job", 1.5 if presses == 1 else 60)
+        wait_for(lambda: runs.exists() and "start" in runs.read_text(), 30, "the job to start")
+        os.killpg(proc.pid, signal.SIGINT)
+        if presses == 2:
+            wait_for(lambda: "received SIGINT: draining" in log.read_text(), 10, "the drain")
+            os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(30) == 130, log.read_text()
+        # once: the drain let the job finish; twice: it was stopped, and put back
+        expected = JobState.COMPLETED if presses == 1 else JobState.WAITING
+        assert job.info().state is expected
+    assert "Traceback" not in log.read_text()
 
 
 # -- any option value: a burst run, or exit 2 with one line ----------------------------------
