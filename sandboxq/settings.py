@@ -101,18 +101,27 @@ def from_call(model: type[M], arguments: Mapping[str, Any]) -> M:
     return build(model, **{k: v for k, v in arguments.items() if k in model.model_fields})
 
 
+#: Errors whose message already gives the value (the checks of this package say "got
+#: ..."), or that have no one value to give.
+_SHOWS_ITS_INPUT = frozenset({"value_error", "assertion_error", "missing", "extra_forbidden"})
+
+
 def _invalid(
     model: type[BaseModel], exc: ValidationError, names: Mapping[str, str] | None = None
 ) -> ConfigError:
-    """One line listing every problem; ``names`` renames a setting where a user knows it by
-    another name (the environment variable it came from)."""
+    """One line listing every problem, each with the value given (a flag's value is known
+    here only); ``names`` renames a setting where a user knows it by another name (the
+    environment variable it came from, shown with its value)."""
     names = names or {}
     problems = []
     for e in exc.errors():
         loc = [str(p) for p in e["loc"]]
-        if loc and loc[0] in names:
+        msg = e["msg"]
+        if loc and loc[0] in names:  # the variable's name shows its value
             loc[0] = names[loc[0]]
-        problems.append(f"{'.'.join(loc) or model.__name__}: {e['msg']}")
+        elif loc and e["type"] not in _SHOWS_ITS_INPUT:
+            msg = f"{msg} (got {e['input']!r:.80})"
+        problems.append(f"{'.'.join(loc) or model.__name__}: {msg}")
     return ConfigError(f"invalid {model.__name__}: {'; '.join(problems)}")
 
 

@@ -75,6 +75,11 @@ ECHO = H + "echo"
         (["q", ECHO, "--exit-code", "3"], "--exit-code '3' is not N=ACTION"),
         (["q", ECHO, "--exit-code", "300=fail"], "exit_codes.300.[key]: Input should be less"),
         (["q", ECHO, "--exit-code", "3=explode"], "exit_codes.3: Input should be 'complete'"),
+        (
+            ["q", ECHO, "--retries", "-1"],
+            "retries: Input should be greater than or equal to 0 (got -1)",
+        ),
+        (["q", ECHO, "--max-file-size-mb", "1e13"], "to 1073741824 (got 10000000000000.0)"),
         (["bad{q}", ECHO], "queue name 'bad{q}' is invalid"),
         (["q", ECHO, "--url", "http://x"], "unsupported backend URL 'http://x'"),
         (["q", ECHO, "--url", "redis://h:notaport/0"], "invalid Redis URL"),

@@ -262,7 +262,7 @@ def test_huge_job_timeouts_run_through_a_worker(queue: Queue, start_worker: Star
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"concurrency": 0}, "concurrency: Input should be greater than or equal to 1"),
+        ({"concurrency": 0}, "concurrency: Input should be greater than or equal to 1 (got 0)"),
         ({"concurrency": True}, "concurrency: Value error, expected a number, got bool"),
         ({"stall_check_s": 1e300}, "stall_check_s: Input should be less than or equal to 86400"),
         ({"stall_check_s": 1e-9}, "stall_check_s: Input should be greater than or equal to 0.01"),
