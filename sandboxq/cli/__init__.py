@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -62,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    words = _join_negative_pairs(sys.argv[1:] if argv is None else argv)
     try:
-        args, extra = parser.parse_known_args(argv)
+        args, extra = parser.parse_known_args(words)
         if extra and not _late_positional(args, extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}{_hint(args, extra)}")
     except SystemExit as exc:  # --help, or a usage error argparse has already printed
@@ -84,6 +86,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         # As the Python docs advise: point stdout at devnull so the exit flush cannot fail.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
+
+
+#: A word argparse would take for an option: ``-1=fail`` (a negative ``N=ACTION``).
+_NEGATIVE_PAIR = re.compile(r"-\d+=")
+
+
+def _join_negative_pairs(argv: Sequence[str]) -> list[str]:
+    """``--exit-code -1=fail`` as ``--exit-code=-1=fail``.
+
+    argparse reads a word that starts with '-' as an option unless it is a negative
+    number, so the value never reached its flag ("expected one argument"). Joined, it
+    does, and the flag's own check names what is wrong with it. No option of sandboxq
+    starts with a digit, so such a word after an option can only be its value.
+    """
+    words = list(argv)
+    for i in range(len(words) - 1, 0, -1):
+        option, value = words[i - 1], words[i]
+        if option.startswith("--") and "=" not in option and _NEGATIVE_PAIR.match(value):
+            words[i - 1 : i + 1] = [f"{option}={value}"]
+    return words
 
 
 def _late_positional(args: argparse.Namespace, extra: list[str]) -> bool:

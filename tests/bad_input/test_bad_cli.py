@@ -75,6 +75,7 @@ ECHO = H + "echo"
         (["q", ECHO, "--exit-code", "3"], "--exit-code '3' is not N=ACTION"),
         (["q", ECHO, "--exit-code", "300=fail"], "exit_codes.300.[key]: Input should be less"),
         (["q", ECHO, "--exit-code", "3=explode"], "exit_codes.3: Input should be 'complete'"),
+        (["q", ECHO, "--exit-code", "-1=fail"], "exit_codes.-1.[key]: Input should be greater"),
         (
             ["q", ECHO, "--retries", "-1"],
             "retries: Input should be greater than or equal to 0 (got -1)",
