@@ -310,6 +310,25 @@ def test_output_is_per_attempt_on_a_reused_child() -> None:
     assert silent.output is None
 
 
+@pytest.mark.timeout(60)
+def test_short_attempts_queued_in_one_child_each_keep_only_their_own_output() -> None:
+    """Short jobs are queued in a busy child's channel (assign.py): the next one starts
+    before the parent has read the reply of the one before. Each still keeps what it
+    wrote, all of it, and nothing of its neighbours'."""
+    with Pool(W + "print_then_raise_every_tenth", size=1, containment=TREE) as pool:
+        done: dict[int, Future[AttemptResult]] = {i: Future() for i in range(400)}
+        for i, future in done.items():
+            pool.execute(pool.make_task(i), future.set_result)
+        results = {i: future.result(timeout=30) for i, future in done.items()}
+    wrong = []
+    for i, result in results.items():
+        expected = {f"stdout of {i}", f"stderr of {i}"} if i % 10 == 5 else set()
+        got = set(result.output.splitlines()) if result.output else set()
+        if got != expected:
+            wrong.append((i, result.output))
+    assert not wrong, f"{len(wrong)} of 400 attempts kept the wrong output, e.g. {wrong[:3]}"
+
+
 @pytest.mark.timeout(30)
 def test_a_process_the_attempt_left_printing_does_not_reach_the_next_attempt() -> None:
     with Pool(W + "leave_a_printer_or_say", size=1, containment=TREE) as pool:

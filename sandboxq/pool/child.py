@@ -199,6 +199,7 @@ def run_one(
 ) -> None:
     global _current
     if shared is not None:
+        output.wait_drained()  # what the last attempt wrote is read as its (output.py)
         # First "started", then the check: the parent withdraws a task only while this
         # process is stopped (SIGSTOP), so it either sees it started or we see the mark.
         shared[STARTED] = run.task_id
@@ -266,7 +267,7 @@ def child_main(
         output.attach(*output_fds)  # stdout and stderr: pipes to the parent (output.py)
     # First, before any of the user's code: nothing of the fork server, the resource
     # tracker or another helper stays reachable (descriptors.py).
-    given = () if stack_fd is None else (stack_fd,)
+    given = (() if stack_fd is None else (stack_fd,)) + output.kept_fds()
     descriptors.isolate(sock.fileno(), *given)
     setup = setup or limits.ChildSetup()
     if setup.privileges.pid_namespace:

@@ -96,7 +96,7 @@ def settle_death(child: Child, run: Attempt, exitcode: int | None, pending: dequ
         kill_overshoot_s=overshoot,
         infra_death=run.infra_death,
         traceback=child.stack_at_death(run),
-        output=child.output.take() if child.output is not None else None,
+        output=child.output.take(run.task_id) if child.output is not None else None,
     )
 
 

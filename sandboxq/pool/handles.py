@@ -133,7 +133,7 @@ class Child:
         # the request before the hard kill and the kill); a raise's traceback says it better.
         asked = run.soft_sent or run.hard_stack_asked
         stack = self.asked_stack() if asked else None
-        out = self.output.take() if self.output is not None else None
+        out = self.output.take(run.task_id) if self.output is not None else None
         limit, group = run.task.max_memory_mb, self.group
         if limit and group is not None and group.oom_killed_since_start():
             # The kernel killed a process of its tree at the group's limit (a grandchild

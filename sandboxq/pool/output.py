@@ -7,9 +7,9 @@ attempt's kept with its outcome (``capture_output``, on by default).
         tail (the last TAIL_BYTES of its running attempt) ─► written on to the worker's own
         stdout / stderr
     supervisor: an idle child is sent a task ─► ChildOutput.clear(), before the send
-                an attempt ends ─► ChildOutput.take(): the pipes drained into the tail (the
-                child flushed before replying, so all it wrote is in them), the tail
-                taken as ``AttemptResult.output``, and the tail empty for the next one
+                an attempt ends ─► ChildOutput.take(task): the pipes drained into the
+                tails (the child flushed before replying, so all it wrote is in them),
+                that attempt's tail taken as ``AttemptResult.output``
 
 Who may block: only the relay, on a write to the worker's stdout or stderr that nobody
 reads fast enough. Then it stops reading the pipes, and a child that writes more than a
@@ -23,23 +23,34 @@ the live view and the tails see the bytes in the order they were read. The read 
 closed on the relay thread only (``remove``), so a number it still selects on is never
 reused under it.
 
-The attempt boundary is where the parent sees it: while short jobs are queued in a
-child's channel, the next attempt may start before the parent has read the reply of the
-one before, and what it writes first can be counted with that one. Output of a process
-an attempt started and that outlives it (``keep_strays``) lands in whichever attempt runs
-when it writes; every other process an attempt started is dead before its reply.
+Which attempt wrote what: while short jobs are queued in a child's channel, the next
+attempt starts before the parent has read the reply of the one before, so the tail cannot
+switch when the reply is read. Instead each read of a pipe is tagged with the attempt the
+child had started when the read began (its shared ``STARTED`` mark, read just before),
+and the child, before it marks the next attempt started, waits until its pipes are empty
+(``wait_drained``): a read that began before the mark can only return the earlier
+attempt's bytes, one that began after it only the next one's. (Past ``DRAIN_WAIT_S``, a
+parent that does not read, it goes on: its output may then be counted with the next.)
+Output of a process an attempt started and that outlives it (``keep_strays``) lands in
+whichever attempt runs when it writes, or none; every other process an attempt started is
+dead before its reply.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import select
 import selectors
+import struct
 import sys
+import termios
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from sandboxq.pool import descriptors
@@ -52,12 +63,26 @@ TAIL_BYTES = 8 * 1024
 #: fast enough; past it, children's output is dropped from the live view (not from tails).
 OUTBOX_BYTES = 1024 * 1024
 _READ = 64 * 1024
+#: The longest a child waits, before marking its next attempt started, for its parent to
+#: read what the one before wrote (the relay reads within microseconds; it waits longer
+#: only while it is stuck writing to a worker's stdout that nobody reads).
+DRAIN_WAIT_S = 0.05
+
+
+class _Tail:
+    """The last ``TAIL_BYTES`` one attempt wrote, and how much it wrote in all."""
+
+    __slots__ = ("data", "total")
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.total = 0
 
 
 class ChildOutput:
     """One child's stdout and stderr pipes, as its parent holds them."""
 
-    __slots__ = ("_relay", "dests", "fds", "readable", "tail", "total", "writers")
+    __slots__ = ("_relay", "attempt", "dests", "fds", "readable", "tails", "writers")
 
     def __init__(self, relay: Relay) -> None:
         self._relay = relay
@@ -72,8 +97,10 @@ class ChildOutput:
             self.readable.register(fd, select.POLLIN)
         self.dests = {out_r: relay.stdout_fd, err_r: relay.stderr_fd}
         self.writers: tuple[int, ...] = (out_w, err_w)
-        self.tail = bytearray()
-        self.total = 0  # bytes of the running attempt, kept or not
+        self.tails: dict[int, _Tail] = {}  # task id → what that attempt wrote
+        #: The task the child has started last (its shared ``STARTED`` mark: spawn.py
+        #: sets this), read before each read of its pipes (the module docstring).
+        self.attempt: Callable[[], int] = lambda: 0
 
     def for_child(self) -> tuple[Any, Any]:
         """Picklable handles of the write ends, for the child's launch arguments."""
@@ -91,27 +118,26 @@ class ChildOutput:
         relay = self._relay
         with relay.lock:
             drained = relay.drain(self)
-            self.tail.clear()
-            self.total = 0
+            self.tails.clear()
         if drained:
             relay.wake()
 
-    def take(self) -> str | None:
-        """The attempt ended: the last ``TAIL_BYTES`` it wrote (None: nothing), from the
-        pipes drained now."""
+    def take(self, task_id: int) -> str | None:
+        """Attempt ``task_id`` ended: the last ``TAIL_BYTES`` it wrote (None: nothing),
+        from the pipes drained now. What earlier attempts left untaken goes."""
         relay = self._relay
         with relay.lock:
             drained = relay.drain(self)
-            if not self.total:
-                return None
-            data, total = bytes(self.tail), self.total
-            self.tail.clear()
-            self.total = 0
+            tail = self.tails.pop(task_id, None)
+            for older in [t for t in self.tails if t < task_id]:
+                del self.tails[older]
         if drained:
             relay.wake()
-        text = data.decode("utf-8", "replace")
-        if total > len(data):
-            text = f"... {total - len(data):,} bytes before these cut ...\n" + text
+        if tail is None or not tail.total:
+            return None
+        text = tail.data.decode("utf-8", "replace")
+        if tail.total > len(tail.data):
+            text = f"... {tail.total - len(tail.data):,} bytes before these cut ...\n" + text
         return text
 
     def close(self) -> None:
@@ -124,13 +150,17 @@ class ChildOutput:
             os.close(fd)
         self.writers = ()
 
-    def append(self, data: bytes) -> None:
-        """Under the relay's lock: ``data`` was read from one of the pipes."""
-        self.total += len(data)
-        tail = self.tail
-        tail += data
-        if len(tail) > TAIL_BYTES:
-            del tail[: len(tail) - TAIL_BYTES]
+    def append(self, data: bytes, task_id: int) -> None:
+        """Under the relay's lock: ``data`` was read from one of the pipes by a read that
+        began while attempt ``task_id`` was the child's."""
+        tail = self.tails.get(task_id)
+        if tail is None:
+            tail = self.tails[task_id] = _Tail()
+        tail.total += len(data)
+        kept = tail.data
+        kept += data
+        if len(kept) > TAIL_BYTES:
+            del kept[: len(kept) - TAIL_BYTES]
 
 
 def attach(stdout_fd: int, stderr_fd: int) -> None:
@@ -140,13 +170,42 @@ def attach(stdout_fd: int, stderr_fd: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    global _pipes
     os.dup2(stdout_fd, 1)
     os.dup2(stderr_fd, 2)
-    os.close(stdout_fd)
-    os.close(stderr_fd)
+    # Its own ends too, whatever the handler does to 1 and 2: ``wait_drained`` asks them.
+    _pipes = (stdout_fd, stderr_fd)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # replaced by something that cannot be
             stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+
+_pipes: tuple[int, ...] = ()  # the child's ends of its output pipes (attach)
+
+
+def kept_fds() -> tuple[int, ...]:
+    """In the child: the descriptors ``attach`` keeps beside 1 and 2."""
+    return _pipes
+
+
+def wait_drained() -> None:
+    """In the child, before it marks its next attempt started: until its parent has read
+    all it wrote (both pipes empty), ``DRAIN_WAIT_S`` at most (the module docstring)."""
+    give_up_at = None
+    for fd in _pipes:
+        while True:
+            try:
+                unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+            except OSError:
+                return  # the handler closed it: nothing to wait for
+            if not unread:
+                break
+            now = time.monotonic()
+            if give_up_at is None:
+                give_up_at = now + DRAIN_WAIT_S
+            elif now >= give_up_at:
+                return
+            time.sleep(0.0001)
 
 
 def flush_stdio() -> None:
@@ -207,6 +266,7 @@ class Relay:
         got = 0
         for fd, _ in out.readable.poll(0):
             while True:
+                task_id = out.attempt()  # before the read: the module docstring says why
                 try:
                     data = os.read(fd, _READ)
                 except (BlockingIOError, OSError):
@@ -214,7 +274,7 @@ class Relay:
                 if not data:
                     break
                 got += len(data)
-                out.append(data)
+                out.append(data, task_id)
                 self._queue(out.dests[fd], data)
                 if len(data) < _READ:
                     break
@@ -247,6 +307,7 @@ class Relay:
 
     def _read(self, fd: int, out: ChildOutput) -> None:
         with self.lock:
+            task_id = out.attempt()  # before the read: the module docstring says why
             try:
                 data = os.read(fd, _READ)
             except (BlockingIOError, InterruptedError):
@@ -254,7 +315,7 @@ class Relay:
             except OSError:
                 data = b""
             if data:
-                out.append(data)
+                out.append(data, task_id)
                 self._queue(out.dests[fd], data)
                 return
         # End of file: every writer of that pipe is gone. Stop selecting on it (it would be

@@ -16,6 +16,7 @@ What a fork server's death does to the children is the supervisor's (its
 
 from __future__ import annotations
 
+import functools
 import selectors
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from typing import Any
 
 from sandboxq.pool import launch, server
 from sandboxq.pool.channel import Channel
-from sandboxq.pool.child import child_main
+from sandboxq.pool.child import STARTED, child_main
 from sandboxq.pool.containment import Containment
 from sandboxq.pool.handles import Child
 from sandboxq.pool.memory import ChildMemory
@@ -106,6 +107,7 @@ class Spawner:
         child.stacks = dumps
         if out is not None:
             assert self._relay is not None
+            out.attempt = functools.partial(_started, memory.shared)
             child.output = out
             self._relay.add(out)
         return child
@@ -154,3 +156,8 @@ class Spawner:
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
+
+
+def _started(shared: Any) -> int:
+    """The task a child has started last (its ``STARTED`` mark), for its output's tags."""
+    return int(shared[STARTED])

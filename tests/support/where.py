@@ -170,3 +170,13 @@ def leave_a_printer_or_say(what: str) -> int:
     printer = subprocess.Popen([sys.executable, "-c", _PRINTER], start_new_session=True)
     time.sleep(0.2)
     return printer.pid
+
+
+def print_then_raise_every_tenth(i: int) -> int:
+    """Job ``i``: returns at once, saying nothing; every tenth (i % 10 == 5) prints a
+    line naming itself to stdout and to stderr, then raises."""
+    if i % 10 == 5:
+        print(f"stdout of {i}")
+        print(f"stderr of {i}", file=sys.stderr)
+        raise RuntimeError(f"job {i} failed")
+    return i
