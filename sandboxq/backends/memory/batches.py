@@ -103,14 +103,31 @@ def progress(store: Store, batch_id: str, batch: BatchRecord) -> BatchProgress:
 
 
 def sweep_batches(store: Store, now: int) -> None:
-    """Drop the batches past their ttl with their members (common.lua's sweep_batches)."""
+    """Drop the batches past their ttl with their members (common.lua's sweep_batches),
+    but not while a member's fence stands (``fenced_until``)."""
     gone = [
         bid
         for bid, b in store.batches.items()
         if b.done_ms is not None and b.done_ms + b.ttl_ms <= now
     ]
     for bid in gone:
-        drop_batch(store, bid)
+        if fenced_until(store, bid, now) is None:
+            drop_batch(store, bid)
+
+
+def fenced_until(store: Store, batch_id: str, now: int) -> int | None:
+    """The latest fence of a member of ``batch_id`` cancelled while it ran whose fence
+    still stands (ms), else None: until then its child may live, and its id must stay
+    taken (design invariant 12)."""
+    batch = store.batches[batch_id]
+    fences = [
+        job.fenced_until_ms
+        for i in range(max(batch.total, batch.enqueued))
+        if (job := store.jobs.get(f"{batch_id}.{i}")) is not None
+        and job.batch == batch_id
+        and job.fenced(now)
+    ]
+    return max(fences, default=None)
 
 
 def drop_batch(store: Store, batch_id: str) -> None:
@@ -240,19 +257,27 @@ class Batches:
             return [progress(store, bid, batch) for bid, batch in newest]
 
     def forget_batch(self, batch_id: str) -> bool:
+        """As on Redis: refused while a member may be started; waits while a member
+        cancelled as it ran is still fenced (its worker confirms the child dead, or its
+        old lease runs out)."""
         store = self._store
         with store.cond:
-            batch = store.batches.get(batch_id)
-            if batch is None:
-                return False
-            c = batch.counts
-            if c[JobState.WAITING] + c[JobState.DELAYED] + c[JobState.ACTIVE] > 0:
-                raise ConfigError(
-                    f"batch {batch_id!r} still has members waiting, delayed or active: "
-                    "cancel it first"
-                )
-            drop_batch(store, batch_id)
-            return True
+            while True:
+                batch = store.batches.get(batch_id)
+                if batch is None:
+                    return False
+                c = batch.counts
+                if c[JobState.WAITING] + c[JobState.DELAYED] + c[JobState.ACTIVE] > 0:
+                    raise ConfigError(
+                        f"batch {batch_id!r} still has members waiting, delayed or active: "
+                        "cancel it first"
+                    )
+                now = now_ms()
+                until = fenced_until(store, batch_id, now)
+                if until is None:
+                    drop_batch(store, batch_id)
+                    return True
+                store.cond.wait((until - now + 1) / 1000)
 
     def send_follow_ups(self) -> None:
         """Enqueue the follow-ups decided under the lock, with it released: the ``then``

@@ -309,10 +309,11 @@ class AsyncRedisBackend:
         with redis_errors(self.where, f"forget batch {batch_id!r}"):
             while True:
                 args = [batch_id, rules.BATCH_CHUNK]
-                reply = int(await self._script(self._scripts.batch_forget, args))
-                answer = batches.forget_answer(batch_id, reply)
+                reply = await self._script(self._scripts.batch_forget, args)
+                answer, wait_s = batches.forget_answer(batch_id, reply)
                 if answer is not None:
                     return answer
+                await asyncio.sleep(wait_s)
 
     async def _add_frames(self, frames: list[bytes]) -> list[bool | BaseException]:
         """Framed jobs added in shared script calls; whether each was created."""

@@ -15,6 +15,7 @@ the asyncio client (aio.py), which only carries the same calls out differently.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -236,15 +237,26 @@ def check_then(then: str, queue: str, cluster: bool) -> None:
         )
 
 
-def forget_answer(batch_id: str, reply: int) -> bool | None:
-    """``True`` gone, ``None`` call again, ``False`` no such batch; raises when refused."""
-    if reply == -2:
+#: How often a forget asks again while a member cancelled as it ran is still fenced: the
+#: fence ends when its worker confirms the child dead (milliseconds, as a rule) or when its
+#: old lease runs out, whichever comes first.
+FENCE_POLL_S = 0.05
+
+
+def forget_answer(batch_id: str, reply: Sequence[Any]) -> tuple[bool | None, float]:
+    """What batch_forget.lua answered: ``True`` gone, ``None`` call again, ``False`` no such
+    batch; and how long to wait before calling again (a member's fence still stands).
+    Raises when refused."""
+    code, until_ms, now_ms = (int(x) for x in reply)
+    if code == -2:
         raise ConfigError(
             f"batch {batch_id!r} still has members waiting, delayed or active: cancel it first"
         )
-    if reply == -1:
-        return False
-    return True if reply == 1 else None
+    if code == -1:
+        return False, 0.0
+    if code == -3:
+        return None, min(FENCE_POLL_S, max(0.0, until_ms - now_ms + 1) / 1000)
+    return (True if code == 1 else None), 0.0
 
 
 class Batches:
@@ -355,7 +367,8 @@ class Batches:
     def forget_batch(self, batch_id: str) -> bool:
         with self._conns.errors(f"forget batch {batch_id!r}"):
             while True:
-                reply = int(self._scripts.batch_forget([batch_id, rules.BATCH_CHUNK]))
-                answer = forget_answer(batch_id, reply)
+                reply = self._scripts.batch_forget([batch_id, rules.BATCH_CHUNK])
+                answer, wait_s = forget_answer(batch_id, reply)
                 if answer is not None:
                     return answer
+                time.sleep(wait_s)

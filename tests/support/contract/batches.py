@@ -13,6 +13,7 @@ import pytest
 from sandboxq.backends.base import Backend, Claimed, NewJob
 from sandboxq.errors import ConfigError
 from sandboxq.models import BatchProgress, JobState, member_id
+from sandboxq.testing.waiting import wait_for
 from tests.support.contract.support import (
     LEASE_S,
     SLACK_S,
@@ -216,6 +217,45 @@ class BatchContract:
             backend.forget_batch("b1")
         assert backend.batch_each("b1", "cancel") == 2
         assert backend.forget_batch("b1") is True
+
+    def test_forget_waits_while_a_cancelled_members_child_may_still_run(
+        self, backend: Backend
+    ) -> None:
+        """Design invariant 12: a member cancelled while it ran keeps its id taken until
+        its worker confirms the child dead (or the old lease runs out); forgotten before
+        that, its id could be enqueued afresh and run beside the child."""
+        backend.enqueue_batch("b1", members("b1", 2))
+        running = claim_one(backend, lease_s=30.0)
+        assert backend.batch_each("b1", "cancel") == 2
+        forgot: list[bool] = []
+        forgetting = threading.Thread(target=lambda: forgot.append(backend.forget_batch("b1")))
+        forgetting.start()
+        forgetting.join(0.5)
+        assert forgetting.is_alive() and not forgot, "forget did not wait for the fence"
+        assert backend.get(running.id) is not None
+        assert backend.confirm_dead("w1", [(running.id, running.token)]) == [running.id]
+        forgetting.join(10)
+        assert forgot == [True]
+        assert backend.get(running.id) is None and backend.batch_progress("b1") is None
+
+    def test_a_done_batch_waits_out_a_members_fence_before_it_goes(
+        self, make_backend: MakeBackend
+    ) -> None:
+        backend = make_backend(batch_ttl_s=0)
+        backend.enqueue_batch("b1", members("b1", 1))
+        running = claim_one(backend, lease_s=30.0)
+        assert backend.batch_each("b1", "cancel") == 1  # done, at once past its ttl
+        add(backend)
+        finish(backend, claim_one(backend))  # entering a finished state sweeps
+        assert backend.get(running.id) is not None  # its child may still run
+        assert backend.confirm_dead("w1", [(running.id, running.token)]) == [running.id]
+
+        def swept() -> bool:
+            add(backend)
+            finish(backend, claim_one(backend))
+            return backend.get(running.id) is None
+
+        wait_for(swept, 10, "the batch to go once the fence is lifted")
 
     def test_cancel_stops_waiting_members_and_revokes_running_ones(self, backend: Backend) -> None:
         backend.enqueue_batch("b1", members("b1", 3))

@@ -299,9 +299,22 @@ local function drop_unless_member(id)
   drop_job(id)
 end
 
+-- Job `id` was cancelled while running and its fence still stands (rules.fence_lifted):
+-- the last millisecond of its fence (the old lease's expiry), else nil. Until then its
+-- child may still live, so its record must stay (design invariant 12).
+local function fenced_until(id, now)
+  local f = hmget(PREFIX .. id, 'fence_token', 'fenced_until_ms')
+  local until_ms = f and tonumber(f[2])
+  if f ~= nil and f[1] and until_ms and not (until_ms < now) then return until_ms end
+  return nil
+end
+
 -- Delete up to `budget` members of batch `bid` (from where the last call stopped), then
--- the batch itself. Returns 1 when the batch is gone, else 0.
-local function sweep_batch(bid, budget)
+-- the batch itself. Returns 1 when the batch is gone, 0 when there is more to delete, or
+-- -3 and the fence's end when it reached a member whose fence still stands: it stops
+-- there (a forget waits, a retention sweep comes back after it), so the id cannot be
+-- enqueued afresh and run beside a child that may still live.
+local function sweep_batch(bid, budget, now)
   local bkey = BATCH .. bid
   local f = redis.call('HMGET', bkey, 'total', 'enqueued', 'swept')
   local last = math.max(count_or(f[1], 0), count_or(f[2], 0))
@@ -310,6 +323,11 @@ local function sweep_batch(bid, budget)
   for i = from, upto - 1 do
     local id = bid .. '.' .. i
     if redis.pcall('HGET', PREFIX .. id, 'batch') == bid then -- never another job of that id
+      local until_ms = fenced_until(id, now)
+      if until_ms then
+        redis.call('HSET', bkey, 'swept', int(i))
+        return -3, until_ms
+      end
       drop_job(id)
       redis.call('ZREM', COMPLETED, id)
       redis.call('ZREM', FAILED, id)
@@ -329,11 +347,16 @@ end
 
 -- Batches past their batch_ttl_s go, TRIM_BUDGET members per round, like finished jobs:
 -- up to `rounds` rounds (one per job that finished), ending at the first with none due.
+-- One held by a member's fence is due again a second later, or when the fence ends if
+-- sooner (its worker may confirm the child dead before then: it lifts the fence).
 local function sweep_batches(now, rounds)
   for _ = 1, rounds or 1 do
     local due = redis.call('ZRANGEBYSCORE', BATCHES, '-inf', int(now), 'LIMIT', 0, 1)
     if #due == 0 then return end
-    sweep_batch(due[1], TRIM_BUDGET)
+    local gone, until_ms = sweep_batch(due[1], TRIM_BUDGET, now)
+    if gone == -3 then
+      redis.call('ZADD', BATCHES, int(math.min(until_ms + 1, now + 1000)), due[1])
+    end
   end
 end
 -- ---- end of batches ---------------------------------------------------------------------
@@ -371,9 +394,7 @@ end
 -- beside a child that may still live.
 -- Job `id` was cancelled while running and its fence still stands (rules.fence_lifted).
 local function fenced(id, now)
-  local f = hmget(PREFIX .. id, 'fence_token', 'fenced_until_ms')
-  local until_ms = f and tonumber(f[2])
-  return f ~= nil and f[1] and until_ms and not (until_ms < now)
+  return fenced_until(id, now) ~= nil
 end
 
 local function expire_due(now, budget)
