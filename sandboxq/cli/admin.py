@@ -28,10 +28,11 @@ from sandboxq.cli.options import (
     add_json,
     add_url,
     bounded,
+    checked,
     open_queue,
 )
 from sandboxq.errors import BackendError, ConfigError
-from sandboxq.models import JobInfo, JobState, now_ms
+from sandboxq.models import JobInfo, JobState, check_job_id, now_ms
 
 STATES = [state.value for state in JobState]
 #: The most jobs ``jobs --limit`` lists per state: as many as a queue keeps completed by
@@ -59,13 +60,15 @@ def add_parsers(verbs: Any) -> None:
         help=f"at most this many per state, 1 to {MAX_LIMIT} (default: 50)",
     )
     job_ = verb("job", "one job in full: options, result or error, every attempt", job)
-    job_.add_argument("id")
+    job_.add_argument("id", type=checked(check_job_id))
     retry_ = verb("retry", "put a failed or cancelled job back in the queue", retry)
-    retry_.add_argument("id", nargs="?", help="the job (or --all-failed)")
+    retry_.add_argument(
+        "id", nargs="?", type=checked(check_job_id), help="the job (or --all-failed)"
+    )
     retry_.add_argument("--all-failed", action="store_true", help="every failed job")
     retry_.set_defaults(late_positional="id")
     cancel_ = verb("cancel", "cancel a job (a running one's child is killed)", cancel)
-    cancel_.add_argument("id")
+    cancel_.add_argument("id", type=checked(check_job_id))
     purge_ = verb("purge", "delete every job in the given states", purge)
     purge_.add_argument(
         "--state", choices=STATES, action="append", required=True, help="repeatable"
@@ -237,6 +240,8 @@ def _state_of(backend: Backend, job_id: str) -> str:
 def retry(args: argparse.Namespace) -> int:
     if args.all_failed == (args.id is not None):
         raise ConfigError("retry takes a job id or --all-failed (one of them)")
+    if args.id is not None:
+        check_job_id(args.id)  # taken after options (late_positional): argparse never saw it
     with open_queue(args) as queue:
         backend = queue.backend
         if args.all_failed:

@@ -144,6 +144,19 @@ def bounded(kind: type[int] | type[float], low: float, high: float) -> Callable[
     return parse
 
 
+def checked(check: Callable[[str], str]) -> Callable[[str], str]:
+    """The argparse ``type`` of a word one of the models' checks takes (``check_job_id``):
+    what it refuses is argparse's usage error, one line naming the argument."""
+
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 def json_type(python_type: type) -> str:
     """What JSON calls a Python type, for error messages."""
     names = {list: "array", dict: "object", str: "string", bool: "boolean", type(None): "null"}

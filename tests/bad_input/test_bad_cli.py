@@ -96,6 +96,21 @@ def test_bad_arguments_exit_2_with_one_line_naming_the_problem(
     assert_one_line_error(*run_cli(*argv), needle)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["job", "q", "\udcff\udcfe"],  # the bytes ff fe: not UTF-8
+        ["cancel", "q", "\udcff\udcfe"],
+        ["retry", "q", "\udcff\udcfe"],
+        ["retry", "q", "--json", "\udcff\udcfe"],  # taken after an option
+        ["job", "q", "x" * 600],
+    ],
+)
+def test_a_job_id_no_job_can_have_is_refused_before_redis_is_asked(argv: list[str]) -> None:
+    verb, *rest = argv
+    assert_one_line_error(*run_cli(*rest, verb=verb), "is invalid: use 1-512 characters")
+
+
 def test_an_unreachable_redis_exits_2_promptly() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     started = time.monotonic()
