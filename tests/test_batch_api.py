@@ -20,10 +20,12 @@ import redis
 
 from sandboxq import JobFailed, JobState, Queue
 from sandboxq.backends.base import NewJob
+from sandboxq.backends.redis.keys import INDEX
 from sandboxq.errors import BatchIncomplete, BatchNotFound, ConfigError, SerializationError
 from sandboxq.models import member_id
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
+from tests.support.contract.support import claim_one, finish
 from tests.support.server_stats import SCRIPT_COMMANDS
 
 H = "sandboxq.testing.handlers:"
@@ -136,6 +138,23 @@ def test_an_enqueue_stopped_part_way_names_the_members_that_exist(
     assert q.get_batch("bx").cancel() == 500
     progress = q.get_batch("bx").progress()
     assert progress.cancelled == 500 and not progress.done and not progress.then_sent
+
+
+@pytest.mark.timeout(60)
+def test_the_then_queue_is_in_the_queue_index_once_its_follow_up_is_sent(
+    redis_url: str, queue_name: str, opened: Callable[..., Queue]
+) -> None:
+    """``sandboxq queues``, the dashboard and the exporter find queues in the index: the
+    queue a follow-up lands on must be there, as any enqueue's queue is."""
+    q = opened(queue_name, redis_url)
+    then = queue_name + "-then"
+    raw = redis.Redis.from_url(redis_url)
+    batch = q.batch([([1], {}), ([2], {})], then=then)
+    assert not raw.sismember(INDEX, then)
+    for _ in range(2):
+        finish(q.backend, claim_one(q.backend))
+    assert len(follow_up_args(opened(then, redis_url), batch.id)) == 1
+    assert raw.sismember(INDEX, then)
 
 
 @pytest.mark.timeout(120)

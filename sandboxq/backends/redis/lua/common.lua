@@ -17,7 +17,8 @@
 --   8 seq counter     9 events STREAM    10 wake LIST (one entry per claimable job)
 --  11 history prefix  sq:{q}:history:  (attempt records LIST = prefix..id; an id may hold
 --                     ':', so no key built from an id may extend another one: keys.py)
---  12 queue index     sq:queues (Cluster: its slot's sq:queues:{tag}): enqueue scripts only
+--  12 queue index     sq:queues (Cluster: its slot's sq:queues:{tag}): enqueue scripts, and
+--                     a batch's follow-up (the `then` queue shares the slot on a Cluster)
 -- ARGV 1-4, the same for every script: max events kept in the stream, jobs kept in the
 -- completed set, jobs kept in the failed (and cancelled) set, and how long a finished job
 -- is kept, ms: "<completed> <failed and cancelled>" (a job's own option wins: ttl_ms).
@@ -32,7 +33,7 @@
 -- another's. KEYS and ARGV keep the names scripts have in EVAL.
 local KEYS, ARGV
 local PREFIX, WAITING, DELAYED, ACTIVE, COMPLETED, FAILED, CANCELLED
-local SEQ, EVENTS, WAKE, HISTORY
+local SEQ, EVENTS, WAKE, HISTORY, QUEUE_INDEX
 local MAX_EVENTS, RETAIN_COMPLETED, RETAIN_FAILED, COMPLETED_TTL_MS, FAILED_TTL_MS
 local QUEUE_BASE, QUEUE_NAME, BATCH, BATCH_DONE, BATCHES, BATCH_INDEX, EXPIRY, TRIMS
 local STATE_OF
@@ -41,7 +42,7 @@ local function bind(keys, argv)
   KEYS, ARGV = keys, argv
   PREFIX, WAITING, DELAYED, ACTIVE = keys[1], keys[2], keys[3], keys[4]
   COMPLETED, FAILED, CANCELLED = keys[5], keys[6], keys[7]
-  SEQ, EVENTS, WAKE, HISTORY = keys[8], keys[9], keys[10], keys[11]
+  SEQ, EVENTS, WAKE, HISTORY, QUEUE_INDEX = keys[8], keys[9], keys[10], keys[11], keys[12]
   MAX_EVENTS = argv[1]
   RETAIN_COMPLETED, RETAIN_FAILED = tonumber(argv[2]), tonumber(argv[3])
   local completed_ttl, failed_ttl = string.match(argv[4] or '', '^(%d+) (%d+)$')
@@ -228,6 +229,9 @@ local function send_follow_up(bid, then_queue, total, c, f, x, now)
     'state', 'waiting', 'priority', '0', 'max_stalls', int(DEFAULT_MAX_STALLS),
     'seq', int(seq), 'created_ms', int(now), 'ready_ms', int(now))
   redis.call('ZADD', base .. 'waiting', waiting_score(0, seq), id)
+  -- the `then` queue is a queue now: listed as enqueue.lua lists one (a nicety: an index
+  -- this caller may not write must not undo the member's finish)
+  if QUEUE_INDEX then redis.pcall('SADD', QUEUE_INDEX, then_queue) end
   redis.call('XADD', base .. 'events', 'MAXLEN', '~', MAX_EVENTS, '*', 'kind', 'added',
     'job', id, 'batch', bid)
   if redis.call('LPUSH', base .. 'wake', '1') > WAKE_CAP then
