@@ -162,17 +162,20 @@ class StreamReader:
         self.left = total
         self._seen = bytearray(total)
 
-    def block_s(self) -> float:
-        """How long the next read may wait; ``TimeoutError`` once the deadline passed."""
+    def block_s(self) -> float | None:
+        """How long the next read may wait; None once the deadline passed: that read takes
+        what the stream holds and waits for nothing (a batch already done is read whole
+        whatever the timeout), and one that brings nothing ends the pass (``timed_out``)."""
         if self.deadline is None:
             return READ_SLICE_S
         left_s = self.deadline - time.monotonic()
-        if left_s <= 0:
-            raise TimeoutError(
-                f"batch {self.batch_id!r}: {self.left} of {self.total} members not "
-                f"finished within {self.timeout_s} s"
-            )
-        return min(READ_SLICE_S, left_s)
+        return None if left_s <= 0 else min(READ_SLICE_S, left_s)
+
+    def timed_out(self) -> TimeoutError:
+        return TimeoutError(
+            f"batch {self.batch_id!r}: {self.left} of {self.total} members not "
+            f"finished within {self.timeout_s} s"
+        )
 
     def took(self, cursor: str, rows: list[tuple[int, JobState]]) -> list[str]:
         """The ids of the members ``rows`` (the read that ended at ``cursor``) show final
@@ -260,8 +263,11 @@ class Batch(_Handle[J]):
         self.progress()  # BatchNotFound at once, not after a read times out
         backend, job = self.queue.backend, self.queue.job
         while reader.left:
-            cursor, rows = backend.batch_finished(self.id, reader.cursor, reader.block_s())
+            block_s = reader.block_s()
+            cursor, rows = backend.batch_finished(self.id, reader.cursor, block_s)
             if not rows:
+                if block_s is None:
+                    raise reader.timed_out()
                 self.progress()  # still there?
             for job_id in reader.took(cursor, rows):
                 yield job(job_id)
@@ -325,8 +331,11 @@ class AsyncBatch(_Handle[J]):
         await self.progress()
         backend, job = self.queue.backend, self.queue.job
         while reader.left:
-            cursor, rows = await backend.batch_finished(self.id, reader.cursor, reader.block_s())
+            block_s = reader.block_s()
+            cursor, rows = await backend.batch_finished(self.id, reader.cursor, block_s)
             if not rows:
+                if block_s is None:
+                    raise reader.timed_out()
                 await self.progress()
             for job_id in reader.took(cursor, rows):
                 yield job(job_id)

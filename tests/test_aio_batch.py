@@ -77,6 +77,21 @@ def test_an_async_batch_runs_streams_collects_retries_and_forgets(
 
 
 @pytest.mark.timeout(60)
+def test_a_done_async_batch_is_read_whole_whatever_the_timeout(url: str, queue_name: str) -> None:
+    async def main() -> None:
+        async with aio.Queue(queue_name, url) as q:
+            batch = await q.batch([([i], {}) for i in range(2500)])
+            with pytest.raises(TimeoutError, match="2500 of 2500 members not finished"):
+                await batch.wait(timeout_s=0)
+            assert await batch.cancel() == 2500
+            assert (await batch.wait(timeout_s=0)).done
+            assert len([j async for j in batch.as_completed(timeout_s=0)]) == 2500
+            assert len(await batch.results(timeout_s=0)) == 2500
+
+    run(main())
+
+
+@pytest.mark.timeout(60)
 def test_cancel_stops_the_members_that_have_not_run(url: str, queue_name: str) -> None:
     async def main() -> None:
         async with aio.Queue(queue_name, url) as q:

@@ -141,6 +141,24 @@ def test_an_enqueue_stopped_part_way_names_the_members_that_exist(
 
 
 @pytest.mark.timeout(60)
+def test_a_done_batch_is_read_whole_whatever_the_timeout(
+    url: str, queue_name: str, opened: Callable[..., Queue]
+) -> None:
+    """A timeout bounds the wait for members to finish, not the reading of those that
+    have: past it, what the stream holds is still read (here more than one read's worth)."""
+    q = opened(queue_name, url)
+    batch = q.batch([([i], {}) for i in range(2500)])
+    with pytest.raises(TimeoutError, match="2500 of 2500 members not finished within 0 s"):
+        batch.wait(timeout_s=0)
+    assert batch.cancel() == 2500  # every member final: the batch is done
+    for timeout_s in (0, 0.001, -1):
+        assert batch.wait(timeout_s=timeout_s).done
+        assert len(list(batch.as_completed(timeout_s=timeout_s))) == 2500
+        results = batch.results(timeout_s=timeout_s)
+        assert len(results) == 2500 and all(isinstance(r, JobFailed) for r in results)
+
+
+@pytest.mark.timeout(60)
 def test_the_then_queue_is_in_the_queue_index_once_its_follow_up_is_sent(
     redis_url: str, queue_name: str, opened: Callable[..., Queue]
 ) -> None:
