@@ -111,11 +111,10 @@ def check_batch_calls(
 ) -> None:
     """A batch's calls, ``then`` and ``label`` as they enter: refused whole, before
     anything is sent."""
-    if label is not None and (
-        not isinstance(label, str) or len(label.encode("utf-8", "surrogatepass")) > MAX_LABEL_BYTES
-    ):
+    if label is not None and not _label_fits(label):
         raise ConfigError(
-            f"label must be text of at most {MAX_LABEL_BYTES:,} bytes, got {label!r:.80}"
+            f"label must be text UTF-8 can carry, of at most {MAX_LABEL_BYTES:,} bytes, "
+            f"got {label!r:.80}"
         )
     if not jobs:
         raise ConfigError("a batch needs at least one call; got none")
@@ -134,6 +133,13 @@ def batch_not_found(queue: str, batch_id: str) -> BatchNotFound:
         "(never made, forgotten, or removed batch_ttl_s after it was done)",
         batch_id=batch_id,
     )
+
+
+def _label_fits(label: object) -> bool:
+    try:
+        return isinstance(label, str) and len(label.encode()) <= MAX_LABEL_BYTES
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
 
 
 def deadline_of(timeout_s: float | None) -> float | None:

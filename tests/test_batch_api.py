@@ -140,6 +140,16 @@ def test_an_enqueue_stopped_part_way_names_the_members_that_exist(
     assert progress.cancelled == 500 and not progress.done and not progress.then_sent
 
 
+@pytest.mark.timeout(30)
+def test_a_label_utf8_cannot_carry_is_refused_before_anything_is_sent(
+    url: str, queue_name: str, opened: Callable[..., Queue]
+) -> None:
+    q = opened(queue_name, url)
+    with pytest.raises(ConfigError, match="label must be text UTF-8 can carry"):
+        q.batch([([1], {})], label="\ud800x")
+    assert q.counts()[JobState.WAITING] == 0
+
+
 @pytest.mark.timeout(60)
 def test_a_done_batch_is_read_whole_whatever_the_timeout(
     url: str, queue_name: str, opened: Callable[..., Queue]

@@ -189,3 +189,21 @@ def test_clear_errors(redis_url: str, queue_name: str, tmp_path: Path) -> None:
         plain = q.batch([([1], {})])
     proc = sandboxq_run("--resume", plain.id, *at, "--output", str(tmp_path / "o"))
     assert proc.returncode == 2 and "was not sent by sandboxq run" in proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_the_label_keeps_every_line_number_within_its_limit_however_lines_alternate() -> None:
+    """A file whose good and malformed lines alternate makes ranges of single numbers: as
+    text, 60,000 lines were a 400 KB label, over what a label may be. Its map instead,
+    read back to the same numbers on --resume."""
+    from sandboxq.backends.rules import MAX_LABEL_BYTES
+    from sandboxq.cli.run_fleet import LABEL_KEY, LINE_MAP, _label, _read_line_map, parse_ranges
+
+    lines = list(range(1, 60_001, 2))
+    bad = {n: "not JSON" for n in range(2, 60_001, 2)}
+    label = _label("in.jsonl", lines, bad)
+    assert len(label.encode()) <= MAX_LABEL_BYTES
+    data = json.loads(label)
+    assert data[LABEL_KEY] == "in.jsonl" and _read_line_map(data[LINE_MAP]) == (lines, list(bad))
+    plain = json.loads(_label("in.jsonl", [1, 2, 3, 5], {4: "x"}))  # the readable form
+    assert parse_ranges(plain["lines"]) == [1, 2, 3, 5] and plain["malformed"] == "4"

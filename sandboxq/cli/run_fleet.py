@@ -27,12 +27,14 @@ a last line cut short by a crash is dropped, and the rest is appended as it fini
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -40,6 +42,7 @@ from typing import IO, Any
 
 from sandboxq import text, tracing
 from sandboxq.backends.base import NewJob
+from sandboxq.backends.rules import MAX_LABEL_BYTES
 from sandboxq.batch import RESULTS_CHUNK, Batch, StreamReader, new_batch_id
 from sandboxq.cli.batch import FOLLOW_TICK_S, Item, Output, read_input
 from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
@@ -120,13 +123,7 @@ def _send(
     if not good:
         return Batch(queue, "", 0), lines, bad
     batch_id = new_batch_id()
-    label = json.dumps(
-        {
-            LABEL_KEY: str(Path(args.input).name),
-            "lines": text.number_ranges(lines),
-            "malformed": text.number_ranges(bad),
-        }
-    )
+    label = _label(str(Path(args.input).name), lines, bad)
     jobs = [_member(maker, batch_id, n, item) for n, item in enumerate(good)]
     with tracing.enqueue_span(queue.name, jobs, batch_id):  # a no-op without a provider
         queue.backend.enqueue_batch(batch_id, jobs, label=label)
@@ -161,10 +158,13 @@ def _reattach(queue: Queue, batch_id: str) -> tuple[Batch[Job], list[int], dict[
     label = batch.progress().label
     try:
         data = json.loads(label or "")
-        lines = parse_ranges(data["lines"])
-        malformed = parse_ranges(data.get("malformed", ""))
+        if LINE_MAP in data:
+            lines, malformed = _read_line_map(data[LINE_MAP])
+        else:
+            lines = parse_ranges(data["lines"])
+            malformed = parse_ranges(data.get("malformed", ""))
         assert isinstance(data[LABEL_KEY], str)
-    except (ValueError, KeyError, TypeError, AssertionError, RecursionError):
+    except (ValueError, KeyError, TypeError, AssertionError, RecursionError, zlib.error):
         raise ConfigError(
             f"batch {batch_id!r} was not sent by sandboxq run: its label holds no line numbers"
         ) from None
@@ -174,6 +174,48 @@ def _reattach(queue: Queue, batch_id: str) -> tuple[Batch[Job], list[int], dict[
         )
     why = f"malformed (reported by the run that sent batch {batch_id})"
     return batch, lines, dict.fromkeys(malformed, why)
+
+
+#: Where a label too big as ranges keeps its line numbers instead: one character per input
+#: line ("g" sent, "m" malformed, "-" neither: blank), zlib-compressed, base64.
+LINE_MAP = "line_map"
+
+
+def _label(input_name: str, lines: list[int], bad: dict[int, str]) -> str:
+    """The batch's label: the input's name, then its sent and malformed line numbers as
+    ranges ("1-3, 5"), or, when a file that mixes them line by line makes those longer than
+    a label may be (``MAX_LABEL_BYTES``), as a compressed map of every line."""
+    label = json.dumps(
+        {
+            LABEL_KEY: input_name,
+            "lines": text.number_ranges(lines),
+            "malformed": text.number_ranges(bad),
+        }
+    )
+    if len(label.encode()) <= MAX_LABEL_BYTES:
+        return label
+    codes = bytearray(b"-" * max([*lines, *bad, 0]))
+    for n in lines:
+        codes[n - 1] = ord("g")
+    for n in bad:
+        codes[n - 1] = ord("m")
+    packed = base64.b64encode(zlib.compress(bytes(codes), 9)).decode()
+    label = json.dumps({LABEL_KEY: input_name, LINE_MAP: packed})
+    if len(label.encode()) > MAX_LABEL_BYTES:
+        raise ConfigError(
+            f"the line numbers of {input_name} do not fit in a batch's label "
+            f"({MAX_LABEL_BYTES:,} bytes), so the run could not be resumed: send the "
+            "file in parts, or drop its malformed lines first"
+        )
+    return label
+
+
+def _read_line_map(packed: str) -> tuple[list[int], list[int]]:
+    """``_label``'s map read back: the sent line numbers, and the malformed ones."""
+    codes = zlib.decompress(base64.b64decode(packed, validate=True))
+    sent = [n for n, code in enumerate(codes, 1) if code == ord("g")]
+    malformed = [n for n, code in enumerate(codes, 1) if code == ord("m")]
+    return sent, malformed
 
 
 def parse_ranges(spans: str) -> list[int]:
