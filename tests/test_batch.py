@@ -176,7 +176,9 @@ def test_a_file_without_job_lines_starts_no_pool(
     ("raw", "needle"),
     [
         (b'{"args": [NaN]}', "args[0] is nan: JSON has no NaN or infinity"),
-        (b'{"args": [1]} trailing', "not JSON: Extra data"),
+        (b'{"args": [1]} trailing', "not JSON: Extra data at column 15"),
+        # the line's own end is not where JSON stopped ("line 2 column 1" said it was)
+        (b'{"args": [1]\n', "not JSON: Expecting ',' delimiter at column 13"),
         (b'{"kwargs": [1]}', "'kwargs' must be a JSON object, got a JSON array"),
         (b'"just a string"', "expected a JSON object like"),
         (b'{"args": ["\xff"]}', "not UTF-8 text"),
@@ -201,7 +203,7 @@ def test_strict_stops_before_anything_runs(
     assert code == 2
     assert err.splitlines() == [
         f"sandboxq: {source} line 2: not JSON: Expecting property name enclosed in double "
-        "quotes: line 1 column 2 (char 1)",
+        "quotes at column 2",
         f"sandboxq: 1 malformed line(s) in {source}; nothing was run",
     ]
     assert not out.exists() and not runs.exists()

@@ -130,9 +130,12 @@ def parse_line(number: int, raw: bytes) -> Item:
         return Item(number, None, why)
 
     try:
-        value = json.loads(raw.decode("utf-8"))
+        # without its line end: where JSON says it stopped is then a column of this line
+        value = json.loads(raw.rstrip(b"\r\n").decode("utf-8"))
     except UnicodeDecodeError as exc:
         return bad(f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except json.JSONDecodeError as exc:
+        return bad(f"not JSON: {exc.msg} at column {exc.colno}")
     except ValueError as exc:
         return bad(f"not JSON: {exc}")
     except RecursionError:
