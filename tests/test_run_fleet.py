@@ -207,3 +207,28 @@ def test_the_label_keeps_every_line_number_within_its_limit_however_lines_altern
     assert data[LABEL_KEY] == "in.jsonl" and _read_line_map(data[LINE_MAP]) == (lines, list(bad))
     plain = json.loads(_label("in.jsonl", [1, 2, 3, 5], {4: "x"}))  # the readable form
     assert parse_ranges(plain["lines"]) == [1, 2, 3, 5] and plain["malformed"] == "4"
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_only_partly_sent_is_not_resumed_and_says_how_to_clear_it(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """A run killed while it sends leaves part of a batch (the members of the round trips
+    that went): resuming it would wait for members that will never exist."""
+    from sandboxq.backends.base import NewJob
+    from sandboxq.cli.run_fleet import _label
+    from sandboxq.errors import BatchIncomplete
+    from sandboxq.models import member_id
+
+    with Queue(queue_name, redis_url) as q:
+        q.options(job_id=member_id("bx", 600)).enqueue(1)  # stops the send at its 2nd chunk
+        jobs = [NewJob(b"[[1],{}]", job_id=member_id("bx", i)) for i in range(1000)]
+        label = _label("in.jsonl", list(range(1, 1001)), {})
+        with pytest.raises(BatchIncomplete):
+            q.backend.enqueue_batch("bx", jobs, label=label)
+    at = ["--url", redis_url, "--queue", queue_name, "--output", str(tmp_path / "out")]
+    proc = sandboxq_run("--resume", "bx", *at, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert "was only partly sent (500 of 1000 lines" in proc.stderr
+    assert f"sandboxq batch {queue_name} bx --cancel" in proc.stderr
+    assert "Traceback" not in proc.stderr

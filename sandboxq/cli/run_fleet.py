@@ -125,6 +125,13 @@ def _send(
     batch_id = new_batch_id()
     label = _label(str(Path(args.input).name), lines, bad)
     jobs = [_member(maker, batch_id, n, item) for n, item in enumerate(good)]
+    # Its id first: a run killed while it sends leaves part of a batch, which only its id
+    # lets anyone cancel (a big file goes in many round trips).
+    print(
+        f"sandboxq: batch {batch_id}: sending {len(good)} line(s) to queue {queue.name}",
+        file=sys.stderr,
+        flush=True,
+    )
     with tracing.enqueue_span(queue.name, jobs, batch_id):  # a no-op without a provider
         queue.backend.enqueue_batch(batch_id, jobs, label=label)
     where = redact_url(shared_url(args.url))
@@ -155,7 +162,15 @@ def _reattach(queue: Queue, batch_id: str) -> tuple[Batch[Job], list[int], dict[
         batch = queue.get_batch(batch_id)
     except BatchNotFound as exc:
         raise Exit(f"{exc}", EXIT_FAILED) from None
-    label = batch.progress().label
+    progress = batch.progress()
+    if progress.enqueued < progress.total:
+        raise ConfigError(
+            f"batch {batch_id!r} was only partly sent ({progress.enqueued} of "
+            f"{progress.total} lines; the run that sent it was stopped while sending): it "
+            f"cannot be resumed. Cancel what was sent with: sandboxq batch {queue.name} "
+            f"{batch_id} --cancel, then run the file again"
+        )
+    label = progress.label
     try:
         data = json.loads(label or "")
         if LINE_MAP in data:
