@@ -14,7 +14,8 @@ The output, progress bar, summary and exit statuses are the local mode's (batch.
 file gives the same lines either way (in the order the lines finish).
 
 Ctrl-C, as in the local mode, cancels what has not started (``Batch.cancel(running=False)``:
-those members never run) and lets the running ones finish, writes what was cancelled as
+those members never run) and lets the running ones finish (Redis knows a member claimed,
+not started: one a worker prefetched counts as running), writes what was cancelled as
 ``not_run`` once the cancellations are final, and exits 130; a second Ctrl-C cancels the
 running ones too (the fenced hand-over) and stops at once.
 
