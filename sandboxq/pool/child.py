@@ -199,7 +199,7 @@ def run_one(
 ) -> None:
     global _current
     if shared is not None:
-        output.wait_drained()  # what the last attempt wrote is read as its (output.py)
+        output.wait_drained()  # what the last attempt wrote is read as its own (output.py)
         # First "started", then the check: the parent withdraws a task only while this
         # process is stopped (SIGSTOP), so it either sees it started or we see the mark.
         shared[STARTED] = run.task_id
