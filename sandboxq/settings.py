@@ -73,6 +73,11 @@ MAX_INTERVAL_S = 24 * 3600.0
 #: than a machine has, and in bytes (2**50) it fits where a limit goes: an rlimit (a C
 #: long), a control group's memory file.
 MAX_MB = float(2**30)
+#: The least ``pool_memory_mb`` may be: twice the pool's smallest margin (pool/budget.py,
+#: MIN_MARGIN_MB = 16). Below it every attempt starts inside the margin, and with control
+#: groups the kernel kills children as they start (1.5 MB: ``crashed``, not
+#: ``memory_pressure``).
+MIN_POOL_MEMORY_MB = 32.0
 
 #: A process exit status: what a handler's exit code can be mapped from.
 ExitCode = Annotated[int, NUMBER_ONLY, Field(ge=0, le=255)]
@@ -373,6 +378,7 @@ class ChildSettings(ContainmentSettings):
         None,
         "the children's memory together: near it the newest attempt ends (memory_pressure)",
         none="no budget",
+        ge=MIN_POOL_MEMORY_MB,
         le=MAX_MB,
     )
     start_method: StartMethod = setting_field(

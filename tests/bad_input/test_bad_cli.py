@@ -68,6 +68,7 @@ ECHO = H + "echo"
         (["q", ECHO, "--max-file-size-mb", "1e13"], "max_file_size_mb: Input should be less"),
         (["q", ECHO, "--max-address-space-mb", "1e13"], "max_address_space_mb: Input should"),
         (["q", ECHO, "--pool-memory-mb", "1e30"], "pool_memory_mb: Input should be less than"),
+        (["q", ECHO, "--pool-memory-mb", "1.5"], "pool_memory_mb: Input should be greater than"),
         (["q", ECHO, "--group", "1" + "0" * 30], "group: Value error, a number must be at most"),
         (["q", ECHO, "--user", "1" + "0" * 30], "user: Value error, a number must be at most"),
         (["q", ECHO, "--soft-timeout-s", "5", "--hard-timeout-s", "1"], "must be less than"),
