@@ -422,10 +422,16 @@ def test_sandboxq_run_stdout_is_json_lines_when_handlers_print(
 
 def _waits_in(pid: int, kernel_function: str) -> None:
     """Until ``pid`` sleeps in ``kernel_function`` (its /proc wchan: the kernel names
-    it ``pipe_read`` or ``anon_pipe_read``, by version)."""
+    it ``pipe_read`` or ``anon_pipe_read``, by version). A kernel that shows no wchan
+    (built without symbols: always "0") cannot tell: the test is skipped, saying so."""
     deadline = time.monotonic() + 10
-    while kernel_function not in Path(f"/proc/{pid}/wchan").read_text():
-        assert time.monotonic() < deadline, f"{pid} never waited in {kernel_function}"
+    shown = False
+    while kernel_function not in (wchan := Path(f"/proc/{pid}/wchan").read_text()):
+        shown = shown or wchan not in ("", "0")
+        if time.monotonic() >= deadline:
+            if not shown:
+                pytest.skip("this kernel shows no /proc/<pid>/wchan: no way to see the dump")
+            raise AssertionError(f"{pid} never waited in {kernel_function} (wchan {wchan!r})")
         time.sleep(0.001)
 
 
