@@ -288,6 +288,80 @@ def test_retention_trims_finished_jobs_by_count_and_deletes_their_keys(
     assert raw.exists(backend.keys.history("j4")) == 1
 
 
+def sole(claimed: Claimed, **fields: Any) -> AttemptRecord:
+    """A record with nothing to say but where and when the attempt ran, as a worker
+    reports a handler that returned."""
+    return record(
+        claimed,
+        action=Action.COMPLETE,
+        pid=4242,
+        started_ms=1_700_000_000_000,
+        ended_ms=1_700_000_000_007,
+        **fields,
+    )
+
+
+def test_a_completed_jobs_sole_attempt_is_kept_in_its_hash_and_read_back_whole(
+    backend: RedisBackend, raw: redis.Redis
+) -> None:
+    """A history list costs a retained job a key of its own (344 of its 940 bytes): a
+    completed job whose first attempt was its only one keeps that record in its hash,
+    and every reader gives it back as the worker sent it."""
+    backend.enqueue([job("a")])
+    [claimed] = backend.claim("w1", 1, lease_s=30)
+    sent = sole(claimed)
+    assert backend.finish("w1", "a", claimed.token, "complete", sent, result=b"7").accepted
+    assert raw.exists(backend.keys.history("a")) == 0
+    info = backend.get("a")
+    assert info is not None and info.history == [sent] and not info.unreadable
+    detail = backend.job_detail("a")
+    assert detail is not None and detail.info.history == [sent]
+    assert backend.recent_durations(10) == [("ok", 0.007)]
+    # its place in line went with it: nothing reads it once the job is finished
+    assert raw.hmget(backend.keys.job("a"), "seq", "ready_ms") == [None, None]
+
+
+def test_an_attempt_with_more_to_say_or_after_another_goes_to_the_history_list(
+    backend: RedisBackend, raw: redis.Redis
+) -> None:
+    ids = ["exit", "other", "retried"]
+    backend.enqueue([job(i) for i in ids])
+    got = {c.id: c for c in backend.claim("w1", 3, lease_s=30)}
+    sent = {
+        "exit": sole(got["exit"], exitcode=0, peak_memory_mb=12.5),
+        # a record naming another worker than the one that ends it is kept as it came
+        "other": sole(got["other"]).model_copy(update={"worker_id": "w9"}),
+    }
+    for i in ("exit", "other"):
+        assert backend.finish("w1", i, got[i].token, "complete", sent[i]).accepted
+        assert raw.llen(backend.keys.history(i)) == 1
+        info = backend.get(i)
+        assert info is not None and info.history == [sent[i]]
+
+    first = record(got["retried"], Outcome.ERROR, action=Action.RETRY, error="boom")
+    assert backend.finish("w1", "retried", got["retried"].token, "retry", first).accepted
+    [again] = backend.claim("w1", 1, lease_s=30)
+    second = sole(again)
+    assert second.attempt == 2
+    assert backend.finish("w1", "retried", again.token, "complete", second).accepted
+    info = backend.get("retried")
+    assert info is not None and info.history == [first, second]
+    assert raw.llen(backend.keys.history("retried")) == 2
+
+
+def test_a_sole_attempt_changed_by_hand_is_reported_not_trusted(
+    backend: RedisBackend, raw: redis.Redis
+) -> None:
+    backend.enqueue([job("a")])
+    [claimed] = backend.claim("w1", 1, lease_s=30)
+    assert backend.finish("w1", "a", claimed.token, "complete", sole(claimed)).accepted
+    raw.hset(backend.keys.job("a"), mapping={"pid": "12ab", "started_ms": "x" * 70})
+    info = backend.get("a")
+    assert info is not None and info.history == []
+    assert any("attempt record #1" in line for line in info.unreadable), info.unreadable
+    assert backend.recent_durations(10) == []
+
+
 def test_retention_by_age(make_backend: MakeBackend) -> None:
     backend = make_backend(retain_s=0.05)
     backend.enqueue([job("old"), job("new")])

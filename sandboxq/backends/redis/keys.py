@@ -2,8 +2,10 @@
 so all of a queue's keys live on one Redis Cluster slot and every Lua script can touch
 any of them atomically.
 
-    sq:{q}:job:<id>            HASH   one job (payload, codec, opts, state, attempts, ...)
-    sq:{q}:history:<id>        LIST   one AttemptRecord JSON per attempt
+    sq:{q}:job:<id>            HASH   one job (payload, codec, opts, state, attempts, ...);
+                               a completed job's sole attempt as worker_id, pid,
+                               started_ms, ended_ms (common.lua: sole_attempt)
+    sq:{q}:history:<id>        LIST   one AttemptRecord JSON per attempt (any other)
     sq:{q}:waiting             ZSET   -priority * 2^40 + seq: highest priority first, FIFO within
     sq:{q}:delayed             ZSET   due time ms (server clock)
     sq:{q}:active              ZSET   lease expiry ms (server clock)

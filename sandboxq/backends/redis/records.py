@@ -67,6 +67,7 @@ INFO_FIELDS = (
     "owner",
     "claimed_ms",
     "uncharged",
+    *(SOLE_ATTEMPT_FIELDS := ("worker_id", "pid", "started_ms", "ended_ms")),
 )
 
 
@@ -163,7 +164,8 @@ def job_info(
     history_total: int | None = None,
     running: RunningAttempt | None = None,
 ) -> JobInfo:
-    """``JobInfo`` from a job hash and its history list.
+    """``JobInfo`` from a job hash and its history list (a completed job's sole attempt
+    may be in the hash instead: ``sole_attempt``).
 
     ``oversized`` names the fields left unread because they are over ``MAX_FIELD_BYTES``
     (with their sizes); ``damaged`` lists what the caller already found unreadable (a
@@ -205,22 +207,7 @@ def job_info(
         raise BackendError(
             f"job {job_id!r} in queue {queue!r} has an unreadable state field ({raw_state!r})"
         )
-    history_records: list[AttemptRecord] = []
-    skipped = max(0, (history_total or 0) - len(history))
-    if skipped:
-        unreadable.append(
-            f"only the newest {len(history)} of {history_total} attempt records are read"
-        )
-    first = 1 + skipped
-    for n, raw in enumerate(history, first):
-        size = raw if isinstance(raw, int) else len(raw)  # read_job.lua sends only the size
-        if isinstance(raw, int) or size > MAX_FIELD_BYTES:
-            unreadable.append(f"attempt record #{n}: {over_cap(size)}")
-            continue
-        try:
-            history_records.append(AttemptRecord.model_validate_json(raw))
-        except ValueError as exc:
-            unreadable.append(f"attempt record #{n} ({raw[:60]!r}): {brief(exc)}")
+    history_records = _attempt_records(history, history_total, sole_attempt(f), unreadable)
     return JobInfo(
         id=job_id,
         queue=queue,
@@ -240,6 +227,51 @@ def job_info(
         running=running if state is JobState.ACTIVE else None,
         unreadable=unreadable,
     )
+
+
+def _attempt_records(
+    history: Sequence[bytes | int],
+    total: int | None,
+    sole: bytes | None,
+    unreadable: list[str],
+) -> list[AttemptRecord]:
+    """The records of ``history`` (the newest of ``total``), then the sole attempt kept in
+    the hash, if any; each one that does not parse is listed in ``unreadable``."""
+    out: list[AttemptRecord] = []
+    skipped = max(0, (total or 0) - len(history))
+    if skipped:
+        unreadable.append(f"only the newest {len(history)} of {total} attempt records are read")
+    if sole is not None:
+        history = [*history, sole]
+    for n, raw in enumerate(history, 1 + skipped):
+        size = raw if isinstance(raw, int) else len(raw)  # read_job.lua sends only the size
+        if isinstance(raw, int) or size > MAX_FIELD_BYTES:
+            unreadable.append(f"attempt record #{n}: {over_cap(size)}")
+            continue
+        try:
+            out.append(AttemptRecord.model_validate_json(raw))
+        except ValueError as exc:
+            unreadable.append(f"attempt record #{n} ({raw[:60]!r}): {brief(exc)}")
+    return out
+
+
+def sole_attempt(fields: dict[str, bytes]) -> bytes | None:
+    """The attempt record of a completed job whose only attempt is kept in its hash
+    (common.lua's sole_attempt: ``worker_id``, ``pid``, ``started_ms``, ``ended_ms``),
+    as the JSON the worker sent; None when the hash holds none. Parsed as any record is,
+    so a field changed by hand is reported, not trusted."""
+    if any(name not in fields for name in SOLE_ATTEMPT_FIELDS):
+        return None
+    record: dict[str, Any] = {
+        "attempt": 1,
+        "outcome": text(fields.get("outcome", b"")),
+        "action": "complete",
+        "worker_id": text(fields["worker_id"]),
+    }
+    for name in ("pid", "started_ms", "ended_ms"):
+        value = text(fields[name])
+        record[name] = int(value) if value.isdecimal() else value  # else: reported
+    return json.dumps(record, separators=(",", ":")).encode()
 
 
 def running_attempt(

@@ -269,7 +269,8 @@ def depth_samples(fields: dict[Any, Any]) -> list[tuple[int, int]]:
 
 def recent_durations(conns: Connections, keys: QueueKeys, limit: int) -> list[tuple[str, float]]:
     """The last attempt record of up to ``limit`` recently finished jobs, two round
-    trips: the newest ids of the completed and failed sets, then one LINDEX each."""
+    trips: the newest ids of the completed and failed sets, then for each its history's
+    last record and the hash fields that hold a sole attempt (records.sole_attempt)."""
     with conns.errors("read recent durations"):
         pipe = conns.main.pipeline(transaction=False)
         pipe.zrevrange(keys.completed, 0, limit - 1)
@@ -277,11 +278,17 @@ def recent_durations(conns: Connections, keys: QueueKeys, limit: int) -> list[tu
         completed, failed = pipe.execute()
         ids = [records.text(i) for i in [*completed, *failed]][:limit]
         pipe = conns.main.pipeline(transaction=False)
+        sole_fields = [*records.SOLE_ATTEMPT_FIELDS, "outcome"]
         for job_id in ids:
             pipe.lindex(keys.history(job_id), -1)
-        raws: list[Any] = pipe.execute(raise_on_error=False) if ids else []
+            pipe.hmget(keys.job(job_id), sole_fields)
+        replies: list[Any] = pipe.execute(raise_on_error=False) if ids else []
     out = []
-    for raw in raws:
+    for listed, held in zip(replies[::2], replies[1::2], strict=True):
+        raw = listed
+        if listed is None and isinstance(held, list):
+            fields = {n: v for n, v in zip(sole_fields, held, strict=True) if v is not None}
+            raw = records.sole_attempt(fields)
         if not isinstance(raw, bytes) or len(raw) > records.MAX_FIELD_BYTES:
             continue
         try:

@@ -15,8 +15,9 @@
 --   4 active ZSET     score = lease expiry ms (server clock)
 --   5 completed ZSET  6 failed ZSET  7 cancelled ZSET    score = finished ms
 --   8 seq counter     9 events STREAM    10 wake LIST (one entry per claimable job)
---  11 history prefix  sq:{q}:history:  (attempt records LIST = prefix..id; an id may hold
---                     ':', so no key built from an id may extend another one: keys.py)
+--  11 history prefix  sq:{q}:history:  (attempt records LIST = prefix..id, but for a
+--                     completed job's sole attempt: sole_attempt; an id may hold ':', so
+--                     no key built from an id may extend another one: keys.py)
 --  12 queue index     sq:queues (Cluster: its slot's sq:queues:{tag}): enqueue scripts, and
 --                     a batch's follow-up (the `then` queue shares the slot on a Cluster)
 -- ARGV 1-4, the same for every script: max events kept in the stream, jobs kept in the
@@ -157,6 +158,35 @@ local function append_history(id, record_json)
   if n > HISTORY_CAP then
     redis.call('LTRIM', hkey, -HISTORY_CAP, -1)
   end
+end
+
+-- A completed job whose first attempt was its only one, with nothing to say but where and
+-- when it ran (the common case), keeps that record as four fields of its hash instead of a
+-- history list: a key of its own costs 344 bytes, the fields about 40 (retention_bench).
+-- Readers rebuild the record (records.sole_attempt). The fields' values stay short, so a
+-- small hash stays in Redis's compact encoding. Returns the fields to set, or nil when
+-- the record must go to the history list: anything more in it (an exit code, memory,
+-- output), an earlier record in the list, or a record not as the worker reported it.
+local SOLE_KEYS = {attempt = true, outcome = true, action = true, worker_id = true,
+  pid = true, started_ms = true, ended_ms = true}
+local function sole_attempt(id, record_json, worker, outcome)
+  -- the worker's records start with their number: most others are ruled out unread
+  if string.sub(record_json, 1, 12) ~= '{"attempt":1' then return nil end
+  local ok, r = pcall(cjson.decode, record_json)
+  if not ok or type(r) ~= 'table' then return nil end
+  for k in pairs(r) do
+    if not SOLE_KEYS[k] then return nil end
+  end
+  local pid, started, ended = r.pid, r.started_ms, r.ended_ms
+  if r.attempt ~= 1 or r.action ~= 'complete' or r.outcome ~= outcome
+      or r.worker_id ~= worker or type(pid) ~= 'number' or type(started) ~= 'number'
+      or type(ended) ~= 'number' or pid ~= math.floor(pid) or started ~= math.floor(started)
+      or ended ~= math.floor(ended) or pid < 1 or pid > 2^31 or started < 0
+      or started > 2^53 or ended < 0 or ended > 2^53 then
+    return nil
+  end
+  if redis.call('EXISTS', HISTORY .. id) == 1 then return nil end
+  return {'worker_id', worker, 'pid', int(pid), 'started_ms', int(started), 'ended_ms', int(ended)}
 end
 
 local function drop_job(id)

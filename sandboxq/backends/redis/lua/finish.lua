@@ -41,15 +41,23 @@ local function finish_one(base)
   -- the worker read the count with its claim and decided requeue or poison itself
   if infra ~= '' then redis.call('HINCRBY', key, 'infra_deaths', 1) end
   redis.call('ZREM', ACTIVE, id)
-  append_history(id, record)
+  -- a completed job's sole attempt goes in its hash (common.lua: sole_attempt)
+  local sole = action == 'complete' and sole_attempt(id, record, worker, outcome)
+  if not sole then append_history(id, record) end
   -- one HDEL and one HSET per branch: every call inside a script costs a few microseconds
-  if err ~= '' then
-    redis.call('HDEL', key, 'owner', 'token', 'claimed_ms')
-  else
-    redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'error')
+  local gone = {'owner', 'token', 'claimed_ms'}
+  if err == '' then gone[4] = 'error' end -- else the new error replaces it below
+  if action == 'complete' or action == 'fail' then
+    -- its place in line is no use once finished (a manual retry sets both again:
+    -- retry_job), and each field costs a retained job's hash bytes
+    gone[#gone + 1], gone[#gone + 2] = 'seq', 'ready_ms'
   end
+  redis.call('HDEL', key, unpack(gone))
   local fields = {'outcome', outcome}
   if err ~= '' then fields[3], fields[4] = 'error', err end
+  if sole then
+    for _, v in ipairs(sole) do fields[#fields + 1] = v end
+  end
   local function set(...)
     for _, v in ipairs({...}) do fields[#fields + 1] = v end
     redis.call('HSET', key, unpack(fields))
