@@ -7,6 +7,7 @@ scripts, retention, the wake list, pub/sub cancellation and broken records.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,11 +18,12 @@ import redis
 from redis.crc import key_slot
 
 from sandboxq import Queue
+from sandboxq.backends import rules
 from sandboxq.backends.base import Claimed, FinishAction, NewJob
 from sandboxq.backends.redis import RedisBackend
 from sandboxq.backends.redis.keys import INDEX, QueueKeys
 from sandboxq.errors import BackendError, JobFailed
-from sandboxq.models import Action, AttemptRecord, JobState, Outcome
+from sandboxq.models import Action, AttemptRecord, JobOptions, JobState, Outcome
 from sandboxq.testing.redis_server import RedisServer, free_port
 from sandboxq.testing.workers import BackgroundWorkers
 
@@ -317,8 +319,11 @@ def test_a_completed_jobs_sole_attempt_is_kept_in_its_hash_and_read_back_whole(
     detail = backend.job_detail("a")
     assert detail is not None and detail.info.history == [sent]
     assert backend.recent_durations(10) == [("ok", 0.007)]
-    # its place in line went with it: nothing reads it once the job is finished
-    assert raw.hmget(backend.keys.job("a"), "seq", "ready_ms") == [None, None]
+    # what only a job in line or running needs went with it, and the codec and options
+    # that held their defaults: read back as those defaults
+    gone = ("seq", "ready_ms", "priority", "max_stalls", "codec", "opts")
+    assert raw.hmget(backend.keys.job("a"), gone) == [None] * len(gone)
+    assert info.codec == "json" and info.options == JobOptions()
 
 
 def test_an_attempt_with_more_to_say_or_after_another_goes_to_the_history_list(
@@ -370,6 +375,94 @@ def test_retention_by_age(make_backend: MakeBackend) -> None:
     time.sleep(0.1)  # the subject: "old" outlives its retention on the server's clock
     backend.finish("w1", "new", new.token, "complete", record(new))
     assert backend.list_jobs(JobState.COMPLETED) == ["new"]
+
+
+def finished(backend: RedisBackend, ids: list[str], worker: str = "w1", **opts: Any) -> None:
+    """Enqueue and complete ``ids`` (with job options ``opts``), one finish call each."""
+    backend.enqueue([job(i, options_json=json.dumps(opts)) for i in ids])
+    for claimed in backend.claim(worker, len(ids), lease_s=30):
+        assert backend.finish(
+            worker, claimed.id, claimed.token, "complete", record(claimed)
+        ).accepted
+
+
+@pytest.mark.timeout(30)
+def test_a_job_kept_for_the_queues_time_has_no_expiry_entry_and_goes_at_that_time(
+    make_backend: MakeBackend, raw: redis.Redis
+) -> None:
+    """The expiry set cost each retained job 134 bytes; most jobs are kept for the queue's
+    time, which their finished set's order already tells."""
+    backend = make_backend(result_ttl_s=0.3)
+    finished(backend, ["plain"])
+    finished(backend, ["own"], result_ttl_s=3600)
+    assert raw.zscore(backend.keys.expiry, "plain") is None
+    assert raw.zscore(backend.keys.expiry, "own") is not None
+    time.sleep(0.35)  # the subject: "plain" outlives the queue's time on the server's clock
+    backend.recover_stalled()
+    assert backend.list_jobs(JobState.COMPLETED) == ["own"]
+    assert raw.exists(backend.keys.job("plain")) == 0
+
+
+@pytest.mark.timeout(30)
+def test_jobs_kept_longer_than_the_queues_time_do_not_hold_back_those_that_are_due(
+    make_backend: MakeBackend, raw: redis.Redis
+) -> None:
+    """More jobs with a longer time of their own than one call may read (TRIM_BUDGET)
+    finish first: the read passes them over once, and the plain jobs behind them go."""
+    backend = make_backend(result_ttl_s=0.3)
+    kept = [f"k{i:03}" for i in range(rules.TRIM_BUDGET + 30)]
+    finished(backend, kept, result_ttl_s=3600)
+    finished(backend, ["p1", "p2"])
+    time.sleep(0.35)
+    for _ in range(3):
+        backend.recover_stalled()
+    assert raw.zscore(backend.keys.completed, "p1") is None
+    assert raw.zscore(backend.keys.completed, "p2") is None
+    assert raw.zcard(backend.keys.completed) == len(kept)
+    finished(backend, ["p3"])
+    time.sleep(0.35)
+    backend.recover_stalled()  # one call: the kept jobs are not read again
+    assert raw.zscore(backend.keys.completed, "p3") is None
+
+
+@pytest.mark.timeout(30)
+def test_workers_set_differently_keep_each_job_for_its_finishers_time(
+    make_backend: MakeBackend, raw: redis.Redis, queue_name: str
+) -> None:
+    """README: a queue's time to live applies to the jobs that worker finishes. The time
+    in force is the first finisher's; another's jobs get an expiry entry each, until the
+    jobs kept for the time in force are gone: then the newer time is in force."""
+    short = make_backend(result_ttl_s=0.3)
+    long = make_backend(result_ttl_s=3600)
+    finished(short, ["s1"])
+    finished(long, ["l1"], worker="w2")
+    assert raw.zscore(long.keys.expiry, "s1") is None
+    assert raw.zscore(long.keys.expiry, "l1") is not None
+    time.sleep(0.35)
+    long.recover_stalled()  # read by the long-lived one: "s1" goes at its own finisher's time
+    assert long.list_jobs(JobState.COMPLETED) == ["l1"]
+    finished(long, ["l2"], worker="w2")  # every job kept for 0.3 s is gone: 3600 s in force
+    assert raw.zscore(long.keys.expiry, "l2") is None
+    assert raw.hget(long.keys.trims, "completed_ttl").split()[0] == b"3600000"
+    finished(short, ["s2"])
+    assert raw.zscore(long.keys.expiry, "s2") is not None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "aged",
+    [b"9999999999999 0 ", b"garbage", b"1 1 someone-else", b"1 5000 x"],
+    ids=["ahead-of-the-clock", "garbage", "a-job-that-moved", "more-kept-than-there-are"],
+)
+def test_a_read_position_changed_by_hand_passes_no_job_over(
+    make_backend: MakeBackend, raw: redis.Redis, aged: bytes
+) -> None:
+    backend = make_backend(result_ttl_s=0.3)
+    finished(backend, ["a", "b"])
+    raw.hset(backend.keys.trims, "completed_aged", aged)
+    time.sleep(0.35)
+    backend.recover_stalled()
+    assert backend.list_jobs(JobState.COMPLETED) == []
 
 
 def test_events_stream_is_capped_by_length(make_backend: MakeBackend, raw: redis.Redis) -> None:

@@ -22,8 +22,11 @@ any of them atomically.
     sq:{q}:bdone:<bid>         STREAM one entry per member that reached a final state
     sq:{q}:batches             ZSET   done batches by expiry ms (done_ms + ttl)
     sq:{q}:batch_index         ZSET   every batch kept, by created ms (listing)
-    sq:{q}:expiry              ZSET   finished jobs by when retention removes them (ms)
-    sq:{q}:trims               HASH   what retention removed: counts, caps, times
+    sq:{q}:expiry              ZSET   finished jobs not kept for the queue's time to live in
+                               force, by when retention removes them (ms)
+    sq:{q}:trims               HASH   what retention removed: counts, caps, times; per
+                               finished set, the time in force and where the read by
+                               age stopped (common.lua: retention)
                                (common.lua derives these from the job prefix: its batch and
                                retention blocks)
     sq:{q}:depth               HASH   minute -> jobs waiting, the last DEPTH_MINUTES

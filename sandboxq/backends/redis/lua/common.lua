@@ -37,7 +37,7 @@ local PREFIX, WAITING, DELAYED, ACTIVE, COMPLETED, FAILED, CANCELLED
 local SEQ, EVENTS, WAKE, HISTORY, QUEUE_INDEX
 local MAX_EVENTS, RETAIN_COMPLETED, RETAIN_FAILED, COMPLETED_TTL_MS, FAILED_TTL_MS
 local QUEUE_BASE, QUEUE_NAME, BATCH, BATCH_DONE, BATCHES, BATCH_INDEX, EXPIRY, TRIMS
-local STATE_OF
+local STATE_OF, PLAIN_TTL
 
 local function bind(keys, argv)
   KEYS, ARGV = keys, argv
@@ -55,6 +55,7 @@ local function bind(keys, argv)
   BATCHES, BATCH_INDEX = QUEUE_BASE .. 'batches', QUEUE_BASE .. 'batch_index'
   EXPIRY, TRIMS = QUEUE_BASE .. 'expiry', QUEUE_BASE .. 'trims'
   STATE_OF = {[COMPLETED] = 'completed', [FAILED] = 'failed', [CANCELLED] = 'cancelled'}
+  PLAIN_TTL = {} -- retention: per finished set, this call's plain_ttl_ms (false: none)
 end
 
 -- 2^40: with |priority| <= MAX_PRIORITY (< 2^10) and seq < 2^40, every score is below
@@ -396,41 +397,102 @@ end
 -- ---- end of batches ---------------------------------------------------------------------
 
 -- ---- retention (README "Retention"; rules.Retention) -------------------------------------
---   sq:{q}:expiry  ZSET  every finished job still in its finished set, by when it goes
---                        (finished ms + its time to live): age is a range read, whatever
---                        each job's own time to live
+-- A finished job is kept for its own time to live (a job option) or else the queue's (the
+-- caller's ARGV[4]). Most jobs are kept for the queue's time, and their finished set, in
+-- order of when they finished, already says which are past it: such a "plain" job has no
+-- entry of its own in EXPIRY (134 bytes a job: retention_bench), and age_out reads the set
+-- from where it last stopped. Every other finished job has an EXPIRY entry: one with a time
+-- to live of its own, one whose finisher's queue time was not the one in force (workers of
+-- one queue set differently), and one still fenced when its time came.
+--   sq:{q}:expiry  ZSET  those jobs, by when they go
 --   sq:{q}:trims   HASH  what retention removed: <state>_capped (jobs trimmed by the count
 --                        cap), <state>_capped_newest_ms (when the newest of them finished),
 --                        <state>_cap (the cap then), expired (jobs removed by age),
---                        expired_upto_ms (the latest such removal); JobNotFound reads it
---   (EXPIRY, TRIMS and STATE_OF, finished key -> state, are set per call: bind)
+--                        expired_upto_ms (the latest such removal); JobNotFound reads it.
+--                        Per finished set: <state>_ttl "<ms> <finished ms>": the queue time
+--                        every plain job of the set is kept for, and when the newest of them
+--                        finished; <state>_aged "<score> <kept> <id>": where age_out's last
+--                        read stopped, how many jobs it kept at that score, the last of them
+--   (EXPIRY, TRIMS, STATE_OF, finished key -> state, and PLAIN_TTL are set per call: bind)
 
--- How long a job entering finished `state` is kept, ms (rules.Retention.ttl_ms): its own
--- option (checked at enqueue), else the queue's. Its options are decoded only when they
+-- A job's own time to live on entering finished `state`, ms (rules.Retention.ttl_ms), or
+-- nil when it has none and the queue's applies. Its options are decoded only when they
 -- name one: most jobs' are '{}'.
-local function ttl_ms(opts, state)
+local function own_ttl_ms(opts, state)
   local name = state == 'completed' and 'result_ttl_s' or 'failure_ttl_s'
   if opts and string.find(opts, name, 1, true) then
     local ok, o = pcall(cjson.decode, opts)
     local v = ok and type(o) == 'table' and o[name]
     if type(v) == 'number' and v >= 0 then return math.max(0, math.ceil(v * 1000)) end
   end
+  return nil
+end
+
+-- The caller's queue time to live for finished `state`, ms.
+local function queue_ttl_ms(state)
   if state == 'completed' then return COMPLETED_TTL_MS end
   return FAILED_TTL_MS
 end
 
--- Jobs past their time go (any finished set), `budget` at most, the earliest first (ties
--- by id), deleting their hash and history (a batch member's stay with its batch).
--- Returns the budget left. recover_stalled.lua calls it too: an idle queue still expires.
--- A job cancelled while running keeps its fence until its old owner confirms the child
--- dead or the old lease runs out (design invariant 12, as purge.lua): one still fenced
--- is kept until the old lease's expiry, so its id cannot be enqueued afresh and run
--- beside a child that may still live.
+-- A finished set's retention records (TRIMS): its plain jobs' time to live and when the
+-- newest finished, and where age_out stopped ('-inf' 0 nil: at the start). A record
+-- changed by hand reads as absent.
+local function plain_record(state)
+  local rec = redis.call('HMGET', TRIMS, state .. '_ttl', state .. '_aged')
+  local ttl, newest = string.match(rec[1] or '', '^(%d+) (%d+)$')
+  local score, kept, last = string.match(rec[2] or '', '^(%d+) (%d+) (.*)$')
+  if not score then score, kept = '-inf', 0 end
+  return tonumber(ttl), tonumber(newest), score, tonumber(kept), last
+end
+
+-- The time to live the plain jobs of finished set `zset` are kept for from this call on:
+-- the one in force, or the caller's when there is none yet or when every plain job kept
+-- for the one in force has been read by age_out (the queue's workers were set anew).
+-- False when the caller's is not the one in force: its jobs get EXPIRY entries.
+local function plain_ttl_ms(zset)
+  if PLAIN_TTL[zset] == nil then
+    local state = STATE_OF[zset]
+    local mine = queue_ttl_ms(state)
+    local ttl, newest, score = plain_record(state)
+    local free = not ttl or ttl == mine or (score ~= '-inf' and tonumber(score) > newest)
+    PLAIN_TTL[zset] = free and mine
+  end
+  return PLAIN_TTL[zset]
+end
+
 -- Job `id` was cancelled while running and its fence still stands (rules.fence_lifted).
 local function fenced(id, now)
   return fenced_until(id, now) ~= nil
 end
 
+-- A job past its time goes, hash and history (a batch member's stay with its batch), from
+-- every index. `state`: the state its hash holds; an index entry is only trusted while the
+-- job is still finished (never an id enqueued again since: purge and retry take their
+-- entries out, this is the second guard). Returns 1 if the job went, else 0.
+local function expire_job(id, state)
+  redis.call('ZREM', EXPIRY, id)
+  redis.call('ZREM', COMPLETED, id)
+  redis.call('ZREM', FAILED, id)
+  redis.call('ZREM', CANCELLED, id)
+  if state == 'completed' or state == 'failed' or state == 'cancelled' then
+    drop_unless_member(id)
+    return 1
+  end
+  return 0
+end
+
+local function count_expired(expired, now)
+  if expired > 0 then
+    redis.call('HINCRBY', TRIMS, 'expired', expired)
+    redis.call('HSET', TRIMS, 'expired_upto_ms', int(now))
+  end
+end
+
+-- Retention by age, part one: the jobs of EXPIRY that are due go, `budget` at most, the
+-- earliest first (ties by id). A job cancelled while running keeps its fence until its old
+-- owner confirms the child dead or the old lease runs out (design invariant 12, as
+-- purge.lua): one still fenced is kept until the old lease's expiry, so its id cannot be
+-- enqueued afresh and run beside a child that may still live. Returns the budget left.
 local function expire_due(now, budget)
   if budget <= 0 then return budget end
   local ids = redis.call('ZRANGEBYSCORE', EXPIRY, '-inf', int(now), 'LIMIT', 0, budget)
@@ -438,44 +500,82 @@ local function expire_due(now, budget)
   local expired = 0
   for _, gone in ipairs(ids) do
     local f = hmget(PREFIX .. gone, 'state', 'fence_token', 'fenced_until_ms')
-    local state = f and f[1]
     local until_ms = f and tonumber(f[3])
     if f and f[2] and until_ms and not (until_ms < now) then -- rules.fence_lifted
       redis.call('ZADD', EXPIRY, int(until_ms + 1), gone)
     else
-      redis.call('ZREM', EXPIRY, gone)
-      -- an entry is only trusted while the job is still finished (never an id enqueued
-      -- again since: purge and retry take their entries out, this is the second guard)
-      if state == 'completed' or state == 'failed' or state == 'cancelled' then
-        drop_unless_member(gone)
-        redis.call('ZREM', COMPLETED, gone)
-        redis.call('ZREM', FAILED, gone)
-        redis.call('ZREM', CANCELLED, gone)
-        expired = expired + 1
-      end
+      expired = expired + expire_job(gone, f and f[1])
     end
   end
-  if expired > 0 then
-    redis.call('HINCRBY', TRIMS, 'expired', expired)
-    redis.call('HSET', TRIMS, 'expired_upto_ms', int(now))
-  end
+  count_expired(expired, now)
   return budget - #ids
 end
 
--- Retention, part one: job `id` entered finished set `zset` (its options `opts`: its own
--- time to live) and is kept until now + its time to live.
+-- Retention by age, part two: the plain jobs of finished set `zset` past the time in force
+-- go, `budget` jobs read at most, in the set's order (finished ms, ties by id) from where
+-- the last read stopped, up to now minus that time. A job it reads and keeps is one with an
+-- EXPIRY entry (it goes at that entry's time, earlier or later) or one still fenced (given
+-- an entry for when its fence falls). The jobs kept at the last score read are counted, so
+-- the next read starts past them; it reads that score again from its first job when the
+-- last of them is no longer where it was (gone, or a job added before it), and the whole
+-- set when the clock stands before that score (a failover to a server whose clock is
+-- behind): no job is passed over unread. Returns the budget left.
+local function age_out(zset, now, budget)
+  if budget <= 0 then return budget end
+  local state = STATE_OF[zset]
+  local ttl, _, score, kept, last = plain_record(state)
+  if not ttl then return budget end -- no plain job has entered this set
+  if score ~= '-inf' and tonumber(score) > now then score, kept = '-inf', 0 end
+  if kept > 0 and redis.call('ZRANGEBYSCORE', zset, score, score, 'LIMIT', kept - 1, 1)[1] ~= last then
+    kept = 0
+  end
+  local due = redis.call('ZRANGEBYSCORE', zset, score, int(now - ttl), 'WITHSCORES', 'LIMIT',
+    kept, budget)
+  if #due == 0 then return budget end
+  local expired = 0
+  for i = 1, #due, 2 do
+    local id, at = due[i], due[i + 1]
+    if at ~= score then score, kept = at, 0 end
+    local f = hmget(PREFIX .. id, 'state', 'fence_token', 'fenced_until_ms')
+    local until_ms = f and tonumber(f[3])
+    if redis.call('ZSCORE', EXPIRY, id) then
+      kept, last = kept + 1, id
+    elseif f and f[2] and until_ms and not (until_ms < now) then -- rules.fence_lifted
+      redis.call('ZADD', EXPIRY, int(until_ms + 1), id)
+      kept, last = kept + 1, id
+    else
+      expired = expired + expire_job(id, f and f[1])
+    end
+  end
+  redis.call('HSET', TRIMS, state .. '_aged', score .. ' ' .. kept .. ' ' .. (kept > 0 and last or ''))
+  count_expired(expired, now)
+  return budget - #due / 2
+end
+
+-- Retention, part one: job `id` entered finished set `zset` (its options `opts`). It gets
+-- an EXPIRY entry unless it is plain (kept for the queue's time in force: plain_ttl_ms).
 local function keep_until(zset, now, id, opts)
-  redis.call('ZADD', EXPIRY, int(now + ttl_ms(opts, STATE_OF[zset])), id)
+  local state = STATE_OF[zset]
+  local ttl = own_ttl_ms(opts, state)
+  if not ttl then
+    ttl = queue_ttl_ms(state)
+    if plain_ttl_ms(zset) == ttl then return end
+  end
+  redis.call('ZADD', EXPIRY, int(now + ttl), id)
 end
 
 -- Retention, part two, after `jobs` jobs entered finished set `zset`: the set keeps at most
 -- `keep` jobs (the oldest go first, ties by id: the sorted set's order; counted in TRIMS;
--- one still fenced stays), then jobs past their time go (expire_due), then done batches
+-- one still fenced stays), then jobs past their time go (expire_due, then age_out of this
+-- set: the others are read by recover_stalled.lua), then done batches
 -- past theirs. Bounded work per call (TRIM_BUDGET per job that entered); every job
 -- entering a finished set is followed by this, so the sets converge. finish.lua runs it
 -- once for all the jobs of a call (its reads cost as much for one job as for a hundred).
 local function retain(zset, keep, now, jobs)
   local budget = TRIM_BUDGET * jobs
+  if PLAIN_TTL[zset] then -- plain jobs entered: the newest finished now
+    redis.call('HSET', TRIMS, STATE_OF[zset] .. '_ttl', int(PLAIN_TTL[zset]) .. ' ' .. int(now))
+  end
   local excess = redis.call('ZCARD', zset) - keep
   if excess > 0 then
     local n = math.min(excess, budget)
@@ -498,7 +598,7 @@ local function retain(zset, keep, now, jobs)
     end
     budget = budget - n
   end
-  expire_due(now, budget)
+  age_out(zset, now, expire_due(now, budget))
   sweep_batches(now, jobs)
 end
 

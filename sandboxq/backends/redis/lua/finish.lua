@@ -34,8 +34,8 @@ local function finish_one(base)
   local has_result, result, delay = ARGV[base + 6], ARGV[base + 7], tonumber(ARGV[base + 8])
   local infra = ARGV[base + 9]
   local key = PREFIX .. id
-  -- its batch and options (its own time to live) read in the same call: one per job
-  local f = owns(key, worker, token, 'batch', 'opts')
+  -- its batch, options (its own time to live) and codec read in the same call: one per job
+  local f = owns(key, worker, token, 'batch', 'opts', 'codec')
   if not f then return 0 end
   local to -- the state it goes to
   -- the worker read the count with its claim and decided requeue or poison itself
@@ -51,6 +51,14 @@ local function finish_one(base)
     -- its place in line is no use once finished (a manual retry sets both again:
     -- retry_job), and each field costs a retained job's hash bytes
     gone[#gone + 1], gone[#gone + 2] = 'seq', 'ready_ms'
+  end
+  if action == 'complete' then
+    -- nor, once completed for good, are its priority and stall limit, and the codec and
+    -- options that hold their defaults (readers take an absent one as its default:
+    -- records.job_info): a retained job's hash stays in a smaller allocation
+    gone[#gone + 1], gone[#gone + 2] = 'priority', 'max_stalls'
+    if f[5] == '{}' then gone[#gone + 1] = 'opts' end
+    if f[6] == 'json' then gone[#gone + 1] = 'codec' end
   end
   redis.call('HDEL', key, unpack(gone))
   local fields = {'outcome', outcome}

@@ -82,7 +82,8 @@ for _, id in ipairs(expired) do
 end
 wake(requeued)
 -- retention's age rule runs here too, so a queue where nothing finishes any more still
--- lets its finished jobs go at their time (common.lua: expire_due)
-expire_due(now, TRIM_BUDGET)
+-- lets its finished jobs go at their time (common.lua: expire_due, age_out)
+local budget = expire_due(now, TRIM_BUDGET)
+for _, finished in ipairs({COMPLETED, FAILED, CANCELLED}) do budget = age_out(finished, now, budget) end
 sweep_batches(now)
 return out
