@@ -451,8 +451,20 @@ def test_workers_set_differently_keep_each_job_for_its_finishers_time(
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     "aged",
-    [b"9999999999999 0 ", b"garbage", b"1 1 someone-else", b"1 5000 x"],
-    ids=["ahead-of-the-clock", "garbage", "a-job-that-moved", "more-kept-than-there-are"],
+    [
+        b"9999999999999 0 0 ",
+        b"garbage",
+        b"1 1 0 someone-else",
+        b"1 5000 0 x",
+        b"1 0 9999999999999 ",
+    ],
+    ids=[
+        "ahead-of-the-clock",
+        "garbage",
+        "a-job-that-moved",
+        "more-kept-than-there-are",
+        "next-due-past-any-time-to-live",
+    ],
 )
 def test_a_read_position_changed_by_hand_passes_no_job_over(
     make_backend: MakeBackend, raw: redis.Redis, aged: bytes

@@ -37,7 +37,7 @@ local PREFIX, WAITING, DELAYED, ACTIVE, COMPLETED, FAILED, CANCELLED
 local SEQ, EVENTS, WAKE, HISTORY, QUEUE_INDEX
 local MAX_EVENTS, RETAIN_COMPLETED, RETAIN_FAILED, COMPLETED_TTL_MS, FAILED_TTL_MS
 local QUEUE_BASE, QUEUE_NAME, BATCH, BATCH_DONE, BATCHES, BATCH_INDEX, EXPIRY, TRIMS
-local STATE_OF, PLAIN_TTL
+local STATE_OF, RETENTION
 
 local function bind(keys, argv)
   KEYS, ARGV = keys, argv
@@ -55,7 +55,7 @@ local function bind(keys, argv)
   BATCHES, BATCH_INDEX = QUEUE_BASE .. 'batches', QUEUE_BASE .. 'batch_index'
   EXPIRY, TRIMS = QUEUE_BASE .. 'expiry', QUEUE_BASE .. 'trims'
   STATE_OF = {[COMPLETED] = 'completed', [FAILED] = 'failed', [CANCELLED] = 'cancelled'}
-  PLAIN_TTL = {} -- retention: per finished set, this call's plain_ttl_ms (false: none)
+  RETENTION = {} -- per finished set, its retention records as this call knows them
 end
 
 -- 2^40: with |priority| <= MAX_PRIORITY (< 2^10) and seq < 2^40, every score is below
@@ -172,7 +172,10 @@ local SOLE_KEYS = {attempt = true, outcome = true, action = true, worker_id = tr
   pid = true, started_ms = true, ended_ms = true}
 local function sole_attempt(id, record_json, worker, outcome)
   -- the worker's records start with their number: most others are ruled out unread
-  if string.sub(record_json, 1, 12) ~= '{"attempt":1' then return nil end
+  if string.sub(record_json, 1, 12) ~= '{"attempt":1'
+      or not string.find(record_json, '"action":"complete"', 13, true) then
+    return nil
+  end
   local ok, r = pcall(cjson.decode, record_json)
   if not ok or type(r) ~= 'table' then return nil end
   for k in pairs(r) do
@@ -409,11 +412,13 @@ end
 --                        cap), <state>_capped_newest_ms (when the newest of them finished),
 --                        <state>_cap (the cap then), expired (jobs removed by age),
 --                        expired_upto_ms (the latest such removal); JobNotFound reads it.
---                        Per finished set: <state>_ttl "<ms> <finished ms>": the queue time
---                        every plain job of the set is kept for, and when the newest of them
---                        finished; <state>_aged "<score> <kept> <id>": where age_out's last
---                        read stopped, how many jobs it kept at that score, the last of them
---   (EXPIRY, TRIMS, STATE_OF, finished key -> state, and PLAIN_TTL are set per call: bind)
+--                        Per finished set: <state>_ttl "<ms> <newest>": the queue time every
+--                        plain job of the set is kept for, and 0, or once a finisher set
+--                        differently came, a time no plain job finished after (plain_ttl_ms);
+--                        <state>_aged "<score> <kept> <next ms> <id>": where age_out's last
+--                        read stopped, how many jobs it kept at that score, when the next
+--                        job is due (0: read on), the last of the jobs kept
+--   (EXPIRY, TRIMS, STATE_OF, finished key -> state, and RETENTION are set per call: bind)
 
 -- A job's own time to live on entering finished `state`, ms (rules.Retention.ttl_ms), or
 -- nil when it has none and the queue's applies. Its options are decoded only when they
@@ -434,30 +439,53 @@ local function queue_ttl_ms(state)
   return FAILED_TTL_MS
 end
 
--- A finished set's retention records (TRIMS): its plain jobs' time to live and when the
--- newest finished, and where age_out stopped ('-inf' 0 nil: at the start). A record
--- changed by hand reads as absent.
-local function plain_record(state)
-  local rec = redis.call('HMGET', TRIMS, state .. '_ttl', state .. '_aged')
-  local ttl, newest = string.match(rec[1] or '', '^(%d+) (%d+)$')
-  local score, kept, last = string.match(rec[2] or '', '^(%d+) (%d+) (.*)$')
-  if not score then score, kept = '-inf', 0 end
-  return tonumber(ttl), tonumber(newest), score, tonumber(kept), last
+-- The retention records of finished set `zset` (TRIMS), read once per call: the time in
+-- force (nil: no plain job yet) and `newest`, then where age_out stopped ('-inf', 0: at
+-- the start) and when it next has a job to remove. A record changed by hand reads as
+-- absent.
+local function retention_of(zset)
+  local r = RETENTION[zset]
+  if not r then
+    local state = STATE_OF[zset]
+    local rec = redis.call('HMGET', TRIMS, state .. '_ttl', state .. '_aged')
+    local ttl, newest = string.match(rec[1] or '', '^(%d+) (%d+)$')
+    local score, kept, next_ms, last = string.match(rec[2] or '', '^(%S+) (%d+) (%d+) (.*)$')
+    if score ~= '-inf' and not string.match(score or '', '^%d+$') then score = nil end
+    r = {state = state, ttl = tonumber(ttl), newest = tonumber(newest) or 0,
+      score = score or '-inf', kept = tonumber(kept) or 0, next_ms = tonumber(next_ms) or 0,
+      last = last}
+    RETENTION[zset] = r
+  end
+  return r
 end
 
--- The time to live the plain jobs of finished set `zset` are kept for from this call on:
--- the one in force, or the caller's when there is none yet or when every plain job kept
--- for the one in force has been read by age_out (the queue's workers were set anew).
--- False when the caller's is not the one in force: its jobs get EXPIRY entries.
-local function plain_ttl_ms(zset)
-  if PLAIN_TTL[zset] == nil then
-    local state = STATE_OF[zset]
-    local mine = queue_ttl_ms(state)
-    local ttl, newest, score = plain_record(state)
-    local free = not ttl or ttl == mine or (score ~= '-inf' and tonumber(score) > newest)
-    PLAIN_TTL[zset] = free and mine
+-- The time to live a job entering finished set `zset` now is plain at: the caller's queue
+-- time when it is in force (or none is yet), else false (the job gets an EXPIRY entry).
+-- While every finisher has the same time nothing is written after the first. Once one set
+-- differently comes, `newest` is kept (each call by a finisher of the time in force sets
+-- it to now), and when age_out's read has passed it (or read every job at it, all kept),
+-- every plain job kept for the old time has been read: the next finisher's time comes in
+-- force.
+local function plain_ttl_ms(zset, now)
+  local r = retention_of(zset)
+  if r.plain == nil then
+    local mine, write = queue_ttl_ms(r.state), false
+    if not r.ttl then
+      r.plain, r.ttl, write = mine, mine, true
+    elseif r.ttl == mine then
+      r.plain = mine
+      if r.newest > 0 then r.newest, write = now, true end
+    elseif r.newest > 0 and r.score ~= '-inf' and (tonumber(r.score) > r.newest
+        or (tonumber(r.score) == r.newest
+          and redis.call('ZCOUNT', zset, r.score, r.score) == r.kept)) then
+      r.plain, r.ttl, r.newest, r.next_ms, write = mine, mine, 0, 0, true
+    else
+      r.plain = false
+      if r.newest == 0 then r.newest, write = now, true end
+    end
+    if write then redis.call('HSET', TRIMS, r.state .. '_ttl', int(r.ttl) .. ' ' .. int(r.newest)) end
   end
-  return PLAIN_TTL[zset]
+  return r.plain
 end
 
 -- Job `id` was cancelled while running and its fence still stands (rules.fence_lifted).
@@ -522,16 +550,18 @@ end
 -- behind): no job is passed over unread. Returns the budget left.
 local function age_out(zset, now, budget)
   if budget <= 0 then return budget end
-  local state = STATE_OF[zset]
-  local ttl, _, score, kept, last = plain_record(state)
+  local r = retention_of(zset)
+  local ttl, score, kept, last = r.ttl, r.score, r.kept, r.last
   if not ttl then return budget end -- no plain job has entered this set
-  if score ~= '-inf' and tonumber(score) > now then score, kept = '-inf', 0 end
+  if score ~= '-inf' and tonumber(score) > now then score, kept, r.next_ms = '-inf', 0, 0 end
+  -- no job can be due before the next one read last time (a job finishing since is due
+  -- later still); a time further than the time to live was not written here
+  if now < r.next_ms and r.next_ms <= now + ttl then return budget end
   if kept > 0 and redis.call('ZRANGEBYSCORE', zset, score, score, 'LIMIT', kept - 1, 1)[1] ~= last then
     kept = 0
   end
-  local due = redis.call('ZRANGEBYSCORE', zset, score, int(now - ttl), 'WITHSCORES', 'LIMIT',
-    kept, budget)
-  if #due == 0 then return budget end
+  local cutoff = int(now - ttl)
+  local due = redis.call('ZRANGEBYSCORE', zset, score, cutoff, 'WITHSCORES', 'LIMIT', kept, budget)
   local expired = 0
   for i = 1, #due, 2 do
     local id, at = due[i], due[i + 1]
@@ -544,10 +574,25 @@ local function age_out(zset, now, budget)
       redis.call('ZADD', EXPIRY, int(until_ms + 1), id)
       kept, last = kept + 1, id
     else
-      expired = expired + expire_job(id, f and f[1])
+      -- in no other index: this set's entry goes, and the job while it is in this set's
+      -- state (the guard of expire_job)
+      redis.call('ZREM', zset, id)
+      if f and f[1] == r.state then
+        drop_unless_member(id)
+        expired = expired + 1
+      end
     end
   end
-  redis.call('HSET', TRIMS, state .. '_aged', score .. ' ' .. kept .. ' ' .. (kept > 0 and last or ''))
+  -- every job up to the cutoff read: the next is the first after it (none: one finishing
+  -- from now on, due a time to live from now)
+  local next_ms = 0
+  if #due < 2 * budget then
+    local after = redis.call('ZRANGEBYSCORE', zset, '(' .. cutoff, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    next_ms = (tonumber(after[2]) or now) + ttl
+  end
+  r.score, r.kept, r.next_ms, r.last = score, kept, next_ms, last
+  redis.call('HSET', TRIMS, r.state .. '_aged',
+    score .. ' ' .. kept .. ' ' .. int(next_ms) .. ' ' .. (kept > 0 and last or ''))
   count_expired(expired, now)
   return budget - #due / 2
 end
@@ -559,7 +604,7 @@ local function keep_until(zset, now, id, opts)
   local ttl = own_ttl_ms(opts, state)
   if not ttl then
     ttl = queue_ttl_ms(state)
-    if plain_ttl_ms(zset) == ttl then return end
+    if plain_ttl_ms(zset, now) == ttl then return end
   end
   redis.call('ZADD', EXPIRY, int(now + ttl), id)
 end
@@ -573,9 +618,6 @@ end
 -- once for all the jobs of a call (its reads cost as much for one job as for a hundred).
 local function retain(zset, keep, now, jobs)
   local budget = TRIM_BUDGET * jobs
-  if PLAIN_TTL[zset] then -- plain jobs entered: the newest finished now
-    redis.call('HSET', TRIMS, STATE_OF[zset] .. '_ttl', int(PLAIN_TTL[zset]) .. ' ' .. int(now))
-  end
   local excess = redis.call('ZCARD', zset) - keep
   if excess > 0 then
     local n = math.min(excess, budget)
