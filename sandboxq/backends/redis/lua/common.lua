@@ -477,7 +477,7 @@ local function plain_ttl_ms(zset, now)
       if r.newest > 0 then r.newest, write = now, true end
     elseif r.newest > 0 and r.score ~= '-inf' and (tonumber(r.score) > r.newest
         or (tonumber(r.score) == r.newest
-          and redis.call('ZCOUNT', zset, r.score, r.score) == r.kept)) then
+          and #redis.call('ZRANGEBYSCORE', zset, r.score, r.score, 'LIMIT', r.kept, 1) == 0)) then
       r.plain, r.ttl, r.newest, r.next_ms, write = mine, mine, 0, 0, true
     else
       r.plain = false
