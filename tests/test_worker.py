@@ -204,7 +204,15 @@ def test_graceful_stop_requeues_interrupted_jobs_without_charge(
 ) -> None:
     worker = start_worker("sleep_forever", concurrency=1, stop_timeout_s=0.3)
     job = queue.enqueue()
-    wait_for(lambda: job.state() is JobState.ACTIVE, 10, "the job to start")
+
+    def running_in_a_child() -> bool:
+        # claimed (ACTIVE) is not enough: a job stopped before its child started it is
+        # handed back unstarted, not interrupted; the worker publishes the child's pid once
+        # the attempt started
+        running = job.info().running
+        return running is not None and running.pid is not None
+
+    wait_for(running_in_a_child, 10, "the job's child to start it")
     worker.stop()
     assert workers.join(worker, 10)
     info = job.info()
