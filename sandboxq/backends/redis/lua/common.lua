@@ -562,17 +562,17 @@ local function age_out(zset, now, budget)
   end
   local cutoff = int(now - ttl)
   local due = redis.call('ZRANGEBYSCORE', zset, score, cutoff, 'WITHSCORES', 'LIMIT', kept, budget)
-  local expired = 0
+  local expired, kept_any = 0, r.kept > 0
   for i = 1, #due, 2 do
     local id, at = due[i], due[i + 1]
     if at ~= score then score, kept = at, 0 end
     local f = hmget(PREFIX .. id, 'state', 'fence_token', 'fenced_until_ms')
     local until_ms = f and tonumber(f[3])
     if redis.call('ZSCORE', EXPIRY, id) then
-      kept, last = kept + 1, id
+      kept, last, kept_any = kept + 1, id, true
     elseif f and f[2] and until_ms and not (until_ms < now) then -- rules.fence_lifted
       redis.call('ZADD', EXPIRY, int(until_ms + 1), id)
-      kept, last = kept + 1, id
+      kept, last, kept_any = kept + 1, id, true
     else
       -- in no other index: this set's entry goes, and the job while it is in this set's
       -- state (the guard of expire_job)
@@ -583,16 +583,22 @@ local function age_out(zset, now, budget)
       end
     end
   end
-  -- every job up to the cutoff read: the next is the first after it (none: one finishing
-  -- from now on, due a time to live from now)
+  -- nothing was due: the next job is the first after the cutoff (none: one finishing from
+  -- now on, due a time to live from now); until then no call reads. When jobs were due,
+  -- more are likely soon: the next call reads again.
   local next_ms = 0
-  if #due < 2 * budget then
+  if #due == 0 then
     local after = redis.call('ZRANGEBYSCORE', zset, '(' .. cutoff, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     next_ms = (tonumber(after[2]) or now) + ttl
   end
-  r.score, r.kept, r.next_ms, r.last = score, kept, next_ms, last
-  redis.call('HSET', TRIMS, r.state .. '_aged',
-    score .. ' ' .. kept .. ' ' .. int(next_ms) .. ' ' .. (kept > 0 and last or ''))
+  -- The position is written only when it matters: jobs kept (the next read must start past
+  -- them, and a stale count must not linger) or a time to wait for. With only plain jobs
+  -- read, those before the old position are gone, so reading from it finds the same jobs.
+  if kept_any or next_ms > 0 then
+    r.score, r.kept, r.next_ms, r.last = score, kept, next_ms, last
+    redis.call('HSET', TRIMS, r.state .. '_aged',
+      score .. ' ' .. kept .. ' ' .. int(next_ms) .. ' ' .. (kept > 0 and last or ''))
+  end
   count_expired(expired, now)
   return budget - #due / 2
 end
