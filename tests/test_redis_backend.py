@@ -426,6 +426,29 @@ def test_jobs_kept_longer_than_the_queues_time_do_not_hold_back_those_that_are_d
 
 
 @pytest.mark.timeout(30)
+def test_kept_and_plain_jobs_finishing_in_turn_all_go_at_their_times(
+    make_backend: MakeBackend, raw: redis.Redis
+) -> None:
+    """Kept and plain jobs interleaved, more than one read's budget of each: every read
+    passes some kept jobs and removes some plain ones, and the position it leaves lets the
+    next read go on, never back over the kept ones."""
+    backend = make_backend(result_ttl_s=0.3)
+    n = rules.TRIM_BUDGET + 20
+    for i in range(n):
+        finished(backend, [f"k{i:03}"], result_ttl_s=3600)
+        finished(backend, [f"p{i:03}"])
+    time.sleep(0.35)
+    for _ in range(4):  # 2n jobs to read, 100 a call
+        backend.recover_stalled()
+    left = {i.decode() for i in raw.zrange(backend.keys.completed, 0, -1)}
+    assert left == {f"k{i:03}" for i in range(n)}
+    finished(backend, ["last"])
+    time.sleep(0.35)
+    backend.recover_stalled()  # one call: the kept jobs are not read again
+    assert raw.zscore(backend.keys.completed, "last") is None
+
+
+@pytest.mark.timeout(30)
 def test_workers_set_differently_keep_each_job_for_its_finishers_time(
     make_backend: MakeBackend, raw: redis.Redis, queue_name: str
 ) -> None:
