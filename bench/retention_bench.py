@@ -49,22 +49,29 @@ from sandboxq.testing.redis_server import RedisServer  # noqa: E402
 TOTAL = figures.Target("<=", 500, "B")
 LONG_HOST = 40
 
-KINDS = {
-    "completed": ("bench_jobs:noop", JobState.COMPLETED),
-    "failed": ("sandboxq.testing.handlers:sys_exit", JobState.FAILED),
+#: kind -> (processor, the state its jobs end in, the worker's further options)
+KINDS: dict[str, tuple[str, JobState, tuple[str, ...]]] = {
+    "completed": ("bench_jobs:noop", JobState.COMPLETED, ()),
+    # its attempt record also carries the limit and the peak
+    "completed_under_a_memory_limit": (
+        "bench_jobs:noop",
+        JobState.COMPLETED,
+        ("--max-memory-mb", "256"),
+    ),
+    "failed": ("sandboxq.testing.handlers:sys_exit", JobState.FAILED, ()),
     # a failed attempt that keeps about 4 KiB of traceback and 8 KiB of output
-    "failed_with_traceback": ("bench_jobs:loud_failure", JobState.FAILED),
+    "failed_with_traceback": ("bench_jobs:loud_failure", JobState.FAILED, ()),
 }
 
 
-def run_burst(url: str, queue: str, processor: str) -> None:
+def run_burst(url: str, queue: str, processor: str, options: tuple[str, ...]) -> None:
     """A real worker process that stops once the queue is empty."""
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "sandboxq", "worker", queue, processor, "--url", url]
     done = subprocess.run(
         # memory is what is measured here, not containment: the process tree mode runs
         # on any machine
-        [*command, "--concurrency", "2", "--containment", "process_tree", "--burst"],
+        [*command, "--concurrency", "2", "--containment", "process_tree", "--burst", *options],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -93,14 +100,14 @@ def long_host_hash(r: redis.Redis, keys: QueueKeys, job_id: str) -> int:
 
 def bytes_per_job(url: str, kind: str, n: int) -> dict[str, float]:
     """Bytes of one retained job of ``kind``, by part (see the module docstring)."""
-    processor, state = KINDS[kind]
+    processor, state, options = KINDS[kind]
     name = f"r-{uuid.uuid4().hex[:8]}"
     keys = QueueKeys(name)
     r = redis.Redis.from_url(url)
     q = Queue(name, url=url)
     try:
         ids = [job.id for job in q.enqueue_many([((3,), {}) for _ in range(n)])]
-        run_burst(url, name, processor)
+        run_burst(url, name, processor, options)
         assert q.counts()[state] == n, q.counts()
 
         def usage(key: str) -> int:
@@ -142,14 +149,13 @@ def main() -> None:
                     runs[kind].setdefault(part, []).append(value)
     report: dict[str, Any] = {"jobs": args.jobs, "figures": []}
     caps = {
-        "completed": RETAIN_COMPLETED,
-        "failed": RETAIN_FAILED,
-        "failed_with_traceback": RETAIN_FAILED,
+        kind: RETAIN_COMPLETED if state is JobState.COMPLETED else RETAIN_FAILED
+        for kind, (_, state, _) in KINDS.items()
     }
     for kind, parts in runs.items():
         report[kind] = {}
         for part, values in parts.items():
-            target = TOTAL if kind == "completed" and part.startswith("total") else None
+            target = TOTAL if kind.startswith("completed") and part.startswith("total") else None
             fig = figures.figure(
                 f"Redis bytes per retained {kind} job: {part}", values, "B", target
             )

@@ -326,6 +326,24 @@ def test_a_completed_jobs_sole_attempt_is_kept_in_its_hash_and_read_back_whole(
     assert info.codec == "json" and info.options == JobOptions()
 
 
+def test_a_sole_attempt_under_a_memory_limit_keeps_its_figures_exactly(
+    backend: RedisBackend, raw: redis.Redis
+) -> None:
+    """Under a memory limit the record carries the limit and the peak: kept in the hash
+    too, as the worker wrote them (a float printed anew by Lua would lose digits)."""
+    backend.enqueue([job("a"), job("b")])
+    got = {c.id: c for c in backend.claim("w1", 2, lease_s=30)}
+    sent = {
+        "a": sole(got["a"], memory_limit_mb=256.0, peak_memory_mb=12.3),
+        "b": sole(got["b"], memory_limit_mb=100.12345678901235, peak_memory_mb=1e-05),
+    }
+    for i in ("a", "b"):
+        assert backend.finish("w1", i, got[i].token, "complete", sent[i]).accepted
+        assert raw.exists(backend.keys.history(i)) == 0
+        info = backend.get(i)
+        assert info is not None and info.history == [sent[i]] and not info.unreadable
+
+
 def test_an_attempt_with_more_to_say_or_after_another_goes_to_the_history_list(
     backend: RedisBackend, raw: redis.Redis
 ) -> None:

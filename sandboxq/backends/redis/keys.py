@@ -4,7 +4,8 @@ any of them atomically.
 
     sq:{q}:job:<id>            HASH   one job (payload, codec, opts, state, attempts, ...);
                                a completed job's sole attempt as worker_id, pid,
-                               started_ms, ended_ms (common.lua: sole_attempt)
+                               started_ms, ended_ms and its memory figures
+                               (common.lua: sole_attempt)
     sq:{q}:history:<id>        LIST   one AttemptRecord JSON per attempt (any other)
     sq:{q}:waiting             ZSET   -priority * 2^40 + seq: highest priority first, FIFO within
     sq:{q}:delayed             ZSET   due time ms (server clock)

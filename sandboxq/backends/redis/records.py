@@ -68,6 +68,7 @@ INFO_FIELDS = (
     "claimed_ms",
     "uncharged",
     *(SOLE_ATTEMPT_FIELDS := ("worker_id", "pid", "started_ms", "ended_ms")),
+    *(SOLE_ATTEMPT_FIGURES := ("memory_limit_mb", "peak_memory_mb")),
 )
 
 
@@ -257,9 +258,10 @@ def _attempt_records(
 
 def sole_attempt(fields: dict[str, bytes]) -> bytes | None:
     """The attempt record of a completed job whose only attempt is kept in its hash
-    (common.lua's sole_attempt: ``worker_id``, ``pid``, ``started_ms``, ``ended_ms``),
-    as the JSON the worker sent; None when the hash holds none. Parsed as any record is,
-    so a field changed by hand is reported, not trusted."""
+    (common.lua's sole_attempt: ``worker_id``, ``pid``, ``started_ms``, ``ended_ms``, and
+    the memory figures when it ran under a limit), as the JSON the worker sent; None when
+    the hash holds none. Parsed as any record is, so a field changed by hand is reported,
+    not trusted."""
     if any(name not in fields for name in SOLE_ATTEMPT_FIELDS):
         return None
     record: dict[str, Any] = {
@@ -271,6 +273,14 @@ def sole_attempt(fields: dict[str, bytes]) -> bytes | None:
     for name in ("pid", "started_ms", "ended_ms"):
         value = text(fields[name])
         record[name] = int(value) if value.isdecimal() else value  # else: reported
+    for name in SOLE_ATTEMPT_FIGURES:
+        if name in fields:
+            value = text(fields[name])
+            try:
+                figure = float(value)
+            except ValueError:
+                figure = math.nan
+            record[name] = figure if math.isfinite(figure) else value  # else: reported
     return json.dumps(record, separators=(",", ":")).encode()
 
 

@@ -162,14 +162,18 @@ local function append_history(id, record_json)
 end
 
 -- A completed job whose first attempt was its only one, with nothing to say but where and
--- when it ran (the common case), keeps that record as four fields of its hash instead of a
--- history list: a key of its own costs 344 bytes, the fields about 40 (retention_bench).
+-- when it ran and, under a memory limit, the limit and its peak (the common case), keeps
+-- that record as fields of its hash instead of a history list: a key of its own costs 344
+-- bytes, the fields about 40 (retention_bench).
 -- Readers rebuild the record (records.sole_attempt). The fields' values stay short, so a
 -- small hash stays in Redis's compact encoding. Returns the fields to set, or nil when
 -- the record must go to the history list: anything more in it (an exit code, memory,
 -- output), an earlier record in the list, or a record not as the worker reported it.
 local SOLE_KEYS = {attempt = true, outcome = true, action = true, worker_id = true,
-  pid = true, started_ms = true, ended_ms = true}
+  pid = true, started_ms = true, ended_ms = true, memory_limit_mb = true,
+  peak_memory_mb = true}
+-- the memory figures are kept as the worker wrote them (Lua would print a float anew)
+local SOLE_FIGURES = {'memory_limit_mb', 'peak_memory_mb'}
 local function sole_attempt(id, record_json, worker, outcome)
   -- the worker's records start with their number: most others are ruled out unread
   if string.sub(record_json, 1, 12) ~= '{"attempt":1'
@@ -189,8 +193,19 @@ local function sole_attempt(id, record_json, worker, outcome)
       or started > 2^53 or ended < 0 or ended > 2^53 then
     return nil
   end
+  local fields = {'worker_id', worker, 'pid', int(pid), 'started_ms', int(started),
+    'ended_ms', int(ended)}
+  for _, name in ipairs(SOLE_FIGURES) do
+    if r[name] ~= nil then
+      local text = string.match(record_json, '"' .. name .. '":([%d%.eE%+%-]+)')
+      if type(r[name]) ~= 'number' or not text or #text > 24 or tonumber(text) ~= r[name] then
+        return nil
+      end
+      fields[#fields + 1], fields[#fields + 2] = name, text
+    end
+  end
   if redis.call('EXISTS', HISTORY .. id) == 1 then return nil end
-  return {'worker_id', worker, 'pid', int(pid), 'started_ms', int(started), 'ended_ms', int(ended)}
+  return fields
 end
 
 local function drop_job(id)
