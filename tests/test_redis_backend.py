@@ -372,6 +372,23 @@ def test_an_attempt_with_more_to_say_or_after_another_goes_to_the_history_list(
     assert raw.llen(backend.keys.history("retried")) == 2
 
 
+def test_a_sole_attempt_after_records_already_listed_reads_after_them(
+    backend: RedisBackend, raw: redis.Redis
+) -> None:
+    """A job whose numbers started again (a repair of its record sets its attempts to 0)
+    may complete at "attempt 1" with records already in its list: the record in the hash
+    is the newest, read after them."""
+    backend.enqueue([job("a")])
+    earlier = AttemptRecord(attempt=1, outcome=Outcome.ERROR, action=Action.FAIL, error="x")
+    raw.rpush(backend.keys.history("a"), earlier.model_dump_json(exclude_none=True))
+    [claimed] = backend.claim("w1", 1, lease_s=30)
+    sent = sole(claimed)
+    assert backend.finish("w1", "a", claimed.token, "complete", sent).accepted
+    info = backend.get("a")
+    assert info is not None and info.history == [earlier, sent] and not info.unreadable
+    assert raw.llen(backend.keys.history("a")) == 1
+
+
 def test_a_sole_attempt_changed_by_hand_is_reported_not_trusted(
     backend: RedisBackend, raw: redis.Redis
 ) -> None:

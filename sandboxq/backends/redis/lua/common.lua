@@ -164,47 +164,32 @@ end
 -- A completed job whose first attempt was its only one, with nothing to say but where and
 -- when it ran and, under a memory limit, the limit and its peak (the common case), keeps
 -- that record as fields of its hash instead of a history list: a key of its own costs 344
--- bytes, the fields about 40 (retention_bench).
--- Readers rebuild the record (records.sole_attempt). The fields' values stay short, so a
--- small hash stays in Redis's compact encoding. Returns the fields to set, or nil when
--- the record must go to the history list: anything more in it (an exit code, memory,
--- output), an earlier record in the list, or a record not as the worker reported it.
-local SOLE_KEYS = {attempt = true, outcome = true, action = true, worker_id = true,
-  pid = true, started_ms = true, ended_ms = true, memory_limit_mb = true,
-  peak_memory_mb = true}
--- the memory figures are kept as the worker wrote them (Lua would print a float anew)
+-- bytes, the fields about 40 (retention_bench). The fields' values stay short, so a small
+-- hash stays in Redis's compact encoding. Readers rebuild the record (records.sole_attempt)
+-- after any records the history list holds (a job a repair of its record made start its
+-- numbers again may have some).
+-- The record is recognised by its form, as the worker writes it (AttemptRecord's fields in
+-- order, the absent ones left out), with one match instead of a JSON decode; the memory
+-- figures are kept in the worker's own text (Lua would print a float anew). Returns the
+-- fields to set, or nil when the record must go to the history list: anything more in it
+-- (an exit code, a signal, output), another form, or not as this worker reported it.
+local SOLE_FORM = '^{"attempt":1,"outcome":"([%w_]+)","action":"complete","worker_id":"([^"\\]*)",'
+  .. '"pid":(%d+),"started_ms":(%d+),"ended_ms":(%d+)(.*)}$'
 local SOLE_FIGURES = {'memory_limit_mb', 'peak_memory_mb'}
-local function sole_attempt(id, record_json, worker, outcome)
-  -- the worker's records start with their number: most others are ruled out unread
-  if string.sub(record_json, 1, 12) ~= '{"attempt":1'
-      or not string.find(record_json, '"action":"complete"', 13, true) then
+local function sole_attempt(record_json, worker, outcome)
+  local got, by, pid, started, ended, rest = string.match(record_json, SOLE_FORM)
+  if got ~= outcome or by ~= worker or #pid > 10 or #started > 15 or #ended > 15 then
     return nil
   end
-  local ok, r = pcall(cjson.decode, record_json)
-  if not ok or type(r) ~= 'table' then return nil end
-  for k in pairs(r) do
-    if not SOLE_KEYS[k] then return nil end
-  end
-  local pid, started, ended = r.pid, r.started_ms, r.ended_ms
-  if r.attempt ~= 1 or r.action ~= 'complete' or r.outcome ~= outcome
-      or r.worker_id ~= worker or type(pid) ~= 'number' or type(started) ~= 'number'
-      or type(ended) ~= 'number' or pid ~= math.floor(pid) or started ~= math.floor(started)
-      or ended ~= math.floor(ended) or pid < 1 or pid > 2^31 or started < 0
-      or started > 2^53 or ended < 0 or ended > 2^53 then
-    return nil
-  end
-  local fields = {'worker_id', worker, 'pid', int(pid), 'started_ms', int(started),
-    'ended_ms', int(ended)}
+  local fields = {'worker_id', by, 'pid', pid, 'started_ms', started, 'ended_ms', ended}
   for _, name in ipairs(SOLE_FIGURES) do
-    if r[name] ~= nil then
-      local text = string.match(record_json, '"' .. name .. '":([%d%.eE%+%-]+)')
-      if type(r[name]) ~= 'number' or not text or #text > 24 or tonumber(text) ~= r[name] then
-        return nil
-      end
-      fields[#fields + 1], fields[#fields + 2] = name, text
+    local text, after = string.match(rest, '^,"' .. name .. '":([%d%.eE%+%-]+)(.*)$')
+    if text then
+      if #text > 24 or not tonumber(text) then return nil end
+      fields[#fields + 1], fields[#fields + 2], rest = name, text, after
     end
   end
-  if redis.call('EXISTS', HISTORY .. id) == 1 then return nil end
+  if rest ~= '' then return nil end
   return fields
 end
 

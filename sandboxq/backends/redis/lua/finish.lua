@@ -42,7 +42,7 @@ local function finish_one(base)
   if infra ~= '' then redis.call('HINCRBY', key, 'infra_deaths', 1) end
   redis.call('ZREM', ACTIVE, id)
   -- a completed job's sole attempt goes in its hash (common.lua: sole_attempt)
-  local sole = action == 'complete' and sole_attempt(id, record, worker, outcome)
+  local sole = action == 'complete' and sole_attempt(record, worker, outcome)
   if not sole then append_history(id, record) end
   -- one HDEL and one HSET per branch: every call inside a script costs a few microseconds
   local gone = {'owner', 'token', 'claimed_ms'}
