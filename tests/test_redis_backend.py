@@ -538,6 +538,23 @@ def test_a_read_position_changed_by_hand_passes_no_job_over(
     assert backend.list_jobs(JobState.COMPLETED) == []
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("in_force", [b"garbage", b"300", b"-1 0", b"300 x"])
+def test_a_time_in_force_changed_by_hand_reads_as_none_and_keeps_no_job(
+    make_backend: MakeBackend, raw: redis.Redis, in_force: bytes
+) -> None:
+    """A damaged record of the time in force reads as absent: the next finisher's time
+    comes in force, and the jobs finished before go at it (the same time here)."""
+    backend = make_backend(result_ttl_s=0.3)
+    finished(backend, ["a"])
+    raw.hset(backend.keys.trims, "completed_ttl", in_force)
+    finished(backend, ["b"])
+    assert raw.zscore(backend.keys.expiry, "b") is None
+    time.sleep(0.35)
+    backend.recover_stalled()
+    assert backend.list_jobs(JobState.COMPLETED) == []
+
+
 def test_events_stream_is_capped_by_length(make_backend: MakeBackend, raw: redis.Redis) -> None:
     backend = make_backend(max_events=50)
     backend.enqueue([job() for _ in range(1500)])
