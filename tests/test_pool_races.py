@@ -8,7 +8,9 @@ holds the supervisor thread, a hook that ends the child at an exact point of its
 - a child that dies between tasks does not charge the next task for its death;
 - memory is charged to the job that used it;
 - a lease renewal that reaches the supervisor after the guard fenced its child does not
-  make the fence's kill read as a crash.
+  make the fence's kill read as a crash;
+- a task queued behind a running attempt never starts under its predecessor's memory
+  limit.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ import pytest
 from sandboxq import Pool
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult
+from sandboxq.pool.containment import probe
 from sandboxq.testing.waiting import wait_for
 
 CALL = "sandboxq.testing.handlers:call"
+MODE, WHY = probe()
 
 
 def open_barrier(fifo: Path) -> None:
@@ -184,3 +188,42 @@ def test_a_renewal_landing_after_the_guard_fenced_does_not_make_the_kill_a_crash
         release.set()
         result = fenced.result(timeout=10)
         assert result.outcome is Outcome.LEASE_LOST, result.cause
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(MODE == "process_tree", reason=f"no writable control groups: {WHY}")
+def test_a_task_with_a_higher_memory_limit_never_starts_under_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """In a control group the kernel enforces the running attempt's limit, set when the
+    supervisor starts it. A task queued behind another would start before the supervisor
+    read the first one's end, under the first one's limit: held in the first one's outcome
+    callback here, the supervisor could not catch up before the second one grew past it."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with Pool(CALL, size=1, containment="cgroup") as pool:
+        for i in range(150):  # short jobs: the pool queues tasks in its busy child
+            run(pool, "echo", i).result(timeout=10)
+        holding, release = threading.Event(), threading.Event()
+
+        def hold_the_supervisor(_: AttemptResult) -> None:
+            holding.set()
+            release.wait(20)
+
+        first = pool.make_task("wait_on_fifo", str(fifo))
+        first.max_memory_mb = 40
+        pool.execute(first, hold_the_supervisor)
+        second = run(pool, "use_memory", 120, 0.3, max_memory_mb=400)
+        supervisor = pool._supervisor
+        children = supervisor._children
+        wait_for(
+            lambda: supervisor._pending or any(c.queued for c in children),
+            10,
+            "the supervisor to take the second task",
+        )
+        wait_for(lambda: open_or_not(fifo), 10, "the first task to wait on its barrier")
+        assert holding.wait(10)  # the first one ended; the supervisor is held
+        assert not any(c.queued for c in children), "queued behind a lower limit"
+        release.set()
+        result = second.result(timeout=20)
+        assert result.outcome is Outcome.OK, result.cause
