@@ -9,8 +9,8 @@ holds the supervisor thread, a hook that ends the child at an exact point of its
 - memory is charged to the job that used it;
 - a lease renewal that reaches the supervisor after the guard fenced its child does not
   make the fence's kill read as a crash;
-- a task queued behind a running attempt never starts under its predecessor's memory
-  limit.
+- a task queued behind a running attempt is taken back when another child goes idle,
+  whatever the job length, and never starts under its predecessor's memory limit.
 """
 
 from __future__ import annotations
@@ -188,6 +188,30 @@ def test_a_renewal_landing_after_the_guard_fenced_does_not_make_the_kill_a_crash
         release.set()
         result = fenced.result(timeout=10)
         assert result.outcome is Outcome.LEASE_LOST, result.cause
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("jobs", ["short", "long"])
+def test_no_task_waits_behind_a_hung_attempt_while_a_child_is_idle(
+    tmp_path: Path, jobs: str
+) -> None:
+    """Busy children hold tasks queued ahead (one at any job length, more while jobs are
+    short); once the other child has nothing left to do, it takes those tasks back, so
+    they all end while the attempt ahead of them still hangs."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with Pool(CALL, size=2) as pool:
+        if jobs == "short":  # the pool learns: jobs are short, queue several ahead
+            for i in range(150):
+                run(pool, "echo", i).result(timeout=10)
+        hung = run(pool, "wait_on_fifo", str(fifo))
+        rest = [run(pool, "echo", i) for i in range(40)]
+        children = pool._supervisor._children
+        assert all(f.result(timeout=10).outcome is Outcome.OK for f in rest)
+        assert not hung.done()
+        assert not any(c.queued for c in children)
+        wait_for(lambda: open_or_not(fifo), 10, "the hung attempt to wait on its barrier")
+        assert hung.result(timeout=10).outcome is Outcome.OK
 
 
 @pytest.mark.timeout(60)

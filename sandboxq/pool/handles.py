@@ -221,10 +221,11 @@ class Child:
         child's channel (read once the child is dead)."""
         return bool(self.shared[CHANNEL_LOST] == run.task_id)
 
-    def withdraw(self, attempt: Attempt) -> bool:
+    def withdraw(self, attempt: Attempt, stop_within_s: float = 0.5) -> bool:
         """Take a task back from the child's channel before it starts: True if it will
-        never run. The child is stopped meanwhile, so it cannot start it half-way."""
-        if not stop(self.pid):
+        never run. The child is stopped meanwhile, so it cannot start it half-way; False
+        too if it did not stop within ``stop_within_s``."""
+        if not stop(self.pid, stop_within_s):
             return False
         try:
             if self.shared[STARTED] == attempt.task_id:

@@ -68,6 +68,7 @@ class Attempt:
         "memory_check_at",
         "on_done",
         "peak_rss",
+        "pinned",
         "progress_deadline",
         "rss_base",
         "soft_deadline",
@@ -87,6 +88,8 @@ class Attempt:
         self.on_done = on_done
         self.live = live
         self.child: Child | None = None
+        #: Queued behind another attempt and not to be taken back (a try failed: assign.py).
+        self.pinned = False
         self.started = 0.0
         self.started_ms: int | None = None
         self.soft_deadline: float | None = None

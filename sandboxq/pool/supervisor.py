@@ -15,11 +15,12 @@
 
 Nothing polls: the select timeout is the nearest soft/hard/fence deadline or memory
 sample, so a kill lands within a millisecond or two of its deadline. A child runs one
-attempt at a time, but while jobs are short a few more tasks are queued in its channel
-(assign.py): "sent" is not "started". A queued task starts when its child finishes the one
-before, and its deadlines start then. The child records each task's id as it starts it
-(``Child.started``), so a task withdrawn while queued never starts, and one a child died
-before starting goes back to pending, uncharged.
+attempt at a time, but a busy child holds the next task queued in its channel, and while
+jobs are short a few more (assign.py): "sent" is not "started". A queued task starts when
+its child finishes the one before, and its deadlines start then. The child records each
+task's id as it starts it (``Child.started``), so a task withdrawn while queued (cancelled,
+or taken back for an idle child) never starts there, and one a child died before starting
+goes back to pending, uncharged.
 
 Every attempt not yet settled is in one index by task id (``_live``: added when the
 supervisor takes the submit, removed by ``Attempt.settle``); a command finds its attempt
@@ -220,8 +221,14 @@ class Supervisor:
                     self._spawn()
                 if self._pending:
                     deadlines.end_overdue(self._pending, time.monotonic())  # deadline_s
+                if self._pending or self._idle:
                     self._assigner.assign(self._pending, self._idle, self._children)
-                timeout = deadlines.wait_s(self._children, time.monotonic())
+                now = time.monotonic()
+                timeout = deadlines.wait_s(self._children, now)
+                due = self._assigner.take_back_at(self._pending, self._idle, self._children)
+                if due is not None:  # a child idle, a task queued behind a running attempt
+                    wait = max(0.0, due - now)
+                    timeout = wait if timeout is None else min(timeout, wait)
                 if self.budget is not None:  # pool_memory_mb
                     timeout = self.budget.wait_s(self._children, timeout)
                 for key, _ in self._selector.select(timeout):
