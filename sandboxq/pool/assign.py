@@ -1,32 +1,34 @@
 """Assignment: which pending task goes to which child, and when a busy child gets more.
 
     pending ──► an idle child, one task: it starts now (its deadlines start with it)
-            └─► a busy child's channel, queued behind its running attempt: one task from
-                a backlog of a task per child or more, several (in one write) while
-                attempts average under PIPELINE_BELOW_S; a queued task starts when its
-                child finishes the one before, and its deadlines start then
+            └─► while attempts average under PIPELINE_BELOW_S, a few more tasks queued in
+                each busy child's channel, several in one write; a queued task starts
+                when its child finishes the one before, and its deadlines start then
     a child idle, nothing pending ──► takes back the task queued last behind an attempt
                 that has run TAKE_BACK_AFTER_S (withdrawn before it starts), so no task
-                waits behind a long or hung attempt while a child sits idle
+                waits behind an unexpectedly long or hung attempt while a child sits idle
 
-A child that finds its next task in its channel goes straight on to it; otherwise it waits
-for this thread to wake up, read its answer and send the next. Waking a sleeping child
-costs the parent tens of microseconds, which dominates short jobs; for longer ones, the
-wait is what a queued task saves. A task whose fence deadline passed while it was pending
-ends as ``lease_lost`` instead of being sent. A task is queued only behind one with the
-same memory limit: in a cgroup mode the limit in force when the child goes on to it is
-its predecessor's until this thread catches up (held there, a task with a higher limit
-was OOM-killed under the lower one, and reported as crashed).
+Waking a sleeping child costs the parent tens of microseconds, which dominates short jobs,
+so while jobs are short busy children get tasks queued ahead. For longer jobs that cost is
+noise, and a child that goes straight on to a queued task is no longer idle when its
+parent reads what the attempt before left (a traced attempt's peak memory was the next
+one's; the memory left behind that decides a replacement holds the next one's start),
+and a fleet run's first Ctrl-C did not cancel a line queued that way. So longer jobs only
+go to idle children. A task whose fence deadline passed while it was pending ends as
+``lease_lost`` instead of being sent. A task is queued only behind one with the same
+memory limit: in a cgroup mode the limit in force when the child goes on to it is its
+predecessor's until this thread catches up (held there, a task with a higher limit was
+OOM-killed under the lower one, and reported as crashed).
 
 Measured (2026-11, 7 alternating pairs on 2 cores), against idle children only (nothing
 queued ahead): pool no-op throughput 2.1x (22,400 against 10,800 jobs/s, bench/pool_bench.py
 throughput), a worker's no-op throughput 1.4x on Redis (10,000 against 7,000 jobs/s,
-bench/queue_bench.py) and 3.1x on memory:// (17,400 against 5,700 jobs/s). One task queued
-ahead is not enough for those: with PIPELINE_DEPTH 1 the pool runs 1.7x slower than with
-32 (13,000 jobs/s). For 10 ms CPU jobs (``sandboxq run`` of 2,000 on 2 cores, 4
-alternating pairs) a child waited 340-430 us on average between two jobs with one task
-queued ahead, 500-680 us without; the wall time moved less than the runs' spread
-(11.45-11.77 s against 11.55-11.77 s): the parent's own work still takes the child's core.
+bench/queue_bench.py) and 3.1x on memory:// (17,400 against 5,700 jobs/s); 10 ms CPU jobs
+unchanged (127 jobs/s: the branch is off for them). One task queued ahead is not enough:
+with PIPELINE_DEPTH 1 the pool runs 1.7x slower than with 32 (13,000 jobs/s). For 10 ms
+jobs one task ahead would save a child 200 us of waiting per job (``sandboxq run`` of
+2,000, 4 alternating pairs: 340-430 us against 500-680 us between two jobs), but the wall
+time moved less than the runs' spread (11.45-11.77 s against 11.55-11.77 s).
 """
 
 from __future__ import annotations
@@ -39,16 +41,16 @@ from sandboxq.pool.handles import Child
 from sandboxq.pool.messages import Run
 from sandboxq.pool.running import Attempt
 
-#: Queue more than one task in a busy child's channel only while attempts average less
-#: than this...
+#: Queue tasks in a busy child's channel only while attempts average less than this...
 PIPELINE_BELOW_S = 0.005
 #: ...about this much expected work per child (so a task never waits long behind the
 #: ones queued before it), and never more than PIPELINE_DEPTH tasks.
 PIPELINE_WORK_S = 0.002
 PIPELINE_DEPTH = 32
 #: A task queued behind an attempt is taken back for an idle child once that attempt has
-#: run this long; sooner, it most likely starts where it is before a take-back would pay:
-#: stopping a busy child to take a task back took up to 4 ms on 2 loaded cores.
+#: run this long (four times the longest average that queues tasks): sooner, it most likely
+#: starts where it is before a take-back would pay, which stops the busy child (up to 4 ms
+#: on 2 loaded cores).
 TAKE_BACK_AFTER_S = 0.02
 #: How long taking a task back may stop its child at most: a child that does not stop
 #: that soon (a core it waits for, an uninterruptible wait) keeps the task.
@@ -72,8 +74,8 @@ class Assigner:
         self.recent_job_s += (runtime_s - self.recent_job_s) * 0.2
 
     def assign(self, pending: deque[Attempt], idle: list[Child], children: list[Child]) -> None:
-        """Idle children first, then top up the busy ones' channels (``depth``); with
-        children idle and nothing pending, ``take_back``. A task that runs ``alone``
+        """Idle children first; while jobs are short, top up the busy ones' channels;
+        with children idle and nothing pending, ``take_back``. A task that runs ``alone``
         waits, and holds back the tasks behind it, until no other attempt runs or is
         queued; while it runs, nothing else starts."""
         if any(c.running is not None and c.running.task.alone for c in children):
@@ -85,8 +87,9 @@ class Assigner:
                 self.send(idle.pop(), 1, pending, idle)
                 return
             self.send(idle.pop(), 1, pending, idle)
-        if pending and not pending[0].task.alone:
-            depth = self.depth(len(pending), len(children))
+        if pending and not pending[0].task.alone and self.recent_job_s < PIPELINE_BELOW_S:
+            ahead = int(PIPELINE_WORK_S / max(self.recent_job_s, 1e-9))
+            depth = max(1, min(PIPELINE_DEPTH, ahead))
             refill = max(1, depth // 2)
             limit = self._limit
             for child in children:
@@ -103,15 +106,6 @@ class Assigner:
                     return
         elif idle and not pending:
             self.take_back(pending, idle, children)
-
-    def depth(self, pending: int, children: int) -> int:
-        """How many tasks a busy child may hold queued: while jobs are short, a few; else
-        one, from a backlog of a task per child at least: from a thinner one, the task
-        queued behind one child is the one another child goes idle without (with three
-        50 ms jobs in flight, half their ends took one back, stopping a child)."""
-        if self.recent_job_s >= PIPELINE_BELOW_S:
-            return 1 if pending >= children else 0
-        return max(1, min(PIPELINE_DEPTH, int(PIPELINE_WORK_S / max(self.recent_job_s, 1e-9))))
 
     def take_back(self, pending: deque[Attempt], idle: list[Child], children: list[Child]) -> None:
         """Give idle children the tasks queued last behind attempts that have run for
