@@ -200,6 +200,28 @@ def test_peak_memory_is_each_attempts_own(
     assert small_span.attributes["sandboxq.peak_rss_bytes"] < 150 * MB
 
 
+@pytest.mark.timeout(90)
+def test_peak_memory_is_each_attempts_own_when_the_next_waits_in_the_channel(
+    queue: Queue, workers: BackgroundWorkers, tmp_path: Path, exported: Any
+) -> None:
+    """While jobs are short, the next task waits in the child's channel and the child goes
+    straight on to it, resetting its peak: the big attempt's peak is still its own."""
+    spans_file = str(tmp_path / "spans.jsonl")
+    shorts = [((spans_file, "return"), {}) for _ in range(300)]  # the pool learns: short jobs
+    queue.enqueue_many(shorts)
+    big = queue.enqueue(spans_file, "grow", mb=200)
+    after = queue.enqueue_many(shorts[:20])
+    workers.start(queue, ACT, concurrency=1)
+    assert big.result(timeout_s=60) == 200 * MB
+    for job in after:
+        job.result(timeout_s=60)
+    spans = attempts(exported, queue.name)
+    (big_span,) = of_job(spans, big.id)
+    assert big_span.attributes["sandboxq.peak_rss_bytes"] >= 200 * MB
+    (next_span,) = of_job(spans, after[0].id)
+    assert next_span.attributes["sandboxq.peak_rss_bytes"] < 150 * MB
+
+
 @pytest.mark.timeout(60)
 def test_an_attempt_killed_over_its_memory_limit_has_its_span(
     containment: str, queue: Queue, workers: BackgroundWorkers, tmp_path: Path, exported: Any

@@ -20,7 +20,6 @@ tracing is off, so a worker without a tracer provider pays one ``is None`` per h
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any
@@ -31,6 +30,7 @@ from sandboxq import tracing
 from sandboxq.backends.base import Claimed
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task, signal_name
+from sandboxq.tracing import peak_rss_bytes
 
 #: Span event names, by what the pool or the worker told (pool/attempt.py's names).
 EVENT_NAMES = {
@@ -44,25 +44,6 @@ EVENT_NAMES = {
 
 #: Outcomes that are not the attempt's failure: their span status stays unset.
 _NOT_FAILED = frozenset({Outcome.OK, Outcome.INTERRUPTED})
-
-
-def peak_rss_bytes(pid: int) -> int | None:
-    """The peak resident memory of process ``pid`` (VmHWM; the child resets it when a
-    traced attempt starts, see ``tracing.enter_attempt``), or None when it cannot be read
-    (the process is gone)."""
-    # one read of the whole file, not line by line: half the cost (it is a few kB)
-    try:
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        status = os.read(fd, 8192)
-        at = status.index(b"VmHWM:") + 6
-        return int(status[at : status.index(b"kB", at)]) * 1024
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
 
 
 class _Open:
@@ -148,8 +129,8 @@ class AttemptSpans:
             held.span.add_event(EVENT_NAMES.get(name, name), {"sandboxq.detail": detail})
 
     def ended(self, token: str, result: AttemptResult) -> None:
-        """The attempt's outcome came (pool's on_done, supervisor thread): the child, when
-        it answered, is still alive and idle, so its peak memory is read now."""
+        """The attempt's outcome came (pool's on_done, supervisor thread); the peak memory
+        is the one the child read as the attempt ended, when it answered."""
         with self._lock:
             held = self._open.get(token)
         if held is None:
@@ -163,9 +144,8 @@ class AttemptSpans:
         attributes: dict[str, Any] = {"sandboxq.outcome": str(result.outcome)}
         if result.pid is not None:
             attributes["sandboxq.child.pid"] = result.pid
-            answered = result.result is not None or result.error is not None
-            if answered and held.peaks:
-                held.peak = peak_rss_bytes(result.pid)
+        if held.peaks and result.peak_rss is not None:  # it answered: its own reading
+            held.peak = result.peak_rss
         if held.peak is not None:
             attributes["sandboxq.peak_rss_bytes"] = held.peak
         if result.exitcode is not None:

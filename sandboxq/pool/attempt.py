@@ -101,6 +101,9 @@ class AttemptResult:
     #: one, else the largest sampled tree RSS (None: not measured, no limit was set).
     memory_limit_mb: float | None = None
     peak_memory_mb: float | None = None
+    #: A traced (sampled) attempt that answered: the child's peak resident memory during
+    #: it, bytes, as the child read it at its end (``tracing.attempt_peak``).
+    peak_rss: int | None = None
 
     @property
     def cause(self) -> str:

@@ -53,11 +53,19 @@ def _remote_error(e: Any) -> bool:
     )
 
 
+def _peak(peak: Any) -> bool:
+    return peak is None or (type(peak) is int and 0 <= peak < 1 << 62)
+
+
 #: What each message's fields must be: a well-formed pickle of the wrong shape is refused
 #: here rather than failing later inside a callback.
 _WELL_FORMED = {
-    messages.Finished: lambda m: type(m.task_id) is int and type(m.result) is bytes,
-    messages.Failed: lambda m: type(m.task_id) is int and _remote_error(m.error),
+    messages.Finished: lambda m: (
+        type(m.task_id) is int and type(m.result) is bytes and _peak(m.peak_rss)
+    ),
+    messages.Failed: lambda m: (
+        type(m.task_id) is int and _remote_error(m.error) and _peak(m.peak_rss)
+    ),
     messages.Progress: lambda m: (
         type(m.task_id) is int
         and type(m.fraction) is float

@@ -223,12 +223,12 @@ def run_one(
             job.armed = False
             tracing.leave_attempt(traced)
         result = codec.encode(run.codec, value, what="result", max_bytes=run.max_result_bytes)
-        reply = Finished(run.task_id, result)
+        reply = Finished(run.task_id, result, tracing.attempt_peak(run.trace))
     except SystemExit as exc:
         _exit_now(exc)
         raise  # unreachable: _exit_now never returns
     except BaseException as exc:  # a handler may raise anything; one job fails, not the child
-        reply = Failed(run.task_id, describe(exc))
+        reply = Failed(run.task_id, describe(exc), tracing.attempt_peak(run.trace))
     finally:
         _current = None
     output.flush_stdio()  # what it printed is in the pipe before its reply leaves

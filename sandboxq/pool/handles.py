@@ -146,19 +146,42 @@ class Child:
             )
             tb = None if isinstance(msg, Finished) else bounded_traceback(msg.error.traceback)
             run.settle(
-                Outcome.MEMORY_LIMIT, self.pid, now, at_ms, detail=detail, traceback=tb, output=out
+                Outcome.MEMORY_LIMIT,
+                self.pid,
+                now,
+                at_ms,
+                detail=detail,
+                traceback=tb,
+                output=out,
+                peak_rss=msg.peak_rss,
             )
         elif isinstance(msg, Finished):
             outcome = run.soft_outcome if run.soft_sent else Outcome.OK
             stack = (stack or run.soft_stack) if outcome is not Outcome.OK else None
             run.settle(
-                outcome, self.pid, now, at_ms, result=msg.result, traceback=stack, output=out
+                outcome,
+                self.pid,
+                now,
+                at_ms,
+                result=msg.result,
+                traceback=stack,
+                output=out,
+                peak_rss=msg.peak_rss,
             )
         else:
             outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
             # Bounded by the child already; again here, as a handler may send its own.
             tb = bounded_traceback(msg.error.traceback)
-            run.settle(outcome, self.pid, now, at_ms, error=msg.error, traceback=tb, output=out)
+            run.settle(
+                outcome,
+                self.pid,
+                now,
+                at_ms,
+                error=msg.error,
+                traceback=tb,
+                output=out,
+                peak_rss=msg.peak_rss,
+            )
         self.jobs_done += 1
         if self.shared[THREADS_LEFT] == run.task_id:
             self.recycle = True  # replaced before its next task (child.py says why)

@@ -72,6 +72,10 @@ class Progress(_Message):
 class Finished(_Message):
     task_id: int
     result: bytes  # encoded with the Run's codec
+    #: A traced (sampled) attempt's peak resident memory, bytes, read by the child as it
+    #: ended (tracing.attempt_peak): the parent reads too late when the child went
+    #: straight on to a task queued in its channel, which reset the peak.
+    peak_rss: int | None = None
 
 
 @_message
@@ -90,6 +94,7 @@ class RemoteError(_Message):
 class Failed(_Message):
     task_id: int
     error: RemoteError
+    peak_rss: int | None = None  # as Finished's
 
 
 ChildMessage = Ready | Progress | Finished | Failed

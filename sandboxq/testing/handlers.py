@@ -434,15 +434,21 @@ def progress_undecodable() -> None:
 def channel_garbage(kind: str = "bytes", path: str = "/nonexistent/sandboxq-crafted") -> None:
     """Writes straight to the child's channel, then hangs: ``bytes`` a frame that is not a
     pickle, ``huge`` a header announcing a 4 GB frame, ``crafted`` a pickle that would
-    call ``os.mkdir(path)`` in the parent if it were unpickled there. Each: error, and
-    the child is replaced."""
+    call ``os.mkdir(path)`` in the parent if it were unpickled there, ``peak`` this
+    attempt's ``Finished`` with a peak memory that is not a number of bytes. Each: error,
+    and the child is replaced."""
     import pickle
     import struct
 
     from sandboxq.pool.child import current_job
+    from sandboxq.pool.messages import Finished
 
-    sock = current_job()._conn.sock
-    if kind == "huge":
+    job = current_job()
+    sock = job._conn.sock
+    if kind == "peak":
+        body = pickle.dumps(Finished(job.task_id, b"null", "1 GB"))  # type: ignore[arg-type]
+        frame = struct.pack("!I", len(body)) + body
+    elif kind == "huge":
         frame = struct.pack("!I", 0xFFFFFFFF) + b"x" * 64
     elif kind == "crafted":
         body = pickle.dumps(_Crafted(path))
