@@ -7,7 +7,8 @@
                 opened at claim and closed by the parent; its own traceparent goes to the
                 child with the task (Run.trace)
     child    ── enter_attempt(Run.trace) makes it the current context while the processor
-                runs, so the handler's own spans are children of the attempt span
+                runs, so the handler's own spans are children of the attempt span; at the
+                end, attempt_peak reads the attempt's peak memory for the reply
 
 Everything here is a no-op costing one check unless ``opentelemetry-api`` is installed
 (the ``otel`` extra) *and* a tracer provider has been set: the API's default provider

@@ -135,6 +135,7 @@ class Child:
         stack = self.asked_stack() if asked else None
         out = self.output.take(run.task_id) if self.output is not None else None
         limit, group = run.task.max_memory_mb, self.group
+        told = {"output": out, "peak_rss": msg.peak_rss}  # what every outcome below carries
         if limit and group is not None and group.oom_killed_since_start():
             # The kernel killed a process of its tree at the group's limit (a grandchild
             # that grew), and the handler went on to answer: the attempt still went over
@@ -146,42 +147,17 @@ class Child:
             )
             tb = None if isinstance(msg, Finished) else bounded_traceback(msg.error.traceback)
             run.settle(
-                Outcome.MEMORY_LIMIT,
-                self.pid,
-                now,
-                at_ms,
-                detail=detail,
-                traceback=tb,
-                output=out,
-                peak_rss=msg.peak_rss,
+                Outcome.MEMORY_LIMIT, self.pid, now, at_ms, detail=detail, traceback=tb, **told
             )
         elif isinstance(msg, Finished):
             outcome = run.soft_outcome if run.soft_sent else Outcome.OK
             stack = (stack or run.soft_stack) if outcome is not Outcome.OK else None
-            run.settle(
-                outcome,
-                self.pid,
-                now,
-                at_ms,
-                result=msg.result,
-                traceback=stack,
-                output=out,
-                peak_rss=msg.peak_rss,
-            )
+            run.settle(outcome, self.pid, now, at_ms, result=msg.result, traceback=stack, **told)
         else:
             outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
             # Bounded by the child already; again here, as a handler may send its own.
             tb = bounded_traceback(msg.error.traceback)
-            run.settle(
-                outcome,
-                self.pid,
-                now,
-                at_ms,
-                error=msg.error,
-                traceback=tb,
-                output=out,
-                peak_rss=msg.peak_rss,
-            )
+            run.settle(outcome, self.pid, now, at_ms, error=msg.error, traceback=tb, **told)
         self.jobs_done += 1
         if self.shared[THREADS_LEFT] == run.task_id:
             self.recycle = True  # replaced before its next task (child.py says why)

@@ -15,12 +15,12 @@
 
 Nothing polls: the select timeout is the nearest soft/hard/fence deadline or memory
 sample, so a kill lands within a millisecond or two of its deadline. A child runs one
-attempt at a time, but a busy child holds the next task queued in its channel, and while
-jobs are short a few more (assign.py): "sent" is not "started". A queued task starts when
-its child finishes the one before, and its deadlines start then. The child records each
-task's id as it starts it (``Child.started``), so a task withdrawn while queued (cancelled,
-or taken back for an idle child) never starts there, and one a child died before starting
-goes back to pending, uncharged.
+attempt at a time, but while jobs are short a few more tasks are queued in its channel
+(assign.py): "sent" is not "started". A queued task starts when its child finishes the one
+before, and its deadlines start then. The child records each task's id as it starts it
+(``Child.started``), so a task withdrawn while queued (cancelled, or taken back for an
+idle child) never starts there, and one a child died before starting goes back to
+pending, uncharged.
 
 Every attempt not yet settled is in one index by task id (``_live``: added when the
 supervisor takes the submit, removed by ``Attempt.settle``); a command finds its attempt
