@@ -10,7 +10,8 @@ holds the supervisor thread, a hook that ends the child at an exact point of its
 - a lease renewal that reaches the supervisor after the guard fenced its child does not
   make the fence's kill read as a crash;
 - a task queued behind a running attempt is taken back when another child goes idle, and
-  never starts under its predecessor's memory limit.
+  never starts under its predecessor's memory limit;
+- an attempt's memory limit is in force before its child can start it.
 """
 
 from __future__ import annotations
@@ -27,8 +28,12 @@ import pytest
 
 from sandboxq import Pool
 from sandboxq.models import Outcome
-from sandboxq.pool.attempt import AttemptResult
+from sandboxq.pool.attempt import AttemptResult, Task
+from sandboxq.pool.channel import Channel
 from sandboxq.pool.containment import probe
+from sandboxq.pool.handles import Child
+from sandboxq.pool.messages import Run
+from sandboxq.pool.running import Attempt
 from sandboxq.testing.waiting import wait_for
 
 CALL = "sandboxq.testing.handlers:call"
@@ -251,3 +256,67 @@ def test_a_task_with_a_higher_memory_limit_never_starts_under_the_one_before(
         release.set()
         result = second.result(timeout=20)
         assert result.outcome is Outcome.OK, result.cause
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("containment", ["process_tree", "cgroup"])
+def test_an_attempts_memory_limit_is_in_force_before_its_child_can_start_it(
+    tmp_path: Path, containment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's limit (a cgroup mode), or the memory the samples count from (the
+    process-tree mode), is set before the task goes to its child. Set after the send, a
+    supervisor held there let a handler take 300 MB first: they became its starting
+    point, and it returned ok under a limit of 100 MB."""
+    if containment == "cgroup" and MODE == "process_tree":
+        pytest.skip(f"no writable control groups: {WHY}")
+    holding = tmp_path / "holding"
+    sent: set[int] = set()
+    send, begin = Channel.send, Child.begin
+
+    def send_and_note(self: Channel, *messages: Any) -> None:
+        send(self, *messages)
+        sent.update(m.task_id for m in messages if isinstance(m, Run))
+
+    def begin_once_it_holds(self: Child, run: Attempt, *args: Any, **kwargs: Any) -> None:
+        if run.task_id in sent:  # the child may have started it: hold until it did
+            wait_for(holding.exists, 10, "the handler to take its memory")
+        begin(self, run, *args, **kwargs)
+
+    monkeypatch.setattr(Channel, "send", send_and_note)
+    monkeypatch.setattr(Child, "begin", begin_once_it_holds)
+    with Pool(CALL, size=1, containment=containment) as pool:  # type: ignore[arg-type]
+        hog = run(pool, "use_memory_and_mark", 300, str(holding), 0.5, max_memory_mb=100)
+        result = hog.result(timeout=30)
+    assert result.outcome is Outcome.MEMORY_LIMIT, result.cause
+
+
+@pytest.mark.timeout(60)
+def test_memory_a_queued_task_takes_at_its_start_is_not_the_child_growth_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``max_child_growth_mb`` the supervisor reads a child's memory after each
+    attempt. Had a task been queued behind a short one, the child would be in it by then:
+    held there, the 100 MB the next task took at its start read as the child's growth, and
+    the child was replaced for memory no attempt had left behind."""
+    holding = tmp_path / "holding"
+    check_after = Child.check_after
+    hog_task: list[Task] = []
+
+    def check_once_the_next_holds(self: Child, run: Attempt, *args: Any) -> None:
+        if any(q.task in hog_task for q in self.queued):
+            wait_for(holding.exists, 10, "the queued task to take its memory")
+        check_after(self, run, *args)
+
+    monkeypatch.setattr(Child, "check_after", check_once_the_next_holds)
+    with Pool(CALL, size=1, max_child_growth_mb=50) as pool:
+        for i in range(150):  # short jobs: a pool that queues tasks ahead would now
+            run(pool, "echo", i).result(timeout=10)
+        pids = pool.pids
+        hog_task.append(pool.make_task("use_memory_and_mark", 100, str(holding), 0.3))
+        short = run(pool, "echo", "short")
+        hog: Future[AttemptResult] = Future()
+        pool.execute(hog_task[0], hog.set_result)
+        assert short.result(timeout=10).outcome is Outcome.OK
+        assert hog.result(timeout=10).outcome is Outcome.OK
+        assert run(pool, "echo", "after").result(timeout=10).outcome is Outcome.OK
+        assert pool.pids == pids, "a child was replaced for memory it did not keep"

@@ -15,10 +15,16 @@ parent reads what the attempt before left (a traced attempt's peak memory was th
 one's; the memory left behind that decides a replacement holds the next one's start),
 and a fleet run's first Ctrl-C did not cancel a line queued that way. So longer jobs only
 go to idle children. A task whose fence deadline passed while it was pending ends as
-``lease_lost`` instead of being sent. A task is queued only behind one with the same
-memory limit: in a cgroup mode the limit in force when the child goes on to it is its
-predecessor's until this thread catches up (held there, a task with a higher limit was
-OOM-killed under the lower one, and reported as crashed).
+``lease_lost`` instead of being sent.
+
+Memory also keeps a task for an idle child: a task with a memory limit, a task behind one,
+and every task while the pool watches its children's growth (``max_child_growth_mb``).
+The supervisor sets a task's limit, and reads the memory it counts from, before the child
+can start it. A child that goes on to a queued task is in it before this thread catches
+up: under its predecessor's limit in a cgroup mode (held there, a task with a higher limit
+was OOM-killed under the lower one and reported as crashed), and with its first
+allocations in what the parent reads as the attempt before left behind (a child was
+replaced for 100 MB the next task held).
 
 Measured (2026-11, 7 alternating pairs on 2 cores), against idle children only (nothing
 queued ahead): pool no-op throughput 2.1x (22,400 against 10,800 jobs/s, bench/pool_bench.py
@@ -62,9 +68,14 @@ class Assigner:
     that decides whether busy children get tasks queued ahead."""
 
     def __init__(
-        self, max_jobs_per_child: int | None, max_result_bytes: int, memory_every_s: float
+        self,
+        max_jobs_per_child: int | None,
+        max_result_bytes: int,
+        memory_every_s: float,
+        watch_growth: bool,
     ) -> None:
         self._limit = max_jobs_per_child
+        self._watch_growth = watch_growth
         self._max_result_bytes = max_result_bytes
         self._memory_every = memory_every_s
         self.recent_job_s = 1.0
@@ -87,7 +98,12 @@ class Assigner:
                 self.send(idle.pop(), 1, pending, idle)
                 return
             self.send(idle.pop(), 1, pending, idle)
-        if pending and not pending[0].task.alone and self.recent_job_s < PIPELINE_BELOW_S:
+        if (
+            pending
+            and not pending[0].task.alone
+            and self.recent_job_s < PIPELINE_BELOW_S
+            and not self._watch_growth
+        ):
             ahead = int(PIPELINE_WORK_S / max(self.recent_job_s, 1e-9))
             depth = max(1, min(PIPELINE_DEPTH, ahead))
             refill = max(1, depth // 2)
@@ -147,7 +163,9 @@ class Assigner:
             task = pending[0].task
             if task.alone and (batch or ahead is not None):
                 break  # it starts on its own, later
-            if ahead is not None and task.max_memory_mb != ahead.task.max_memory_mb:
+            if ahead is not None and (
+                task.max_memory_mb is not None or ahead.task.max_memory_mb is not None
+            ):
                 break  # it starts in an idle child, under its own limit from the start
             attempt = pending.popleft()
             if attempt.fence_deadline is not None and now >= attempt.fence_deadline:
@@ -173,22 +191,28 @@ class Assigner:
             )
             for a in batch
         ]
-        if child.running is None and child.output is not None:
-            # Before the child can start: what it wrote while idle is no attempt's. (A
-            # task queued behind a running one starts where that one's output was taken.)
-            child.output.clear()
+        starts = child.running is None
+        if starts:
+            # Before the child can start: its memory limit (or the base its samples count
+            # from) and its fence are in force, and what it wrote while idle is no
+            # attempt's. (A task queued behind a running one starts where that one's
+            # output was taken, under the same limits.)
+            first = child.running = batch[0]
+            child.begin(first, now, self._memory_every)
+            child.sync_fence()
+            if child.output is not None:
+                child.output.clear()
         try:
             child.conn.send(*runs)
         except OSError:  # it just died; its sentinel will tell us how
+            if starts:
+                child.running = None
+                child.sync_fence()
             for a in batch:
                 a.child = None
             pending.extendleft(reversed(batch))
             return
-        if child.running is None:
-            first = child.running = batch.pop(0)
-            child.begin(first, now, self._memory_every)
-            child.sync_fence()
-        child.queued.extend(batch)
+        child.queued.extend(batch[1:] if starts else batch)
 
 
 def _take_back_due(child: Child) -> tuple[Attempt, float] | None:

@@ -102,7 +102,12 @@ class Supervisor:
         self._pending: deque[Attempt] = deque()
         self._children: list[Child] = []
         self._idle: list[Child] = []
-        self._assigner = Assigner(max_jobs_per_child, max_result_bytes, memory_check_interval_s)
+        self._assigner = Assigner(
+            max_jobs_per_child,
+            max_result_bytes,
+            memory_check_interval_s,
+            watch_growth=max_child_growth_mb is not None,
+        )
         self._selector = selectors.DefaultSelector()
         # Children's stdout and stderr, shown live and kept per attempt (output.py).
         self._relay = Relay() if capture_output else None

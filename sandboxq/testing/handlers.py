@@ -620,6 +620,18 @@ def use_memory(mb: int, hold_s: float = 0.3) -> int:
     return mb
 
 
+def use_memory_and_mark(mb: int, marker: str, hold_s: float = 0.5) -> int:
+    """Holds ``mb`` MB (written) at once, then writes ``marker`` and holds them ``hold_s``
+    seconds more (ok under a limit above ``mb``): a test knows when the memory is in use."""
+    block = bytearray(mb * 1024 * 1024)
+    block[:: mmap.PAGESIZE] = b"\x01" * len(block[:: mmap.PAGESIZE])
+    with open(marker, "w") as f:
+        f.write(str(mb))
+    time.sleep(hold_s)
+    del block
+    return mb
+
+
 def grow_to(mb: int, step_mb: int = 5, pause_s: float = 0.02, hold_s: float = 1.0) -> int:
     """Grows by ``step_mb`` every ``pause_s`` up to ``mb`` MB, holds it ``hold_s``, returns
     ``mb`` (ok): several of them together outgrow a pool's ``pool_memory_mb``, and the
