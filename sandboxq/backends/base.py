@@ -341,9 +341,10 @@ class Backend(Protocol):
     def watch_cancellations(
         self, callback: Callable[[str, str | None], None]
     ) -> Callable[[], None]:
-        """Call ``callback(job_id, lease_token)`` (on a backend thread) whenever a job is
-        cancelled; ``lease_token`` names the lease the cancel revoked (None: the job held
-        none), so an owner kills that attempt and never a later one of the same job.
+        """Call ``callback(job_id, lease_token)`` (on a backend thread) whenever a cancel
+        revokes a job's lease; ``lease_token`` names that lease, so its owner kills that
+        attempt and never a later one of the same job. A job cancelled while it held no
+        lease has no attempt to stop and is not told (``None`` is no lease: ignore it).
         Returns a function that stops watching."""
         ...
 

@@ -123,7 +123,8 @@ class Management:
             job.outcome, job.error = Outcome.CANCELLED, cause
             store.move(job, CANCELLED, now)  # clears owner and token: the lease is revoked
             store.emit("cancelled", job_id, **{"from": was})
-            watchers = list(store.watchers)
+            # Only a lease's owner has an attempt to stop (as cancel.lua tells no one else).
+            watchers = list(store.watchers) if token is not None else []
         # Outside the lock: a callback that calls back into the backend must not deadlock.
         if store.outbox:  # a batch this finished is done: its follow-up (batches.py)
             self.send_follow_ups()

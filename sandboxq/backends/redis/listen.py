@@ -136,8 +136,9 @@ class CancellationWatch:
             if message is None or message["type"] != "message":
                 continue
             try:
-                # "<lease token> <job id>" (cancel.lua); the token is empty when the job
-                # held no lease. Ids may hold spaces, tokens never do.
+                # "<lease token> <job id>" (cancel.lua; an empty token, as older versions
+                # sent for a job that held no lease, is no attempt's). Ids may hold
+                # spaces, tokens never do.
                 token, _, job_id = records.text(message["data"]).partition(" ")
                 self._callback(job_id, token or None)
             except Exception:

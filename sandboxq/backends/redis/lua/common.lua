@@ -297,6 +297,11 @@ end
 
 -- Member `id` of batch `bid` went from state `from` to state `to`. Returns why the
 -- batch's follow-up could not be sent, when this move made it done and it could not.
+local function member_ended(bid, id, to)
+  local index = string.match(id, '%.(%d+)$') or id
+  redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', FINAL_CODE[to])
+end
+
 local function batch_move(bid, id, from, to, now)
   if not bid or from == to then return nil end
   local bkey = BATCH .. bid
@@ -304,8 +309,7 @@ local function batch_move(bid, id, from, to, now)
   if COUNTED[from] then redis.call('HINCRBY', bkey, from, -1) end
   if COUNTED[to] then redis.call('HINCRBY', bkey, to, 1) end
   if FINAL_CODE[to] and not FINAL_CODE[from] then
-    local index = string.match(id, '%.(%d+)$') or id
-    redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', FINAL_CODE[to])
+    member_ended(bid, id, to)
     return batch_check_done(bid, now)
   elseif FINAL_CODE[from] and not FINAL_CODE[to] then
     -- a final member runs again: the batch is not done (nor expiring) until it ends again,
@@ -315,6 +319,19 @@ local function batch_move(bid, id, from, to, now)
     if redis.call('HDEL', bkey, 'done_ms') == 1 then redis.call('ZREM', BATCHES, bid) end
   end
   return nil
+end
+
+-- Members of batch `bid` (which exists) went to final state `to` in one call, each one's
+-- stream entry written (member_ended): `left` counts them by the state each left. The
+-- counters move once, and the batch is looked at once for being done (batch_each.lua).
+local function batch_members_ended(bid, left, to, now)
+  local bkey, n = BATCH .. bid, 0
+  for from, count in pairs(left) do
+    if COUNTED[from] then redis.call('HINCRBY', bkey, from, -count) end
+    n = n + count
+  end
+  redis.call('HINCRBY', bkey, to, n)
+  return batch_check_done(bid, now)
 end
 
 -- After a script moved job `id` out of state `from`: its batch (if any) follows.
@@ -883,17 +900,17 @@ local function running_attempt(key, id, owner)
   return started, pid
 end
 
--- Cancel one job (cancel.lua, and batch_each.lua for a batch's members): see cancel.lua.
--- Returns 1 cancelled, 0 unknown or already finished.
-local function cancel_job(id, channel)
+-- Cancel one job, at `now`, but for retention and its batch (cancel_job, and batch_each.lua
+-- for a batch's members, which does those once for all): see cancel.lua. Returns the
+-- state it left and its opts, or nil when it was unknown or already finished.
+local function cancel_move(id, channel, now)
   local key = PREFIX .. id
   local f = hmget(key, 'state', 'owner', 'token', 'attempts', 'opts')
-  if not f then return 0 end
+  if not f then return nil end
   local state = f[1]
-  if state ~= 'waiting' and state ~= 'delayed' and state ~= 'active' then return 0 end
-  local now = now_ms()
+  if state ~= 'waiting' and state ~= 'delayed' and state ~= 'active' then return nil end
   local err = string.format(CANCELLED_TEXT, state)
-  local token = ''
+  local token
   if state == 'active' then
     local expiry = redis.call('ZSCORE', ACTIVE, id)
     if f[3] then
@@ -915,9 +932,19 @@ local function cancel_job(id, channel)
     'error', err)
   redis.call('ZADD', CANCELLED, int(now), id)
   emit('cancelled', id, 'from', state)
-  trim_finished(CANCELLED, RETAIN_FAILED, now, id, f[5])
-  batch_after(id, state, now) -- batches (common.lua)
-  redis.call('PUBLISH', channel, token .. ' ' .. id)
+  -- Only a lease's owner has an attempt to stop; no worker holds a job without one.
+  if token then redis.call('PUBLISH', channel, token .. ' ' .. id) end
+  return state, f[5]
+end
+
+-- Cancel one job (cancel.lua): see cancel.lua. Returns 1 cancelled, 0 unknown or already
+-- finished.
+local function cancel_job(id, channel)
+  local now = now_ms()
+  local from, opts = cancel_move(id, channel, now)
+  if not from then return 0 end
+  trim_finished(CANCELLED, RETAIN_FAILED, now, id, opts)
+  batch_after(id, from, now) -- batches (common.lua)
   return 1
 end
 
