@@ -231,3 +231,27 @@ def test_the_dashboard_shows_a_cluster_s_queues_unnamed(
         assert page.status_code == 200
         for name in names:
             assert f'<a href="/queue?name={name}">{name}</a>' in page.text
+
+
+def command_table_reads(cluster: LocalCluster) -> int:
+    """How many times clients asked the cluster's nodes for their command table (every
+    new Cluster client does, once)."""
+    total = 0
+    for node in cluster.nodes:
+        with redis.Redis.from_url(node.url) as raw:
+            stats = raw.info("commandstats")
+        total += int(stats.get("cmdstat_command", {}).get("calls", 0))
+    return total
+
+
+def test_a_producer_or_a_reader_makes_one_cluster_client(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    """The dashboard opens a backend per queue, and each Cluster client discovers the nodes
+    and reads a command table: with the renewal and the blocking clients made at once,
+    opening 20 queues here took 1.9 s instead of 0.8 s. Those are made when first used."""
+    before = command_table_reads(cluster)
+    with Queue(queue_name, url=cluster.url) as queue:
+        job = queue.enqueue(1)
+        assert job.state() is JobState.WAITING and queue.counts()[JobState.WAITING] == 1
+        assert command_table_reads(cluster) - before == 1

@@ -10,7 +10,10 @@ Three clients, each with its own connection pool, so no call queues behind anoth
              asked for, so a quiet queue is not mistaken for a dead server
 
 Each client has a ``Lane`` beside it for the scripts (lane.py); where the clients connect,
-by URL, and with which TLS options, is urls.py's.
+by URL, and with which TLS options, is urls.py's. The renew and blocking clients are made
+at their first use: a producer, the dashboard and the exporter need neither, and on a
+Cluster each client costs a discovery of the nodes and the server's command table (about
+30 ms here; a dashboard opens a backend per queue).
 
 Secrets never leave this module in clear: every error names the server by its URL as
 ``sandboxq.redaction.redact_url`` shows it (password and secret query options as ``***``).
@@ -18,6 +21,7 @@ Secrets never leave this module in clear: every error names the server by its UR
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -123,21 +127,54 @@ class Connections:
         #: A Cluster: scripts go to the slot's node; every other command routes by key.
         self.cluster = False
         self._closers: list[Callable[[], None]] = []
+        self._slot_key = slot_key
+        self._timeout_s = socket_timeout_s
+        self._more: dict[str, tuple[Client, Lane]] = {}  # renew and blocking, once made
+        self._more_lock = threading.Lock()
+        self._closed = False
         try:
-            connect = self._connector(url)
+            self._connect = self._connector(url)
             with self.errors("connect"):
-                self.main: Client = connect(socket_timeout_s)
-                self.renew: Client = connect(socket_timeout_s)
-                self.blocking: Client = connect(BLOCK_CAP_S + socket_timeout_s)
+                self.main: Client = self._connect(socket_timeout_s)
                 self.main_lane = self._lane(self.main, slot_key)
-                self.renew_lane = self._lane(self.renew, slot_key)
-                self.blocking_lane = self._lane(self.blocking, slot_key)
         except ValueError as exc:  # a bad port, IPv6 address, query option, path...
             self.close()
             raise ConfigError(f"invalid Redis URL {self.where!r}: {exc}") from None
         except BaseException:
             self.close()
             raise
+
+    @property
+    def renew(self) -> Client:
+        return self._client("renew", self._timeout_s)[0]
+
+    @property
+    def renew_lane(self) -> Lane:
+        return self._client("renew", self._timeout_s)[1]
+
+    @property
+    def blocking(self) -> Client:
+        return self._client("blocking", BLOCK_CAP_S + self._timeout_s)[0]
+
+    @property
+    def blocking_lane(self) -> Lane:
+        return self._client("blocking", BLOCK_CAP_S + self._timeout_s)[1]
+
+    def _client(self, role: str, timeout_s: float) -> tuple[Client, Lane]:
+        """The ``role`` client and its lane, made at the first call (``BackendError`` when
+        that fails, or once the backend is closed)."""
+        made = self._more.get(role)
+        if made is not None:
+            return made
+        with self._more_lock:
+            made = self._more.get(role)
+            if made is None:
+                if self._closed:
+                    raise BackendError(f"the backend of Redis at {self.where} is closed")
+                with self.errors("connect"):
+                    client = self._connect(timeout_s)
+                    made = self._more[role] = (client, self._lane(client, self._slot_key))
+        return made
 
     def _lane(self, client: Client, slot_key: str) -> Lane:
         lane = ClusterLane(client, slot_key) if isinstance(client, RedisCluster) else Lane(client)
@@ -188,6 +225,8 @@ class Connections:
         )
 
     def close(self) -> None:
+        with self._more_lock:
+            self._closed = True
         for close in reversed(self._closers):
             close()
         self._closers.clear()
