@@ -58,7 +58,7 @@ def test_a_worker_frozen_past_its_lease_is_fenced_when_it_thaws(scene: Scene) ->
     goes back to work."""
     fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
     frozen = fleet.start(3, children=2)[0]
-    producer = scene.producer(150, batch=15, seconds=lambda rng: rng.uniform(0.2, 0.6))
+    producer = scene.producer(100, batch=10, seconds=lambda rng: rng.uniform(0.2, 0.6))
     wait_for(lambda: unfinished(scene.ledger, set(frozen.family())), 20, "the worker to run a job")
     family = frozen.signal_family(signal.SIGSTOP)
     stopped_at = time.time()
