@@ -6,8 +6,7 @@
 -- Returns: {members acted on, the batch's member count} (-1 as the count: no such batch).
 -- Upholds: what cancel.lua and retry_failed.lua uphold, member by member (a running
 -- member's lease is revoked and fenced; a waiting one never starts); the batch's counters
--- follow each retry (batch_after), and every cancel of the call at its end, in the same
--- atomic call (batch_members_ended).
+-- follow every move of the call at its end, in the same atomic call (batch_members_moved).
 
 local bid, action = ARGV[5], ARGV[6]
 local first, n = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -15,27 +14,39 @@ local f = redis.call('HMGET', BATCH .. bid, 'total', 'enqueued')
 if not f[1] then return {0, -1} end
 local last = math.max(count_or(f[1], 0), count_or(f[2], 0))
 local now = now_ms() -- one instant for the whole call, as for an atomic move
-local acted, left = 0, {}
+local acted, moves = 0, {}
 for i = first, math.min(last, first + n) - 1 do
   local id = bid .. '.' .. i
+  local from, to, opts
   if redis.pcall('HGET', PREFIX .. id, 'batch') ~= bid then
     -- not a member (an enqueue stopped before it, and the id is another job's)
   elseif action == 'retry' then
-    acted = acted + retry_job(id)
+    from, to = retry_move(id, now)
+    if from then member_reopened(bid, id) end
   elseif action == 'cancel' or redis.call('HGET', PREFIX .. id, 'state') ~= 'active' then
-    local from, opts = cancel_move(id, ARGV[9], now)
+    from, opts = cancel_move(id, ARGV[9], now)
     if from then
-      acted, left[from] = acted + 1, (left[from] or 0) + 1
+      to = 'cancelled'
       keep_until(CANCELLED, now, id, opts)
-      member_ended(bid, id, 'cancelled')
+      member_ended(bid, id, to)
     end
   end
+  if from then
+    acted = acted + 1
+    local move = from .. ' ' .. to
+    moves[move] = (moves[move] or 0) + 1
+  end
 end
-if acted > 0 and action ~= 'retry' then
-  -- What cancel_job does per job, once for all: the batch's counters and its done check,
-  -- then retention (as finish.lua does it). Server time per waiting member cancelled
-  -- (20,000, 3 alternated runs): 44-54 us per job, 24-27 us once for all.
-  batch_members_ended(bid, left, 'cancelled', now)
-  retain(CANCELLED, RETAIN_FAILED, now, acted)
+if acted > 0 then
+  -- What cancel_job and retry_job do per job, once for all: the batch's counters and its
+  -- done check, then retention for what was cancelled (as finish.lua does it), or a wake
+  -- for what was put back. Server time per waiting member cancelled (20,000, 3 alternated
+  -- runs): 44-54 us per job, 24-27 us once for all.
+  batch_members_moved(bid, moves, now)
+  if action == 'retry' then
+    wake(acted)
+  else
+    retain(CANCELLED, RETAIN_FAILED, now, acted)
+  end
 end
 return {acted, last}

@@ -302,6 +302,15 @@ local function member_ended(bid, id, to)
   redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', FINAL_CODE[to])
 end
 
+local function member_reopened(bid, id)
+  local index = string.match(id, '%.(%d+)$') or id
+  redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', 'r')
+end
+
+local function batch_not_done(bid)
+  if redis.call('HDEL', BATCH .. bid, 'done_ms') == 1 then redis.call('ZREM', BATCHES, bid) end
+end
+
 local function batch_move(bid, id, from, to, now)
   if not bid or from == to then return nil end
   local bkey = BATCH .. bid
@@ -314,24 +323,28 @@ local function batch_move(bid, id, from, to, now)
   elseif FINAL_CODE[from] and not FINAL_CODE[to] then
     -- a final member runs again: the batch is not done (nor expiring) until it ends again,
     -- and its stream says so ('r', reopened), so a reader waits for its new end
-    local index = string.match(id, '%.(%d+)$') or id
-    redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', 'r')
-    if redis.call('HDEL', bkey, 'done_ms') == 1 then redis.call('ZREM', BATCHES, bid) end
+    member_reopened(bid, id)
+    batch_not_done(bid)
   end
   return nil
 end
 
--- Members of batch `bid` (which exists) went to final state `to` in one call, each one's
--- stream entry written (member_ended): `left` counts them by the state each left. The
--- counters move once, and the batch is looked at once for being done (batch_each.lua).
-local function batch_members_ended(bid, left, to, now)
-  local bkey, n = BATCH .. bid, 0
-  for from, count in pairs(left) do
+-- Members of batch `bid` (which exists) moved in one call, each one's stream entry
+-- written (member_ended, member_reopened): `moves` counts them by "<from> <to>". The
+-- counters move once; the batch is looked at once for being done, or is not done any more
+-- (batch_each.lua).
+local function batch_members_moved(bid, moves, now)
+  local bkey, ended, reopened = BATCH .. bid, false, false
+  for move, count in pairs(moves) do
+    local from, to = string.match(move, '^(%S+) (%S+)$')
     if COUNTED[from] then redis.call('HINCRBY', bkey, from, -count) end
-    n = n + count
+    if COUNTED[to] then redis.call('HINCRBY', bkey, to, count) end
+    ended = ended or (FINAL_CODE[to] and not FINAL_CODE[from])
+    reopened = reopened or (FINAL_CODE[from] and not FINAL_CODE[to])
   end
-  redis.call('HINCRBY', bkey, to, n)
-  return batch_check_done(bid, now)
+  if reopened then batch_not_done(bid) end
+  if ended then return batch_check_done(bid, now) end
+  return nil
 end
 
 -- After a script moved job `id` out of state `from`: its batch (if any) follows.
@@ -948,15 +961,16 @@ local function cancel_job(id, channel)
   return 1
 end
 
--- Put a failed or cancelled job back in line (retry_failed.lua, and batch_each.lua for a
--- batch's members): see retry_failed.lua. Returns 1 put back, 0 not failed/cancelled.
-local function retry_job(id)
+-- Put a failed or cancelled job back in line, at `now`, but for waking a worker and its
+-- batch (retry_job, and batch_each.lua for a batch's members, which does those once for
+-- all): see retry_failed.lua. Returns the state it left and the one it went to, or nil
+-- when it was not failed or cancelled.
+local function retry_move(id, now)
   local key = PREFIX .. id
   local f = hmget(key, 'state', 'priority', 'fence_token', 'fenced_until_ms', 'attempts')
-  if not f or (f[1] ~= 'failed' and f[1] ~= 'cancelled') then return 0 end
+  if not f or (f[1] ~= 'failed' and f[1] ~= 'cancelled') then return nil end
   -- the retry budget starts again; the history's numbers go on (claim_jobs)
   local uncharged = int(count_or(f[5], 0))
-  local now = now_ms()
   redis.call('ZREM', FAILED, id)
   redis.call('ZREM', CANCELLED, id)
   redis.call('ZREM', EXPIRY, id)
@@ -969,9 +983,7 @@ local function retry_job(id)
       'infra_deaths', '0', 'ready_ms', int(until_ms + 1))
     redis.call('ZADD', DELAYED, int(until_ms + 1), id)
     emit('retried', id, 'manual', '1', 'fenced_until_ms', int(until_ms))
-    wake(1) -- an idle worker re-reads the next due time
-    batch_after(id, f[1], now) -- batches (common.lua)
-    return 1
+    return f[1], 'delayed' -- a woken worker re-reads the next due time
   end
   redis.call('HDEL', key, 'fence_owner', 'fence_token', 'fenced_until_ms')
   local seq = next_seq()
@@ -979,7 +991,16 @@ local function retry_job(id)
     'infra_deaths', '0', 'seq', int(seq), 'ready_ms', int(now))
   redis.call('ZADD', WAITING, waiting_score(f[2], seq), id)
   emit('retried', id, 'manual', '1')
+  return f[1], 'waiting'
+end
+
+-- Put a failed or cancelled job back in line (retry_failed.lua): see retry_failed.lua.
+-- Returns 1 put back, 0 not failed/cancelled.
+local function retry_job(id)
+  local now = now_ms()
+  local from = retry_move(id, now)
+  if not from then return 0 end
   wake(1)
-  batch_after(id, f[1], now) -- batches (common.lua)
+  batch_after(id, from, now) -- batches (common.lua)
   return 1
 end
