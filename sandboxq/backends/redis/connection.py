@@ -131,7 +131,6 @@ class Connections:
         self._timeout_s = socket_timeout_s
         self._more: dict[str, tuple[Client, Lane]] = {}  # renew and blocking, once made
         self._more_lock = threading.Lock()
-        self._closed = False
         try:
             self._connect = self._connector(url)
             with self.errors("connect"):
@@ -162,15 +161,13 @@ class Connections:
 
     def _client(self, role: str, timeout_s: float) -> tuple[Client, Lane]:
         """The ``role`` client and its lane, made at the first call (``BackendError`` when
-        that fails, or once the backend is closed)."""
+        that fails). Used after ``close``, it connects again, as the main client does."""
         made = self._more.get(role)
         if made is not None:
             return made
         with self._more_lock:
             made = self._more.get(role)
             if made is None:
-                if self._closed:
-                    raise BackendError(f"the backend of Redis at {self.where} is closed")
                 with self.errors("connect"):
                     client = self._connect(timeout_s)
                     made = self._more[role] = (client, self._lane(client, self._slot_key))
@@ -225,8 +222,6 @@ class Connections:
         )
 
     def close(self) -> None:
-        with self._more_lock:
-            self._closed = True
         for close in reversed(self._closers):
             close()
         self._closers.clear()
