@@ -171,11 +171,23 @@ class StreamReader:
     def block_s(self) -> float | None:
         """How long the next read may wait; None once the deadline passed: that read takes
         what the stream holds and waits for nothing (a batch already done is read whole
-        whatever the timeout), and one that brings nothing ends the pass (``timed_out``)."""
+        whatever the timeout), and one that brings nothing ends the pass (``timed_out``).
+        None too once every member read is final: the stream may hold more after that
+        read (members retried since), and only a read that brings nothing more ends the
+        pass (``done``)."""
+        if not self.left:
+            return None
         if self.deadline is None:
             return READ_SLICE_S
         left_s = self.deadline - time.monotonic()
         return None if left_s <= 0 else min(READ_SLICE_S, left_s)
+
+    def done(self, rows: list[tuple[int, JobState]]) -> bool:
+        """Whether the pass ends with the read that brought ``rows``: every member final,
+        and nothing in the stream after it. (A read ending where every member was final
+        ended it before: a batch of 1,000, one read's worth, retried after it was done,
+        was taken as done by the first read, before its reopenings.)"""
+        return not rows and not self.left
 
     def timed_out(self) -> TimeoutError:
         return TimeoutError(
@@ -268,9 +280,11 @@ class Batch(_Handle[J]):
         reader = StreamReader(self.id, self.total, timeout_s)
         self.progress()  # BatchNotFound at once, not after a read times out
         backend, job = self.queue.backend, self.queue.job
-        while reader.left:
+        while True:
             block_s = reader.block_s()
             cursor, rows = backend.batch_finished(self.id, reader.cursor, block_s)
+            if reader.done(rows):
+                return
             if not rows:
                 if block_s is None:
                     raise reader.timed_out()
@@ -336,9 +350,11 @@ class AsyncBatch(_Handle[J]):
         reader = StreamReader(self.id, self.total, timeout_s)
         await self.progress()
         backend, job = self.queue.backend, self.queue.job
-        while reader.left:
+        while True:
             block_s = reader.block_s()
             cursor, rows = await backend.batch_finished(self.id, reader.cursor, block_s)
+            if reader.done(rows):
+                return
             if not rows:
                 if block_s is None:
                     raise reader.timed_out()

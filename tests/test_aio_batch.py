@@ -92,6 +92,23 @@ def test_a_done_async_batch_is_read_whole_whatever_the_timeout(url: str, queue_n
 
 
 @pytest.mark.timeout(60)
+def test_an_async_wait_after_a_retry_waits_for_the_retried_members(
+    url: str, queue_name: str
+) -> None:
+    """As the sync test: a batch of one read's worth (1,000), done, then retried."""
+
+    async def main() -> None:
+        async with aio.Queue(queue_name, url) as q:
+            batch = await q.batch([([i], {}) for i in range(1000)])
+            assert await batch.cancel() == 1000 and (await batch.wait(timeout_s=0)).done
+            assert await batch.retry_failed() == 1000
+            with pytest.raises(TimeoutError, match="1000 of 1000 members not finished"):
+                await batch.wait(timeout_s=0.2)
+
+    run(main())
+
+
+@pytest.mark.timeout(60)
 def test_cancel_stops_the_members_that_have_not_run(url: str, queue_name: str) -> None:
     async def main() -> None:
         async with aio.Queue(queue_name, url) as q:

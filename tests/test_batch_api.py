@@ -169,6 +169,25 @@ def test_a_done_batch_is_read_whole_whatever_the_timeout(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [1000, 1001])
+def test_wait_after_a_retry_waits_for_the_retried_members(
+    url: str, queue_name: str, opened: Callable[..., Queue], size: int
+) -> None:
+    """The stream holds every member's end, then every retried member's reopening. A
+    reader whose read ended between the two (a read holds 1,000 entries: a batch of 1,000)
+    saw every member final and took the batch as done: wait() returned at once after
+    retry_failed(), and results() read members that were waiting."""
+    q = opened(queue_name, url)
+    batch = q.batch([([i], {}) for i in range(size)])
+    assert batch.cancel() == size and batch.wait(timeout_s=0).done
+    assert batch.retry_failed() == size  # nothing runs them: no worker here
+    with pytest.raises(TimeoutError, match=f"{size} of {size} members not finished"):
+        batch.wait(timeout_s=0.2)
+    with pytest.raises(TimeoutError, match=f"{size} of {size} members not finished"):
+        batch.results(timeout_s=0)
+
+
+@pytest.mark.timeout(60)
 def test_the_then_queue_is_in_the_queue_index_once_its_follow_up_is_sent(
     redis_url: str, queue_name: str, opened: Callable[..., Queue]
 ) -> None:
