@@ -8,6 +8,7 @@ Real redis-server, real sandboxed children; races forced with a file barrier
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -185,6 +186,34 @@ def test_wait_after_a_retry_waits_for_the_retried_members(
         batch.wait(timeout_s=0.2)
     with pytest.raises(TimeoutError, match=f"{size} of {size} members not finished"):
         batch.results(timeout_s=0)
+
+
+@pytest.mark.timeout(90)
+def test_a_batch_cancelled_under_a_busy_worker_costs_its_log_a_line_per_ack_batch(
+    url: str,
+    queue_name: str,
+    opened: Callable[..., Queue],
+    workers: BackgroundWorkers,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker holds hundreds of members ahead while they are short; a cancel revokes
+    their leases, and their acks are rejected. That was a warning per job (1,159 lines for
+    one cancel of 20,000 members); it is one per batch of acks, with the count."""
+    q = opened(queue_name, url)
+    batch = q.batch([([i], {}) for i in range(3000)])
+    worker = workers.start(q, H + "echo", concurrency=2)
+    wait_for(lambda: batch.progress().completed >= 500, 60, "the worker to get going")
+    with caplog.at_level(logging.WARNING, logger="sandboxq"):
+        batch.cancel()
+        assert batch.wait(timeout_s=30).done
+        workers.stop_all()
+    rejected = worker.stats["rejected_acks"]
+    said = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    counted = [int(m.split()[0]) if m[0].isdigit() else 1 for m in said]
+    print(f"\n{rejected} acks rejected, in {len(said)} lines")
+    assert sum(counted) == rejected
+    assert rejected >= 10, "the cancel found no member held ahead: the test proved nothing"
+    assert len(said) <= rejected // 10
 
 
 @pytest.mark.timeout(60)

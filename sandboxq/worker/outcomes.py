@@ -293,7 +293,6 @@ def count_acks(
             continue
         if not ok:
             stats.rejected_acks += 1
-            log.warning("job %s: ack rejected, the lease was lost; result discarded", job.id)
             unacked.append(Unacked(job.id, job.token))  # its child has ended all the same
             continue
         stats.count(STAT_OF[ack.action])
@@ -306,4 +305,29 @@ def count_acks(
                 lines.append(textwrap.indent(ack.attempt.traceback.rstrip("\n"), "    "))
     if lines:
         log.info("%s", "\n".join(lines))
+    if not maybe_applied and unacked:
+        _log_rejected([u.job_id for u in unacked])
     return unacked
+
+
+#: Job ids a rejected-acks line names at most.
+REJECTED_NAMED = 5
+
+
+def _log_rejected(job_ids: list[str]) -> None:
+    """One line for the acks of a batch the backend rejected: a batch cancelled while a
+    worker held hundreds of its members rejected each one's ack, a line each."""
+    why = "its lease was revoked (the job was cancelled, or the lease expired)"
+    if len(job_ids) == 1:
+        log.warning("job %s: ack rejected, %s; result discarded", job_ids[0], why)
+        return
+    named = ", ".join(job_ids[:REJECTED_NAMED])
+    more = len(job_ids) - REJECTED_NAMED
+    if more > 0:
+        named += f" and {more} more"
+    log.warning(
+        "%d acks rejected, each job's lease revoked (cancelled, or expired); results "
+        "discarded: jobs %s",
+        len(job_ids),
+        named,
+    )
