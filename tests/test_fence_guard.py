@@ -192,7 +192,7 @@ def test_a_stopped_worker_stops_its_child_and_the_fence_kills_it_before_another_
     q = scene.queue
     log = tmp_path / "runs.log"
     first = scene.spawn("first", terminal=signum == signal.SIGTSTP)
-    job = q.enqueue(str(log), 6.0)
+    job = q.enqueue(str(log), 6.0, str(tmp_path / "ran"), 0.2)  # the second run: 0.2 s
     (child,) = wait_for(lambda: list(runs(log)), 30, "the first worker's child to start")
     assert wait_for(lambda: guard_of(first), 10, "the first worker's guard")
     death = DeathWatch(child)
@@ -252,7 +252,7 @@ def test_a_killed_guard_is_restarted_at_once_and_fences_as_before(
     assert restarted_s < 0.5
     assert done.result(timeout_s=30) in runs(log)  # the attempt went on, untouched
 
-    job = q.enqueue(str(log), 6.0)
+    job = q.enqueue(str(log), 6.0, str(tmp_path / "ran"), 0.2)  # the second run: 0.2 s
     child = wait_for(
         lambda: [p for p, r in runs(log).items() if "end" not in r], 30, "the next job to start"
     )[0]

@@ -3,7 +3,10 @@
     hold_gil_logged(log, seconds)   appends "start <pid> <time>", then holds the GIL in
                                     one C call for about ``seconds`` (no thread of the
                                     child, and no signal handler, runs meanwhile), then
-                                    "end <pid> <time>"; ok: its pid
+                                    "end <pid> <time>"; ok: its pid. With ``marker``
+                                    (a path), only its first run holds ``seconds``; the
+                                    run of another worker that recovered the job holds
+                                    ``again_s``
     daemon_then_hold(pid_file)      double-forks a daemon in a session of its own (its pid
                                     written to ``pid_file``), then holds the GIL
 
@@ -24,7 +27,12 @@ def _hold_gil_for(seconds: float) -> None:
     sum(range(int(seconds / per_item)))
 
 
-def hold_gil_logged(log: str, seconds: float) -> int:
+def hold_gil_logged(log: str, seconds: float, marker: str = "", again_s: float = 0.0) -> int:
+    if marker:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            seconds = again_s  # a later run of the same job
     with open(log, "a") as out:
         out.write(f"start {os.getpid()} {time.time():.6f}\n")
     _hold_gil_for(seconds)
