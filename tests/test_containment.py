@@ -371,7 +371,9 @@ def test_a_sigkilled_owners_groups_are_removed_by_the_next_pool(tmp_path: Path) 
         assert guards, "the owner's fence guard was not found"
         for guard in guards:
             guard.kill()
-        psutil.wait_procs(guards, timeout=10)
+        # Dead, but a zombie until its stopped owner reaps it: waiting for it to be gone
+        # would wait the whole timeout.
+        wait_for(lambda: not still_running(g.pid for g in guards), 10, "the guard to die")
     finally:
         owner.kill()
         owner.wait()
