@@ -20,7 +20,9 @@ import pytest
 import redis
 
 from sandboxq import JobFailed, JobState, Queue
+from sandboxq.backends import rules
 from sandboxq.backends.base import NewJob
+from sandboxq.backends.redis.backend import RedisBackend
 from sandboxq.backends.redis.keys import INDEX
 from sandboxq.errors import BatchIncomplete, BatchNotFound, ConfigError, SerializationError
 from sandboxq.models import member_id
@@ -214,6 +216,29 @@ def test_a_batch_cancelled_under_a_busy_worker_costs_its_log_a_line_per_ack_batc
     assert sum(counted) == rejected
     assert rejected >= 10, "the cancel found no member held ahead: the test proved nothing"
     assert len(said) <= rejected // 10
+
+
+@pytest.mark.timeout(60)
+def test_members_a_batch_cancel_has_not_reached_yet_are_never_claimed(
+    redis_url: str, queue_name: str, opened: Callable[..., Queue]
+) -> None:
+    """A cancel goes 1,000 members a call; a worker claiming between two calls leased the
+    next members, ran them, and lost their results to the next call. Held here after its
+    first call, the cancel's later members come back cancelled from a claim, never leased;
+    once the cancel is over, a retry makes them claimable again."""
+    q = opened(queue_name, redis_url)
+    batch = q.batch([([i], {}) for i in range(2500)])
+    backend = q.backend
+    assert isinstance(backend, RedisBackend)
+    first_call = [batch.id, "cancel", 0, rules.BATCH_CHUNK, backend.keys.cancel_channel]
+    assert backend._scripts.batch_each(first_call)[0] == 1000
+    assert backend.claim("w1", 5, 30.0) == []  # 100 of them cancelled at most, at once
+    cancelled = batch.progress().cancelled
+    assert 1000 < cancelled <= 1000 + 100 + 5
+    # the rest of the cancel counts what the claim cancelled for it
+    assert batch.cancel() == 2500 - 1000 and batch.wait(timeout_s=0).done
+    assert batch.retry_failed() == 2500
+    assert len(backend.claim("w1", 5, 30.0)) == 5
 
 
 @pytest.mark.timeout(60)

@@ -3,7 +3,8 @@
 -- ARGV: 1-4 standard; 5 batch id, 6 'cancel', 'cancel_unstarted' (running members go on)
 --       or 'retry', 7 first index, 8 how many
 --       members (rules.BATCH_CHUNK), 9 the cancel channel (PUBLISH target).
--- Returns: {members acted on, the batch's member count} (-1 as the count: no such batch).
+-- Returns: {members acted on (a cancel's last call adds those its claims cancelled for it,
+--          claim_jobs), the batch's member count} (-1 as the count: no such batch).
 -- Upholds: what cancel.lua and retry_failed.lua uphold, member by member (a running
 -- member's lease is revoked and fenced; a waiting one never starts); the batch's counters
 -- follow every move of the call at its end, in the same atomic call (batch_members_moved).
@@ -14,6 +15,22 @@ local f = redis.call('HMGET', BATCH .. bid, 'total', 'enqueued')
 if not f[1] then return {0, -1} end
 local last = math.max(count_or(f[1], 0), count_or(f[2], 0))
 local now = now_ms() -- one instant for the whole call, as for an atomic move
+-- A cancel goes in calls of BATCH_CHUNK members, and a worker claims between two of them:
+-- the batch is marked from the first call on ('cancelling': how many members claims have
+-- cancelled meanwhile), and a claim cancels its members instead of starting them (a
+-- worker busy with short jobs ran and lost 1,159 of 20,000 that way). The last call
+-- counts those as its own and lifts the mark; a retry lifts it too.
+local bkey, by_claims = BATCH .. bid, 0
+if action == 'retry' then
+  if first == 0 then redis.call('HDEL', bkey, 'cancelling') end
+elseif first + n < last then
+  if redis.call('HEXISTS', bkey, 'cancelling') == 0 then
+    redis.call('HSET', bkey, 'cancelling', '0')
+  end
+else
+  by_claims = count_or(redis.call('HGET', bkey, 'cancelling'), 0)
+  redis.call('HDEL', bkey, 'cancelling')
+end
 local acted, moves = 0, {}
 for i = first, math.min(last, first + n) - 1 do
   local id = bid .. '.' .. i
@@ -49,4 +66,4 @@ if acted > 0 then
     retain(CANCELLED, RETAIN_FAILED, now, acted)
   end
 end
-return {acted, last}
+return {acted + by_claims, last}

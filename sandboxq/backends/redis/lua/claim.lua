@@ -10,7 +10,8 @@
 --          its deadline_s or max_queue_s is failed (outcome deadline / expired, never run)
 --          instead of claimed: no scan finds it. wait_ms, when nothing was claimed, is how
 --          long until the next delayed job falls due (-1: none), so an idle worker blocks
---          exactly that long at most. "waited ms" is how long the job waited since it was ready
+--          exactly that long at most; 0 when jobs are still waiting (a claim that cancelled
+--          members of a batch being cancelled stops after TRIM_BUDGET of them). "waited ms" is how long the job waited since it was ready
 --          (ready_ms: enqueued, due or retried; created_ms for older records).
 -- Upholds: design invariants 1 (fresh token and owner per lease; highest priority first,
 -- FIFO within a priority), 2 (expiry = server TIME + lease) and 7 (a broken record fails
@@ -19,7 +20,9 @@
 local now = now_ms()
 local out = claim_jobs(ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8], now)
 local wait_ms = -1
-if #out == 0 then
+if #out == 0 and redis.call('ZCARD', WAITING) > 0 then
+  wait_ms = 0 -- cut short by the members of a batch being cancelled: claim again at once
+elseif #out == 0 then
   local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
   if #first > 0 then wait_ms = math.max(0, tonumber(first[2]) - now) end
 end

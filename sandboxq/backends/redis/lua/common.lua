@@ -793,101 +793,6 @@ local function promote_due(now)
   end
 end
 
--- Lease up to `count` waiting jobs (design invariant 1: a fresh token per claim, owner = worker;
--- design invariant 2: expiry from the server clock). Returns a flat list of CLAIM_ROW entries
--- per claimed job: id, token, payload, codec, opts, attempt (charged: what the retry budget
--- counts), wait ms, infra deaths, number (the attempt's place in the job's history), age ms
--- (since enqueue: what the worker has left of its deadline_s). A job past its deadline_s or
--- max_queue_s is failed instead (budget_passed).
--- 'attempts' counts every attempt started, never reset, so history numbers keep counting
--- across requeues and manual retries; 'uncharged' (absent: 0) counts those the retry budget
--- does not: requeued ones (back_in_line) and those before a manual retry (retry_job).
-local function claim_jobs(worker, count, lease_ms, token_base, now)
-  promote_due(now)
-  local out = {}
-  local n = 0
-  local expiry = int(now + lease_ms)
-  -- popped `count - n` at a time (one call for many jobs); every popped job is claimed or
-  -- failed below, never left out of line
-  local popped, at = {}, 1
-  while n < count do
-    if at > #popped then
-      popped, at = redis.call('ZPOPMIN', WAITING, count - n), 1
-      if #popped == 0 then break end
-    end
-    local id = popped[at]
-    at = at + 2
-    local key = PREFIX .. id
-    local problem, f, bad_field, opts = claim_problem(key)
-    local number, created, late, why
-    if not problem then
-      number, created = count_or(f[4], 0) + 1, tonumber(f[7]) or now
-      late, why = budget_passed(opts, created, tonumber(f[6]) or created, now, number)
-    end
-    if problem then
-      fail_malformed(id, problem, now, bad_field)
-    elseif late then
-      fail_unstarted(id, worker, number, late, why, f[8], now, f[3])
-    else
-      n = n + 1
-      local token = token_base .. '.' .. n
-      redis.call('HSET', key, 'state', 'active', 'owner', worker, 'token', token,
-        'attempts', int(number), 'claimed_ms', int(now))
-      redis.call('ZADD', ACTIVE, expiry, id)
-      emit('active', id, 'worker', worker, 'attempt', int(number))
-      if f[8] then batch_move(f[8], id, 'waiting', 'active', now) end
-      local i = #out
-      out[i + 1], out[i + 2], out[i + 3] = id, token, f[1]
-      out[i + 4], out[i + 5] = f[2], f[3]
-      out[i + 6] = math.max(1, number - (count_or(f[10], 0)))
-      -- how long it waited since it was ready (enqueued, due, retried): sandboxq_wait_seconds
-      out[i + 7] = int(math.max(0, now - (tonumber(f[6]) or tonumber(f[7]) or now)))
-      out[i + 8] = count_or(f[9], 0) -- the worker fails it as poison at its limit
-      out[i + 9] = number
-      out[i + 10] = int(math.max(0, now - created)) -- its age: what is left of deadline_s
-    end
-  end
-  -- Nothing left to claim: drop stale wake entries so idle workers block instead of
-  -- waking once per entry. With delayed jobs pending, keep a few: a worker that read
-  -- the next due time just before a new delayed job arrived must still wake to re-read.
-  if redis.call('ZCARD', WAITING) == 0 then
-    if redis.call('ZCARD', DELAYED) == 0 then
-      redis.call('DEL', WAKE)
-    else
-      redis.call('LTRIM', WAKE, 0, 7)
-    end
-  end
-  return out
-end
-
--- The caller's lease is the job's current lease (design invariant 1). Returns the job's
--- fields (owner, token, state, then the `...` named: read in the same call), or nil.
-local function owns(key, worker, token, ...)
-  local f = hmget(key, 'owner', 'token', 'state', ...)
-  if f ~= nil and f[1] == worker and f[2] == token and f[3] == 'active' then return f end
-  return nil
-end
-
--- The (job id, token) pairs of ARGV from index `first` on, for `for id, token in ...`.
-local function lease_pairs(first)
-  local i = first - 2
-  return function()
-    i = i + 2
-    if ARGV[i] ~= nil then return ARGV[i], ARGV[i + 1] end
-  end
-end
-
--- A claimed job back in line without charging its attempt (requeue, release), at its old
--- place (seq), since it was claimed first. `ran`: the attempt started and has a record, so
--- its number stays used (one more uncharged attempt: the history keeps counting); else
--- (released before it started) the number is given back. Returns the fields to HSET.
-local function back_in_line(key, id, ran)
-  local f = redis.call('HMGET', key, 'uncharged', 'priority', 'seq', 'attempts')
-  redis.call('ZADD', WAITING, waiting_score(f[2], count_or(f[3], nil) or next_seq()), id)
-  if ran then return 'state', 'waiting', 'uncharged', int(count_or(f[1], 0) + 1) end
-  return 'state', 'waiting', 'attempts', int(math.max(count_or(f[4], 1) - 1, 0))
-end
-
 -- When the attempt a job's owner holds started (its claim) and the pid of its child, from
 -- the owner's registry record (absent until its heartbeat published it): for the record
 -- of an attempt that ends without its worker (cancelled, lease lost). A record that does
@@ -959,6 +864,112 @@ local function cancel_job(id, channel)
   trim_finished(CANCELLED, RETAIN_FAILED, now, id, opts)
   batch_after(id, from, now) -- batches (common.lua)
   return 1
+end
+
+-- Lease up to `count` waiting jobs (design invariant 1: a fresh token per claim, owner = worker;
+-- design invariant 2: expiry from the server clock). Returns a flat list of CLAIM_ROW entries
+-- per claimed job: id, token, payload, codec, opts, attempt (charged: what the retry budget
+-- counts), wait ms, infra deaths, number (the attempt's place in the job's history), age ms
+-- (since enqueue: what the worker has left of its deadline_s). A job past its deadline_s or
+-- max_queue_s is failed instead (budget_passed), and a member of a batch whose cancel is
+-- under way (batch_each.lua) is cancelled instead.
+-- 'attempts' counts every attempt started, never reset, so history numbers keep counting
+-- across requeues and manual retries; 'uncharged' (absent: 0) counts those the retry budget
+-- does not: requeued ones (back_in_line) and those before a manual retry (retry_job).
+local function claim_jobs(worker, count, lease_ms, token_base, now)
+  promote_due(now)
+  local out = {}
+  local n = 0
+  local expiry = int(now + lease_ms)
+  -- popped `count - n` at a time (one call for many jobs); every popped job is claimed or
+  -- failed below, never left out of line
+  local popped, at = {}, 1
+  local cancelled = 0
+  while n < count do
+    if at > #popped then
+      -- cancelled members count toward a bound of their own: one claim never does a
+      -- whole cancel's work (claim.lua tells the worker to claim again at once)
+      if cancelled >= TRIM_BUDGET then break end
+      popped, at = redis.call('ZPOPMIN', WAITING, count - n), 1
+      if #popped == 0 then break end
+    end
+    local id = popped[at]
+    at = at + 2
+    local key = PREFIX .. id
+    local problem, f, bad_field, opts = claim_problem(key)
+    local number, created, late, why
+    if not problem then
+      number, created = count_or(f[4], 0) + 1, tonumber(f[7]) or now
+      late, why = budget_passed(opts, created, tonumber(f[6]) or created, now, number)
+    end
+    if problem then
+      fail_malformed(id, problem, now, bad_field)
+    elseif late then
+      fail_unstarted(id, worker, number, late, why, f[8], now, f[3])
+    elseif f[8] and redis.call('HGET', BATCH .. f[8], 'cancelling') then
+      -- its batch's cancel is under way (batch_each.lua): it never starts, and the cancel
+      -- counts it
+      cancel_job(id, '')
+      redis.call('HINCRBY', BATCH .. f[8], 'cancelling', 1)
+      cancelled = cancelled + 1
+    else
+      n = n + 1
+      local token = token_base .. '.' .. n
+      redis.call('HSET', key, 'state', 'active', 'owner', worker, 'token', token,
+        'attempts', int(number), 'claimed_ms', int(now))
+      redis.call('ZADD', ACTIVE, expiry, id)
+      emit('active', id, 'worker', worker, 'attempt', int(number))
+      if f[8] then batch_move(f[8], id, 'waiting', 'active', now) end
+      local i = #out
+      out[i + 1], out[i + 2], out[i + 3] = id, token, f[1]
+      out[i + 4], out[i + 5] = f[2], f[3]
+      out[i + 6] = math.max(1, number - (count_or(f[10], 0)))
+      -- how long it waited since it was ready (enqueued, due, retried): sandboxq_wait_seconds
+      out[i + 7] = int(math.max(0, now - (tonumber(f[6]) or tonumber(f[7]) or now)))
+      out[i + 8] = count_or(f[9], 0) -- the worker fails it as poison at its limit
+      out[i + 9] = number
+      out[i + 10] = int(math.max(0, now - created)) -- its age: what is left of deadline_s
+    end
+  end
+  -- Nothing left to claim: drop stale wake entries so idle workers block instead of
+  -- waking once per entry. With delayed jobs pending, keep a few: a worker that read
+  -- the next due time just before a new delayed job arrived must still wake to re-read.
+  if redis.call('ZCARD', WAITING) == 0 then
+    if redis.call('ZCARD', DELAYED) == 0 then
+      redis.call('DEL', WAKE)
+    else
+      redis.call('LTRIM', WAKE, 0, 7)
+    end
+  end
+  return out
+end
+
+-- The caller's lease is the job's current lease (design invariant 1). Returns the job's
+-- fields (owner, token, state, then the `...` named: read in the same call), or nil.
+local function owns(key, worker, token, ...)
+  local f = hmget(key, 'owner', 'token', 'state', ...)
+  if f ~= nil and f[1] == worker and f[2] == token and f[3] == 'active' then return f end
+  return nil
+end
+
+-- The (job id, token) pairs of ARGV from index `first` on, for `for id, token in ...`.
+local function lease_pairs(first)
+  local i = first - 2
+  return function()
+    i = i + 2
+    if ARGV[i] ~= nil then return ARGV[i], ARGV[i + 1] end
+  end
+end
+
+-- A claimed job back in line without charging its attempt (requeue, release), at its old
+-- place (seq), since it was claimed first. `ran`: the attempt started and has a record, so
+-- its number stays used (one more uncharged attempt: the history keeps counting); else
+-- (released before it started) the number is given back. Returns the fields to HSET.
+local function back_in_line(key, id, ran)
+  local f = redis.call('HMGET', key, 'uncharged', 'priority', 'seq', 'attempts')
+  redis.call('ZADD', WAITING, waiting_score(f[2], count_or(f[3], nil) or next_seq()), id)
+  if ran then return 'state', 'waiting', 'uncharged', int(count_or(f[1], 0) + 1) end
+  return 'state', 'waiting', 'attempts', int(math.max(count_or(f[4], 1) - 1, 0))
 end
 
 -- Put a failed or cancelled job back in line, at `now`, but for waking a worker and its
