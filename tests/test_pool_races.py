@@ -31,7 +31,7 @@ from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.containment import probe
-from sandboxq.pool.handles import Child
+from sandboxq.pool.handles import Child, readable
 from sandboxq.pool.messages import Run
 from sandboxq.pool.running import Attempt
 from sandboxq.testing.waiting import wait_for
@@ -320,3 +320,36 @@ def test_memory_a_queued_task_takes_at_its_start_is_not_the_child_growth_before_
         assert hog.result(timeout=10).outcome is Outcome.OK
         assert run(pool, "echo", "after").result(timeout=10).outcome is Outcome.OK
         assert pool.pids == pids, "a child was replaced for memory it did not keep"
+
+
+@pytest.mark.timeout(60)
+def test_a_kill_that_reads_a_channel_first_leaves_its_readiness_harmless(tmp_path: Path) -> None:
+    """A kill reads what its child already sent before it acts (a finished attempt is
+    never taken for a hung one). When the kill and the child's answer are in the same
+    select batch, the kill comes first and reads the channel to its end; the channel's
+    own readiness then found nothing, and the supervisor waited in a blocking read of a
+    child with nothing more to say: the whole pool hung (a batch cancelled under a worker
+    busy with short jobs hung its stop, 2 runs in 4)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with Pool(CALL, size=2) as pool:
+        holding, release = threading.Event(), threading.Event()
+
+        def hold_the_supervisor(_: AttemptResult) -> None:
+            holding.set()
+            release.wait(20)
+
+        waiting_id, waiting = execute(pool, "wait_on_fifo", str(fifo))
+        (child,) = wait_for(
+            lambda: [c for c in pool._supervisor._children if c.running is not None],
+            10,
+            "the first attempt to start",
+        )
+        pool.execute(pool.make_task("echo", "held"), hold_the_supervisor)  # the other child
+        assert holding.wait(10)
+        pool.kill(waiting_id, Outcome.CANCELLED, "cancelled")  # first in the next batch
+        wait_for(lambda: open_or_not(fifo), 10, "the first attempt to wait on its barrier")
+        wait_for(lambda: readable(child.conn), 10, "its answer")  # second in that batch
+        release.set()
+        assert waiting.result(timeout=10).outcome in (Outcome.OK, Outcome.CANCELLED)
+        assert run(pool, "echo", "after").result(timeout=10).outcome is Outcome.OK

@@ -129,13 +129,16 @@ class Channel:
 
     def receive_available(self) -> list[Any]:
         """Messages that are complete after one read, and after reading on while more is
-        already there (never waiting for the rest of a frame). May be empty.
+        already there (never waiting: not for the rest of a frame, nor for a first byte
+        when a readiness was stale). May be empty.
 
         Raises EOFError when the peer has closed its end, ``BadMessage`` (guarded end) for
         a frame it cannot decode.
         """
-        if not self._batch:
-            self._fill()
+        if not self._batch and not self._fill(wait=False):
+            # Readable when the select looked, read since: a kill earlier in the same
+            # select batch collects what its child sent before it acts.
+            return []
         found = []
         while (message := self._pop()) is not None:
             found.append(message)

@@ -310,7 +310,8 @@ class Supervisor:
     def _on_messages(self, child: Child) -> None:
         if child.conn.closed:
             # A stale readiness from this select batch: an earlier event of the batch (a
-            # kill's collect, the child's exit) already read this channel to its end.
+            # kill's collect, the child's exit) already read this channel to its end and
+            # closed it. (Read to its end and still open: receive_available finds nothing.)
             return
         try:
             messages = child.conn.receive_available()
