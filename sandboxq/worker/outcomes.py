@@ -315,8 +315,8 @@ REJECTED_NAMED = 5
 
 
 def _log_rejected(job_ids: list[str]) -> None:
-    """One line for the acks of a batch the backend rejected: a batch cancelled while a
-    worker held hundreds of its members rejected each one's ack, a line each."""
+    """The acks of one call that the backend rejected, in one line (a batch cancelled
+    while a worker held hundreds of its members had a line per job)."""
     why = "its lease was revoked (the job was cancelled, or the lease expired)"
     if len(job_ids) == 1:
         log.warning("job %s: ack rejected, %s; result discarded", job_ids[0], why)
