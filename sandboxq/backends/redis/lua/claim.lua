@@ -11,8 +11,9 @@
 --          instead of claimed: no scan finds it. wait_ms, when nothing was claimed, is how
 --          long until the next delayed job falls due (-1: none), so an idle worker blocks
 --          exactly that long at most; 0 when jobs are still waiting (a claim that cancelled
---          members of a batch being cancelled stops after TRIM_BUDGET of them). "waited ms" is how long the job waited since it was ready
---          (ready_ms: enqueued, due or retried; created_ms for older records).
+--          members of a batch being cancelled stops after TRIM_BUDGET of them). "waited
+--          ms" is how long the job waited since it was ready (ready_ms: enqueued, due or
+--          retried; created_ms for older records).
 -- Upholds: design invariants 1 (fresh token and owner per lease; highest priority first,
 -- FIFO within a priority), 2 (expiry = server TIME + lease) and 7 (a broken record fails
 -- that one job with a stated cause and the claim goes on).

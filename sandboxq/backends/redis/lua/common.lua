@@ -906,7 +906,7 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
       fail_malformed(id, problem, now, bad_field)
     elseif late then
       fail_unstarted(id, worker, number, late, why, f[8], now, f[3])
-    elseif f[8] and redis.call('HGET', BATCH .. f[8], 'cancelling') then
+    elseif f[8] and type(redis.pcall('HGET', BATCH .. f[8], 'cancelling')) == 'string' then
       -- its batch's cancel is under way (batch_each.lua): it never starts, and the cancel
       -- counts it
       cancel_job(id, '')
