@@ -241,6 +241,25 @@ def test_members_a_batch_cancel_has_not_reached_yet_are_never_claimed(
     assert len(backend.claim("w1", 5, 30.0)) == 5
 
 
+@pytest.mark.parametrize("mark", ["many", "99999999999999999999"])
+def test_a_forged_cancel_mark_costs_no_claim_and_loses_no_job(
+    redis_url: str, queue_name: str, opened: Callable[..., Queue], mark: str
+) -> None:
+    """A batch's cancelling mark is a count the claim adds to; one that is not (forged by
+    hand, or past what HINCRBY takes) failed the claim script after it had popped the
+    queue's next jobs, so those were out of line for good and every later claim failed
+    too. The member is still cancelled, and the jobs beside it are claimed."""
+    q = opened(queue_name, redis_url)
+    batch = q.batch([([i], {}) for i in range(3)])
+    others = [q.enqueue("echo", i) for i in range(3)]
+    backend = q.backend
+    assert isinstance(backend, RedisBackend)
+    redis.Redis.from_url(redis_url).hset(backend.keys.batch(batch.id), "cancelling", mark)
+    claimed = backend.claim("w1", 10, 30.0)
+    assert sorted(c.id for c in claimed) == sorted(job.id for job in others)
+    assert all(job.state() is JobState.CANCELLED for job in batch.jobs())
+
+
 @pytest.mark.timeout(60)
 def test_the_then_queue_is_in_the_queue_index_once_its_follow_up_is_sent(
     redis_url: str, queue_name: str, opened: Callable[..., Queue]

@@ -108,6 +108,11 @@ def check_limits(**limits: object) -> None:
             raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
 
 
+#: How long a done batch is kept by default (``Retention.batch_ttl_s``); also what a
+#: batch whose stored time to live is not a count (forged) gets.
+BATCH_TTL_S = 7 * 24 * 3600
+
+
 @dataclass(frozen=True)
 class Retention:
     """What a backend keeps, the same options and defaults for every backend: finished
@@ -123,7 +128,7 @@ class Retention:
     max_events: int = 10_000
     #: A batch, and every member of it, is kept until this long after it is done (or
     #: ``Batch.forget()``); retention by count and age never removes a member before.
-    batch_ttl_s: float = 7 * 24 * 3600
+    batch_ttl_s: float = BATCH_TTL_S
     result_ttl_s: float | None = None
     failure_ttl_s: float | None = None
 
@@ -290,6 +295,7 @@ def lua_constants() -> str:
         "DEFAULT_MAX_STALLS": DEFAULT_MAX_STALLS,
         "PROMOTE_LIMIT": PROMOTE_LIMIT,
         "TRIM_BUDGET": TRIM_BUDGET,
+        "BATCH_TTL_MS": BATCH_TTL_S * 1000,
         "FOLLOW_UP_SUFFIX": FOLLOW_UP_SUFFIX,
         "STALL_RETRY_TEXT": STALL_RETRY_TEXT,
         "STALL_FAIL_TEXT": STALL_FAIL_TEXT,

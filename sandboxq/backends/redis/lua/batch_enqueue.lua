@@ -20,8 +20,9 @@ if first == 0 then
   if redis.call('EXISTS', bkey) == 1 then
     return redis.error_reply('BATCH batch ' .. bid .. ' already exists')
   end
-elseif redis.call('EXISTS', bkey) == 0 then
-  return redis.error_reply('BATCH batch ' .. bid .. ' does not exist (its first chunk failed)')
+elseif redis.call('TYPE', bkey).ok ~= 'hash' then
+  return redis.error_reply('BATCH batch ' .. bid .. ' does not exist (its first chunk failed)'
+    .. ' or its key holds no batch')
 end
 
 local count = tonumber(ARGV[10])
@@ -65,9 +66,10 @@ for _ = 1, count do
   end
   emit('added', id)
 end
-redis.call('HINCRBY', bkey, 'waiting', waiting)
-redis.call('HINCRBY', bkey, 'delayed', delayed)
-local enqueued = redis.call('HINCRBY', bkey, 'enqueued', count)
+-- (forged counters stay as they are: the members are in line already)
+add_count(bkey, 'waiting', waiting)
+add_count(bkey, 'delayed', delayed)
+local enqueued = add_count(bkey, 'enqueued', count)
 if enqueued == total then
   redis.call('HSET', bkey, 'sealed', '1')
   batch_check_done(bid, now)

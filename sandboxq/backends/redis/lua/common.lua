@@ -1,6 +1,6 @@
 -- common.lua: helpers shared by every sandboxq script. scripts.py makes one Redis function
 -- library of the scripts: the constants generated from rules.py (HISTORY_CAP, MAX_PRIORITY,
--- DEFAULT_MAX_STALLS, PROMOTE_LIMIT, TRIM_BUDGET and the stall, cancel and malformed-record
+-- DEFAULT_MAX_STALLS, PROMOTE_LIMIT, TRIM_BUDGET, BATCH_TTL_MS and the stall, cancel and malformed-record
 -- texts: the memory backend reads the same ones), then this file, then each script as the
 -- body of one registered function, which starts with bind(keys, argv). The library's top
 -- level runs once, when it is loaded, so these helpers are defined once per server, not on
@@ -101,6 +101,15 @@ end
 local function count_or(value, default)
   if is_count(value) then return tonumber(value) end
   return default
+end
+
+-- Adds `by` to counter `field` of hash `key`: its new value, or nil when the field holds
+-- no integer (forged) and is left as it is. Never an error: the counter moves after the
+-- record it counts, and a script's error undoes none of what it did before.
+local function add_count(key, field, by)
+  local n = redis.pcall('HINCRBY', key, field, by)
+  if type(n) == 'number' then return n end
+  return nil
 end
 
 local function clamp_priority(p)
@@ -235,7 +244,12 @@ local function send_follow_up(bid, then_queue, total, c, f, x, now)
   -- queue, or a key of it of the wrong type, must not abort this script half-way (Redis
   -- keeps the writes a failing script made, and the member's finish is one of them).
   local problem
+  -- a queue name as models.py takes one: a forged `then` must name no keys outside a queue's
+  if #then_queue > 200 or not string.match(then_queue, '^[%w_%.:%-]+$') then
+    problem = 'it is not a queue name'
+  end
   for _, want in ipairs(THEN_KEY_TYPES) do
+    if problem then break end
     local name = base .. want[1]
     if want[1] == 'job:' then name = key end
     local kind = redis.pcall('TYPE', name)
@@ -248,12 +262,12 @@ local function send_follow_up(bid, then_queue, total, c, f, x, now)
     if not problem and kind ~= 'none' and kind ~= want[2] then
       problem = 'key ' .. name .. ' is a ' .. tostring(kind) .. ', not a ' .. want[2]
     end
-    if problem then
-      problem = string.sub('the follow-up to queue ' .. then_queue .. ' was not sent: ' ..
-        problem, 1, 300)
-      redis.call('HSET', BATCH .. bid, 'then_error', problem)
-      return problem
-    end
+  end
+  if problem then
+    problem = string.sub('the follow-up to queue ' .. then_queue .. ' was not sent: ' ..
+      problem, 1, 300)
+    redis.call('HSET', BATCH .. bid, 'then_error', problem)
+    return problem
   end
   local summary = {batch_id = bid, queue = QUEUE_NAME, total = total, completed = c,
     failed = f, cancelled = x}
@@ -287,7 +301,7 @@ local function batch_check_done(bid, now)
     count_or(f[5], 0)
   if c + fl + x ~= total then return nil end
   redis.call('HSET', bkey, 'done_ms', int(now))
-  redis.call('ZADD', BATCHES, int(now + count_or(f[9], 0)), bid)
+  redis.call('ZADD', BATCHES, int(now + count_or(f[9], BATCH_TTL_MS)), bid)
   if f[7] and f[7] ~= '' and not f[8] then
     redis.call('HSET', bkey, 'then_sent', int(now))
     return send_follow_up(bid, f[7], total, c, fl, x, now)
@@ -297,14 +311,16 @@ end
 
 -- Member `id` of batch `bid` went from state `from` to state `to`. Returns why the
 -- batch's follow-up could not be sent, when this move made it done and it could not.
+-- (pcall: a stream key of another type, forged, costs the batch its stream, never the
+-- member's move)
 local function member_ended(bid, id, to)
   local index = string.match(id, '%.(%d+)$') or id
-  redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', FINAL_CODE[to])
+  redis.pcall('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', FINAL_CODE[to])
 end
 
 local function member_reopened(bid, id)
   local index = string.match(id, '%.(%d+)$') or id
-  redis.call('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', 'r')
+  redis.pcall('XADD', BATCH_DONE .. bid, '*', 'i', index, 's', 'r')
 end
 
 local function batch_not_done(bid)
@@ -314,9 +330,10 @@ end
 local function batch_move(bid, id, from, to, now)
   if not bid or from == to then return nil end
   local bkey = BATCH .. bid
-  if redis.call('EXISTS', bkey) == 0 then return nil end -- forgotten: no counters to keep
-  if COUNTED[from] then redis.call('HINCRBY', bkey, from, -1) end
-  if COUNTED[to] then redis.call('HINCRBY', bkey, to, 1) end
+  -- forgotten (no counters to keep), or a key of another type in its place (forged)
+  if redis.call('TYPE', bkey).ok ~= 'hash' then return nil end
+  if COUNTED[from] then add_count(bkey, from, -1) end
+  if COUNTED[to] then add_count(bkey, to, 1) end
   if FINAL_CODE[to] and not FINAL_CODE[from] then
     member_ended(bid, id, to)
     return batch_check_done(bid, now)
@@ -337,8 +354,8 @@ local function batch_members_moved(bid, moves, now)
   local bkey, ended, reopened = BATCH .. bid, false, false
   for move, count in pairs(moves) do
     local from, to = string.match(move, '^(%S+) (%S+)$')
-    if COUNTED[from] then redis.call('HINCRBY', bkey, from, -count) end
-    if COUNTED[to] then redis.call('HINCRBY', bkey, to, count) end
+    if COUNTED[from] then add_count(bkey, from, -count) end
+    if COUNTED[to] then add_count(bkey, to, count) end
     ended = ended or (FINAL_CODE[to] and not FINAL_CODE[from])
     reopened = reopened or (FINAL_CODE[from] and not FINAL_CODE[to])
   end
@@ -384,7 +401,8 @@ end
 -- enqueued afresh and run beside a child that may still live.
 local function sweep_batch(bid, budget, now)
   local bkey = BATCH .. bid
-  local f = redis.call('HMGET', bkey, 'total', 'enqueued', 'swept')
+  local f = redis.pcall('HMGET', bkey, 'total', 'enqueued', 'swept')
+  if f.err then f = {} end -- a key of another type in its place (forged): it goes below
   local last = math.max(count_or(f[1], 0), count_or(f[2], 0))
   local from = count_or(f[3], 0)
   local upto = math.min(last, from + budget)
@@ -876,6 +894,17 @@ end
 -- 'attempts' counts every attempt started, never reset, so history numbers keep counting
 -- across requeues and manual retries; 'uncharged' (absent: 0) counts those the retry budget
 -- does not: requeued ones (back_in_line) and those before a manual retry (retry_job).
+-- Whether a cancel of batch `bid` is under way (batch_each.lua marks the batch): if so,
+-- the mark counts one more member the claim cancels for it. Set, not HINCRBY: a mark
+-- that is not a count (forged) would fail the claim after its ZPOPMIN, and the jobs it
+-- popped would be out of line for good; such a mark starts again from this member.
+local function counted_by_batch_cancel(bid)
+  local mark = redis.pcall('HGET', BATCH .. bid, 'cancelling')
+  if type(mark) ~= 'string' then return false end -- none, or not a hash (forged)
+  redis.call('HSET', BATCH .. bid, 'cancelling', int(count_or(mark, 0) + 1))
+  return true
+end
+
 local function claim_jobs(worker, count, lease_ms, token_base, now)
   promote_due(now)
   local out = {}
@@ -906,11 +935,9 @@ local function claim_jobs(worker, count, lease_ms, token_base, now)
       fail_malformed(id, problem, now, bad_field)
     elseif late then
       fail_unstarted(id, worker, number, late, why, f[8], now, f[3])
-    elseif f[8] and type(redis.pcall('HGET', BATCH .. f[8], 'cancelling')) == 'string' then
-      -- its batch's cancel is under way (batch_each.lua): it never starts, and the cancel
-      -- counts it
+    elseif f[8] and counted_by_batch_cancel(f[8]) then
+      -- its batch's cancel is under way (batch_each.lua): it never starts
       cancel_job(id, '')
-      redis.call('HINCRBY', BATCH .. f[8], 'cancelling', 1)
       cancelled = cancelled + 1
     else
       n = n + 1
