@@ -357,10 +357,12 @@ class Batches:
             pipe = self._conns.main.pipeline(transaction=False)
             for batch_id in ids:
                 pipe.hmget(self.keys.batch(batch_id), PROGRESS_FIELDS)
-            rows = pipe.execute() if ids else []
+            # a key of another type in a batch's place (forged) costs the list that one row
+            rows = pipe.execute(raise_on_error=False) if ids else []
         found = [
             progress_from(batch_id, self.queue, values)
             for batch_id, values in zip(ids, rows, strict=True)
+            if not isinstance(values, ResponseError)
         ]
         return [p for p in found if p is not None]
 

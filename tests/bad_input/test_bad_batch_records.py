@@ -1,0 +1,163 @@
+"""Batch records in Redis corrupted by hand, under a real worker on a real redis-server.
+
+A batch's hash (its counters, time to live, follow-up queue), its stream of finished
+members and its key are the batch's bookkeeping, never its members' fate: whatever is
+done to them, every member ends completed, the job beside them completes and the worker
+goes on. The scripts move a member first and its batch's counters after, in one call;
+Redis keeps what a failing script wrote before its error, so a forged field that failed
+the bookkeeping left members claimed by no one, out of line, or finished with their acks
+refused (and a claim that failed so failed for every job of the queue, every time).
+
+Extends tests/bad_input/test_bad_records.py (a job's own record) to its batch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from sandboxq import Queue
+from sandboxq.backends.redis import RedisBackend
+from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.batch import Batch
+from sandboxq.models import JobState
+from sandboxq.testing.waiting import wait_for
+from sandboxq.testing.workers import BackgroundWorkers
+
+from .support import H
+
+pytestmark = pytest.mark.timeout(60)
+
+Corrupt = Callable[[redis.Redis, QueueKeys, str], object]  # (client, keys, batch id)
+
+
+def _retype(raw: redis.Redis, key: str) -> None:
+    raw.delete(key)
+    raw.set(key, "not what it should be")
+
+
+#: What is done to the batch, and whether it can still tell it is done (None: it cannot
+#: be read; False: its count of completed members is lost with the forged value).
+CORRUPTIONS: dict[str, tuple[Corrupt, bool | None]] = {
+    "a counter holds no integer": (lambda r, k, b: r.hset(k.batch(b), "waiting", "many"), True),
+    "a counter HINCRBY cannot take": (
+        lambda r, k, b: r.hset(k.batch(b), "completed", "1e3"),
+        False,
+    ),
+    "the batch key is a string": (lambda r, k, b: _retype(r, k.batch(b)), None),
+    "its stream key is a string": (lambda r, k, b: _retype(r, k.batch_done(b)), True),
+    "its time to live is no count": (lambda r, k, b: r.hset(k.batch(b), "ttl_ms", "soon"), True),
+    "its follow-up queue is no name": (
+        lambda r, k, b: r.hset(k.batch(b), "then", "no {such}!"),
+        True,
+    ),
+}
+
+
+@pytest.fixture
+def queue(redis_url: str, queue_name: str) -> Iterator[Queue]:
+    q = Queue(queue_name, url=redis_url)
+    yield q
+    q.close()
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    with redis.Redis.from_url(redis_url) as client:
+        yield client
+
+
+def run_members(queue: Queue, batch: Batch) -> None:
+    """A worker runs the batch and a job beside it; each ends completed, and the worker is
+    still running when it is stopped (``stop_all`` fails the test otherwise)."""
+    workers = BackgroundWorkers(join_timeout_s=20)
+    workers.start(queue, H + "echo", concurrency=2, lease_s=2.0)
+    try:
+        beside = queue.enqueue("beside")
+        assert beside.result(timeout_s=20) == "beside"
+        for i, member in enumerate(batch.jobs()):
+            assert member.result(timeout_s=20) == i, member.info()
+    finally:
+        workers.stop_all(died_of="a corrupt batch record")
+
+
+@pytest.mark.parametrize("case", CORRUPTIONS.keys())
+def test_a_corrupt_batch_record_costs_its_members_nothing(
+    queue: Queue, raw: redis.Redis, case: str
+) -> None:
+    corrupt, done = CORRUPTIONS[case]
+    batch = queue.batch([([i], {}) for i in range(6)], then=queue.name + "-then")
+    backend = queue.backend
+    assert isinstance(backend, RedisBackend)
+    corrupt(raw, backend.keys, batch.id)
+    run_members(queue, batch)
+    assert queue.counts()[JobState.WAITING] == 0
+    if done is not None:  # the last member's finish looked at the batch, and said so
+        assert batch.progress().done is done
+
+
+def test_a_batch_whose_time_to_live_is_forged_is_kept_as_long_as_any(
+    queue: Queue, raw: redis.Redis
+) -> None:
+    """A time to live that is not a count read as none: the batch expired the moment it was
+    done, and the retention run of the next finish removed its members and results."""
+    batch = queue.batch([([i], {}) for i in range(3)])
+    backend = queue.backend
+    assert isinstance(backend, RedisBackend)
+    raw.hset(backend.keys.batch(batch.id), "ttl_ms", "soon")
+    run_members(queue, batch)  # its job beside, finished after the batch was done, sweeps
+    run_members(queue, batch)  # and once more
+    assert [m.state() for m in batch.jobs()] == [JobState.COMPLETED] * 3
+    assert batch.progress().done
+
+
+def test_a_follow_up_to_a_forged_queue_name_is_not_sent_and_says_why(
+    queue: Queue, raw: redis.Redis
+) -> None:
+    """The follow-up's keys are made from the batch's ``then``: a name no queue can have
+    (checked when the batch was made) wrote a job under keys outside every queue's."""
+    batch = queue.batch([([i], {}) for i in range(2)], then=queue.name + "-then")
+    backend = queue.backend
+    assert isinstance(backend, RedisBackend)
+    raw.hset(backend.keys.batch(batch.id), "then", "no {such}!")
+    run_members(queue, batch)
+    progress = batch.progress()
+    assert progress.done and not progress.then_sent
+    assert progress.then_error is not None and "not a queue name" in progress.then_error
+    assert raw.keys("*such*") == []
+
+
+def test_a_done_batch_retyped_before_its_sweep_stops_no_finish(
+    queue: Queue, raw: redis.Redis
+) -> None:
+    """Retention sweeps a batch past its time to live in the finish script of any job: a
+    batch key of another type there failed every finish of the queue after its ack."""
+    batch = queue.batch([([i], {}) for i in range(2)])
+    backend = queue.backend
+    assert isinstance(backend, RedisBackend)
+    keys = backend.keys
+    run_members(queue, batch)
+    wait_for(lambda: raw.zscore(keys.batches, batch.id) is not None, 10, "the batch to be done")
+    raw.zadd(keys.batches, {batch.id: 0})  # due now
+    _retype(raw, keys.batch(batch.id))
+    workers = BackgroundWorkers(join_timeout_s=20)
+    workers.start(queue, H + "echo", concurrency=1, lease_s=2.0)
+    try:
+        assert queue.enqueue("after").result(timeout_s=20) == "after"
+    finally:
+        workers.stop_all(died_of="a corrupt batch record")
+    assert raw.zscore(keys.batches, batch.id) is None
+
+
+def test_a_batch_key_of_another_type_costs_the_batch_list_only_its_row(
+    queue: Queue, raw: redis.Redis
+) -> None:
+    """The dashboard lists a queue's batches in one pipeline: one forged key failed the
+    whole list, and the queue's page with it."""
+    forged, kept = (queue.batch([([i], {}) for i in range(2)]) for _ in range(2))
+    backend = queue.backend
+    assert isinstance(backend, RedisBackend)
+    _retype(raw, backend.keys.batch(forged.id))
+    assert [p.batch_id for p in backend.list_batches()] == [kept.id]
