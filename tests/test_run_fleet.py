@@ -7,17 +7,22 @@ run's own children (--concurrency N); handlers wait on files (tests/support/gate
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from sandboxq import JobState, Queue
+from sandboxq.backends.redis import RedisBackend
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 
@@ -204,9 +209,62 @@ def test_the_label_keeps_every_line_number_within_its_limit_however_lines_altern
     label = _label("in.jsonl", lines, bad)
     assert len(label.encode()) <= MAX_LABEL_BYTES
     data = json.loads(label)
-    assert data[LABEL_KEY] == "in.jsonl" and _read_line_map(data[LINE_MAP]) == (lines, list(bad))
+    assert data[LABEL_KEY] == "in.jsonl" and _read_line_map(data[LINE_MAP], len(lines)) == (
+        lines,
+        list(bad),
+    )
     plain = json.loads(_label("in.jsonl", [1, 2, 3, 5], {4: "x"}))  # the readable form
-    assert parse_ranges(plain["lines"]) == [1, 2, 3, 5] and plain["malformed"] == "4"
+    assert parse_ranges(plain["lines"], 4) == [1, 2, 3, 5] and plain["malformed"] == "4"
+
+
+def _deflated_dashes(lines: int) -> str:
+    """A line map of ``lines`` blank lines, as ``_label`` packs one (built a chunk at a
+    time: the map inflates a thousandfold)."""
+    deflate, chunk, parts = zlib.compressobj(9), b"-" * 1_000_000, []
+    for _ in range(lines // len(chunk)):
+        parts.append(deflate.compress(chunk))
+    return base64.b64encode(b"".join([*parts, deflate.flush()])).decode()
+
+
+@pytest.mark.timeout(120)
+def test_a_forged_label_is_refused_on_resume_without_reading_it_whole(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """Any user may label a batch, and anyone who can write to Redis may rewrite a label.
+    Line numbers it names in ranges were made into a list of billions, and its map was
+    inflated and walked in full (200 million lines: a minute): each is refused at once,
+    naming the batch, under a memory limit that the old reads ran into."""
+    from sandboxq.cli.run_fleet import LABEL_KEY, LINE_MAP, MAX_MAPPED_LINES
+
+    labels = {
+        "lines": {LABEL_KEY: "in.jsonl", "lines": "1-3000000000"},
+        "malformed": {LABEL_KEY: "in.jsonl", "lines": "1", "malformed": "2-3000000000"},
+        "map": {LABEL_KEY: "in.jsonl", LINE_MAP: _deflated_dashes(2 * MAX_MAPPED_LINES)},
+    }
+    at = ["--url", redis_url, "--queue", queue_name]
+    with Queue(queue_name, redis_url) as q:
+        ids = {what: q.batch([([1], {})]).id for what in labels}
+        backend = q.backend
+        assert isinstance(backend, RedisBackend)
+        with redis.Redis.from_url(redis_url) as raw:  # a label past what enqueue takes
+            for what, label in labels.items():
+                raw.hset(backend.keys.batch(ids[what]), "label", json.dumps(label))
+
+    def two_gib() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    for what, batch_id in ids.items():
+        proc = subprocess.run(
+            [*CLI, "--resume", batch_id, *at, "--output", str(tmp_path / what)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=ROOT,
+            preexec_fn=two_gib,
+        )
+        assert proc.returncode == 2, (what, proc.stderr[-2000:])
+        assert f"batch {batch_id!r}: its label's line numbers cannot be read" in proc.stderr
+        assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.timeout(60)
