@@ -29,7 +29,7 @@ from sandboxq.backends.base import BatchAction, Event, NewJob
 from sandboxq.batch import (
     AsyncBatch,
     AsyncBatchBackend,
-    batch_not_found,
+    batch_total,
     check_batch_calls,
     new_batch_id,
 )
@@ -289,9 +289,7 @@ class Queue(Producer):
     async def get_batch(self, batch_id: str) -> AsyncBatch[AsyncJob]:
         """As ``sandboxq.Queue.get_batch``: ``BatchNotFound`` at once if it does not exist."""
         progress = await self.backend.batch_progress(check_batch_id(batch_id))
-        if progress is None:
-            raise batch_not_found(self.name, batch_id)
-        return AsyncBatch(self, batch_id, progress.total)
+        return AsyncBatch(self, batch_id, batch_total(self.name, batch_id, progress))
 
     async def counts(self) -> dict[JobState, int]:
         return await self.backend.counts()

@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from sandboxq.backends.base import Backend, BatchAction, NewJob
-from sandboxq.backends.rules import MAX_LABEL_BYTES
-from sandboxq.errors import BatchNotFound, ConfigError, SandboxqError
+from sandboxq.backends.rules import MAX_BATCH_MEMBERS, MAX_LABEL_BYTES
+from sandboxq.errors import BackendError, BatchNotFound, ConfigError, SandboxqError
 from sandboxq.finished import check_seconds, finished_value, no_such_job
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name, member_id
 
@@ -118,6 +118,11 @@ def check_batch_calls(
         )
     if not jobs:
         raise ConfigError("a batch needs at least one call; got none")
+    if len(jobs) > MAX_BATCH_MEMBERS:
+        raise ConfigError(
+            f"a batch holds at most {MAX_BATCH_MEMBERS:,} calls, got {len(jobs):,}: "
+            "send them as several batches"
+        )
     if job_id_option is not None:
         raise ConfigError("a job_id option names one job; a batch names its members itself")
     if then is not None:
@@ -125,6 +130,20 @@ def check_batch_calls(
             check_queue_name(then)
         except ConfigError as exc:
             raise ConfigError(f"then: {exc}") from None
+
+
+def batch_total(queue: str, batch_id: str, progress: BatchProgress | None) -> int:
+    """How many members the batch read back as ``progress`` has, for a handle on it:
+    ``BatchNotFound`` for None, ``BackendError`` for a count no batch can have (a forged
+    record: a handle keeps a byte per member)."""
+    if progress is None:
+        raise batch_not_found(queue, batch_id)
+    if progress.total > MAX_BATCH_MEMBERS:
+        raise BackendError(
+            f"batch {batch_id!r} of queue {queue!r}: its record is damaged (it says "
+            f"{progress.total:,} members; a batch has {MAX_BATCH_MEMBERS:,} at most)"
+        )
+    return progress.total
 
 
 def batch_not_found(queue: str, batch_id: str) -> BatchNotFound:

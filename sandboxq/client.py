@@ -23,7 +23,7 @@ from sandboxq import codec as codecs
 from sandboxq import tracing
 from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
-from sandboxq.batch import Batch, batch_not_found, check_batch_calls, new_batch_id
+from sandboxq.batch import Batch, batch_total, check_batch_calls, new_batch_id
 from sandboxq.errors import ConfigError, JobNotFound, SandboxqError, SerializationError
 from sandboxq.finished import check_seconds, decode_result, finished_value, no_such_job
 from sandboxq.models import (
@@ -284,9 +284,7 @@ class Queue(Producer):
         """The batch ``batch_id`` of this queue, from any process; ``BatchNotFound`` at
         once if it does not exist."""
         progress = self.backend.batch_progress(check_batch_id(batch_id))
-        if progress is None:
-            raise batch_not_found(self.name, batch_id)
-        return Batch(self, batch_id, progress.total)
+        return Batch(self, batch_id, batch_total(self.name, batch_id, progress))
 
     def counts(self) -> dict[JobState, int]:
         return self.backend.counts()

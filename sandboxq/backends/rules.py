@@ -63,6 +63,9 @@ RECOVER_LIMIT = 500
 BATCH_CHUNK = 1000
 #: The longest label a batch may carry (``Queue.batch(label=...)``), in UTF-8 bytes.
 MAX_LABEL_BYTES = 256 * 1024
+#: The most members a batch may have: about 10 GB of Redis at a kilobyte a member. A
+#: batch read back with more is a damaged record (a reader keeps a byte per member).
+MAX_BATCH_MEMBERS = 10_000_000
 #: The id of a batch's follow-up job on its ``then`` queue: "<batch id>.then".
 FOLLOW_UP_SUFFIX = ".then"
 

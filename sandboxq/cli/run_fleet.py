@@ -45,7 +45,7 @@ from typing import IO, Any
 from sandboxq import text, tracing
 from sandboxq.backends.base import NewJob
 from sandboxq.backends.rules import MAX_LABEL_BYTES
-from sandboxq.batch import RESULTS_CHUNK, Batch, StreamReader, new_batch_id
+from sandboxq.batch import RESULTS_CHUNK, Batch, StreamReader, check_batch_calls, new_batch_id
 from sandboxq.cli.batch import FOLLOW_TICK_S, Item, Output, read_input
 from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
 from sandboxq.cli.options import (
@@ -127,6 +127,7 @@ def _send(
     batch_id = new_batch_id()
     label = _label(str(Path(args.input).name), lines, bad)
     jobs = [_member(maker, batch_id, n, item) for n, item in enumerate(good)]
+    check_batch_calls(jobs, None, None)
     # Its id first: a run killed while it sends leaves part of a batch, which only its id
     # lets anyone cancel (a big file goes in many round trips).
     print(

@@ -19,9 +19,12 @@ import pytest
 import redis
 
 from sandboxq import Queue
+from sandboxq.backends.base import NewJob
 from sandboxq.backends.redis import RedisBackend
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.batch import Batch
+from sandboxq.backends.rules import MAX_BATCH_MEMBERS
+from sandboxq.batch import Batch, check_batch_calls
+from sandboxq.errors import BackendError, ConfigError
 from sandboxq.models import JobState
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
@@ -161,3 +164,28 @@ def test_a_batch_key_of_another_type_costs_the_batch_list_only_its_row(
     assert isinstance(backend, RedisBackend)
     _retype(raw, backend.keys.batch(forged.id))
     assert [p.batch_id for p in backend.list_batches()] == [kept.id]
+
+
+@pytest.mark.parametrize("total", ["99999999999999999999999", "4000000000"])
+def test_a_forged_member_count_is_a_damaged_record_not_an_allocation(
+    queue: Queue, raw: redis.Redis, total: str
+) -> None:
+    """A handle keeps a byte per member while it streams them: a forged count made
+    ``as_completed`` raise OverflowError, or allocate gigabytes. The handle is refused,
+    naming the damage; the progress, one read of the counters, still answers."""
+    batch = queue.batch([([1], {})])
+    backend = queue.backend
+    assert isinstance(backend, RedisBackend)
+    raw.hset(backend.keys.batch(batch.id), "total", total)
+    assert batch.progress().total == int(total)
+    with pytest.raises(BackendError, match="its record is damaged"):
+        queue.get_batch(batch.id)
+
+
+def test_a_batch_over_the_member_limit_is_refused_before_anything_is_sent() -> None:
+    class Calls(list[NewJob]):  # as many calls as the limit allows, and one more
+        def __len__(self) -> int:
+            return MAX_BATCH_MEMBERS + 1
+
+    with pytest.raises(ConfigError, match="at most 10,000,000 calls"):
+        check_batch_calls(Calls([NewJob(b"[[], {}]")]), None, None)

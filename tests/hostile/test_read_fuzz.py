@@ -35,6 +35,12 @@ pytestmark = pytest.mark.timeout(180)
 LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ sandboxq")
 JOB = "j1"
 WORKER = "w1"
+BATCH = "b1"  # a done batch of one member, BATCH + ".0"
+BATCH_FIELDS = [
+    *("total", "enqueued", "sealed", "waiting", "active", "delayed", "completed", "failed"),
+    *("cancelled", "created_ms", "done_ms", "ttl_ms", "then", "then_sent", "then_error"),
+    *("label", "cancelling"),
+]
 JOB_FIELDS = [
     *("state", "codec", "attempts", "stalls", "opts", "created_ms", "finished_ms", "outcome"),
     *("error", "payload", "result", "owner", "token", "progress", "seq"),
@@ -42,7 +48,7 @@ JOB_FIELDS = [
 #: One byte over the read cap of a stored field (``records.MAX_FIELD_BYTES``, 1 MiB).
 OVER_THE_CAP = b"x" * ((1 << 20) + 1)
 QUEUE_KEYS = ["waiting", "delayed", "active", "completed", "failed", "cancelled", "seq",
-              "events", "wake", "workers"]  # fmt: skip
+              "events", "wake", "workers", "batches", "batch_index"]  # fmt: skip
 
 # -- what can be written ---------------------------------------------------------------------
 
@@ -105,9 +111,11 @@ values = st.one_of(
 #: Every place sandboxq reads, drawn uniformly so each gets its share of examples.
 TARGETS = [
     *(("field", name) for name in JOB_FIELDS),
-    *(("key", which) for which in ["job", "history", "worker", *QUEUE_KEYS]),
+    *(("batch-field", name) for name in BATCH_FIELDS),
+    *(("key", which) for which in ["job", "history", "worker", "batch", "bdone", *QUEUE_KEYS]),
     ("history-entry", ""),
     ("event", ""),
+    ("batch-entry", ""),
 ]
 
 
@@ -119,11 +127,15 @@ def damages(draw: st.DrawFn) -> tuple[str, str, Any]:
     if kind == "event":
         return kind, where, draw(st.dictionaries(small | st.sampled_from([b"kind", b"job"]),
                                                  blobs, min_size=1, max_size=3))  # fmt: skip
+    if kind == "batch-entry":
+        return kind, where, draw(st.dictionaries(small | st.sampled_from([b"i", b"s"]),
+                                                 blobs, min_size=1, max_size=3))  # fmt: skip
     return kind, where, draw(blobs)
 
 
 def _key(keys: QueueKeys, which: str) -> str:
-    special = {"job": keys.job(JOB), "history": keys.history(JOB), "worker": keys.worker(WORKER)}
+    special = {"job": keys.job(JOB), "history": keys.history(JOB), "worker": keys.worker(WORKER),
+               "batch": keys.batch(BATCH), "bdone": keys.batch_done(BATCH)}  # fmt: skip
     return special.get(which) or getattr(keys, which)
 
 
@@ -148,6 +160,10 @@ def _damage(pipe: Any, keys: QueueKeys, damage: tuple[str, Any, Any]) -> None:
     kind, where, what = damage
     if kind == "field":
         pipe.hset(keys.job(JOB), where, what)
+    elif kind == "batch-field":
+        pipe.hset(keys.batch(BATCH), where, what)
+    elif kind == "batch-entry":
+        pipe.xadd(keys.batch_done(BATCH), what)
     elif kind == "history-entry":
         pipe.rpush(keys.history(JOB), what)
     elif kind == "event":
@@ -173,6 +189,19 @@ def _rebuild(raw: redis.Redis, keys: QueueKeys) -> None:
         pipe.xadd(keys.events, {"kind": "completed", "job": JOB})
         pipe.set(keys.worker(WORKER), json.dumps({"host": "h", "pid": 1, "jobs": []}), px=60_000)
         pipe.sadd(keys.workers, WORKER)
+        member = f"{BATCH}.0"
+        pipe.hset(keys.job(member), mapping={
+            "state": "completed", "codec": "json", "payload": "[[1],{}]", "opts": "{}",
+            "attempts": 1, "created_ms": now, "finished_ms": now, "outcome": "ok",
+            "result": "1", "batch": BATCH})  # fmt: skip
+        pipe.zadd(keys.completed, {member: now})
+        pipe.hset(keys.batch(BATCH), mapping={
+            "total": 1, "enqueued": 1, "sealed": 1, "waiting": 0, "delayed": 0, "active": 0,
+            "completed": 1, "failed": 0, "cancelled": 0, "created_ms": now, "done_ms": now,
+            "ttl_ms": 3_600_000, "then": "", "label": "fuzzed"})  # fmt: skip
+        pipe.xadd(keys.batch_done(BATCH), {"i": "0", "s": "c"})
+        pipe.zadd(keys.batches, {BATCH: now + 3_600_000})
+        pipe.zadd(keys.batch_index, {BATCH: now})
         pipe.execute()
 
 
@@ -188,6 +217,10 @@ def _python_reads(q: Queue) -> None:
         "counts": q.counts,
         "events": lambda: list(q.events()),
         "workers": q.backend.workers,
+        "batch": lambda: q.get_batch(BATCH).progress(),
+        "batch members": lambda: list(q.get_batch(BATCH).as_completed(timeout_s=0.05)),
+        "batch results": lambda: q.get_batch(BATCH).results(timeout_s=0.05),
+        "batches": q.backend.list_batches,
     }
     for name, read in reads.items():
         try:
@@ -197,7 +230,7 @@ def _python_reads(q: Queue) -> None:
 
 
 def _cli_reads(capsys: pytest.CaptureFixture[str], queue: str, url: str) -> None:
-    for verb in (["info", queue], ["jobs", queue], ["job", queue, JOB]):
+    for verb in (["info", queue], ["jobs", queue], ["job", queue, JOB], ["batch", queue, BATCH]):
         for flags in ([], ["--json"]):
             code, out, err = cli(capsys, *verb, "--url", url, *flags)
             assert code in (0, 1, 2), (verb, flags, code, err)
