@@ -13,7 +13,7 @@ Extends tests/bad_input/test_bad_records.py (a job's own record) to its batch's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -60,16 +60,9 @@ CORRUPTIONS: dict[str, tuple[Corrupt, bool | None]] = {
 
 
 @pytest.fixture
-def queue(redis_url: str, queue_name: str) -> Iterator[Queue]:
-    q = Queue(queue_name, url=redis_url)
-    yield q
-    q.close()
-
-
-@pytest.fixture
-def raw(redis_url: str) -> Iterator[redis.Redis]:
-    with redis.Redis.from_url(redis_url) as client:
-        yield client
+def url(redis_url: str) -> str:
+    """The suite's ``queue`` on Redis alone: the records damaged here are Redis's."""
+    return redis_url
 
 
 def run_members(queue: Queue, batch: Batch) -> None:
