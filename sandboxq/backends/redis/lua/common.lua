@@ -1,11 +1,11 @@
 -- common.lua: helpers shared by every sandboxq script. scripts.py makes one Redis function
 -- library of the scripts: the constants generated from rules.py (HISTORY_CAP, MAX_PRIORITY,
--- DEFAULT_MAX_STALLS, PROMOTE_LIMIT, TRIM_BUDGET, BATCH_TTL_MS and the stall, cancel and malformed-record
--- texts: the memory backend reads the same ones), then this file, then each script as the
--- body of one registered function, which starts with bind(keys, argv). The library's top
--- level runs once, when it is loaded, so these helpers are defined once per server, not on
--- every call (15 us of server CPU per call when each script carried them: redis_cost_bench).
--- A call is still one atomic FCALL with one round trip.
+-- DEFAULT_MAX_STALLS, PROMOTE_LIMIT, TRIM_BUDGET, BATCH_TTL_MS and the stall, cancel and
+-- malformed-record texts: the memory backend reads the same ones), then this file, then
+-- each script as the body of one registered function, which starts with bind(keys, argv).
+-- The library's top level runs once, when it is loaded, so these helpers are defined once
+-- per server, not on every call (15 us of server CPU per call when each script carried
+-- them: redis_cost_bench). A call is still one atomic FCALL with one round trip.
 --
 -- KEYS, the same list in the same order for every script (keys.py: QueueKeys.script_keys).
 -- All of them carry the queue's hash tag, so every script runs on one Cluster slot.
@@ -884,16 +884,6 @@ local function cancel_job(id, channel)
   return 1
 end
 
--- Lease up to `count` waiting jobs (design invariant 1: a fresh token per claim, owner = worker;
--- design invariant 2: expiry from the server clock). Returns a flat list of CLAIM_ROW entries
--- per claimed job: id, token, payload, codec, opts, attempt (charged: what the retry budget
--- counts), wait ms, infra deaths, number (the attempt's place in the job's history), age ms
--- (since enqueue: what the worker has left of its deadline_s). A job past its deadline_s or
--- max_queue_s is failed instead (budget_passed), and a member of a batch whose cancel is
--- under way (batch_each.lua) is cancelled instead.
--- 'attempts' counts every attempt started, never reset, so history numbers keep counting
--- across requeues and manual retries; 'uncharged' (absent: 0) counts those the retry budget
--- does not: requeued ones (back_in_line) and those before a manual retry (retry_job).
 -- Whether a cancel of batch `bid` is under way (batch_each.lua marks the batch): if so,
 -- the mark counts one more member the claim cancels for it. Set, not HINCRBY: a mark
 -- that is not a count (forged) would fail the claim after its ZPOPMIN, and the jobs it
@@ -905,6 +895,16 @@ local function counted_by_batch_cancel(bid)
   return true
 end
 
+-- Lease up to `count` waiting jobs (design invariant 1: a fresh token per claim, owner = worker;
+-- design invariant 2: expiry from the server clock). Returns a flat list of CLAIM_ROW entries
+-- per claimed job: id, token, payload, codec, opts, attempt (charged: what the retry budget
+-- counts), wait ms, infra deaths, number (the attempt's place in the job's history), age ms
+-- (since enqueue: what the worker has left of its deadline_s). A job past its deadline_s or
+-- max_queue_s is failed instead (budget_passed), and a member of a batch whose cancel is
+-- under way (batch_each.lua) is cancelled instead.
+-- 'attempts' counts every attempt started, never reset, so history numbers keep counting
+-- across requeues and manual retries; 'uncharged' (absent: 0) counts those the retry budget
+-- does not: requeued ones (back_in_line) and those before a manual retry (retry_job).
 local function claim_jobs(worker, count, lease_ms, token_base, now)
   promote_due(now)
   local out = {}
