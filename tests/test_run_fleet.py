@@ -238,6 +238,7 @@ def test_a_forged_label_is_refused_on_resume_without_reading_it_whole(
 
     labels = {
         "lines": {LABEL_KEY: "in.jsonl", "lines": "1-3000000000"},
+        "past an index": {LABEL_KEY: "in.jsonl", "lines": "1-99999999999999999999999"},
         "malformed": {LABEL_KEY: "in.jsonl", "lines": "1", "malformed": "2-3000000000"},
         "map": {LABEL_KEY: "in.jsonl", LINE_MAP: _deflated_dashes(2 * MAX_MAPPED_LINES)},
     }
