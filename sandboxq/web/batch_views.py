@@ -14,7 +14,8 @@ page only through ``esc`` (and links through ``href``).
 from __future__ import annotations
 
 from sandboxq.backends.base import Backend
-from sandboxq.batch_failures import failures
+from sandboxq.batch_failures import Failures, failures
+from sandboxq.errors import BackendError
 from sandboxq.models import BatchProgress
 from sandboxq.web.html import Safe, ago, clip, esc, fields, href, link, table, when
 from sandboxq.web.views import Ctx
@@ -82,7 +83,13 @@ def batch_page(ctx: Ctx, name: str, backend: Backend, progress: BatchProgress) -
     )
     columns = ["total", "waiting", "delayed", "active", "completed", "failed", "cancelled"]
     counts = table(columns, [[getattr(progress, c) for c in columns]], "batch-counts")
-    found = failures(backend, bid, stream_limit=FAILURES_STREAM_LIMIT)
+    try:
+        found = failures(backend, bid, stream_limit=FAILURES_STREAM_LIMIT)
+    except BackendError as exc:  # its stream damaged (a key of another type): the rest shows
+        found = Failures([], 0, 0, True)
+        unread = f"<p>Its finished members cannot be read: {esc(exc)}</p>"
+    else:
+        unread = ""
     rows = [
         [
             g.outcome,
@@ -123,5 +130,5 @@ def batch_page(ctx: Ctx, name: str, backend: Backend, progress: BatchProgress) -
         f'<div class="actions">{"".join(actions)}</div>'
         f'<section id="batch-progress">{bar(progress)}</section>{counts}{record}'
         f"<h2>failures by outcome</h2>{table(['outcome', 'members', 'e.g.'], rows, 'failures')}"
-        f"{partial}"
+        f"{partial}{unread}"
     )

@@ -108,3 +108,19 @@ def test_a_hostile_batch_id_written_to_redis_is_shown_as_text(
         page = http.get("/batch", params={"queue": q.name, "id": evil})
         assert page.status_code == 400 and "<script>alert" not in page.text
     assert q.counts()[JobState.WAITING] == 0
+
+
+def test_a_batch_whose_stream_is_damaged_still_shows_its_page(
+    redis_url: str, q: Queue, raw: redis.Redis
+) -> None:
+    """The page groups failures from the batch's stream of finished members: a stream key
+    of another type (written by hand) answered 503, "Unavailable", as an outage does. The
+    counts and record show, and the page says what it could not read."""
+    batch = q.batch([([1], {}), ([2], {})], label="damaged stream")
+    done_key = f"sq:{{{q.name}}}:bdone:{batch.id}"
+    raw.set(done_key, "not a stream")
+    app = create_app(redis_url, queues=[q.name])
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        page = http.get("/batch", params={"queue": q.name, "id": batch.id})
+    assert page.status_code == 200, page.text[:500]
+    assert "damaged stream" in page.text and "Its finished members cannot be read" in page.text
