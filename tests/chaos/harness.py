@@ -19,16 +19,18 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+import redis
 from audit import Audit, Tally, audit
 
 from sandboxq import Queue, codec
 from sandboxq.backends.base import NewJob
+from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.errors import BackendError
 from sandboxq.models import JobOptions, Outcome
 from sandboxq.testing.processes import frozen_order
@@ -199,14 +201,34 @@ class Fleet:
         assert not left, f"processes outlived their worker: {left}"
 
 
-def unfinished(ledger: Path, pids: set[int]) -> dict[str, int]:
-    """Job key -> pid, for the executions by ``pids`` that have not (yet) finished."""
+def unfinished(ledger: Path, pids: set[int], since: float = 0.0) -> dict[str, int]:
+    """Job key -> pid, for the executions by ``pids`` that have not (yet) finished (and
+    started after ``since``, a ``time.time()``)."""
     return {
         e.key: e.pid
         for runs in read_ledger(ledger).values()
         for e in runs
-        if e.pid in pids and not e.finished
+        if e.pid in pids and not e.finished and e.started > since
     }
+
+
+def lease_ends(scene: Scene, keys: Iterable[str]) -> dict[str, float]:
+    """Where the lease of each running job of ``keys`` ends on the server (its score in the
+    active set), as a ``time.time()``; 0 for one not running."""
+    active = QueueKeys(scene.queue.name).active
+    with redis.Redis.from_url(scene.url) as raw:
+        return {key: (raw.zscore(active, key) or 0) / 1000 for key in keys}
+
+
+def assert_within_leases(
+    runs: dict[str, list[Execution]], held: dict[str, int], ends: dict[str, float]
+) -> None:
+    """No execution of ``held`` (key -> pid) made progress after its lease ended on the
+    server (``ends``, read once no renewal could reach it), whether it ran to its end
+    meanwhile or was killed: the promise the fence keeps."""
+    for key, pid in held.items():
+        (run,) = [e for e in runs[key] if e.pid == pid]
+        assert run.last < ends[key], (run, ends[key])
 
 
 def assert_cut_off(

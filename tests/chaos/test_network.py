@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from harness import Scene, alive, assert_cut_off, unfinished
+from harness import Scene, alive, assert_cut_off, assert_within_leases, lease_ends, unfinished
 
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.testing.redis_server import RedisServer
@@ -31,17 +31,6 @@ def wait_for_a_renewal(scene: Scene, job_id: str) -> None:
         wait_for(lambda: (raw.zscore(active, job_id) or 0) > claimed, 10, "a lease renewal")
 
 
-def started_since(scene: Scene, pids: set[int], since: float) -> dict[str, int]:
-    """Job key -> pid, for the executions by ``pids`` running now that started after ``since``
-    (a ``time.time()``)."""
-    return {
-        e.key: e.pid
-        for runs in read_ledger(scene.ledger).values()
-        for e in runs
-        if e.pid in pids and not e.finished and e.started > since
-    }
-
-
 @pytest.fixture
 def proxy(redis_server: RedisServer) -> Iterator[TcpProxy]:
     with TcpProxy("127.0.0.1", redis_server.port) as proxy:
@@ -61,7 +50,6 @@ def test_late_renewals_make_the_worker_fence_itself(scene: Scene, proxy: TcpProx
     fence's: its child lives on. So the stall comes just after A starts a job (one with
     more time left than a lease, which the fence must cut off), and every job A runs at the
     stall is held to its lease as the server counts it."""
-    active = QueueKeys(scene.queue.name).active
     fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
     a = fleet.spawn(proxy.url)
     b = fleet.spawn()
@@ -81,15 +69,15 @@ def test_late_renewals_make_the_worker_fence_itself(scene: Scene, proxy: TcpProx
         proxy.delay_s = 0.0
         assert scene.tally.total("stalled") == 0, "100 ms of latency cost a lease"
         a_family = set(a.family())
-        wait_for(lambda: started_since(scene, a_family, time.time() - 0.5), 10, "A to start a job")
+        wait_for(
+            lambda: unfinished(scene.ledger, a_family, time.time() - 0.5), 10, "A to start a job"
+        )
         proxy.stall()
         stalled_at = time.time()
         held = unfinished(scene.ledger, a_family)
         # Those with more than a lease left (every job takes 2.5 s at least) are the fence's.
-        fenced = started_since(scene, a_family, stalled_at - (2.5 - LEASE_S))
-        # Where each lease ends on the server: no renewal of A's gets through from now on.
-        with redis.Redis.from_url(scene.url) as raw:
-            expires_s = {key: (raw.zscore(active, key) or 0) / 1000 for key in held}
+        fenced = unfinished(scene.ledger, a_family, stalled_at - (2.5 - LEASE_S))
+        ends = lease_ends(scene, held)  # no renewal of A's gets through from now on
         time.sleep(2 * LEASE_S)  # the subject: the stall outlasts the lease
         # Fenced during the stall, not after it: A's children running its jobs are dead.
         assert not any(alive(pid) for pid in fenced.values()), fenced
@@ -101,10 +89,7 @@ def test_late_renewals_make_the_worker_fence_itself(scene: Scene, proxy: TcpProx
     print(f"\n{len(held)} jobs held by A when its network stalled; {result.line()}")
     assert fenced, "worker A had no job the fence must cut off: the test proved nothing"
     runs = read_ledger(scene.ledger)
-    # Nothing of A's ran past its lease's end on the server, whether it ended or was killed.
-    for key, pid in held.items():
-        (run,) = [e for e in runs[key] if e.pid == pid]
-        assert run.last < expires_s[key], (run, expires_s[key])
+    assert_within_leases(runs, held, ends)
     # A's child was killed within one lease of the stall (the fence), never ran to the end.
     assert_cut_off(scene, runs, fenced, stalled_at, LEASE_S)
     for key in fenced:

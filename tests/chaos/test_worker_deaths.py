@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from harness import Scene, alive, assert_cut_off, unfinished
+from harness import Scene, alive, assert_cut_off, assert_within_leases, lease_ends, unfinished
 
 from sandboxq.testing.waiting import wait_for
 from tests.support.ledger import read_ledger
@@ -115,21 +115,29 @@ def test_a_worker_parent_stopped_alone_cannot_let_its_children_outlive_their_lea
         20,
         "both children of the worker to be running jobs",
     )
-    held = unfinished(scene.ledger, set(stopped.family()))
+    family = set(stopped.family())
     signal_it = os.killpg if group else os.kill
     signal_it(stopped.pid, signal.SIGSTOP)
     stopped_at = time.time()
+    held = unfinished(scene.ledger, family)
+    # Those with more than a lease left (every job takes 2 s at least) are the guard's to
+    # kill; one that ends on its own first is not (the stop may come late on a busy
+    # machine), and is held to its lease like the others.
+    fenced = unfinished(scene.ledger, family, stopped_at - (2.0 - LEASE_S))
+    ends = lease_ends(scene, held)  # the stopped parent renews nothing from now on
     try:
         time.sleep(2 * LEASE_S)  # the subject: the parent stays stopped past the lease
         # The guard fenced the children while their parent could not.
-        assert not any(alive(pid) for pid in held.values()), held
+        assert not any(alive(pid) for pid in fenced.values()), fenced
     finally:
         signal_it(stopped.pid, signal.SIGCONT)
     resumed_at = time.time()
     result = scene.finish(producer)
     print(f"\n{len(held)} jobs running when the parent stopped; {result.line()}")
+    assert fenced, "no job had a lease left to outlive when the parent stopped"
     runs = read_ledger(scene.ledger)
-    assert_cut_off(scene, runs, held, stopped_at, LEASE_S)
+    assert_within_leases(runs, held, ends)
+    assert_cut_off(scene, runs, fenced, stopped_at, LEASE_S)
     assert stopped.proc.poll() is None, fleet.tail(stopped)
     newer = {p.pid for p in stopped.children()}
     assert any(e.started > resumed_at and e.pid in newer for r in runs.values() for e in r)
