@@ -30,7 +30,10 @@ from sandboxq.testing.waiting import wait_for
 from sandboxq.text import number_ranges
 
 H = "sandboxq.testing.handlers:"
+GATES = "tests.support.gates:"
 CLI = [sys.executable, "-m", "sandboxq"]
+#: ``tests.support.gates`` importable from a run in another directory
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
 
 def results(path: Path) -> dict[int, dict[str, Any]]:
@@ -269,6 +272,43 @@ def test_the_installed_script_imports_a_processor_from_the_current_directory(
     assert proc.returncode == 0, proc.stderr
     rows = results(tmp_path / "out.jsonl")
     assert (rows[1]["result"], rows[2]["result"]) == (2, 42)
+
+
+@pytest.mark.timeout(90)
+def test_a_second_run_on_the_same_output_is_refused_and_leaves_it_alone(tmp_path: Path) -> None:
+    """Two runs writing one file (a command run again in another terminal): the second
+    emptied it under the first and both wrote their lines into it. The second is refused
+    while the first holds it, naming the file; the first writes every line once."""
+    (tmp_path / "open").touch()
+    gate = tmp_path / "gate"
+    calls = [[str(tmp_path / "open"), 0], *([str(gate), i] for i in range(1, 4))]
+    write_lines(tmp_path / "in.jsonl", *(json.dumps({"args": args}) for args in calls))
+    out = tmp_path / "out.jsonl"
+    run = [*CLI, "run", GATES + "report_then_wait", "in.jsonl", "--output", "out.jsonl"]
+    with open(tmp_path / "first.err", "wb") as err:
+        first = subprocess.Popen(
+            [*run, "--concurrency", "1"],
+            cwd=tmp_path,
+            env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        # its first line is written, and the next waits at the gate: the run is under way
+        wait_for(lambda: out.exists() and out.read_text().count("\n") == 1, 30, "a first line")
+        second = subprocess.run(
+            run, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 2, second.stderr
+        assert "out.jsonl is being written by another sandboxq run" in second.stderr
+        assert out.read_text().count("\n") == 1  # left as it was
+        gate.touch()
+        assert first.wait(timeout=60) == 0, (tmp_path / "first.err").read_text()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert sorted(results(out)) == [1, 2, 3, 4]
 
 
 # -- a terminal: the live bar, and Ctrl-C -------------------------------------------------

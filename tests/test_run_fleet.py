@@ -150,6 +150,11 @@ def test_resume_after_the_first_run_was_killed_writes_each_line_once(
     first = start(GATES + "report_then_wait", str(source), *at, "--output", str(out), stderr=err)
     try:
         wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 3, 60, "3 lines")
+        # a resume while the first still writes: refused, the file left as it was
+        written = out.read_text()
+        early = sandboxq_run("--resume", batch_id_in(err), *at, "--output", str(out))
+        assert early.returncode == 2 and "is being written by another sandboxq run" in early.stderr
+        assert out.read_text() == written
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
     finally:

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import logging
 import os
 import signal
+import stat
 import sys
 import threading
 import uuid
@@ -298,7 +300,7 @@ def _run_here(args: argparse.Namespace) -> int:
     backend = worker.backend
     tally = Tally()
     with ExitStack() as files:
-        file = files.enter_context(_open_output(args.output)) if args.output else None
+        file = files.enter_context(open_output(args.output)) if args.output else None
         output = Output(file, tally)
         for item in bad:
             output.write(item.line, MALFORMED, attempts=0, error=item.error)
@@ -321,11 +323,27 @@ def _run_here(args: argparse.Namespace) -> int:
     return EXIT_OK if tally.all_ok else EXIT_FAILED
 
 
-def _open_output(path: str) -> IO[str]:
+def open_output(path: str, *, append: bool = False) -> IO[str]:
+    """``path`` opened for a run's lines (appended to, or emptied first), under an
+    exclusive lock for as long as it is open: a second ``sandboxq run`` on the same file
+    (another terminal, a ``--resume`` while the first still runs) emptied it, or wrote its
+    lines among the first one's. It is refused, and the file is left as it was."""
     try:
-        return open(path, "w", encoding="utf-8")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0), 0o666)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"{path} is being written by another sandboxq run: let it end, or write to another file"
+        ) from None
+    except OSError:  # a file system without locks: written unguarded
+        pass
+    if not append and stat.S_ISREG(os.fstat(fd).st_mode):  # not /dev/stdout, a pipe...
+        os.ftruncate(fd, 0)  # once it is ours: emptied before the lock, it was the other's
+    return open(fd, "a" if append else "w", encoding="utf-8")
 
 
 class _Stop:

@@ -46,7 +46,7 @@ from sandboxq import text, tracing
 from sandboxq.backends.base import NewJob
 from sandboxq.backends.rules import MAX_LABEL_BYTES
 from sandboxq.batch import RESULTS_CHUNK, Batch, StreamReader, check_batch_calls, new_batch_id
-from sandboxq.cli.batch import FOLLOW_TICK_S, Item, Output, read_input
+from sandboxq.cli.batch import FOLLOW_TICK_S, Item, Output, open_output, read_input
 from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
 from sandboxq.cli.options import (
     EXIT_FAILED,
@@ -320,9 +320,9 @@ def _follow(
     stop = _Stop()
     with ExitStack() as stack:
         file: IO[str] | None = None
+        if args.output:  # ours before its lines are read: no other run writes it meanwhile
+            file = stack.enter_context(open_output(args.output, append=bool(args.resume)))
         done = list(written_lines(args.output)) if args.resume else []
-        if args.output:
-            file = stack.enter_context(_open(args.output, append=bool(args.resume)))
         output = Output(file, tally)
         for line, outcome in done:  # written by an earlier run: counted, not written again
             output.written.add(line)
@@ -423,13 +423,6 @@ def _not_run(queue: Queue, batch: Batch[Job], lines: list[int], output: Output) 
 
 def _index(job_id: str) -> int:
     return int(job_id.rpartition(".")[2])
-
-
-def _open(path: str, *, append: bool) -> IO[str]:
-    try:
-        return open(path, "a" if append else "w", encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 class _LocalWorker:
