@@ -274,6 +274,20 @@ def test_the_installed_script_imports_a_processor_from_the_current_directory(
     assert (rows[1]["result"], rows[2]["result"]) == (2, 42)
 
 
+@pytest.mark.timeout(30)
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--output`` naming the input file (by another path) emptied it once its lines were
+    read: the results replaced the input."""
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}', '{"args": [2]}')
+    before = source.read_text()
+    same = str(tmp_path / "." / "in.jsonl")
+    assert main(["run", H + "echo", str(source), "--output", same]) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert source.read_text() == before
+
+
 @pytest.mark.timeout(90)
 def test_a_second_run_on_the_same_output_is_refused_and_leaves_it_alone(tmp_path: Path) -> None:
     """Two runs writing one file (a command run again in another terminal): the second

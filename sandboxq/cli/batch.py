@@ -227,6 +227,11 @@ def _where(info: JobInfo) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output and args.input and _same_file(args.output, args.input):
+        raise ConfigError(
+            f"--output {args.output} is the input file: writing it would lose the input's "
+            "lines; write the results to another file"
+        )
     with ExitStack() as stack:
         if not args.output:
             stack.enter_context(stdout_for_results())
@@ -235,6 +240,13 @@ def run(args: argparse.Namespace) -> int:
 
             return run_fleet.run(args)
         return _run_here(args)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): not the same
+        return False
 
 
 @contextmanager
