@@ -53,6 +53,7 @@ from queue_bench import stop, worker  # noqa: E402
 
 from sandboxq import Queue  # noqa: E402
 from sandboxq.batch import new_batch_id  # noqa: E402
+from sandboxq.batch_failures import failures  # noqa: E402
 from sandboxq.models import JobState  # noqa: E402
 from sandboxq.testing.redis_server import RedisServer  # noqa: E402
 from sandboxq.worker import SandboxWorker  # noqa: E402
@@ -195,6 +196,25 @@ def memory_and_streaming(url: str, n: int) -> dict[str, float]:
 # -- sandboxq run --url over 2 local workers against the local mode --------------------------
 
 
+def failures_s(url: str, n: int) -> float:
+    """Seconds ``batch_failures.failures`` takes (what ``sandboxq batch`` shows: failures
+    grouped by outcome) over a batch of ``n`` members that all ended cancelled, so the
+    grouping reads every member."""
+    flush(url)
+    q = Queue(f"bf-{uuid.uuid4().hex[:8]}", url=url)
+    try:
+        batch = q.batch(calls(n))
+        batch.cancel()
+        t0 = time.perf_counter()
+        found = failures(q.backend, batch.id)
+        took = time.perf_counter() - t0
+    finally:
+        q.close()
+    flush(url)
+    assert found.examined == n and found.groups[0].count == n, found
+    return took
+
+
 def fleet_run(url: str, n: int) -> tuple[float, float]:
     """Wall time of ``sandboxq run bench_jobs:noop FILE --concurrency 2`` (local mode) and
     of ``sandboxq run ... --url URL --queue Q --concurrency 0`` with two ``sandboxq worker``
@@ -247,6 +267,7 @@ def main() -> None:
             add("batch_vs_many", batch / many)
             for key, value in memory_and_streaming(url, size["members"]).items():
                 add(key, value)
+            add("failures_s", failures_s(url, size["members"]))
             if not args.skip_fleet:
                 local, fleet = fleet_run(url, size["fleet"])
                 add("local_run_s", local)
@@ -288,6 +309,9 @@ def main() -> None:
             values["as_completed_cpu_us"],
             "us",
             AS_COMPLETED_CPU_US,
+        ),
+        figures.figure(
+            f"failures by outcome, {n:,} members all cancelled", values["failures_s"], "s"
         ),
         figures.figure("Redis memory per plain job, waiting", values["job_waiting_b"], "B"),
         figures.figure(

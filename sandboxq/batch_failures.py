@@ -2,8 +2,9 @@
 the dashboard's batch page show.
 
     the batch's stream of finished members, from its start (a member's last entry says
-    where it is) ──► the records of those that ended failed or cancelled, a chunk a
-    round trip ──► groups by outcome, the most first, with a few job ids each
+    where it is) ──► the state and outcome of those that ended failed or cancelled
+    (Backend.outcomes), a chunk a round trip ──► groups by outcome, the most first,
+    with a few job ids each
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sandboxq.backends.base import Backend
-from sandboxq.batch import RESULTS_CHUNK
 from sandboxq.models import JobState, member_id
 
 __all__ = ["FailureGroup", "Failures", "failures"]
 
 #: Job ids shown per outcome.
 EXAMPLES = 5
+#: Members whose outcome one round trip reads (two fields each).
+OUTCOMES_CHUNK = 2000
 
 
 @dataclass(slots=True)
@@ -46,8 +48,8 @@ def failures(
 ) -> Failures:
     """A batch's failed and cancelled members grouped by their outcome: its stream of
     finished members read from the start (a member's last entry says where it is; up to
-    ``stream_limit`` entries: bounded work for a page), then the records of those that
-    ended failed or cancelled, ``RESULTS_CHUNK`` a round trip."""
+    ``stream_limit`` entries: bounded work for a page), then the state and outcome of
+    those that ended failed or cancelled, ``OUTCOMES_CHUNK`` a round trip."""
     ended: dict[int, None] = {}  # failed or cancelled at their last entry, in stream order
     cursor, read = "0", 0
     complete = True
@@ -66,12 +68,13 @@ def failures(
             break
     groups: dict[str, FailureGroup] = {}
     ids = [member_id(batch_id, index) for index in ended]
-    for start in range(0, len(ids), RESULTS_CHUNK):
-        chunk = ids[start : start + RESULTS_CHUNK]
-        for job_id, (info, _data) in zip(chunk, backend.get_many(chunk), strict=True):
-            if info is None or info.state not in (JobState.FAILED, JobState.CANCELLED):
+    for start in range(0, len(ids), OUTCOMES_CHUNK):
+        chunk = ids[start : start + OUTCOMES_CHUNK]
+        for job_id, found in zip(chunk, backend.outcomes(chunk), strict=True):
+            if found is None or found[0] not in (JobState.FAILED, JobState.CANCELLED):
                 continue  # retried (or forgotten) since its entry was read
-            outcome = info.outcome.value if info.outcome else info.state.value
+            state, ended_as = found
+            outcome = ended_as.value if ended_as else state.value
             group = groups.setdefault(outcome, FailureGroup(outcome))
             group.count += 1
             if len(group.job_ids) < examples:

@@ -37,6 +37,7 @@ from sandboxq.models import (
     JobInfo,
     JobOptions,
     JobState,
+    Outcome,
 )
 
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
@@ -292,6 +293,12 @@ class Backend(Protocol):
 
     def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
         """``get`` and ``get_result`` of each job, in order, in one round trip."""
+        ...
+
+    def outcomes(self, job_ids: Sequence[str]) -> list[tuple[JobState, Outcome | None] | None]:
+        """Each job's state and outcome, in order, in one round trip (None: no such job, or
+        a record that does not say): one light read a job, for when the whole record is
+        not needed (a batch's failures grouped by outcome look at every failed member)."""
         ...
 
     def get_arguments(self, job_id: str) -> bytes | None:

@@ -26,7 +26,7 @@ from sandboxq.backends.base import (
 from sandboxq.backends.memory.store import ACTIVE, COMPLETED, WAITING, Job, Store
 from sandboxq.errors import ConfigError
 from sandboxq.finished import Trims
-from sandboxq.models import JobInfo, JobState, RunningAttempt
+from sandboxq.models import JobInfo, JobState, Outcome, RunningAttempt
 
 
 class Reads:
@@ -85,6 +85,11 @@ class Reads:
 
     def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
         return [(self.get(job_id), self.get_result(job_id)) for job_id in job_ids]
+
+    def outcomes(self, job_ids: Sequence[str]) -> list[tuple[JobState, Outcome | None] | None]:
+        with self._store.cond:
+            found = [self._store.jobs.get(job_id) for job_id in job_ids]
+            return [None if job is None else (job.state, job.outcome) for job in found]
 
     def counts(self) -> dict[JobState, int]:
         with self._store.cond:

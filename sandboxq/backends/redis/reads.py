@@ -23,7 +23,7 @@ from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run
 from sandboxq.codec import DEFAULT_MAX_BYTES as MAX_RESULT_BYTES
 from sandboxq.errors import BackendError, SerializationError
 from sandboxq.finished import Trims
-from sandboxq.models import JobInfo, JobState
+from sandboxq.models import JobInfo, JobState, Outcome
 
 
 class Reads:
@@ -71,6 +71,15 @@ class Reads:
             )
             for i, job_id in enumerate(job_ids)
         ]
+
+    def outcomes(self, job_ids: Sequence[str]) -> list[tuple[JobState, Outcome | None] | None]:
+        with self._conns.errors(f"read the outcomes of {len(job_ids)} jobs"):
+            pipe = self._conns.main.pipeline(transaction=False)
+            for job_id in job_ids:
+                pipe.hmget(self.keys.job(job_id), ["state", "outcome"])
+            # a key of another type (written by hand) costs that job its answer alone
+            rows = pipe.execute(raise_on_error=False) if job_ids else []
+        return [records.state_and_outcome(row) for row in rows]
 
     def counts(self) -> dict[JobState, int]:
         with self._conns.errors("count jobs"):

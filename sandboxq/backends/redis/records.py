@@ -102,6 +102,22 @@ def text(value: bytes | str) -> str:
     return value if isinstance(value, str) else value.decode("utf-8", errors="replace")
 
 
+def state_and_outcome(row: object) -> tuple[JobState, Outcome | None] | None:
+    """A job's ``HMGET state outcome`` read: None for no such job or a state that is none
+    (written by hand); an outcome that is none reads as absent."""
+    if not isinstance(row, list) or len(row) != 2 or not isinstance(row[0], bytes):
+        return None
+    try:
+        state = JobState(text(row[0]))
+    except ValueError:
+        return None
+    try:
+        outcome = Outcome(text(row[1])) if isinstance(row[1], bytes) else None
+    except ValueError:
+        outcome = None
+    return state, outcome
+
+
 def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, str | None]]:
     """Claimed jobs from a claim reply, each with the reason its options are unusable
     (None when they validate)."""

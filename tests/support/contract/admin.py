@@ -44,6 +44,21 @@ class AdminContract:
             [cancelled],
         ]
 
+    def test_outcomes_reads_each_jobs_state_and_outcome_in_order(self, backend: Backend) -> None:
+        completed, failed, cancelled = add(backend), add(backend), add(backend)
+        finish(backend, claim_one(backend))
+        finish(backend, claim_one(backend), "fail", error="boom")
+        backend.cancel(cancelled)
+        waiting = add(backend)
+        assert backend.outcomes([waiting, "nope", failed, cancelled, completed]) == [
+            (JobState.WAITING, None),
+            None,
+            (JobState.FAILED, Outcome.ERROR),
+            (JobState.CANCELLED, Outcome.CANCELLED),
+            (JobState.COMPLETED, Outcome.OK),
+        ]
+        assert backend.outcomes([]) == []
+
     def test_list_jobs_finished_newest_first(self, backend: Backend) -> None:
         done = []
         for _ in range(3):
