@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(180)
 LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ sandboxq")
 JOB = "j1"
 WORKER = "w1"
-BATCH = "b1"  # a done batch of one member, BATCH + ".0"
+BATCH = "b1"  # a done batch of one member, BATCH + ".0", which failed
 BATCH_FIELDS = [
     *("total", "enqueued", "sealed", "waiting", "active", "delayed", "completed", "failed"),
     *("cancelled", "created_ms", "done_ms", "ttl_ms", "then", "then_sent", "then_error"),
@@ -112,7 +112,11 @@ values = st.one_of(
 TARGETS = [
     *(("field", name) for name in JOB_FIELDS),
     *(("batch-field", name) for name in BATCH_FIELDS),
-    *(("key", which) for which in ["job", "history", "worker", "batch", "bdone", *QUEUE_KEYS]),
+    *(("member-field", name) for name in ("state", "outcome", "batch")),
+    *(
+        ("key", which)
+        for which in ["job", "history", "worker", "batch", "bdone", "member", *QUEUE_KEYS]
+    ),
     ("history-entry", ""),
     ("event", ""),
     ("batch-entry", ""),
@@ -135,7 +139,8 @@ def damages(draw: st.DrawFn) -> tuple[str, str, Any]:
 
 def _key(keys: QueueKeys, which: str) -> str:
     special = {"job": keys.job(JOB), "history": keys.history(JOB), "worker": keys.worker(WORKER),
-               "batch": keys.batch(BATCH), "bdone": keys.batch_done(BATCH)}  # fmt: skip
+               "batch": keys.batch(BATCH), "bdone": keys.batch_done(BATCH),
+               "member": keys.job(f"{BATCH}.0")}  # fmt: skip
     return special.get(which) or getattr(keys, which)
 
 
@@ -162,6 +167,8 @@ def _damage(pipe: Any, keys: QueueKeys, damage: tuple[str, Any, Any]) -> None:
         pipe.hset(keys.job(JOB), where, what)
     elif kind == "batch-field":
         pipe.hset(keys.batch(BATCH), where, what)
+    elif kind == "member-field":
+        pipe.hset(keys.job(f"{BATCH}.0"), where, what)
     elif kind == "batch-entry":
         pipe.xadd(keys.batch_done(BATCH), what)
     elif kind == "history-entry":
@@ -190,16 +197,16 @@ def _rebuild(raw: redis.Redis, keys: QueueKeys) -> None:
         pipe.set(keys.worker(WORKER), json.dumps({"host": "h", "pid": 1, "jobs": []}), px=60_000)
         pipe.sadd(keys.workers, WORKER)
         member = f"{BATCH}.0"
-        pipe.hset(keys.job(member), mapping={
-            "state": "completed", "codec": "json", "payload": "[[1],{}]", "opts": "{}",
-            "attempts": 1, "created_ms": now, "finished_ms": now, "outcome": "ok",
-            "result": "1", "batch": BATCH})  # fmt: skip
-        pipe.zadd(keys.completed, {member: now})
+        pipe.hset(keys.job(member), mapping={  # failed: the batch's failures read it
+            "state": "failed", "codec": "json", "payload": "[[1],{}]", "opts": "{}",
+            "attempts": 1, "created_ms": now, "finished_ms": now, "outcome": "error",
+            "error": "boom", "batch": BATCH})  # fmt: skip
+        pipe.zadd(keys.failed, {member: now})
         pipe.hset(keys.batch(BATCH), mapping={
             "total": 1, "enqueued": 1, "sealed": 1, "waiting": 0, "delayed": 0, "active": 0,
-            "completed": 1, "failed": 0, "cancelled": 0, "created_ms": now, "done_ms": now,
+            "completed": 0, "failed": 1, "cancelled": 0, "created_ms": now, "done_ms": now,
             "ttl_ms": 3_600_000, "then": "", "label": "fuzzed"})  # fmt: skip
-        pipe.xadd(keys.batch_done(BATCH), {"i": "0", "s": "c"})
+        pipe.xadd(keys.batch_done(BATCH), {"i": "0", "s": "f"})
         pipe.zadd(keys.batches, {BATCH: now + 3_600_000})
         pipe.zadd(keys.batch_index, {BATCH: now})
         pipe.execute()
