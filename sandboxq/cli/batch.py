@@ -338,8 +338,8 @@ def _run_here(args: argparse.Namespace) -> int:
 def open_output(path: str, *, append: bool = False) -> IO[str]:
     """``path`` opened for a run's lines (appended to, or emptied first), under an
     exclusive lock for as long as it is open: a second ``sandboxq run`` on the same file
-    (another terminal, a ``--resume`` while the first still runs) emptied it, or wrote its
-    lines among the first one's. It is refused, and the file is left as it was."""
+    (another terminal, a ``--resume`` while the first still runs) is refused and leaves
+    the file as it was, rather than emptying it or writing among the first one's lines."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0), 0o666)
     except OSError as exc:
