@@ -12,7 +12,10 @@ Figures (median of --runs, alternating the two sides of each comparison):
   sends). The client's round trip less a PING round trip is given beside it.
 - ``as_completed`` producer CPU per member: a finished batch (its members run by a worker
   with 2 children, stopped before the measure) streamed from the start; the process CPU
-  time of the iteration over its members (target <= 20 us).
+  time of the iteration over its members (target <= 20 us). Then ``results()`` of the
+  same batch, wall time.
+- failures grouped by outcome (``sandboxq batch``, the dashboard) over a batch whose every
+  member was cancelled, wall time.
 - Redis memory per member beyond a single job's: ``used_memory`` after 100,000 members
   against 100,000 plain jobs (the same calls, and ids of the same form and length:
   ``<16 hex>.<index>``, so only what the batch adds differs; retention large enough to
@@ -159,7 +162,7 @@ def run_through_worker(url: str, q: Queue) -> None:
 
 def memory_and_streaming(url: str, n: int) -> dict[str, float]:
     """Redis memory of ``n`` batch members against ``n`` plain jobs, waiting and finished;
-    and the producer CPU of streaming the finished batch."""
+    the producer CPU of streaming the finished batch, and the time ``results()`` takes."""
     out: dict[str, float] = {}
     with contextlib.closing(redis.Redis.from_url(url)) as r:
         per: dict[str, dict[str, float]] = {}
@@ -183,6 +186,9 @@ def memory_and_streaming(url: str, n: int) -> dict[str, float]:
                     cpu_s = time.process_time() - started
                     assert streamed == n, streamed
                     out["as_completed_cpu_us"] = cpu_s / n * 1e6
+                    started = time.perf_counter()
+                    assert len(batch.results()) == n
+                    out["results_s"] = time.perf_counter() - started
             finally:
                 q.close()
         out["extra_waiting_b"] = per["batch"]["waiting"] - per["many"]["waiting"]
@@ -310,6 +316,7 @@ def main() -> None:
             "us",
             AS_COMPLETED_CPU_US,
         ),
+        figures.figure(f"results() of {n:,} completed members", values["results_s"], "s"),
         figures.figure(
             f"failures by outcome, {n:,} members all cancelled", values["failures_s"], "s"
         ),

@@ -83,6 +83,11 @@ class _AsyncMemory:
     async def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
         return self._b.get_many(job_ids)
 
+    async def completed_results(
+        self, job_ids: Sequence[str]
+    ) -> list[tuple[str, bytes | None] | None]:
+        return self._b.completed_results(job_ids)
+
     async def enqueue_batch(
         self,
         batch_id: str,

@@ -7,7 +7,9 @@ them as one.
                             read from its start by any handle in any process (StreamReader
                             decides what is new and how long to wait)
     batch.results()      ── as_completed until every member is final, then the members'
-                            records read in input order (``Backend.get_many``, member_values)
+                            results read in input order (``Backend.completed_results``: a
+                            light read each), and the records of those not completed
+                            (``Backend.get_many``: what a JobFailed says), member_values
     cancel / retry_failed / forget ── Backend.batch_each / forget_batch
 
 A member's id is ``<batch id>.<index>`` (``models.member_id``), so a batch needs no list
@@ -27,7 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from sandboxq.backends.base import Backend, BatchAction, NewJob
 from sandboxq.backends.rules import MAX_BATCH_MEMBERS, MAX_LABEL_BYTES
 from sandboxq.errors import BackendError, BatchNotFound, ConfigError, SandboxqError
-from sandboxq.finished import check_seconds, finished_value, no_such_job
+from sandboxq.finished import check_seconds, finished_value, no_such_job, result_value
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name, member_id
 
 __all__ = [
@@ -68,6 +70,9 @@ class AsyncBatchBackend(Protocol):
     async def get_many(
         self, job_ids: Sequence[str]
     ) -> list[tuple[JobInfo | None, bytes | None]]: ...
+    async def completed_results(
+        self, job_ids: Sequence[str]
+    ) -> list[tuple[str, bytes | None] | None]: ...
     async def enqueue_batch(
         self,
         batch_id: str,
@@ -240,19 +245,31 @@ def result_chunks(batch_id: str, total: int) -> Iterator[list[str]]:
         yield [member_id(batch_id, i) for i in range(start, min(total, start + RESULTS_CHUNK))]
 
 
+def not_completed(ids: list[str], completed: list[tuple[str, bytes | None] | None]) -> list[str]:
+    """The members of ``ids`` that ``completed`` (``Backend.completed_results``) shows were
+    not completed: their whole records are read, for the error each slot holds."""
+    return [job_id for job_id, done in zip(ids, completed, strict=True) if done is None]
+
+
 def member_values(
     queue: str,
     ids: list[str],
-    records: list[tuple[JobInfo | None, bytes | None]],
+    completed: list[tuple[str, bytes | None] | None],
+    others: dict[str, tuple[JobInfo | None, bytes | None]],
     allowed: Collection[str],
 ) -> list[Any]:
-    """Each member's slot in ``results``: its value, else the error it would raise."""
+    """Each member's slot in ``results``: its value (``completed``: its codec and result),
+    else the error it would raise (``others``: the records of those not completed)."""
     out: list[Any] = []
-    for job_id, (info, data) in zip(ids, records, strict=True):
-        if info is None:
-            out.append(no_such_job(queue, job_id))
-            continue
+    for job_id, done in zip(ids, completed, strict=True):
         try:
+            if done is not None:
+                out.append(result_value(job_id, *done, allowed))
+                continue
+            info, data = others[job_id]
+            if info is None:
+                out.append(no_such_job(queue, job_id))
+                continue
             out.append(finished_value(job_id, info, data, allowed))
         except SandboxqError as exc:  # JobFailed; CodecRefused
             out.append(exc)
@@ -325,7 +342,10 @@ class Batch(_Handle[J]):
         q = self.queue
         out: list[Any] = []
         for ids in result_chunks(self.id, self.total):
-            out += member_values(q.name, ids, q.backend.get_many(ids), q.allowed_codecs)
+            completed = q.backend.completed_results(ids)
+            rest = not_completed(ids, completed)
+            others = dict(zip(rest, q.backend.get_many(rest) if rest else [], strict=True))
+            out += member_values(q.name, ids, completed, others, q.allowed_codecs)
         return out
 
     def cancel(self, *, running: bool = True) -> int:
@@ -393,7 +413,11 @@ class AsyncBatch(_Handle[J]):
         q = self.queue
         out: list[Any] = []
         for ids in result_chunks(self.id, self.total):
-            out += member_values(q.name, ids, await q.backend.get_many(ids), q.allowed_codecs)
+            completed = await q.backend.completed_results(ids)
+            rest = not_completed(ids, completed)
+            found = await q.backend.get_many(rest) if rest else []
+            others = dict(zip(rest, found, strict=True))
+            out += member_values(q.name, ids, completed, others, q.allowed_codecs)
         return out
 
     async def cancel(self, *, running: bool = True) -> int:

@@ -15,12 +15,17 @@ from sandboxq.errors import ConfigError, JobFailed, JobNotFound
 from sandboxq.models import JobInfo, JobState
 
 
-def decode_result(info: JobInfo, data: bytes | None, allowed: Collection[str]) -> Any:
+def result_value(job_id: str, codec: str, data: bytes | None, allowed: Collection[str]) -> Any:
     """A completed job's stored result ``data`` decoded (None if it stored none), only with
     a codec in ``allowed`` (see ``codec.decode_stored``): every reader's one way to it."""
     if data is None:
         return None
-    return codecs.decode_stored(data, info.codec, allowed=allowed, job_id=info.id)
+    return codecs.decode_stored(data, codec, allowed=allowed, job_id=job_id)
+
+
+def decode_result(info: JobInfo, data: bytes | None, allowed: Collection[str]) -> Any:
+    """``result_value`` of the completed job ``info``."""
+    return result_value(info.id, info.codec, data, allowed)
 
 
 #: The finished states retention trims, by the names of their fields in ``Trims``.

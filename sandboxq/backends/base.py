@@ -295,6 +295,13 @@ class Backend(Protocol):
         """``get`` and ``get_result`` of each job, in order, in one round trip."""
         ...
 
+    def completed_results(self, job_ids: Sequence[str]) -> list[tuple[str, bytes | None] | None]:
+        """The codec and encoded result (None: it stored none) of each job that is
+        completed, None for one that is not (or no such job); in order, in one round trip,
+        one light read a job: a batch's results read every member. ``SerializationError``
+        for a result over the cap, as ``get_result``."""
+        ...
+
     def outcomes(self, job_ids: Sequence[str]) -> list[tuple[JobState, Outcome | None] | None]:
         """Each job's state and outcome, in order, in one round trip (None: no such job, or
         a record that does not say): one light read a job, for when the whole record is

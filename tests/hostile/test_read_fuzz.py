@@ -112,7 +112,7 @@ values = st.one_of(
 TARGETS = [
     *(("field", name) for name in JOB_FIELDS),
     *(("batch-field", name) for name in BATCH_FIELDS),
-    *(("member-field", name) for name in ("state", "outcome", "batch")),
+    *(("member-field", name) for name in ("state", "outcome", "batch", "codec", "result")),
     *(
         ("key", which)
         for which in ["job", "history", "worker", "batch", "bdone", "member", *QUEUE_KEYS]

@@ -86,6 +86,16 @@ class Reads:
     def get_many(self, job_ids: Sequence[str]) -> list[tuple[JobInfo | None, bytes | None]]:
         return [(self.get(job_id), self.get_result(job_id)) for job_id in job_ids]
 
+    def completed_results(self, job_ids: Sequence[str]) -> list[tuple[str, bytes | None] | None]:
+        with self._store.cond:
+            found = [self._store.jobs.get(job_id) for job_id in job_ids]
+            return [
+                (job.new.codec, job.result or None)  # an empty result is none, as get_result
+                if job is not None and job.state is COMPLETED
+                else None
+                for job in found
+            ]
+
     def outcomes(self, job_ids: Sequence[str]) -> list[tuple[JobState, Outcome | None] | None]:
         with self._store.cond:
             found = [self._store.jobs.get(job_id) for job_id in job_ids]

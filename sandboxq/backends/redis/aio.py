@@ -176,6 +176,21 @@ class AsyncRedisBackend:
             for i, job_id in enumerate(job_ids)
         ]
 
+    async def completed_results(
+        self, job_ids: Sequence[str]
+    ) -> list[tuple[str, bytes | None] | None]:
+        """As ``RedisBackend.completed_results``: read_result.lua per job, one round trip."""
+        read_result = self._scripts.read_result
+        calls: list[tuple[Script | None, bytes]] = [
+            (read_result, read_result.pack(reads.read_result_args(job_id))) for job_id in job_ids
+        ]
+        with redis_errors(self.where, f"read the results of {len(job_ids)} jobs"):
+            replies = await self._run(calls) if calls else []
+        return [
+            reads.completed_from_reply(job_id, reply)
+            for job_id, reply in zip(job_ids, replies, strict=True)
+        ]
+
     async def counts(self) -> dict[JobState, int]:
         with redis_errors(self.where, "count jobs"):
             pipe = self._main.pipeline(transaction=False)

@@ -72,6 +72,15 @@ class Reads:
             for i, job_id in enumerate(job_ids)
         ]
 
+    def completed_results(self, job_ids: Sequence[str]) -> list[tuple[str, bytes | None] | None]:
+        read_result = self._scripts.read_result
+        calls: list[tuple[Script | None, bytes]] = [
+            (read_result, read_result.pack(read_result_args(job_id))) for job_id in job_ids
+        ]
+        with self._conns.errors(f"read the results of {len(job_ids)} jobs"):
+            replies = run(self._conns.main_lane, calls) if calls else []
+        return [completed_from_reply(job_id, r) for job_id, r in zip(job_ids, replies, strict=True)]
+
     def outcomes(self, job_ids: Sequence[str]) -> list[tuple[JobState, Outcome | None] | None]:
         with self._conns.errors(f"read the outcomes of {len(job_ids)} jobs"):
             pipe = self._conns.main.pipeline(transaction=False)
@@ -233,7 +242,7 @@ def read_result_args(job_id: str) -> list[Arg]:
 def result_from_reply(job_id: str, reply: Any) -> bytes | None:
     """A completed job's encoded result from read_result.lua's reply (None: not completed,
     or none stored); ``SerializationError`` when it is over the cap."""
-    state, size, result = reply
+    state, size, result = reply[:3]
     if state != b"completed" or not size:
         return None
     if size > MAX_RESULT_BYTES:
@@ -242,3 +251,18 @@ def result_from_reply(job_id: str, reply: Any) -> bytes | None:
             "; it was not read"
         )
     return None if result is None else bytes(result)
+
+
+def completed_from_reply(job_id: str, reply: Any) -> tuple[str, bytes | None] | None:
+    """A completed job's codec and encoded result from read_result.lua's reply (None: the
+    job is not completed, or there is no such job); ``SerializationError`` for a result
+    over the cap. A codec over its cap is named by its size, which no reader allows."""
+    data = result_from_reply(job_id, reply)
+    if reply[0] != b"completed":
+        return None
+    codec = reply[3]
+    if codec is None:
+        return "json", data  # a completed job's default codec is not kept (finish.lua)
+    if isinstance(codec, int):
+        return f"<{records.over_cap(codec)}>", data
+    return records.text(codec), data

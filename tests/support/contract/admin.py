@@ -44,6 +44,23 @@ class AdminContract:
             [cancelled],
         ]
 
+    def test_completed_results_reads_each_completed_jobs_codec_and_result(
+        self, backend: Backend
+    ) -> None:
+        valued, empty, failed = add(backend), add(backend), add(backend)
+        finish(backend, claim_one(backend), result=b"[1, 2]")
+        finish(backend, claim_one(backend))
+        finish(backend, claim_one(backend), "fail", error="boom")
+        waiting = add(backend)
+        assert backend.completed_results([valued, "nope", empty, failed, waiting]) == [
+            ("json", b"[1, 2]"),
+            None,
+            ("json", None),
+            None,
+            None,
+        ]
+        assert backend.completed_results([]) == []
+
     def test_outcomes_reads_each_jobs_state_and_outcome_in_order(self, backend: Backend) -> None:
         completed, failed, cancelled = add(backend), add(backend), add(backend)
         finish(backend, claim_one(backend))
