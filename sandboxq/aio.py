@@ -35,7 +35,7 @@ from sandboxq.batch import (
 )
 from sandboxq.client import Call, Producer, call_pair, check_since
 from sandboxq.errors import ConfigError, JobNotFound, SandboxqError
-from sandboxq.finished import Trims, check_seconds, finished_value, no_such_job
+from sandboxq.finished import Trims, check_seconds, finished_value, no_such_job, result_value
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_batch_id, check_job_id
 
 __all__ = ["AsyncBatch", "AsyncJob", "Queue"]
@@ -208,6 +208,10 @@ class AsyncJob:
                 raise await self.not_found() from None
             if state is None:
                 continue
+            if state is JobState.COMPLETED:  # its codec and result: one light read
+                (done,) = await backend.completed_results([self.id])
+                if done is not None:
+                    return result_value(self.id, *done, self.queue.allowed_codecs)
             # the record and the result in one round trip: a woken waiter returns sooner
             ((info, data),) = await backend.get_many([self.id])
             if info is None:

@@ -25,7 +25,13 @@ from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
 from sandboxq.batch import Batch, batch_total, check_batch_calls, new_batch_id
 from sandboxq.errors import ConfigError, JobNotFound, SandboxqError, SerializationError
-from sandboxq.finished import check_seconds, decode_result, finished_value, no_such_job
+from sandboxq.finished import (
+    check_seconds,
+    decode_result,
+    finished_value,
+    no_such_job,
+    result_value,
+)
 from sandboxq.models import (
     JobInfo,
     JobOptions,
@@ -93,6 +99,10 @@ class Job:
                 raise self.not_found() from None
             if state is None:
                 continue
+            if state is JobState.COMPLETED:  # its codec and result: one light read
+                (done,) = self.queue.backend.completed_results([self.id])
+                if done is not None:
+                    return result_value(self.id, *done, self.queue.allowed_codecs)
             # the record and the result in one round trip: a woken waiter returns sooner
             ((info, data),) = self.queue.backend.get_many([self.id])
             if info is None:
