@@ -274,6 +274,31 @@ def test_a_forged_label_is_refused_on_resume_without_reading_it_whole(
 
 
 @pytest.mark.timeout(60)
+def test_a_resume_into_another_inputs_output_is_refused(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """The output's rows name input lines, not batches: a resume into the file another
+    run wrote took its lines as this batch's, and skipped them. A row naming a line this
+    batch never had is refused, and the file is left as it was."""
+    from sandboxq.cli.run_fleet import _label
+
+    with Queue(queue_name, redis_url) as q:
+        batch = q.batch([([1], {})], label=_label("in.jsonl", [1], {}))
+    out = tmp_path / "out.jsonl"
+    out.write_text(
+        '{"line": 1, "outcome": "ok", "attempts": 1, "result": 7}\n'
+        '{"line": 2, "outcome": "ok", "attempts": 1, "result": 8}\n'
+    )
+    written = out.read_text()
+    proc = sandboxq_run(
+        "--resume", batch.id, "--url", redis_url, "--queue", queue_name, "--output", str(out)
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "holds line 2, which batch" in proc.stderr and "Traceback" not in proc.stderr
+    assert out.read_text() == written
+
+
+@pytest.mark.timeout(60)
 def test_a_batch_only_partly_sent_is_not_resumed_and_says_how_to_clear_it(
     redis_url: str, queue_name: str, tmp_path: Path
 ) -> None:

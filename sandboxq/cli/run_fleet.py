@@ -323,6 +323,13 @@ def _follow(
         if args.output:  # ours before its lines are read: no other run writes it meanwhile
             file = stack.enter_context(open_output(args.output, append=bool(args.resume)))
         done = list(written_lines(args.output)) if args.resume else []
+        known = set(lines) | set(malformed)
+        stray = next((line for line, _ in done if line not in known), None)
+        if stray is not None:
+            raise ConfigError(
+                f"{args.output} holds line {stray}, which {source} never had: it was written "
+                "for another input; resume into the file this batch's run wrote"
+            )
         output = Output(file, tally)
         for line, outcome in done:  # written by an earlier run: counted, not written again
             output.written.add(line)
