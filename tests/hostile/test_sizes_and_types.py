@@ -19,7 +19,7 @@ from sandboxq import Queue
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.codec import DEFAULT_MAX_BYTES
-from sandboxq.errors import BackendError, SerializationError
+from sandboxq.errors import BackendError, CodecRefused, SerializationError
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 from tests.support.server_stats import script_calls
@@ -45,6 +45,22 @@ def test_a_result_over_the_cap_is_refused_with_the_cap(raw: redis.Redis, q: Queu
     with pytest.raises(SerializationError, match=str(DEFAULT_MAX_BYTES)) as caught:
         job.result(timeout_s=5)
     assert job.id in str(caught.value)
+
+
+def test_a_codec_over_its_cap_is_refused_not_read(raw: redis.Redis, q: Queue) -> None:
+    """A completed job's result is read with its codec alone (read_result.lua, the read of
+    ``result()`` and of a batch's ``results()``), which sends a codec only up to 64
+    bytes: one made huge by hand comes back named by its size, and is refused, naming
+    the job."""
+    job = q.enqueue("x")
+    forge_completed(raw, q.name, job.id, result=b'"x"', codec=b"json" * 25_000)
+    [found] = q.backend.completed_results([job.id])
+    assert found is not None
+    codec, result = found
+    assert codec.startswith("<") and "100000 bytes" in codec and result == b'"x"'
+    with pytest.raises(CodecRefused, match="100000 bytes") as caught:
+        job.result(timeout_s=5)
+    assert job.id in str(caught.value) and "jsonjson" not in str(caught.value)
 
 
 def test_fields_over_the_cap_are_listed_not_read(raw: redis.Redis, q: Queue) -> None:
