@@ -39,7 +39,12 @@ servers:
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# Bytecode first: the suite starts some hundreds of Python processes (workers, the command
+# line), and where PYTHONDONTWRITEBYTECODE is set (many containers) each one compiled the
+# package anew: 0.1 s a start, 17 % of the command-line tests' time. An installed package
+# has its bytecode from pip; an editable checkout gets it here (stale files are ignored).
 test: $(STAMP) servers
+	$(PY) -m compileall -q sandboxq examples
 	$(PY) -m pytest -q
 
 # ruff (with its complexity rule), ruff format, mypy --strict, and the one-way import
