@@ -113,8 +113,12 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
                     left = min(left, (due_ms - now_ms()) / 1000)
                 if left <= 0:
                     break
-                store.cond.wait(left)
-            return claimed
+                # Jobs left waiting after a claim that took none: it stopped at its budget
+                # of a cancelled batch's members (Store.claim); it goes on at once.
+                store.cond.wait(0 if store.waiting else left)
+        if store.outbox:  # a batch those members finished is done: its follow-up
+            self.send_follow_ups()
+        return claimed
 
     def stop_waiting(self, worker_id: str) -> None:
         with self._store.cond:

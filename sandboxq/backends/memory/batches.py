@@ -43,6 +43,9 @@ class BatchRecord:
     done_ms: int | None = None
     then_sent: bool = False
     label: str | None = None
+    #: While a cancel of the batch is under way: how many members claims cancelled for it
+    #: (``Store.claim``; batch_each.lua's 'cancelling' mark)
+    cancelling: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +153,7 @@ class Batches:
 
         def enqueue(self, jobs: Sequence[NewJob]) -> list[tuple[str, bool]]: ...
 
-        def cancel(self, job_id: str) -> bool: ...
+        def cancel_jobs(self, job_ids: Sequence[str], *, running: bool = True) -> int: ...
 
         def retry_failed(self, job_id: str) -> bool: ...
 
@@ -227,28 +230,34 @@ class Batches:
                 store.cond.wait(left)
 
     def batch_each(self, batch_id: str, action: BatchAction) -> int | None:
-        with self._store.cond:
-            batch = self._store.batches.get(batch_id)
+        """As batch_each.lua: a cancel goes ``BATCH_CHUNK`` members a hold of the lock, and
+        from its first hold on, a claim that pops a member it has not reached yet cancels
+        that member instead of starting it (``Store.claim``), counted here."""
+        store = self._store
+        with store.cond:
+            batch = store.batches.get(batch_id)
             if batch is None:
                 return None
             last = max(batch.total, batch.enqueued)
             ids = [f"{batch_id}.{i}" for i in range(last)]
             # only members: an id an enqueue stopped before may be another job's
-            ids = [i for i in ids if (job := self._store.jobs.get(i)) and job.batch == batch_id]
+            ids = [i for i in ids if (job := store.jobs.get(i)) and job.batch == batch_id]
+            if action != "retry":
+                batch.cancelling = 0
         if action == "retry":
             acted = sum(1 for job_id in ids if self.retry_failed(job_id))
-        else:
-            acted = sum(1 for job_id in ids if self._cancel_member(job_id, action))
-        self.send_follow_ups()
+            self.send_follow_ups()
+            return acted
+        acted = 0
+        try:
+            for start in range(0, len(ids), rules.BATCH_CHUNK):
+                chunk = ids[start : start + rules.BATCH_CHUNK]
+                acted += self.cancel_jobs(chunk, running=action == "cancel")
+        finally:
+            with store.cond:
+                acted += batch.cancelling or 0
+                batch.cancelling = None
         return acted
-
-    def _cancel_member(self, job_id: str, action: BatchAction) -> bool:
-        if action == "cancel_unstarted":
-            with self._store.cond:
-                job = self._store.jobs.get(job_id)
-                if job is None or job.state is JobState.ACTIVE:
-                    return False  # running: it goes on
-        return self.cancel(job_id)
 
     def list_batches(self, limit: int = 50) -> list[BatchProgress]:
         store = self._store

@@ -97,43 +97,39 @@ class Management:
         return state
 
     def cancel(self, job_id: str) -> bool:
+        return self.cancel_jobs([job_id]) == 1
+
+    def cancel_jobs(self, job_ids: Sequence[str], *, running: bool = True) -> int:
+        """Cancel ``job_ids`` (``running=False``: a running one goes on) in one hold of
+        the lock, as one script call does on Redis: no claim comes between a look at a
+        job's state and its cancel, nor between two of them. The revoked leases' owners
+        are told after. Returns how many were cancelled."""
         store = self._store
+        revoked: list[tuple[str, str]] = []
+        cancelled = 0
         with store.cond:
-            job = store.jobs.get(job_id)
-            if job is None or job.state.finished:
-                return False
-            now, was = now_ms(), job.state.value
-            cause = rules.CANCELLED_TEXT % was
-            token = job.token
-            if job.state is ACTIVE:
-                # The fence: the revoked lease may still be running until its owner
-                # confirms it dead or the lease runs out (retry_failed honours it).
-                job.fence_owner, job.fence_token = job.owner, job.token
-                job.fenced_until_ms = job.lease_ms
-                record = AttemptRecord(
-                    attempt=job.attempts,
-                    outcome=Outcome.CANCELLED,
-                    worker_id=job.owner,
-                    pid=self.running_pid(job.id, job.owner),
-                    started_ms=job.claimed_ms,
-                    ended_ms=now,
-                    error=cause,
-                )
-                store.record(job, record, cause)
-            job.outcome, job.error = Outcome.CANCELLED, cause
-            store.move(job, CANCELLED, now)  # clears owner and token: the lease is revoked
-            store.emit("cancelled", job_id, **{"from": was})
+            now = now_ms()
+            for job_id in job_ids:
+                job = store.jobs.get(job_id)
+                if job is None or job.state.finished or (not running and job.state is ACTIVE):
+                    continue
+                pid = self.running_pid(job.id, job.owner) if job.state is ACTIVE else None
+                token = store.cancel(job, now, pid)
+                cancelled += 1
+                if token is not None:
+                    revoked.append((job_id, token))
             # Only a lease's owner has an attempt to stop (as cancel.lua tells no one else).
-            watchers = list(store.watchers) if token is not None else []
+            watchers = list(store.watchers) if revoked else []
         # Outside the lock: a callback that calls back into the backend must not deadlock.
         if store.outbox:  # a batch this finished is done: its follow-up (batches.py)
             self.send_follow_ups()
-        for callback in watchers:
-            try:
-                callback(job_id, token)
-            except Exception:
-                log.exception("cancellation callback %r failed for job %s", callback, job_id)
-        return True
+        for job_id, token in revoked:
+            for callback in watchers:
+                try:
+                    callback(job_id, token)
+                except Exception:
+                    log.exception("cancellation callback %r failed for job %s", callback, job_id)
+        return cancelled
 
     def retry_failed(self, job_id: str) -> bool:
         store = self._store

@@ -234,10 +234,14 @@ class Store:
         base = token_base or rules.token_base()
         self.promote(now)
         claimed: list[Claimed] = []
-        while len(claimed) < count and self.waiting:
+        cancelled = 0  # members of a batch being cancelled: TRIM_BUDGET a claim at most
+        while len(claimed) < count and self.waiting and cancelled < rules.TRIM_BUDGET:
             _, seq, job_id = heapq.heappop(self.waiting)
             job = self.live(seq, job_id, WAITING)
             if job is None:
+                continue
+            if job.batch is not None and self.cancelled_by_claim(job, now):
+                cancelled += 1
                 continue
             job.attempts += 1
             ready_ms = job.ready_ms or job.created_ms
@@ -252,6 +256,41 @@ class Store:
             self.emit("active", job.id, worker=worker_id, attempt=str(job.attempts))
             claimed.append(self.claimed(job, claimed_at, now))
         return claimed
+
+    def cancelled_by_claim(self, job: Job, now: int) -> bool:
+        """Whether ``job``, just popped by a claim, is a member of a batch whose cancel is
+        under way: then it is cancelled instead of started, and the cancel counts it."""
+        batch = self.batches.get(job.batch or "")
+        if batch is None or batch.cancelling is None:
+            return False
+        self.cancel(job, now)
+        batch.cancelling += 1
+        return True
+
+    def cancel(self, job: Job, now: int, pid: int | None = None) -> str | None:
+        """Cancel ``job`` (not finished; ``pid``: its child's, if it runs); the lease token
+        it revoked (cancel.lua)."""
+        was, token = job.state.value, job.token
+        cause = rules.CANCELLED_TEXT % was
+        if job.state is ACTIVE:
+            # The fence: the revoked lease may still be running until its owner
+            # confirms it dead or the lease runs out (retry_failed honours it).
+            job.fence_owner, job.fence_token = job.owner, job.token
+            job.fenced_until_ms = job.lease_ms
+            record = AttemptRecord(
+                attempt=job.attempts,
+                outcome=Outcome.CANCELLED,
+                worker_id=job.owner,
+                pid=pid,
+                started_ms=job.claimed_ms,
+                ended_ms=now,
+                error=cause,
+            )
+            self.record(job, record, cause)
+        job.outcome, job.error = Outcome.CANCELLED, cause
+        self.move(job, CANCELLED, now)  # clears owner and token: the lease is revoked
+        self.emit("cancelled", job.id, **{"from": was})
+        return token
 
     def fail_unstarted(
         self, job: Job, worker_id: str, outcome: Outcome, error: str, now: int

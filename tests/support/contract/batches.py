@@ -268,6 +268,30 @@ class BatchContract:
         assert backend.batch_each("b1", "cancel") == 0
         assert backend.batch_each("nope", "cancel") is None
 
+    def test_no_member_is_claimed_between_a_cancels_members(self, backend: Backend) -> None:
+        """A cancel tells a running member's owner as it revokes its lease. A claim made
+        right then (the owner's fetcher refilling the slot) took the next members, which
+        the same cancel then cancelled while they ran: children killed, work lost. Members
+        the cancel has not reached yet (it goes 1,000 a step) are cancelled by the claim
+        that meets them, and counted for the cancel."""
+        n = 2500
+        backend.enqueue_batch("b4", members("b4", n))
+        running = claim_one(backend)
+        claimed_when_told: list[list[Claimed]] = []
+
+        def told(job_id: str, token: str | None) -> None:
+            if job_id == running.id:
+                claimed_when_told.append(backend.claim("w2", 5, LEASE_S))
+
+        stop = backend.watch_cancellations(told)
+        try:
+            assert backend.batch_each("b4", "cancel") == n
+            wait_for(lambda: claimed_when_told, 10, "the running member's owner to be told")
+        finally:
+            stop()
+        assert claimed_when_told == [[]]
+        assert counts(backend.batch_progress("b4")) == {"cancelled": n}
+
     def test_cancel_unstarted_leaves_running_members_to_their_end(self, backend: Backend) -> None:
         backend.enqueue_batch("b3", members("b3", 3))
         running = claim_one(backend)
