@@ -23,6 +23,8 @@ $(BENCH_STAMP): $(STAMP)
 # redis-server (and redis-cli, package redis-tools, to join a throwaway Redis Cluster),
 # Prometheus with promtool (it scrapes a worker and the exporter), and Debian's headless
 # Chromium with its driver (the dashboard's browser tests). apt starts no service here.
+# Recommended packages are left out: for these they are a desktop's (printing, power,
+# notifications, Avahi, a node exporter), some hundred packages the tests never use.
 SERVER_COMMANDS := redis-server:redis-server redis-cli:redis-tools prometheus:prometheus \
                    promtool:prometheus chromium:chromium chromedriver:chromium-driver
 servers:
@@ -31,7 +33,7 @@ servers:
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 	@for pair in $(SERVER_COMMANDS); do command -v $${pair%%:*} >/dev/null 2>&1 || \
 	  { echo "$${pair%%:*} could not be installed (package $${pair#*:})"; exit 1; }; done
