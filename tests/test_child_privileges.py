@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ import pytest
 from sandboxq import ConfigError, Pool
 
 E = "sandboxq.testing.escapes:"
+S = "sandboxq.testing.siblings:"
 IDENTITY = str(importlib.util.find_spec("sandboxq.testing.identity").origin)  # type: ignore[union-attr]
+SIBLINGS = str(importlib.util.find_spec("sandboxq.testing.siblings").origin)  # type: ignore[union-attr]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a child's ids needs root")
 
 
@@ -100,3 +103,57 @@ def test_no_network_where_the_kernel_refuses_it_is_an_error_naming_why() -> None
     )
     assert "network=False needs a network namespace" in done.stdout, done.stderr
     assert "Operation not permitted" in done.stdout
+
+
+@pytest.fixture
+def siblings_any_user_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The siblings module as ``siblings_anyone:``, in a directory any user may read (the
+    checkout may sit below one only root may enter), under a name no fork server has
+    preloaded."""
+    where = Path(tempfile.mkdtemp(dir="/tmp"))
+    where.chmod(0o755)
+    shutil.copy(SIBLINGS, where / "siblings_anyone.py")
+    (where / "siblings_anyone.py").chmod(0o644)
+    monkeypatch.syspath_prepend(str(where))
+    yield "siblings_anyone:"
+    shutil.rmtree(where)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("containment", "user"), [("cgroup", None), ("process_tree", "nobody")], ids=str
+)
+def test_a_child_cannot_read_another_childs_memory(
+    containment: str, user: str | None, siblings_any_user_reads: str
+) -> None:
+    """Children run as one user (root without capabilities in a cgroup mode, or ``user=``):
+    a handler opened a sibling's ``/proc/<pid>/mem`` and read another job's data (it could
+    have written it too). Each child is undumpable, which the kernel's ptrace check holds
+    against a process without CAP_SYS_PTRACE. (A root child in process-tree mode keeps
+    root's capabilities, this one among them: the README says so.)"""
+    if os.geteuid() != 0:
+        pytest.skip("control groups and user= need root here")
+    barriers = Path(tempfile.mkdtemp(dir="/tmp"))  # where any user's children may write
+    barriers.chmod(0o777)
+    path = str(barriers / "secret")
+    try:
+        with Pool(siblings_any_user_reads + "call", 2, containment=containment, user=user) as pool:
+            holder = pool.submit("hold_secret", path)
+            reader = pool.submit("read_secret", path)
+            assert holder.result(timeout=30) == "another job's secret"
+            assert reader.result(timeout=30) == {"read": "Permission denied"}
+    finally:
+        shutil.rmtree(barriers)
+
+
+@pytest.mark.timeout(60)
+def test_no_attempt_keeps_the_dumpable_flag_an_earlier_one_set() -> None:
+    """Any process may make itself dumpable again: one attempt that did would leave the
+    next ones in that child readable by their siblings."""
+    with Pool(S + "call", 1) as pool:
+        assert pool.submit("dumpable").result(timeout=30) == 0
+        assert pool.submit("become_dumpable").result(timeout=30) == 1
+        assert pool.submit("dumpable").result(timeout=30) == 0
+    with Pool(S + "call", 1, core_dumps=True) as pool:
+        # a core dump needs it: with core_dumps the children stay dumpable
+        assert pool.submit("dumpable").result(timeout=30) == 1

@@ -2,10 +2,10 @@
 child; the parent only builds the ``ChildSetup`` it is handed.
 
     parent: ChildSetup(procs files, rlimits, cpu_time_s, privileges) ──► child_main
-    child:  enter(setup)         join the group, set rlimits, drop privileges
-                                 (privileges.py; all before the processor loads)
-            wrap(processor)      per attempt: a fresh CPU budget; after it, nothing the
-                                 attempt started is left in the group
+    child:  enter(setup)         join the group, set rlimits, drop privileges, turn
+                                 undumpable (privileges.py; all before the processor loads)
+            wrap(processor)      per attempt: a fresh CPU budget; after it, undumpable
+                                 again and nothing the attempt started left in the group
 
 Only rlimits that cannot hurt numpy are set by default: no core dumps. ``cpu_time_s``
 (RLIMIT_CPU) counts the child's own CPU time; the kernel counts it per process from its
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandboxq.pool.privileges import NO_CHANGE, Privileges, drop
+from sandboxq.pool.privileges import NO_CHANGE, Privileges, drop, undumpable
 
 #: How long the sweep after an attempt waits for the processes it killed to exit.
 SWEEP_WAIT_S = 2.0
@@ -76,20 +76,25 @@ def enter(setup: ChildSetup) -> None:
         size = int(setup.max_address_space_mb * 2**20)
         _set(resource.RLIMIT_AS, size, hard=size)
     drop(setup.privileges)  # last: joining the group and the rlimits needed them
+    if not setup.core_dumps:  # a core dump needs the process dumpable
+        undumpable()  # before any job's data is in it (privileges.py says why)
 
 
 def wrap(
     processor: Callable[..., Any], setup: ChildSetup, *, sweep: bool = True
 ) -> Callable[..., Any]:
     """``processor``, with a fresh CPU budget before each call and the group swept after
-    (``sweep=False``: the pool keeps strays on purpose, ``keep_strays``).
+    (``sweep=False``: the pool keeps strays on purpose, ``keep_strays``), undumpable
+    during each call and after it unless core dumps are wanted: an attempt may have made
+    its process dumpable again, and the next one must not run so.
 
-    Unwrapped when neither applies, so a pool without them pays nothing per attempt.
+    Unwrapped when none applies, so a pool without them pays nothing per attempt.
     """
     budget = setup.cpu_time_s
     group_sweep = sweep and bool(setup.procs_files and setup.pids_current)
     sweep_group = _Sweep(setup) if group_sweep else None
-    if budget is None and sweep_group is None:
+    guard_memory = not setup.core_dumps
+    if budget is None and sweep_group is None and not guard_memory:
         return processor
 
     def contained(*args: Any, **kwargs: Any) -> Any:
@@ -97,12 +102,13 @@ def wrap(
             used = resource.getrusage(resource.RUSAGE_SELF)
             soft = math.ceil(used.ru_utime + used.ru_stime + budget)
             _set(resource.RLIMIT_CPU, soft)
-        if sweep_group is None:
-            return processor(*args, **kwargs)
         try:
             return processor(*args, **kwargs)
         finally:
-            sweep_group()
+            if guard_memory:
+                undumpable()  # about 1 us: set back whatever the handler set
+            if sweep_group is not None:
+                sweep_group()
 
     return contained
 

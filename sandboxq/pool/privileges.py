@@ -142,6 +142,17 @@ class _CapData(ctypes.Structure):
     )
 
 
+def undumpable() -> None:
+    """This process's memory out of reach of its siblings: the kernel gives
+    ``/proc/<pid>/mem`` and ptrace of a process of the same user to one without
+    CAP_SYS_PTRACE (a child: it has none) only while the target is dumpable. Any process
+    may set the flag back on itself, and an opened ``mem`` stays usable: so the child
+    clears it at start and around each attempt (limits.py). The parent keeps its access
+    (CAP_SYS_PTRACE as root; the world-readable files of ``/proc/<pid>`` otherwise), and so
+    does the child to its own ``/proc/self``."""
+    _prctl(_PR_SET_DUMPABLE, 0)
+
+
 def drop(privileges: Privileges) -> None:
     """Give up what ``privileges`` names; in the child, before its processor is imported.
     Raises ``OSError`` naming the step that failed (the child then exits: a child that

@@ -123,18 +123,18 @@ def _cmdline(proc: psutil.Process) -> str:
 
 def in_namespace_of(pid: int, inner: Iterable[int]) -> list[int]:
     """The pids, as this process sees them, of ``inner``: pids in ``pid``'s own PID
-    namespace (what a handler sees and records with ``pid_namespace=True``); those gone
-    are left out."""
+    namespace (what a handler sees and records with ``pid_namespace=True``) of processes
+    below ``pid``; those gone are left out. Found by each one's ``NSpid`` (its pid in
+    every namespace it is in, its own last), readable by anyone: a child is undumpable,
+    so its ``/proc/<pid>/ns`` is not, to a process without CAP_SYS_PTRACE."""
     wanted = set(inner)
-    try:
-        namespace = os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return []
     found = []
-    for proc in psutil.process_iter():
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    for proc in below:
         try:
-            if os.readlink(f"/proc/{proc.pid}/ns/pid") != namespace:
-                continue
             with open(f"/proc/{proc.pid}/status") as f:
                 nspid = next(line for line in f if line.startswith("NSpid:")).split()
         except (OSError, StopIteration):
