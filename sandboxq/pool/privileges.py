@@ -147,7 +147,7 @@ def undumpable() -> None:
     ``/proc/<pid>/mem`` and ptrace of a process of the same user to one without
     CAP_SYS_PTRACE (a child: it has none) only while the target is dumpable. Any process
     may set the flag back on itself, and an opened ``mem`` stays usable: so the child
-    clears it at start and around each attempt (limits.py). The parent keeps its access
+    clears it at start and after each attempt (limits.py). The parent keeps its access
     (CAP_SYS_PTRACE as root; the world-readable files of ``/proc/<pid>`` otherwise), and so
     does the child to its own ``/proc/self``."""
     _prctl(_PR_SET_DUMPABLE, 0)
