@@ -6,8 +6,8 @@ any ``user=``.
 |--------------------|-----------------------------------------|---------------------------|
 | hold_secret(path)  | holds ``SECRET``, says where (``path``), until ``path.done`` exists |
 | read_secret(path)  | ``{"read": "Permission denied"}``       | ``{"read": "ok"}``        |
-| become_dumpable()  | 1: any process may set its own flag     |                           |
-| dumpable()         | 0 (``prctl(PR_GET_DUMPABLE)``)          | 1                         |
+| become_dumpable()  | ``[pid, 1]``: any process may set its own flag                      |
+| dumpable()         | ``[pid, 0]`` (``prctl(PR_GET_DUMPABLE)``) | ``[pid, 1]``            |
 """
 
 from __future__ import annotations
@@ -59,15 +59,16 @@ def read_secret(path: str) -> dict[str, Any]:
         open(path + ".done", "w").close()
 
 
-def become_dumpable() -> int:
+def become_dumpable() -> list[int]:
     """Set this process dumpable (any process may), as an attempt preparing its child for
-    a later one would; returns the flag."""
+    a later one would; returns its pid and the flag."""
     _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
     return dumpable()
 
 
-def dumpable() -> int:
-    return int(_libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0))
+def dumpable() -> list[int]:
+    """This process's pid and its dumpable flag."""
+    return [os.getpid(), int(_libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0))]
 
 
 def call(name: str, *args: Any) -> Any:
