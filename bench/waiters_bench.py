@@ -23,6 +23,9 @@ Both with no-op jobs (the worker at full speed, ~5,000 jobs/s here; once more wi
 collections out of the lateness) and with ``--job-s`` jobs (5 ms: two children finish
 ~360 a second).
 
+Then the listener's connection is killed under ``--waiters`` parked coroutines: once it
+reconnects it wakes every one of them to look again; the loop's worst lateness meanwhile.
+
 Then the same with ``--threads`` threads each blocked in the synchronous ``Job.result()``
 (``--threads 0``: none).
 The machine is shared (2 cores: Redis, the worker, its children and this process): the
@@ -173,6 +176,35 @@ async def async_run(url: str, n: int, job_s: float = 0.0, freeze: bool = False) 
     }
 
 
+async def reconnect_run(url: str, n: int) -> float:
+    """``n`` coroutines parked on ``result()``, then the listener's connection is killed
+    (``CLIENT KILL``, as a Redis restart or a failover does): once it reconnects, the
+    listener wakes every waiter to look again. The ticker's worst lateness from the kill
+    until every waiter is parked again, in ms."""
+    queue = f"wb-{uuid.uuid4().hex[:8]}"
+    async with aio.Queue(queue, url) as q:
+        jobs = await q.enqueue_many([((i,), {}) for i in range(n)])
+        tasks = [asyncio.ensure_future(job.result(timeout_s=600)) for job in jobs]
+        await until(lambda: finishes.parked_count() >= n, 120, f"{n} waiters parked")
+        ticker = Ticker()
+        ticking = asyncio.ensure_future(ticker.run())
+        await asyncio.sleep(0.05)
+        ticker.measuring = True
+        with redis.Redis.from_url(url) as raw:
+            for client in raw.client_list():
+                if client.get("name") == finishes.CLIENT_NAME:
+                    raw.client_kill_filter(_id=client["id"])
+        # every waiter leaves its wait once woken, and parks again after its read
+        await until(lambda: finishes.parked_count() < n, 30, "the wake after the reconnect")
+        await until(lambda: finishes.parked_count() >= n, 60, f"{n} waiters parked again")
+        ticker.measuring = False
+        ticking.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return ticker.late_s * 1000
+
+
 def sync_run(url: str, n: int) -> dict[str, Any]:
     queue = f"wb-{uuid.uuid4().hex[:8]}"
     returned_s: dict[str, float] = {}
@@ -309,6 +341,7 @@ def main() -> None:
     sruns: list[dict[str, Any]] = []
     frozen: list[dict[str, Any]] = []
     idle: list[float] = []
+    reconnects: list[float] = []
     n = f"{args.waiters:,} coroutines"
     flabel = f"{n}, no-op jobs"
     zlabel = f"{n}, no-op jobs, gc.freeze() once parked"
@@ -323,6 +356,11 @@ def main() -> None:
             print(f"  run {i + 1}/{args.runs}: " + async_line(zlabel, frozen[-1], idle[-1]))
             paced.append(asyncio.run(async_run(url, args.waiters, args.job_s)))
             print(f"  run {i + 1}/{args.runs}: " + async_line(plabel, paced[-1], idle[-1]))
+            reconnects.append(asyncio.run(reconnect_run(url, args.waiters)))
+            print(
+                f"  run {i + 1}/{args.runs}: {n}, the listener reconnected: loop late "
+                f"{reconnects[-1]:.1f} ms while every waiter looked again"
+            )
             if not args.threads:
                 continue
             sruns.append(sync_run(url, args.threads))
@@ -345,6 +383,13 @@ def main() -> None:
             note="what is left once the collector no longer walks the parked waiters",
         ),
         *async_figures(plabel, paced),
+        figures.figure(
+            f"{n}, the listener reconnected: event-loop lateness, worst",
+            reconnects,
+            "ms",
+            LATENESS,
+            note="every waiter woken to look again, a slice at a time",
+        ),
     ]
     if sruns:
         figs += [*conn_figures(slabel, sruns), *wake_figures(slabel, sruns, target=False)]

@@ -6,7 +6,7 @@ the synchronous API uses).
     coroutine ── listener_for(), then register on its Board (no await in between, so it
                  cannot stop for want of waiters meanwhile) ── await ready(listener)
               ── read the state / the batch's stream ── await a wake (its own timeout)
-    listener task ── XRANGE - + COUNT 1 (gap check), XREAD BLOCK ── deliver ──► wakes
+    listener task ── XRANGE - + COUNT 1 (gap check), XREAD BLOCK ── wakes, a slice at a time
                   ── no waiter left after a read: leave the table, close the connection
 
 A cancelled waiter leaves the board in its ``finally``; nothing else holds it. The task
@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 
 from sandboxq.backends import rules
 from sandboxq.backends.redis import finishes
+from sandboxq.backends.redis.aio_lane import SLICE
 from sandboxq.backends.redis.finishes import Board
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.models import JobState
@@ -97,8 +98,8 @@ async def again_once(read: Callable[..., Awaitable[T]], *args: Any) -> T:
 
 
 #: Stream entries one read takes at most: fewer than the thread's (finishes.LISTEN_COUNT).
-#: Every waiter a read wakes runs before the loop looks at anything else, so a read wakes
-#: at most ~85 (three events per job); the loop turns again while the next read is out.
+#: A read names at most ~85 jobs (three events per job), whose waiters are woken a slice
+#: at a time (``_wake_in_slices``); the loop turns again while the next read is out.
 READ_COUNT = 256
 
 Table = dict[tuple[str, str], "Listener"]
@@ -170,9 +171,10 @@ class Listener:
                 broken = True
                 await asyncio.sleep(finishes.RETRY_S)
                 continue
-            self._cursor = finishes.took_read(
+            self._cursor, woken = finishes.took_read(
                 self.board, self._cursor, reply, oldest, broken, self._where
             )
+            await _wake_in_slices(woken)
             broken = False
             if self.board.empty():
                 return
@@ -180,6 +182,18 @@ class Listener:
     def _leave(self) -> None:
         if self._table.get(self._key) is self:
             del self._table[self._key]
+
+
+async def _wake_in_slices(woken: list[tuple[Waiter, JobState | None]]) -> None:
+    """Wake ``woken`` SLICE at a time, yielding to the loop in between: every coroutine a
+    wake resumes runs before the loop looks at anything else, and after a reconnect the
+    listener wakes every waiter (10,000 parked waiters woken at once held the loop for
+    90-265 ms in 3 runs, 10-70 ms a slice at a time; bench/waiters_bench.py's outage is
+    the same path)."""
+    for start in range(0, len(woken), SLICE):
+        if start:
+            await asyncio.sleep(0)
+        finishes.wake(woken[start : start + SLICE])
 
 
 async def _close(client: aredis.Redis) -> None:

@@ -100,9 +100,10 @@ class Listener:
                 broken = True
                 time.sleep(finishes.RETRY_S)
                 continue
-            self._cursor = finishes.took_read(
+            self._cursor, woken = finishes.took_read(
                 self.board, self._cursor, reply, oldest, broken, self._where
             )
+            finishes.wake(woken)
             broken = False
             if self._stop_if_idle():
                 return

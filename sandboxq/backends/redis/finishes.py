@@ -138,8 +138,11 @@ class Board(Generic[W]):
         with self._lock:
             return not self._jobs and not self._batches
 
-    def deliver(self, entries: Iterable[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        """Wake the waiters of every job (and its batch) a non-quiet entry names."""
+    def named_by(
+        self, entries: Iterable[tuple[bytes, dict[bytes, bytes]]]
+    ) -> list[tuple[W, JobState | None]]:
+        """The waiters of every job (and its batch) a non-quiet entry names, each with the
+        final state its entry says the job reached (None: read it)."""
         woken: list[tuple[W, JobState | None]] = []
         with self._lock:
             for _, fields in entries:
@@ -152,15 +155,12 @@ class Board(Generic[W]):
                 batch_id, dot, index = job_id.rpartition(".")
                 if dot and index.isdigit():
                     woken += ((w, None) for w in self._batches.get(batch_id, ()))
-        for waiter, state in woken:
-            waiter.wake(state)
+        return woken
 
-    def wake_all(self) -> None:
-        """Every waiter looks again (the listener may have missed entries)."""
+    def everyone(self) -> list[tuple[W, JobState | None]]:
+        """Every waiter, to look again (the listener may have missed entries)."""
         with self._lock:
-            woken = [w for ws in (*self._jobs.values(), *self._batches.values()) for w in ws]
-        for waiter in woken:
-            waiter.wake(None)
+            return [(w, None) for ws in (*self._jobs.values(), *self._batches.values()) for w in ws]
 
 
 def _discard(table: dict[str, list[W]], key: str, waiter: W) -> None:
@@ -237,18 +237,23 @@ def next_cursor(cursor: str, entries: Any, oldest: Any) -> str:
 
 
 def took_read(
-    board: Board[Any], cursor: str, reply: Any, oldest: Any, broken: bool, where: str
-) -> str:
+    board: Board[W], cursor: str, reply: Any, oldest: Any, broken: bool, where: str
+) -> tuple[str, list[tuple[W, JobState | None]]]:
     """What a listener does with one read (the sync thread's and the asyncio task's
     alike): after an outage or a trimmed gap every waiter looks again, then the entries
-    read wake theirs. Returns where the next read starts."""
+    read wake theirs. Returns where the next read starts, and whom to wake (``wake``)."""
+    woken: list[tuple[W, JobState | None]] = []
     if broken or trimmed(cursor, oldest):
         if broken:
             log.warning("finish listener on %s: reconnected", where)
-        board.wake_all()
+        woken = board.everyone()
     entries = list(reply[0][1]) if reply else []
-    board.deliver(entries)
-    return next_cursor(cursor, entries, oldest)
+    return next_cursor(cursor, entries, oldest), woken + board.named_by(entries)
+
+
+def wake(woken: Iterable[tuple[Waiter, JobState | None]]) -> None:
+    for waiter, state in woken:
+        waiter.wake(state)
 
 
 def start_cursor(newest: Any) -> str:
