@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 from concurrent.futures import Future
 from typing import Any
 
@@ -89,6 +90,48 @@ def test_a_root_handler_cannot_write_its_group_through_a_mount_of_its_own(
     ) as pool:
         got = value(pool)
     assert got["wrote"] != "ok", got
+
+
+def _write_as(uid: int, path: str, value: str) -> str:
+    """Write ``value`` to ``path`` from a process of ``uid`` (no capabilities): "ok", or
+    the error's strerror."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            with open(path, "w") as f:
+                f.write(value)
+            said = "ok"
+        except OSError as exc:
+            said = exc.strerror or str(exc)
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        said = f.read()
+    os.waitpid(pid, 0)
+    return said
+
+
+@pytest.mark.timeout(60)
+def test_no_other_process_on_the_machine_can_write_a_root_childs_group() -> None:
+    """The group files of a child that runs as root belong to a uid nobody runs as: they
+    belonged to ``nobody`` (65534), and any process of that user on the machine (a daemon,
+    another pool's children run with ``user="nobody"``) lifted the child's limits."""
+    with Pool(E + "call", 1, hard_timeout_s=30, max_processes=10) as pool:
+        dirs = value(pool, "group_dirs")
+        pids_dir = dirs.get("pids", dirs.get("unified", ""))
+        assert os.stat(os.path.join(pids_dir, "pids.max")).st_uid == GROUP_OWNER_UID
+        for uid in (65534, 1000):
+            said = _write_as(uid, os.path.join(pids_dir, "pids.max"), "max")
+            assert said == "Permission denied", (uid, said)
+        assert value(pool, "raise_pids_max", 40)["forked"] < 10  # the limit is still there
+    with pytest.raises(KeyError):
+        pwd.getpwuid(GROUP_OWNER_UID)  # no account has it
 
 
 @pytest.mark.timeout(60)

@@ -48,10 +48,14 @@ from dataclasses import dataclass
 
 from sandboxq.errors import ConfigError
 
-#: The owner of a child's group files when the child runs as root: ``nobody``'s uid, the
-#: kernel's overflow uid. It is never mapped into a user namespace the child makes (the
-#: child may map only its own uid), so no capability of such a namespace covers them.
-GROUP_OWNER_UID = 65534
+#: The owner of a child's group files when the child runs as root: a uid no process runs
+#: as. It is never mapped into a user namespace the child makes (the child may map only its
+#: own uid), so no capability of such a namespace covers them. Not ``nobody`` (65534):
+#: daemons run as it, and so may another pool's children (``user="nobody"``), and any of
+#: them could write these files. 2147483646 lies in the range systemd's uid layout leaves
+#: unassigned (1879048192-2147483647: above the container ranges, below 2^31); ``user=``
+#: refuses it.
+GROUP_OWNER_UID = 2147483646
 
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
@@ -263,6 +267,11 @@ def resolve_user(user: str | int | None, group: str | int | None) -> tuple[int |
         except KeyError:
             raise ConfigError(f"user={user!r}: no such user on this machine") from None
         uid, gid = entry.pw_uid, entry.pw_gid
+        if uid == GROUP_OWNER_UID:
+            raise ConfigError(
+                f"user={user!r}: uid {uid} owns the control group files of children that "
+                "run as root, out of their reach; run the children as another user"
+            )
     if group is not None:
         try:
             gid = (grp.getgrgid(group) if isinstance(group, int) else grp.getgrnam(group)).gr_gid

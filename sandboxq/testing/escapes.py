@@ -11,6 +11,7 @@ Use them as processors by path, e.g. ``"sandboxq.testing.escapes:raise_pids_max"
 | leave_group()           | ``{"moved": <error>, "still_in": True}`` | moved out of its group   |
 | remount_groups_rw()     | ``{"remount": <error>}``                 | ``"ok"``                 |
 | userns_cgroup_mount()   | ``{"wrote": <error>}`` (files not ours)  | ``"ok"`` (userns allowed) |
+| group_dirs()            | its group's directories, by controller                          |
 | what_am_i()             | uid, gid, capabilities, no_new_privs, netns interfaces            |
 | network_reach()         | loopback ``ok``; outside: the error a connection meets            |
 
@@ -68,6 +69,12 @@ def _pids_file() -> tuple[str, str]:
     dirs = _group_dirs()
     pids_dir = dirs.get("pids", dirs.get("unified", ""))
     return pids_dir, os.path.join(pids_dir, "pids.max")
+
+
+def group_dirs() -> dict[str, str]:
+    """Its own group's directories, by controller ("pids", "memory", "freezer"; "unified"
+    on cgroup v2), as paths on the machine."""
+    return _group_dirs()
 
 
 def raise_pids_max(count: int = 100) -> dict[str, Any]:
