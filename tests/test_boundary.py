@@ -202,6 +202,32 @@ def test_pool_close_takes_the_daemonised_grandchild(tmp_path: Path, containment:
     assert not still_running(recorded(pid_file)), "the daemon outlived the pool"
 
 
+# -- descriptors -----------------------------------------------------------------------------
+
+D = "tests.support.leftover_descriptors:"
+
+
+@pytest.mark.timeout(60)
+def test_an_attempt_that_used_up_every_descriptor_is_swept_and_its_child_replaced(
+    containment: str,
+) -> None:
+    """A handler started a process, opened files until none was left and returned. The
+    sweep after it opens a file per process it looks at: it found no one, and looked
+    again until the hard timeout ended a job that had returned. (A process the handler
+    moved out of its tree, in a cgroup mode: the group sweep failed after the next job,
+    which was charged with its "Too many open files".) Each child then starts with a
+    descriptor it can give back for the sweep, and one left with none is replaced."""
+    with Pool(
+        D + "call", size=1, containment=containment, hard_timeout_s=20, max_open_files=256
+    ) as pool:
+        left = pool.submit("exhaust").result(timeout=30)
+        assert left["opened"] > 200, left
+        assert not still_running([left["stray"]]), "the process outlived its attempt"
+        second = pool.submit("open_a_file").result(timeout=30)
+        assert second != left["pid"], "the child with no descriptor free took another task"
+        assert pool.submit("open_a_file").result(timeout=30) == second  # a sound one is kept
+
+
 # -- threads ---------------------------------------------------------------------------------
 
 T = "tests.support.leftover_threads:"

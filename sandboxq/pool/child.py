@@ -19,7 +19,8 @@ The attempt boundary: the child is a subreaper, so whatever its handler starts (
 daemon that double-forks, a helper in its own session) stays below it, and after every
 attempt, before the outcome is sent, ``kill.sweep_own_tree`` kills and reaps all of it.
 A Python thread the attempt left running cannot be killed: the child marks the attempt
-(``shared[THREADS_LEFT]``) and the parent replaces it before its next task.
+(``shared[THREADS_LEFT]``) and the parent replaces it before its next task; so too when
+the attempt left no descriptor free (``shared[DESCRIPTORS_FULL]``, descriptors.py).
 ``keep_strays`` (a pool setting, off by default) skips both for handlers that keep a
 helper alive across jobs on purpose; the child still sweeps when it exits.
 
@@ -68,9 +69,9 @@ SIGSOFT = signal.SIGUSR1
 #: started last (written before it runs anything of it), [1] how many tasks the parent
 #: has withdrawn, [2] the task whose reply could not be sent because the child's own code
 #: closed or broke its channel, [3] the task that left threads running (written before
-#: its reply), [4:] a ring of the withdrawn task ids. A withdrawn task is skipped, never
-#: run.
-STARTED, WITHDRAWN, CHANNEL_LOST, THREADS_LEFT, RING = 0, 1, 2, 3, 4
+#: its reply), [4] the task that left no descriptor free, [5:] a ring of the withdrawn
+#: task ids. A withdrawn task is skipped, never run.
+STARTED, WITHDRAWN, CHANNEL_LOST, THREADS_LEFT, DESCRIPTORS_FULL, RING = 0, 1, 2, 3, 4, 5
 WITHDRAWN_RING = 64
 SHARED_SIZE = RING + WITHDRAWN_RING
 
@@ -232,6 +233,7 @@ def run_one(
     finally:
         _current = None
     output.flush_stdio()  # what it printed is in the pipe before its reply leaves
+    descriptors.make_room()  # a sweep needs a free descriptor (descriptors.py)
     if not keep_strays:
         sweep_own_tree()  # before the outcome leaves: nothing the attempt started outlives it
         if shared is not None and threading.active_count() > threads_before:
@@ -239,6 +241,8 @@ def run_one(
             # before its next task (a leftover thread would print into the next attempt's
             # output, spend its CPU and count against its max_processes).
             shared[THREADS_LEFT] = run.task_id
+    if shared is not None and descriptors.spare_gone():
+        shared[DESCRIPTORS_FULL] = run.task_id  # the next task would find none free
     try:
         with lock:
             conn.send(reply)
@@ -269,6 +273,7 @@ def child_main(
     # tracker or another helper stays reachable (descriptors.py).
     given = (() if stack_fd is None else (stack_fd,)) + output.kept_fds()
     descriptors.isolate(sock.fileno(), *given)
+    descriptors.keep_spare()
     setup = setup or limits.ChildSetup()
     if setup.privileges.pid_namespace:
         pid_namespace.enter()  # from here on: pid 2 of a PID namespace of its own

@@ -19,6 +19,14 @@ descriptor that leads nowhere: writes vanish, reads see end of file, and a late 
 closes only /dev/null. The descriptors are not inheritable, so a program the handler
 starts does not get them.
 
+A handler may also use up every descriptor the child may have, and return: the sweep after
+its attempt opens a file per process it looks at, and failed, so what the attempt started
+lived on beside the next job, which met "Too many open files" itself. So the child holds
+one spare descriptor from its start (``keep_spare``); after each attempt ``make_room``
+duplicates it and closes the copy (two system calls, under a microsecond), and when that
+fails the table is full (or the handler closed the spare): the spare is closed, the sweep
+has its descriptor, and the child is replaced before its next task (``spare_gone``).
+
 What a child is given on purpose arrives with its launch (its channel; its shared page,
 mapped and closed before this runs). Files a processor module opened at import, in the
 fork server, are shared by every child and are replaced too: a handler opens what it
@@ -34,6 +42,9 @@ from typing import Any
 from multiprocess import forkserver, reduction, resource_tracker
 
 _STDIO = (0, 1, 2)
+
+#: The child's spare descriptor (``keep_spare``); None before it is kept, or once given up.
+_spare: int | None = None
 
 
 def open_descriptors() -> list[int]:
@@ -83,6 +94,33 @@ def replace(fds: Iterable[int]) -> int:
     finally:
         os.close(devnull)
     return replaced
+
+
+def keep_spare() -> None:
+    """In the child, after ``isolate``: hold the descriptor ``make_room`` gives back."""
+    global _spare
+    _spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def make_room() -> None:
+    """After an attempt, before its sweep: when the attempt left no descriptor free (or
+    closed the spare), close the spare so that the sweep has one. Idempotent."""
+    global _spare
+    if _spare is None:
+        return
+    try:
+        os.close(os.dup(_spare))
+    except OSError:  # EMFILE: the table is full; EBADF: the handler closed the spare
+        try:
+            os.close(_spare)
+        except OSError:
+            pass
+        _spare = None
+
+
+def spare_gone() -> bool:
+    """Whether ``make_room`` had to give the spare up: the child must be replaced."""
+    return _spare is None
 
 
 class ToChild:

@@ -24,6 +24,7 @@ from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import (
     CHANNEL_LOST,
+    DESCRIPTORS_FULL,
     RING,
     SIGSOFT,
     STARTED,
@@ -162,6 +163,9 @@ class Child:
         if self.shared[THREADS_LEFT] == run.task_id:
             self.recycle = True  # replaced before its next task (child.py says why)
             _threads_left.warn(self.pid, run.task.job_id)
+        if self.shared[DESCRIPTORS_FULL] == run.task_id:
+            self.recycle = True  # the same, for a full descriptor table (descriptors.py)
+            _descriptors_full.warn(self.pid, run.task.job_id)
         if run.task.max_memory_mb is not None or max_growth_mb is not None:
             self.check_after(run, max_growth_mb)
         return now, at_ms
@@ -346,14 +350,15 @@ class Child:
         return None
 
 
-class _ThreadsLeftWarning:
-    """The warning that an attempt left threads running, once a minute at most: a handler
-    that leaves a thread every time has its child replaced every time, and a line per job
-    would bury the log (the line says how many since the last one)."""
+class _LeftBehindWarning:
+    """The warning that an attempt left its child what only a replacement clears, once a
+    minute at most: a handler that does so every time has its child replaced every time,
+    and a line per job would bury the log (the line says how many since the last one)."""
 
     EVERY_S = 60.0
 
-    def __init__(self) -> None:
+    def __init__(self, what: str) -> None:
+        self._what = what
         self._lock = threading.Lock()  # one per process; pools' supervisors share it
         self._last = -math.inf
         self._unsaid = 0
@@ -368,12 +373,13 @@ class _ThreadsLeftWarning:
         of = f" of job {job_id}" if job_id else ""
         more = f" ({count - 1} more children since the last such line)" if count > 1 else ""
         log.warning(
-            "child %d: the attempt%s left Python threads running; the child is replaced "
-            "before its next task (keep_strays=True keeps them)%s",
+            "child %d: the attempt%s %s; the child is replaced before its next task%s",
             pid,
             of,
+            self._what,
             more,
         )
 
 
-_threads_left = _ThreadsLeftWarning()
+_threads_left = _LeftBehindWarning("left Python threads running (keep_strays=True keeps them)")
+_descriptors_full = _LeftBehindWarning("left no file descriptor free")

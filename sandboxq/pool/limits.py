@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sandboxq.pool import descriptors
 from sandboxq.pool.privileges import NO_CHANGE, Privileges, drop, undumpable
 
 #: How long the sweep after an attempt waits for the processes it killed to exit.
@@ -108,6 +109,7 @@ def wrap(
             if guard_memory:
                 undumpable()  # 1.2 us (a prctl): set back whatever the handler set
             if sweep_group is not None:
+                descriptors.make_room()  # the sweep opens a file (descriptors.py)
                 sweep_group()
 
     return contained
