@@ -7,10 +7,12 @@ reported" is what is checked, not "dead a while later"."""
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -200,6 +202,48 @@ def test_pool_close_takes_the_daemonised_grandchild(tmp_path: Path, containment:
     wait_for(lambda: recorded(pid_file), 10, "the daemon to start")
     pool.shutdown(cancel=True)
     assert not still_running(recorded(pid_file)), "the daemon outlived the pool"
+
+
+# -- out of the tree ---------------------------------------------------------------------------
+
+
+def sleeping(marker: str) -> list[int]:
+    """Live processes (zombies aside) running ``sleep <marker>``, machine-wide."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv[:2] == [b"/bin/sleep", marker.encode()] and still_running([int(name)]):
+            found.append(int(name))
+    return found
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "aarch64"), reason="clone's number is not known here"
+)
+def test_a_process_started_outside_the_childs_tree_does_not_outlive_its_attempt(
+    containment: str, pid_namespace: bool
+) -> None:
+    """``clone(CLONE_PARENT)`` makes the new process the child of the child's parent (the
+    fork server, or the PID namespace's reaper): no sweep of the child's own tree finds
+    it, and it lived on beside the next jobs until the pool closed (in the process-tree
+    mode past the worker's death too). Only the cgroup mode's group sweep killed it."""
+    marker = f"61.{os.getpid()}{time.monotonic_ns() % 10**6}"
+    with Pool(
+        "tests.support.escapees:escape",
+        size=1,
+        containment=containment,
+        pid_namespace=pid_namespace,
+        hard_timeout_s=20,
+    ) as pool:
+        pool.submit(marker).result(timeout=30)
+        assert sleeping(marker) == [], "the process outlived its attempt"
 
 
 # -- descriptors -----------------------------------------------------------------------------

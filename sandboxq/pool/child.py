@@ -18,6 +18,10 @@
 The attempt boundary: the child is a subreaper, so whatever its handler starts (a
 daemon that double-forks, a helper in its own session) stays below it, and after every
 attempt, before the outcome is sent, ``kill.sweep_own_tree`` kills and reaps all of it.
+A process started with ``clone(CLONE_PARENT)`` is its parent's child instead: in a PID
+namespace the child kills it too (``pid_namespace.sweep_namespace``), in a cgroup mode the
+group sweep does (limits.py), and in the process-tree mode the supervisor does, among the
+fork server's children (``server.sweep_escaped``).
 A Python thread the attempt left running cannot be killed: the child marks the attempt
 (``shared[THREADS_LEFT]``) and the parent replaces it before its next task; so too when
 the attempt left no descriptor free (``shared[DESCRIPTORS_FULL]``, descriptors.py).
@@ -236,6 +240,7 @@ def run_one(
     descriptors.make_room()  # a sweep needs a free descriptor (descriptors.py)
     if not keep_strays:
         sweep_own_tree()  # before the outcome leaves: nothing the attempt started outlives it
+        pid_namespace.sweep_namespace()  # nor what it moved out of our tree (CLONE_PARENT)
         if shared is not None and threading.active_count() > threads_before:
             # A thread cannot be killed from outside it: the child is replaced instead,
             # before its next task (a leftover thread would print into the next attempt's

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from sandboxq.models import Outcome, now_ms
-from sandboxq.pool import stacks
+from sandboxq.pool import server, stacks
 from sandboxq.pool.cgroups import Group
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import (
@@ -130,6 +130,8 @@ class Child:
         epoch ms), read once: the end of this attempt is the start of the next."""
         self.running = None
         now, at_ms = time.monotonic(), now_ms()
+        if self.group is None:  # a cgroup mode's sweep found them in the group already
+            server.sweep_escaped()  # out of the child's tree, before the outcome is told
         # Where it was when asked (at the soft signal, or it ended in the moment between
         # the request before the hard kill and the kill); a raise's traceback says it better.
         asked = run.soft_sent or run.hard_stack_asked

@@ -26,6 +26,10 @@ A worker that is not root gets the namespace inside a user namespace the outer m
 (privileges.new_pid_namespace: its uid and gid map to themselves), and the child gives up
 the capabilities that user namespace gave it.
 
+After each attempt the child kills whatever else lives in its namespace but the reaper
+(``sweep_namespace``): what a handler started with ``clone(CLONE_PARENT)`` is the
+reaper's child, outside the child's own tree.
+
 The parent learns the child's pid in its own namespace at ``Ready`` (``inner_pid``):
 signals (soft timeout, stack dumps, withdrawals) and memory sampling go there; kills of
 the child's tree, and the guard's of the outer's, reach the same processes. Inside, the
@@ -39,13 +43,16 @@ import resource
 import select
 import signal
 import struct
+import time
 from typing import NoReturn
 
 from sandboxq.pool import linux
-from sandboxq.pool.kill import children_of
+from sandboxq.pool.kill import SWEEP_WAIT_S, children_of, ended, sweep
 from sandboxq.pool.privileges import Privileges, drop, new_pid_namespace, own_proc
 
 _STATUS = struct.Struct("i")  # a wait status, from the reaper to the outer
+#: Whether this process is the child of a namespace of its own (``enter`` returned).
+_inside = False
 
 
 def enter() -> None:
@@ -121,6 +128,8 @@ def _reap(watch: int | None, status_pipe: int) -> None:
             # Every capability of the user namespace it came with (they reach only what
             # that namespace owns, but the handler needs none of them).
             drop(Privileges(drop_capabilities=True))
+        global _inside
+        _inside = True
         return
     try:
         _close_all_but(status_pipe)
@@ -137,6 +146,25 @@ def _reap(watch: int | None, status_pipe: int) -> None:
 def _close_all_but(fd: int) -> None:
     os.closerange(0, fd)
     os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def sweep_namespace() -> int:
+    """In the child, after its attempt's own sweep: kill every process of the namespace
+    but the reaper and this one. A process a handler started with ``clone(CLONE_PARENT)``
+    is the reaper's child, not ours, out of the subreaper's reach; what it starts goes to
+    the reaper too. The common case, the reaper's only child is us, costs one read of its
+    children list. Returns how many were killed (0 outside a namespace of our own)."""
+    if not _inside:
+        return 0
+    killed = 0
+    deadline = time.monotonic() + SWEEP_WAIT_S
+    me = os.getpid()
+    while escaped := [p for p in children_of(1) if p != me and not ended(p)]:
+        for pid in escaped:
+            killed += sweep(pid)
+        if time.monotonic() >= deadline:  # one that cannot die (an uninterruptible wait)
+            break
+    return killed
 
 
 def inner_pid(outer: int) -> int | None:
