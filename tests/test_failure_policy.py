@@ -71,7 +71,8 @@ def test_deadline_ends_the_running_attempt_and_schedules_no_retry(
     assert took < 1.0 + SLACK_S, took
     [attempt] = job.info().history
     assert (attempt.outcome, attempt.action) == (Outcome.DEADLINE, Action.FAIL)
-    assert attempt.error is not None and attempt.error.startswith("deadline: ")
+    assert attempt.error is not None, attempt
+    assert attempt.error.startswith("deadline: the job's deadline_s ran out"), attempt.error
 
 
 @pytest.mark.timeout(30)
@@ -161,6 +162,10 @@ def test_a_handler_that_stops_reporting_progress_is_ended_and_retried(
     assert [a.outcome for a in history] == [Outcome.PROGRESS_TIMEOUT] * 2
     assert [a.action for a in history] == [Action.RETRY, Action.FAIL]
     for attempt in history:  # three reports 0.05 s apart (the last at 0.1 s), 0.4 s of silence
+        assert attempt.error is not None, attempt
+        # the watchdog, with its value: not the soft timeout, which was not set
+        assert attempt.error.startswith("progress_timeout: no progress() for 0.4 s"), attempt.error
+        assert "SoftTimeout" in attempt.error and "soft timeout" not in attempt.error
         assert attempt.started_ms is not None and attempt.ended_ms is not None
         assert 490 <= attempt.ended_ms - attempt.started_ms < 500 + SLACK_S * 1000
 

@@ -84,6 +84,8 @@ def test_hung_handlers_end_with_their_outcome(handler: str, soft: bool, expected
         else:
             assert SOFT <= result.runtime_s < SOFT + KILL_MARGIN_S
             assert result.error is not None and result.error.type_name.endswith("SoftTimeout")
+            # what ended it, with its value, before what it raised
+            assert result.cause.startswith(f"soft_timeout: past its soft timeout of {SOFT:g} s (")
         # The pool goes on: the next attempt runs (and ends the same way) in a live child.
         again = attempt(pool)
         assert again.outcome is expected

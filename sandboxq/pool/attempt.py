@@ -80,7 +80,9 @@ class AttemptResult:
     ended_ms: int | None = None
     runtime_s: float | None = None  # start to outcome, on the monotonic clock
     error: RemoteError | None = None
-    detail: str | None = None  # why, in words, when there is no remote error
+    #: Why, in words: the whole cause when there is no remote error; beside it, what ended
+    #: an attempt that raised at its soft signal (its soft timeout, deadline_s, the watchdog).
+    detail: str | None = None
     #: A deadline kill (hard timeout, lease fence): how long after the deadline the child
     #: was reaped (the worker's ``sandboxq_kill_overshoot_seconds``; reason: ``outcome``).
     kill_overshoot_s: float | None = None
@@ -112,6 +114,8 @@ class AttemptResult:
             what = f"{self.error.type_name}: {self.error.message}"
             if self.outcome is Outcome.ERROR:
                 return what
+            if self.detail:  # what ended it (a deadline, the watchdog), then what it raised
+                return f"{self.outcome}: {self.detail} ({what})"
             return f"{self.outcome}: {what}"
         return f"{self.outcome}: {self.detail}" if self.detail else str(self.outcome)
 

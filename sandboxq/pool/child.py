@@ -133,11 +133,17 @@ MAX_PICKLED_ERROR_BYTES = 1024 * 1024
 _soft_task_id: Any = None  # shared with the parent: which task the soft signal is meant for
 
 
+def _told_to_stop(job: JobContext) -> SoftTimeout:
+    """What a handler raises at its soft signal (the outcome says what sent it: its soft
+    timeout, deadline_s, the progress watchdog)."""
+    return SoftTimeout(f"job {job.job_id or job.task_id} was told to stop (its soft signal)")
+
+
 def _on_soft_timeout(signum: int, frame: FrameType | None) -> None:
     job = _current
     if job is not None and job.armed and _soft_task_id.value == job.task_id:
         job.armed = False  # once per attempt
-        raise SoftTimeout(f"soft timeout of job {job.job_id or job.task_id}")
+        raise _told_to_stop(job)
 
 
 def _from_handler(tb: TracebackType | None) -> TracebackType | None:
@@ -222,7 +228,7 @@ def run_one(
                 # the soft signal came before the handler began (its job's deadline_s
                 # had passed): it was meant for this task, so it counts now
                 job.armed = False
-                raise SoftTimeout(f"soft timeout of job {job.job_id or job.task_id}")
+                raise _told_to_stop(job)
             value = processor(*args, **kwargs)
         finally:
             job.armed = False

@@ -43,6 +43,16 @@ from sandboxq.text import bounded_traceback
 log = logging.getLogger("sandboxq.pool")
 
 
+def soft_cause(run: Attempt) -> str | None:
+    """What sent ``run`` its soft signal, in words: a policy's end (deadline_s, the
+    watchdog), or its soft timeout; None for the others (a withdrawal, a cancel)."""
+    if run.end_detail:
+        return run.end_detail
+    if run.soft_outcome is Outcome.SOFT_TIMEOUT and run.task.soft_timeout_s:
+        return f"past its soft timeout of {run.task.soft_timeout_s:g} s"
+    return None
+
+
 def readable(channel: Channel) -> bool:
     return bool(select.select([channel], [], [], 0)[0])
 
@@ -155,12 +165,17 @@ class Child:
         elif isinstance(msg, Finished):
             outcome = run.soft_outcome if run.soft_sent else Outcome.OK
             stack = (stack or run.soft_stack) if outcome is not Outcome.OK else None
-            run.settle(outcome, self.pid, now, at_ms, result=msg.result, traceback=stack, **told)
+            why = soft_cause(run) if run.soft_sent else None
+            done = {"result": msg.result, "traceback": stack, "detail": why}
+            run.settle(outcome, self.pid, now, at_ms, **done, **told)
         else:
             outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
             # Bounded by the child already; again here, as a handler may send its own.
             tb = bounded_traceback(msg.error.traceback)
-            run.settle(outcome, self.pid, now, at_ms, error=msg.error, traceback=tb, **told)
+            why = soft_cause(run) if run.soft_sent else None
+            run.settle(
+                outcome, self.pid, now, at_ms, error=msg.error, traceback=tb, detail=why, **told
+            )
         self.jobs_done += 1
         if self.shared[THREADS_LEFT] == run.task_id:
             self.recycle = True  # replaced before its next task (child.py says why)
