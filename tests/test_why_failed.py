@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +23,7 @@ from sandboxq.cli import main
 from sandboxq.errors import JobFailed
 from sandboxq.models import JobState, Outcome
 from sandboxq.testing.waiting import wait_for
-from sandboxq.testing.workers import BackgroundWorkers
+from sandboxq.testing.workers import BackgroundWorkers, child_pid
 from sandboxq.worker import SandboxWorker
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,6 +140,84 @@ def _running_pid(queue: Queue, job_id: str) -> int | None:
     info = queue.backend.get(job_id)
     running = info.running if info is not None else None
     return running.pid if running is not None else None
+
+
+# -- a lost lease keeps its attempt's child pid and start (README: "A cancelled or lease-lost
+# attempt keeps its child's pid and its start time.") ----------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_a_lease_lost_attempt_keeps_its_childs_pid_after_its_worker_is_killed(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path
+) -> None:
+    """``kill -9`` of a worker's process group while its job runs: its registry record
+    expires with its lease, and the lease_lost attempt the next worker's reaper records
+    still names the child that ran it and when it started (the pid was lost with the
+    record)."""
+    queue = Queue(queue_name, url=redis_url)
+    job = queue.enqueue()
+    proc = workers.spawn(
+        queue_name,
+        H + "sleep_forever",
+        *("--concurrency", "1", "--lease-s", "3", "--prefetch", "0"),
+        url=redis_url,
+        log=tmp_path / "worker.log",
+        new_session=True,
+    )
+    pid = wait_for(lambda: _running_pid(queue, job.id), 30, "the child's pid")
+    running = job.info().running
+    assert running is not None and running.started_ms is not None
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    # The second worker comes once the dead one's record is gone, as a user's would: then
+    # nothing but the job itself can say which child ran it.
+    wait_for(lambda: child_pid(queue, job.id) is None, 20, "the dead worker's record to expire")
+    workers.start(queue, H + "sleep_forever", concurrency=1, lease_s=3.0)
+    [lost] = wait_for(lambda: job.info().history, 30, "the lost lease to be recovered")
+    assert (lost.attempt, lost.outcome) == (1, Outcome.LEASE_LOST)
+    assert lost.worker_id == running.worker_id
+    assert (lost.pid, lost.started_ms) == (pid, running.started_ms)
+    queue.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_lost_attempt_keeps_its_childs_pid_on_memory(
+    queue_name: str, workers: BackgroundWorkers
+) -> None:
+    """memory:// lives in this process, so its worker cannot be killed alone: one whose
+    renewals hang (held on the real backend) loses its lease as a dead one does. Its fence
+    kills the child, its record stops listing the job, and the lease_lost attempt still
+    names the child and its start."""
+    queue = Queue(queue_name, url="memory://")
+    backend = queue.backend
+    hang, over = threading.Event(), threading.Event()
+    real_renew = backend.renew
+
+    def renew_unless_hung(*args: Any) -> list[str]:
+        if hang.is_set():
+            over.wait(30)
+        return real_renew(*args)
+
+    backend.renew = renew_unless_hung  # type: ignore[method-assign]
+    try:
+        # its own reaper waits: the test recovers the job once the record forgot it
+        worker = workers.start(
+            queue, H + "sleep_forever", concurrency=1, lease_s=1.5, stall_check_s=60.0
+        )
+        job = queue.enqueue()
+        pid = wait_for(lambda: _running_pid(queue, job.id), 20, "the child's pid")
+        running = job.info().running
+        assert running is not None and running.started_ms is not None
+        hang.set()
+        wait_for(lambda: worker.stats["lease_lost"] == 1, 20, "the fence to end the attempt")
+        wait_for(lambda: child_pid(queue, job.id) is None, 20, "the record to forget the job")
+        wait_for(backend.recover_stalled, 20, "the lease to run out")
+        [lost] = job.info().history
+        assert (lost.attempt, lost.outcome) == (1, Outcome.LEASE_LOST)
+        assert (lost.pid, lost.started_ms) == (pid, running.started_ms)
+    finally:
+        over.set()
+    queue.close()
 
 
 def test_the_running_attempt_is_in_the_story(

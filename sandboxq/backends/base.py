@@ -256,10 +256,11 @@ class Backend(Protocol):
         expiry first (then by id), ``rules.RECOVER_LIMIT`` at most: clear owner and token
         (late acks and renewals are then rejected), stalls + 1 and infra_deaths + 1 (the
         worker holding it died, or stopped renewing), the attempt recorded (outcome
-        ``lease_lost``); over the job's ``max_stalls`` → ``failed`` with a stated cause
-        (``rules.STALL_FAIL_TEXT``), else at ``max_infra_deaths`` → ``failed`` as
-        ``poison`` (``rules.POISON_TEXT``, naming ``rules.WORKER_DEATH_TEXT``), else back
-        to ``waiting`` at its old place in line, ready from now. Returns
+        ``lease_lost``, with its start and the child pid its worker last published); over
+        the job's ``max_stalls`` → ``failed`` with a stated cause (``rules.STALL_FAIL_TEXT``),
+        else at ``max_infra_deaths`` → ``failed`` as ``poison`` (``rules.POISON_TEXT``,
+        naming ``rules.WORKER_DEATH_TEXT``), else back to ``waiting`` at its old place in
+        line, ready from now. Returns
         ``(job_id, new_state)``. Emits ``stalled``. Then finished jobs past their time to
         live go (``rules.TRIM_BUDGET`` at most), so an idle queue still lets them go."""
         ...
@@ -363,7 +364,9 @@ class Backend(Protocol):
         ...
 
     def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
-        """Publish (or refresh) a live worker's description; it vanishes after ``ttl_s``."""
+        """Publish (or refresh) a live worker's description; it vanishes after ``ttl_s``.
+        The child pids it lists are noted on the jobs it still holds in those attempts
+        (``rules.child_pids``), so a lease found lost after it vanished keeps its pid."""
         ...
 
     def unregister_worker(self, worker_id: str) -> None: ...

@@ -20,7 +20,7 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import get_args
+from typing import Any, get_args
 
 from sandboxq.backends.base import FinishAction, NewJob
 from sandboxq.errors import ConfigError, JobNotFound
@@ -226,6 +226,20 @@ def budget_passed(
         if now_ms - ready_ms > max_ms:
             return Outcome.EXPIRED, EXPIRED_TEXT % max_ms
     return None
+
+
+def child_pids(info: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(job id, attempt number, child pid) of each job a worker's registry record says a
+    child runs: what ``register_worker`` notes on those jobs (child_pids.lua), so an
+    attempt that ends without its worker keeps its pid after the record is gone."""
+    return [
+        (held["id"], held["attempt"], held["pid"])
+        for held in info.get("jobs") or ()
+        if isinstance(held, dict)
+        and isinstance(held.get("id"), str)
+        and isinstance(held.get("attempt"), int)
+        and isinstance(held.get("pid"), int)
+    ]
 
 
 # -- checks and texts ---------------------------------------------------------------------

@@ -122,7 +122,8 @@ def audit(
 
 def _check_record(info: JobInfo, tally: Tally, runs: list[Execution], result: Audit) -> str:
     job_id = info.id
-    # A worker's ack records the child's pid; stall recovery and cancel record none.
+    # Only an attempt that held a lease records a child's pid (its ack, its cancel, its
+    # lost lease): never more of them than leases.
     acked = sum(1 for h in info.history if h.pid is not None)
     leases = tally.count("active", job_id)
     if acked > leases:

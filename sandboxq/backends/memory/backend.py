@@ -224,6 +224,12 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
                 del self._depth[old]
             until = now_ms() + rules.lease_ms(ttl_s)
             self._workers[worker_id] = ({**info, "worker_id": worker_id}, until)
+            # its children's pids on the jobs it still holds in those attempts (child_pids.lua)
+            for job_id, number, pid in rules.child_pids(info):
+                job = self._store.jobs.get(job_id)
+                running = None if job is None else (job.state, job.owner, job.attempts)
+                if job is not None and running == (JobState.ACTIVE, worker_id, number):
+                    job.child_pid = pid
 
     def unregister_worker(self, worker_id: str) -> None:
         with self._store.cond:
@@ -232,13 +238,22 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
 
     def running_pid(self, job_id: str, worker_id: str | None) -> int | None:
         """The pid of the child running ``job_id``, from its worker's registry record
-        (common.lua's running_attempt); the caller holds the store's lock."""
+        (records.running_attempt); the caller holds the store's lock."""
         entry = self._workers.get(worker_id) if worker_id is not None else None
         for held in entry[0].get("jobs", ()) if entry is not None else ():
             if isinstance(held, dict) and held.get("id") == job_id:
                 pid = held.get("pid")
                 return pid if isinstance(pid, int) else None
         return None
+
+    def attempt_pid(self, job: Job) -> int | None:
+        """The pid of the child running active ``job``'s attempt, for the record of an
+        attempt that ends without its worker (common.lua's running_attempt): from its
+        owner's registry record, else as that record last noted it on the job (a dead
+        owner's record is gone by the time its lease is found lost). The caller holds the
+        store's lock."""
+        pid = self.running_pid(job.id, job.owner)
+        return pid if pid is not None else job.child_pid
 
     def workers(self) -> list[dict[str, Any]]:
         with self._store.cond:

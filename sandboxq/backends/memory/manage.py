@@ -40,7 +40,7 @@ class Management:
 
         def send_follow_ups(self) -> None: ...  # Batches'
 
-        def running_pid(self, job_id: str, worker_id: str | None) -> int | None: ...  # backend
+        def attempt_pid(self, job: Job) -> int | None: ...  # backend
 
     def recover_stalled(
         self, max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS
@@ -82,7 +82,7 @@ class Management:
             outcome=outcome,
             action=Action.FAIL if state is FAILED else Action.RETRY,
             worker_id=job.owner,
-            pid=self.running_pid(job.id, job.owner),
+            pid=self.attempt_pid(job),
             started_ms=job.claimed_ms,
             ended_ms=now,
             error=cause,
@@ -113,7 +113,7 @@ class Management:
                 job = store.jobs.get(job_id)
                 if job is None or job.state.finished or (not running and job.state is ACTIVE):
                     continue
-                pid = self.running_pid(job.id, job.owner) if job.state is ACTIVE else None
+                pid = self.attempt_pid(job) if job.state is ACTIVE else None
                 token = store.cancel(job, now, pid)
                 cancelled += 1
                 if token is not None:

@@ -50,6 +50,7 @@ class Job:
     attempts: int = 0  # started, never reset: the numbers of its history
     uncharged: int = 0  # of those, the ones the retry budget does not count (common.lua)
     claimed_ms: int | None = None  # when the attempt it is active for was claimed
+    child_pid: int | None = None  # that attempt's child, as its owner's record last said
     stalls: int = 0
     infra_deaths: int = 0  # helper or worker deaths while it ran (poison at the limit)
     owner: str | None = None
@@ -144,7 +145,7 @@ class Store:
             job.ready_ms = now
         job.state = state
         if state is not ACTIVE:
-            job.owner = job.token = job.claimed_ms = None
+            job.owner = job.token = job.claimed_ms = job.child_pid = None
         finished = state in FINISHED
         job.finished_ms = now if finished else None
         job.expires_ms = None

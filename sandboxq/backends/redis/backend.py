@@ -321,6 +321,12 @@ class RedisBackend(Reads, Batches, Backend):
     def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
         data = json.dumps({**info, "worker_id": worker_id}, default=str)
         with self._conns.errors(f"register worker {worker_id!r}"):
+            # The pids on the jobs first: whoever reads one in the record finds it there too.
+            if held := rules.child_pids(info):
+                args: list[Arg] = [worker_id]
+                for job_id, number, pid in held:
+                    args += (job_id, number, pid)
+                self._scripts.child_pids(args)
             pipe = self._conns.main.pipeline(transaction=False)
             pipe.set(self.keys.worker(worker_id), data, px=rules.lease_ms(ttl_s))
             pipe.sadd(self.keys.workers, worker_id)

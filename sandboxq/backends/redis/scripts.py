@@ -298,6 +298,7 @@ class Scripts:
         self.batch_each = bind("batch_each")
         self.batch_forget = bind("batch_forget")
         self.depth = bind("depth")
+        self.child_pids = bind("child_pids")
         # Readers (read-only): bounded reads of one job for Job.info and Job.result.
         self.read_job = bind("read_job")
         self.read_result = bind("read_result")

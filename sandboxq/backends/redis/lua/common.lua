@@ -724,7 +724,7 @@ local function fail_malformed(id, reason, now, bad_field)
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', DELAYED, id)
   redis.call('ZREM', ACTIVE, id)
-  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms')
+  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid')
   redis.call('HSET', key, 'state', 'failed', 'outcome', 'error', 'error', err,
     'finished_ms', int(now))
   redis.call('ZADD', FAILED, int(now), id)
@@ -812,12 +812,14 @@ local function promote_due(now)
 end
 
 -- When the attempt a job's owner holds started (its claim) and the pid of its child, from
--- the owner's registry record (absent until its heartbeat published it): for the record
--- of an attempt that ends without its worker (cancelled, lease lost). A record that does
--- not decode is skipped: it is another process's word.
+-- the owner's registry record (absent until its heartbeat published it), else as that
+-- record last noted it on the job (child_pids.lua): a dead owner's record expires with its
+-- lease, before the lease is found lost. For the record of an attempt that ends without
+-- its worker (cancelled, lease lost). A record that does not decode is skipped: it is
+-- another process's word.
 local function running_attempt(key, id, owner)
-  local started = tonumber(redis.call('HGET', key, 'claimed_ms'))
-  local pid
+  local f = redis.call('HMGET', key, 'claimed_ms', 'child_pid')
+  local started, pid = tonumber(f[1]), count_or(f[2], nil)
   local wkey = owner and QUEUE_BASE .. 'worker:' .. owner
   if wkey and redis.call('TYPE', wkey)['ok'] == 'string'
       and redis.call('STRLEN', wkey) <= MAX_FIELD_BYTES then
@@ -863,7 +865,7 @@ local function cancel_move(id, channel, now)
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', DELAYED, id)
   redis.call('ZREM', ACTIVE, id)
-  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms')
+  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid')
   redis.call('HSET', key, 'state', 'cancelled', 'finished_ms', int(now), 'outcome', 'cancelled',
     'error', err)
   redis.call('ZADD', CANCELLED, int(now), id)
