@@ -321,3 +321,32 @@ def test_a_batch_only_partly_sent_is_not_resumed_and_says_how_to_clear_it(
     assert "was only partly sent (500 of 1000 lines" in proc.stderr
     assert f"sandboxq batch {queue_name} bx --cancel" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_refused_setting_or_processor_sends_nothing_and_writes_nothing(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """The settings of the worker run here (--concurrency N), its processor and its user
+    were checked only once the batch was sent: the run exited 2 and left the lines waiting
+    in the queue (with a nosuchuser, written as not_run, though they would run later).
+    Each is refused before anything is sent, and the output is left as it was."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n')
+    out = tmp_path / "out.jsonl"
+    out.write_text("kept\n")
+    at = ["--url", redis_url, "--queue", queue_name, "--output", str(out)]
+    cases = [
+        ([H + "echo", "--concurrency", "-2"], "concurrency"),
+        ([H + "echo", "--concurrency", "1", "--max-processes", "0"], "max_processes"),
+        ([H + "echo", "--concurrency", "1", "--user", "nosuchuser"], "no such user"),
+        (["nosuchmod:h", "--concurrency", "1"], "nosuchmod"),
+    ]
+    for (processor, *flags), needle in cases:
+        proc = sandboxq_run(processor, str(source), *at, *flags)
+        assert proc.returncode == 2, (flags, proc.stderr)
+        assert "sandboxq: error:" in proc.stderr and needle in proc.stderr, proc.stderr
+        assert "sending" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert out.read_text() == "kept\n", flags
+    with Queue(queue_name, redis_url) as q:
+        assert sum(q.counts().values()) == 0

@@ -62,7 +62,7 @@ from sandboxq.client import Job, JobMaker, Queue
 from sandboxq.errors import BatchNotFound, ConfigError
 from sandboxq.models import JobOptions, JobState, member_id
 from sandboxq.redaction import redact_url
-from sandboxq.settings import build
+from sandboxq.settings import WorkerSettings, build
 
 #: After a Ctrl-C, how often the lines not started are cancelled again while the local
 #: worker stops: what it had claimed ahead and hands back is waiting again, and only then
@@ -98,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("run --concurrency N needs PROCESSOR for the children it runs here")
     options = {k: v for k, v in setting_flags(args, JOB_FLAGS).items() if v is not None}
     maker = JobMaker("json", build(JobOptions, **options))
+    # Before anything is sent: a worker here that fails to start once the lines are in the
+    # queue leaves them waiting there, with the run gone (exit 2) and nothing to write them.
+    here = _checked_worker_settings(args, url) if concurrency else None
     with Queue(args.queue, url) as queue:
         if args.resume:
             batch, lines, malformed = _reattach(queue, args.resume)
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             batch, lines, malformed = _send(queue, maker, args)
             source = args.input
-        return _follow(queue, batch, lines, malformed, source, concurrency, args)
+        return _follow(queue, batch, lines, malformed, source, here, args)
 
 
 # -- sending and re-attaching -----------------------------------------------------------------
@@ -313,7 +316,7 @@ def _follow(
     lines: list[int],
     malformed: dict[int, str],
     source: str,
-    concurrency: int,
+    here: WorkerSettings | None,
     args: argparse.Namespace,
 ) -> int:
     tally = Tally()
@@ -339,7 +342,7 @@ def _follow(
         left = [line for line in lines if line not in output.written]
         redirect = file is None and sys.stdout.isatty()
         view = stack.enter_context(BatchView(len(left), tally, redirect_stdout=redirect))
-        if left and not concurrency and not queue.backend.workers():
+        if left and here is None and not queue.backend.workers():
             view.console.print(
                 f"[yellow]no worker serves queue {text.clip(queue.name, 200)} yet: the lines "
                 "run once one does (--concurrency N runs N children here)[/]",
@@ -347,7 +350,7 @@ def _follow(
             )
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         stack.callback(lambda: [signal.signal(s, h) for s, h in previous.items()])
-        worker = _local_worker(args, queue, concurrency) if concurrency and left else None
+        worker = _local_worker(here) if here is not None and left else None
         try:
             if left:
                 _stream(queue, batch, lines, output, view, stop, worker)
@@ -451,10 +454,22 @@ class _LocalWorker:
         self.worker.stop(now=now)
 
 
-def _local_worker(args: argparse.Namespace, queue: Queue, concurrency: int) -> _LocalWorker:
+def _checked_worker_settings(args: argparse.Namespace, url: str) -> WorkerSettings:
+    """The settings of the worker ``--concurrency N`` runs here, checked as far as they can
+    be without starting it: every setting, the processor imported (the worker's own import
+    finds it done), its ``user`` and ``group`` looked up. What only its pool's start can
+    tell (containment this machine refuses) still fails the run once it is sent."""
+    from sandboxq.pool.privileges import resolve_user
+    from sandboxq.processor import resolve_within
+
+    chosen = settings(args, queue=args.queue, url=url, **setting_flags(args, POOL_FLAGS))
+    import_from_cwd()
+    resolve_within(chosen.processor, chosen.import_timeout_s)
+    resolve_user(chosen.user, chosen.group)
+    return chosen
+
+
+def _local_worker(chosen: WorkerSettings) -> _LocalWorker:
     from sandboxq.worker import SandboxWorker
 
-    flags = setting_flags(args, POOL_FLAGS)
-    chosen = settings(args, queue=queue.name, url=shared_url(args.url), **flags)
-    import_from_cwd()
     return _LocalWorker(SandboxWorker(**chosen.model_dump()))
