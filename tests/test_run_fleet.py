@@ -350,3 +350,44 @@ def test_a_refused_setting_or_processor_sends_nothing_and_writes_nothing(
         assert out.read_text() == "kept\n", flags
     with Queue(queue_name, redis_url) as q:
         assert sum(q.counts().values()) == 0
+
+
+@pytest.mark.timeout(120)
+def test_an_output_another_run_writes_is_refused_before_anything_is_sent(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """A second run on an --output the first one holds was refused only once it had sent
+    its batch, whose lines then waited in the queue with no one to write them."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n')
+    out, err = tmp_path / "out.jsonl", tmp_path / "err"
+    at = ["--url", redis_url, "--queue", queue_name, "--output", str(out)]
+    first = start(H + "echo", str(source), *at, stderr=err)  # no worker: it waits, holding out
+    try:
+        wait_for(lambda: "sent to queue" in err.read_text(), 60, "the first run's batch sent")
+        second = sandboxq_run(H + "echo", str(source), *at)
+        assert second.returncode == 2, second.stderr
+        assert "is being written by another sandboxq run" in second.stderr, second.stderr
+        assert "sending" not in second.stderr
+        with Queue(queue_name, redis_url) as q:
+            assert q.counts()[JobState.WAITING] == 1  # the first run's line alone
+        first.send_signal(signal.SIGINT)
+        assert first.wait(60) == 130, err.read_text()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_redis_leaves_the_output_as_it_was(tmp_path: Path) -> None:
+    """The output is ours before anything is sent, but emptied only once the batch went:
+    a run refused because Redis cannot be reached leaves it as it was."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n')
+    out = tmp_path / "out.jsonl"
+    out.write_text("kept\n")
+    at = ["--url", "redis://127.0.0.1:1/0", "--queue", "q", "--output", str(out)]
+    proc = sandboxq_run(H + "echo", str(source), *at, timeout=30)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert out.read_text() == "kept\n"

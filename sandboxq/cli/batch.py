@@ -353,9 +353,17 @@ def open_output(path: str, *, append: bool = False) -> IO[str]:
         ) from None
     except OSError:  # a file system without locks: written unguarded
         pass
-    if not append and stat.S_ISREG(os.fstat(fd).st_mode):  # not /dev/stdout, a pipe...
-        os.ftruncate(fd, 0)  # once it is ours: emptied before the lock, it was the other's
+    if not append:
+        empty_output(fd)  # once it is ours: emptied before the lock, it was the other's
     return open(fd, "a" if append else "w", encoding="utf-8")
+
+
+def empty_output(fd: int) -> None:
+    """Empty an output ``open_output`` gave, when it is a regular file (not /dev/stdout, a
+    pipe...). A run that must hold the file before it can still be refused opens it to
+    append, and empties it only once nothing refuses it any more."""
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        os.ftruncate(fd, 0)
 
 
 class _Stop:

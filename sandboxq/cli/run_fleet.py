@@ -13,6 +13,14 @@
 The output, progress bar, summary and exit statuses are the local mode's (batch.py), so a
 file gives the same lines either way (in the order the lines finish).
 
+What can refuse the run does so before its first line is sent, in this order: the flags;
+with --concurrency N, the settings of the worker run here (its processor imported, its
+user and group looked up: only what its pool's start finds, a containment the machine
+refuses, comes later); the input (--strict, each call encoded, the label); then
+``--output`` opened under its lock, then emptied only once the batch is sent. A refusal
+(exit 2) leaves nothing in the queue and the output as it was: once lines are sent, a run
+that stops leaves them waiting for no one.
+
 Ctrl-C, as in the local mode, cancels what has not started (``Batch.cancel(running=False)``:
 those members never run) and lets the running ones finish (Redis knows a member claimed,
 not started: one a worker prefetched counts as running), writes what was cancelled as
@@ -39,6 +47,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,7 +55,14 @@ from sandboxq import text, tracing
 from sandboxq.backends.base import NewJob
 from sandboxq.backends.rules import MAX_LABEL_BYTES
 from sandboxq.batch import RESULTS_CHUNK, Batch, StreamReader, check_batch_calls, new_batch_id
-from sandboxq.cli.batch import FOLLOW_TICK_S, Item, Output, open_output, read_input
+from sandboxq.cli.batch import (
+    FOLLOW_TICK_S,
+    Item,
+    Output,
+    empty_output,
+    open_output,
+    read_input,
+)
 from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
 from sandboxq.cli.options import (
     EXIT_FAILED,
@@ -101,22 +117,42 @@ def run(args: argparse.Namespace) -> int:
     # Before anything is sent: a worker here that fails to start once the lines are in the
     # queue leaves them waiting there, with the run gone (exit 2) and nothing to write them.
     here = _checked_worker_settings(args, url) if concurrency else None
-    with Queue(args.queue, url) as queue:
+    with Queue(args.queue, url) as queue, ExitStack() as stack:
         if args.resume:
             batch, lines, malformed = _reattach(queue, args.resume)
+            # ours before its lines are read: no other run writes it meanwhile
+            appended = stack.enter_context(open_output(args.output, append=True))
             source = f"batch {batch.id}"
-        else:
-            batch, lines, malformed = _send(queue, maker, args)
-            source = args.input
-        return _follow(queue, batch, lines, malformed, source, here, args)
+            return _follow(queue, batch, lines, malformed, source, here, appended, args)
+        outgoing = _prepare(maker, args)
+        # Ours before anything is sent: a run refused here (another run writes the file)
+        # leaves no lines in the queue behind it, waiting for a run that is gone. Emptied
+        # once the batch went: a send refused (Redis unreachable) leaves it as it was.
+        file = stack.enter_context(open_output(args.output, append=True)) if args.output else None
+        batch = _send(queue, outgoing, url)
+        if file is not None:
+            empty_output(file.fileno())
+        lines, malformed = outgoing.lines, outgoing.malformed
+        return _follow(queue, batch, lines, malformed, args.input, here, file, args)
 
 
 # -- sending and re-attaching -----------------------------------------------------------------
 
 
-def _send(
-    queue: Queue, maker: JobMaker, args: argparse.Namespace
-) -> tuple[Batch[Job], list[int], dict[int, str]]:
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """An input file read, checked and encoded as a batch, not sent yet."""
+
+    id: str  # "" when no line is good: nothing to send
+    jobs: list[NewJob]
+    label: str
+    lines: list[int]  # the input line number of each member, in member order
+    malformed: dict[int, str]  # line number -> why it cannot run
+
+
+def _prepare(maker: JobMaker, args: argparse.Namespace) -> _Outgoing:
+    """Everything about the batch that can be refused without Redis: its lines read
+    (``--strict``), each call encoded and checked, its label built."""
     items = read_input(args.input)
     good = [item for item in items if item.payload is not None]
     bad = {item.line: item.error or "" for item in items if item.payload is None}
@@ -126,29 +162,36 @@ def _send(
         raise Exit(f"{len(bad)} malformed line(s) in {args.input}; nothing was run", 2)
     lines = [item.line for item in good]
     if not good:
-        return Batch(queue, "", 0), lines, bad
+        return _Outgoing("", [], "", lines, bad)
     batch_id = new_batch_id()
     label = _label(str(Path(args.input).name), lines, bad)
     jobs = [_member(maker, batch_id, n, item) for n, item in enumerate(good)]
     check_batch_calls(jobs, None, None)
+    return _Outgoing(batch_id, jobs, label, lines, bad)
+
+
+def _send(queue: Queue, outgoing: _Outgoing, url: str) -> Batch[Job]:
+    batch_id, jobs = outgoing.id, outgoing.jobs
+    if not jobs:
+        return Batch(queue, "", 0)
     # Its id first: a run killed while it sends leaves part of a batch, which only its id
     # lets anyone cancel (a big file goes in many round trips).
     print(
-        f"sandboxq: batch {batch_id}: sending {len(good)} line(s) to queue {queue.name}",
+        f"sandboxq: batch {batch_id}: sending {len(jobs)} line(s) to queue {queue.name}",
         file=sys.stderr,
         flush=True,
     )
     with tracing.enqueue_span(queue.name, jobs, batch_id):  # a no-op without a provider
-        queue.backend.enqueue_batch(batch_id, jobs, label=label)
-    where = redact_url(shared_url(args.url))
+        queue.backend.enqueue_batch(batch_id, jobs, label=outgoing.label)
+    where = redact_url(url)
     print(
-        f"sandboxq: batch {batch_id}: {len(good)} line(s) sent to queue {queue.name}; "
+        f"sandboxq: batch {batch_id}: {len(jobs)} line(s) sent to queue {queue.name}; "
         f"re-attach with: sandboxq run --resume {batch_id} --url {where} "
         f"--queue {queue.name} --output OUT.jsonl",
         file=sys.stderr,
         flush=True,
     )
-    return Batch(queue, batch_id, len(good)), lines, bad
+    return Batch(queue, batch_id, len(jobs))
 
 
 def _member(maker: JobMaker, batch_id: str, n: int, item: Item) -> NewJob:
@@ -317,14 +360,12 @@ def _follow(
     malformed: dict[int, str],
     source: str,
     here: WorkerSettings | None,
+    file: IO[str] | None,
     args: argparse.Namespace,
 ) -> int:
     tally = Tally()
     stop = _Stop()
     with ExitStack() as stack:
-        file: IO[str] | None = None
-        if args.output:  # ours before its lines are read: no other run writes it meanwhile
-            file = stack.enter_context(open_output(args.output, append=bool(args.resume)))
         done = list(written_lines(args.output)) if args.resume else []
         known = set(lines) | set(malformed)
         stray = next((line for line, _ in done if line not in known), None)
