@@ -391,3 +391,35 @@ def test_an_unreachable_redis_leaves_the_output_as_it_was(tmp_path: Path) -> Non
     proc = sandboxq_run(H + "echo", str(source), *at, timeout=30)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert out.read_text() == "kept\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_resume_into_an_output_that_disagrees_with_the_label_is_refused(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """Only the line numbers of OUT's rows were compared with the batch's: an output
+    written for another input with as many lines was appended to, its rows counted, a
+    line the batch sent kept as malformed. A malformed row for a line the label records
+    as sent, or a row that ran for one it records as malformed, is refused too, and the
+    file (even its last line cut short) is left as it was."""
+    from sandboxq.cli.run_fleet import _label
+
+    with Queue(queue_name, redis_url) as q:
+        batch = q.batch([([1], {}), ([2], {})], label=_label("in.jsonl", [1, 2], {3: "not JSON"}))
+    at = ["--url", redis_url, "--queue", queue_name]
+    cases = {
+        '{"line": 1, "outcome": "malformed", "attempts": 0, "error": "not JSON"}\n'
+        '{"line": 2, "outc': "holds line 1 as malformed, which batch",
+        '{"line": 1, "outcome": "ok", "attempts": 1, "result": 1}\n'
+        '{"line": 3, "outcome": "ok", "attempts": 1, "result": 3}\n': "holds line 3 as ok, "
+        "which batch",
+    }
+    for n, (written, needle) in enumerate(cases.items()):
+        out = tmp_path / f"out{n}.jsonl"
+        out.write_text(written)
+        # no worker serves the queue: a resume not refused waits, till the timeout
+        proc = sandboxq_run("--resume", batch.id, *at, "--output", str(out), timeout=20)
+        assert proc.returncode == 2, proc.stderr
+        assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert out.read_text() == written

@@ -30,7 +30,10 @@ running ones too (the fenced hand-over) and stops at once.
 ``--resume BATCH_ID --output OUT`` re-attaches from any process: the line number of each
 member comes from the batch's label, and what is written already from OUT itself: every
 complete line of OUT is a line written (its ``line`` and ``outcome`` count in the summary),
-a last line cut short by a crash is dropped, and the rest is appended as it finishes.
+a last line cut short by a crash is dropped, and the rest is appended as it finishes. An
+OUT whose rows cannot be the batch's (a line it never had, a line it sent written as
+malformed, a malformed one written as run: written for another input) is refused and
+left as it was.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,24 +323,56 @@ def parse_ranges(spans: str, most: int) -> list[int]:
 
 
 def written_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line, outcome) of every complete line of ``path``; a last line cut short by a crash
-    (no newline, or not JSON) is cut off the file, so appending starts on a line of its own."""
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    whole = raw[: raw.rfind(b"\n") + 1]
-    if len(whole) != len(raw):
-        with open(path, "r+b") as f:
-            f.truncate(len(whole))
+    """(line, outcome) of every complete line of ``path``: a last line cut short by a crash
+    (no newline) is left out, and left in the file (``cut_short_line`` cuts it off once
+    the rows are found to be the batch's: a file refused is left as it was)."""
+    whole = _whole_lines(path)
     for n, row in enumerate(whole.splitlines(), 1):
         try:
             record = json.loads(row)
             yield int(record["line"]), str(record["outcome"])
         except (ValueError, KeyError, TypeError, RecursionError):
             raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
+
+
+def cut_short_line(path: str) -> None:
+    """Cut a last line a crash cut short off ``path``, so appending starts on a line of
+    its own."""
+    whole = len(_whole_lines(path))
+    if whole != Path(path).stat().st_size:
+        with open(path, "r+b") as f:
+            f.truncate(whole)
+
+
+def _whole_lines(path: str) -> bytes:
+    """``path`` up to its last newline (nothing when it does not exist)."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return raw[: raw.rfind(b"\n") + 1]
+
+
+def foreign_row(
+    done: list[tuple[int, str]], lines: list[int], malformed: Iterable[int], source: str
+) -> str:
+    """What the first of ``done`` (an output's rows) that cannot be of ``source`` (a batch
+    of ``lines`` sent, ``malformed`` not) holds, in words; "" when each can be. A row for a
+    line the batch never had, a line it sent written as malformed, or a malformed one
+    written as run: the rows name input lines, not batches, so an output of another input
+    is told apart only where its lines differ from this one's."""
+    sent, bad = set(lines), set(malformed)
+    for line, outcome in done:
+        if line in sent and outcome == MALFORMED:
+            return f"holds line {line} as malformed, which {source} sent as a good line"
+        if line in bad and outcome != MALFORMED:
+            shown = text.clip(outcome, 40)  # read from the file: any text
+            return f"holds line {line} as {shown}, which {source} had as malformed (never sent)"
+        if line not in sent and line not in bad:
+            return f"holds line {line}, which {source} never had"
+    return ""
 
 
 # -- following ------------------------------------------------------------------------------
@@ -367,13 +402,13 @@ def _follow(
     stop = _Stop()
     with ExitStack() as stack:
         done = list(written_lines(args.output)) if args.resume else []
-        known = set(lines) | set(malformed)
-        stray = next((line for line, _ in done if line not in known), None)
-        if stray is not None:
+        if why := foreign_row(done, lines, malformed, source):
             raise ConfigError(
-                f"{args.output} holds line {stray}, which {source} never had: it was written "
-                "for another input; resume into the file this batch's run wrote"
+                f"{args.output} {why}: it was written for another input; "
+                "resume into the file this batch's run wrote"
             )
+        if args.resume:
+            cut_short_line(args.output)
         output = Output(file, tally)
         for line, outcome in done:  # written by an earlier run: counted, not written again
             output.written.add(line)
