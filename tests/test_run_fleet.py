@@ -352,6 +352,37 @@ def test_a_refused_setting_or_processor_sends_nothing_and_writes_nothing(
         assert sum(q.counts().values()) == 0
 
 
+@pytest.mark.timeout(60)
+def test_a_pool_flag_with_no_children_here_is_refused_and_the_processor_is_said_unused(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """Without --concurrency no child runs here: a pool's flag (--max-processes, a memory
+    retry factor...) went unused without a word, and so did PROCESSOR, each line running
+    with whatever processor the worker that took it serves."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n')
+    at = ["--url", redis_url, "--queue", queue_name]
+    for flags, said in [
+        (["--max-processes", "5"], "--max-processes applies to the children --concurrency N"),
+        (["--memory-retry-factor", "0.5"], "--memory-retry-factor applies"),
+        (["--no-capture-output"], "--no-capture-output applies"),
+    ]:
+        proc = sandboxq_run(H + "echo", str(source), *at, *flags, timeout=20)  # no worker
+        assert proc.returncode == 2, (flags, proc.stderr)
+        assert f"sandboxq: error: {said}" in proc.stderr, proc.stderr
+        assert "sending" not in proc.stderr, proc.stderr
+    with Queue(queue_name, redis_url) as q:
+        assert sum(q.counts().values()) == 0
+    err = tmp_path / "err"
+    waiting = start(H + "echo", str(source), *at, "--hard-timeout-s", "5", stderr=err)
+    try:  # a job's flag is the job's own: sent with it
+        wait_for(lambda: "sent to queue" in err.read_text(), 60, "the batch sent")
+        assert f"{H}echo is not run here (no --concurrency)" in err.read_text()
+    finally:
+        waiting.send_signal(signal.SIGINT)
+        waiting.wait(30)
+
+
 @pytest.mark.timeout(120)
 def test_an_output_another_run_writes_is_refused_before_anything_is_sent(
     redis_url: str, queue_name: str, tmp_path: Path

@@ -76,7 +76,7 @@ from sandboxq.cli.options import (
     setting_flags,
     shared_url,
 )
-from sandboxq.cli.worker import POOL_FLAGS, settings
+from sandboxq.cli.worker import FLAG_FORMS, POOL_FLAGS, settings
 from sandboxq.client import Job, JobMaker, Queue
 from sandboxq.errors import BatchNotFound, ConfigError
 from sandboxq.models import JobOptions, JobState, member_id
@@ -115,6 +115,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("run takes PROCESSOR and INPUT.jsonl (or --resume BATCH_ID)")
     if concurrency and not args.processor:
         raise ConfigError("run --concurrency N needs PROCESSOR for the children it runs here")
+    if not concurrency and (ignored := _pool_only_flags(args)):
+        raise ConfigError(
+            f"{ignored[0]} applies to the children --concurrency N runs here, and this run "
+            f"starts none: add --concurrency N, or give it to the workers serving queue "
+            f"{args.queue}"
+        )
     options = {k: v for k, v in setting_flags(args, JOB_FLAGS).items() if v is not None}
     maker = JobMaker("json", build(JobOptions, **options))
     # Before anything is sent: a worker here that fails to start once the lines are in the
@@ -128,6 +134,13 @@ def run(args: argparse.Namespace) -> int:
             source = f"batch {batch.id}"
             return _follow(queue, batch, lines, malformed, source, here, appended, args)
         outgoing = _prepare(maker, args)
+        if here is None:
+            print(
+                f"sandboxq: {text.clip(args.processor, 200)} is not run here (no --concurrency): "
+                f"each line runs with the processor of the worker serving queue "
+                f"{text.clip(queue.name, 200)} that takes it",
+                file=sys.stderr,
+            )
         # Ours before anything is sent: a run refused here (another run writes the file)
         # leaves no lines in the queue behind it, waiting for a run that is gone. Emptied
         # once the batch went: a send refused (Redis unreachable) leaves it as it was.
@@ -137,6 +150,17 @@ def run(args: argparse.Namespace) -> int:
             empty_output(file.fileno())
         lines, malformed = outgoing.lines, outgoing.malformed
         return _follow(queue, batch, lines, malformed, args.input, here, file, args)
+
+
+def _pool_only_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given that only a worker run here would use (its pool's, not the jobs')."""
+    names = [n for n in POOL_FLAGS if n != "concurrency" and n not in JOB_FLAGS]
+    return [_flag(n) for n in names if getattr(args, n) is not None]
+
+
+def _flag(name: str) -> str:
+    form = FLAG_FORMS.get(name)
+    return form[0] if form else "--" + name.replace("_", "-")
 
 
 # -- sending and re-attaching -----------------------------------------------------------------
