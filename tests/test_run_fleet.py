@@ -175,9 +175,34 @@ def test_resume_after_the_first_run_was_killed_writes_each_line_once(
     assert [r["result"] for r in sorted(rows, key=lambda r: r["line"]) if "result" in r] == [
         0, 1, 2, 3,
     ]  # fmt: skip
-    assert "5 line(s) of batch" in resumed.stderr
+    # the two lines of the first run count, not in this run's rate
+    assert "5 line(s) of batch" in resumed.stderr and ": 2 written before, 2 in " in resumed.stderr
     again = sandboxq_run("--resume", bid, *at, "--output", str(out))  # nothing left to write
     assert again.returncode == 1 and lines_of(out) == rows
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_of_a_finished_batch_waits_for_no_worker_and_counts_only_its_own_rate(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """Every member final, its rows missing from OUT (another file, a crash before the
+    writes): a resume reads them from the batch's stream, and said no worker served the
+    queue, as if the lines waited for one."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n{"args": [2]}\n')
+    at = ["--url", redis_url, "--queue", queue_name]
+    first, err = tmp_path / "first.jsonl", tmp_path / "err"
+    ran = sandboxq_run(H + "echo", str(source), *at, "--concurrency", "1", "--output", str(first))
+    assert ran.returncode == 0, ran.stderr
+    err.write_text(ran.stderr)
+    out = tmp_path / "out.jsonl"
+    resumed = sandboxq_run("--resume", batch_id_in(err), *at, "--output", str(out), timeout=30)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "no worker serves" not in resumed.stderr, resumed.stderr
+    assert sorted(lines_of(out), key=lambda r: r["line"]) == sorted(
+        lines_of(first), key=lambda r: r["line"]
+    )
+    assert "2 line(s) of batch" in resumed.stderr and "written before" not in resumed.stderr
 
 
 def test_clear_errors(redis_url: str, queue_name: str, tmp_path: Path) -> None:

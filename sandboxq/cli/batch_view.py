@@ -60,6 +60,11 @@ class Tally:
         if outcome not in _DID_NOT_RUN:
             self._ran += 1
 
+    @property
+    def ran(self) -> int:
+        """Lines that ran: neither malformed nor not run."""
+        return self._ran
+
     def count(self, *outcomes: str) -> int:
         return sum(len(self.lines.get(o, ())) for o in outcomes)
 
@@ -86,6 +91,8 @@ class BatchView:
         )
         self.tally = tally
         self.started = time.monotonic()
+        #: Lines an earlier run wrote (``--resume``): on the bar, and out of the rate.
+        self._ran_before = tally.ran
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -101,7 +108,14 @@ class BatchView:
             redirect_stdout=redirect_stdout,
             redirect_stderr=True,
         )
-        self._task = self._progress.add_task("running", total=total, ok=0, failed=0, timed_out=0)
+        self._task = self._progress.add_task(
+            "running",
+            total=total + self._ran_before,
+            completed=self._ran_before,
+            ok=tally.ok,
+            failed=tally.failed,
+            timed_out=tally.timed_out,
+        )
 
     def __enter__(self) -> BatchView:
         self._progress.start()
@@ -131,9 +145,12 @@ class BatchView:
         if not total:
             self.console.print(f"nothing to run: {source} has no job lines")
             return
-        ran = total - self.tally.count(MALFORMED, NOT_RUN)
-        rate = f", {ran / elapsed:.1f} jobs/s" if elapsed > 0 and ran else ""
+        now = total - self.tally.count(MALFORMED, NOT_RUN) - self._ran_before
+        rate = f", {now / elapsed:.1f} jobs/s" if elapsed > 0 and now else ""
         title = f"{total} line(s) of {source} in {text.duration(elapsed)}{rate}"
+        if self._ran_before:
+            took = f"{now} in {text.duration(elapsed)}{rate}"
+            title = f"{total} line(s) of {source}: {self._ran_before} written before, {took}"
         if interrupted:
             title += " (stopped early)"
         rows = [

@@ -442,7 +442,7 @@ def _follow(
         left = [line for line in lines if line not in output.written]
         redirect = file is None and sys.stdout.isatty()
         view = stack.enter_context(BatchView(len(left), tally, redirect_stdout=redirect))
-        if left and here is None and not queue.backend.workers():
+        if left and here is None and not queue.backend.workers() and not batch.progress().done:
             view.console.print(
                 f"[yellow]no worker serves queue {text.clip(queue.name, 200)} yet: the lines "
                 "run once one does (--concurrency N runs N children here)[/]",
