@@ -20,6 +20,7 @@ import pytest
 from sandboxq import ConfigError, JobFailed, Queue
 from sandboxq.models import Action, JobState, Outcome
 from sandboxq.pool.attempt import END_GRACE_S
+from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers, StartWorker
 from sandboxq.worker import SandboxWorker
 
@@ -145,6 +146,29 @@ def test_a_job_that_waited_past_max_queue_s_never_starts(
         assert attempt.outcome is Outcome.EXPIRED and attempt.pid is None  # never ran
         assert attempt.started_ms is None
     assert job.info().state is JobState.FAILED
+
+
+@pytest.mark.timeout(30)
+def test_a_job_claimed_ahead_that_waits_past_max_queue_s_never_starts(
+    queue: Queue, start_worker: StartWorker
+) -> None:
+    """The claim checks max_queue_s, but a worker claims jobs ahead (its prefetch) and
+    they wait in it for a child: one that waited past its max_queue_s there ran anyway,
+    seconds late. It ends expired, never run, as one still waiting in the queue does; and
+    at that moment, not once the busy child is free."""
+    start_worker("call", concurrency=1, hard_timeout_s=30)  # the default prefetch
+    serving(queue)
+    busy = queue.enqueue("succeed_after", 3, "busy")
+    started = time.monotonic()
+    wait_for(lambda: busy.info().state is JobState.ACTIVE, 10, "the busy job claimed")  # type: ignore[union-attr]
+    job = queue.options(max_queue_s=0.5).enqueue("succeed_after", 0, "late")
+    error = failed(job, timeout_s=10)
+    assert error.outcome == "expired" and error.attempts == 1, error
+    assert time.monotonic() - started < 3, "it expired only once the busy child was free"
+    [attempt] = job.info().history  # type: ignore[union-attr]
+    assert attempt.outcome is Outcome.EXPIRED and attempt.pid is None  # never ran
+    assert attempt.started_ms is None
+    assert busy.result(timeout_s=10) == "busy"
 
 
 # -- the progress watchdog ----------------------------------------------------------------

@@ -46,6 +46,10 @@ class Task:
     #: attempt is then ended as a hard timeout is (soft signal, a grace, a tree kill) with
     #: outcome ``deadline``.
     deadline_at: float | None = None
+    #: ``time.monotonic()`` by which the attempt must have started (the job's
+    #: ``max_queue_s``, counted from when it became runnable): one still waiting for a
+    #: child then ends ``expired``, never run.
+    start_by: float | None = None
     #: The watchdog: an attempt silent (no ``progress()``) this long since it started or
     #: last reported is ended the same way, with outcome ``progress_timeout``.
     progress_timeout_s: float | None = None

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sandboxq.models import Outcome
-from sandboxq.pool.attempt import HARD_KILL, MEMORY_KILL, SELF_FENCE, SOFT_SIGNAL
+from sandboxq.pool.attempt import HARD_KILL, MEMORY_KILL, SELF_FENCE, SOFT_SIGNAL, Task
 from sandboxq.pool.handles import Child
 from sandboxq.pool.running import Attempt, tell
 from sandboxq.pool.stacks import DUMP_EARLY_S
@@ -37,15 +37,30 @@ def wait_s(children: Iterable[Child], now: float) -> float | None:
 
 
 def end_overdue(pending: deque[Attempt], now: float) -> None:
-    """Attempts still waiting for a child when their job's deadline_s passed end now,
-    never started: a wait for a replacement child must not become a run past it."""
-    if not any(a.task.deadline_at is not None and now >= a.task.deadline_at for a in pending):
+    """Attempts still waiting for a child when their job's deadline_s passed, or its
+    max_queue_s since it became runnable, end now, never started: a wait behind busy
+    children (a job the worker claimed ahead) must not become a run past either."""
+    if not any(_late(a.task, now) for a in pending):
         return
     for attempt in list(pending):
-        if attempt.task.deadline_at is not None and now >= attempt.task.deadline_at:
+        if (late := _late(attempt.task, now)) is not None:
             pending.remove(attempt)
-            detail = "the job's deadline_s passed before the attempt could start"
-            attempt.settle(Outcome.DEADLINE, None, now, detail=detail)
+            attempt.settle(late[0], None, now, detail=late[1])
+
+
+def _late(task: Task, now: float) -> tuple[Outcome, str] | None:
+    if task.deadline_at is not None and now >= task.deadline_at:
+        return Outcome.DEADLINE, "the job's deadline_s passed before the attempt could start"
+    if task.start_by is not None and now >= task.start_by:
+        return Outcome.EXPIRED, "not started within max_queue_s of becoming runnable"
+    return None
+
+
+def pending_due(pending: deque[Attempt]) -> float | None:
+    """When the first of ``pending`` runs out of deadline_s or max_queue_s (None: none
+    has either): the supervisor's select wakes for it."""
+    times = [t for a in pending for t in (a.task.deadline_at, a.task.start_by) if t is not None]
+    return min(times) if times else None
 
 
 def enforce(

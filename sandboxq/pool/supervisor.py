@@ -224,12 +224,15 @@ class Supervisor:
                 while self._replace > 0 and not self._closing:
                     self._replace -= 1
                     self._spawn()
-                if self._pending:
-                    deadlines.end_overdue(self._pending, time.monotonic())  # deadline_s
+                if self._pending:  # deadline_s, max_queue_s
+                    deadlines.end_overdue(self._pending, time.monotonic())
                 if self._pending or self._idle:
                     self._assigner.assign(self._pending, self._idle, self._children)
                 now = time.monotonic()
                 timeout = deadlines.wait_s(self._children, now)
+                if self._pending and (late := deadlines.pending_due(self._pending)) is not None:
+                    wait = max(0.0, late - now)  # one still waiting for a child runs out
+                    timeout = wait if timeout is None else min(timeout, wait)
                 due = self._assigner.take_back_at(self._pending, self._idle, self._children)
                 if due is not None:  # a child idle, a task queued behind a running attempt
                     wait = max(0.0, due - now)

@@ -4,6 +4,8 @@
                         └─► None ─► unstarted ─┬─► past the worker's deadline_s or
                                                │   max_queue_s: failed, never run
                                                └─► None ─► task_for ─► Task ─► Pool.execute
+                                                   (still waiting for a child when either
+                                                   runs out: ended by the pool, never run)
 
 The claim already carries the job's parsed options (a job whose stored options do not
 validate never reaches the worker: the backend fails it with the cause). A job's own
@@ -58,6 +60,14 @@ def deadline_at(job: Claimed, settings: WorkerSettings) -> float | None:
     return None if deadline is None else job.claimed_at + deadline - job.age_s
 
 
+def start_by(job: Claimed, settings: WorkerSettings) -> float | None:
+    """``time.monotonic()`` by which ``job`` must start under its ``max_queue_s`` (its own,
+    else the worker's), counted from when it became runnable (``wait_s`` before its claim):
+    a job claimed ahead (prefetch) waits in the worker, and waiting there counts too."""
+    max_queue = job.options.max_queue_s or settings.max_queue_s
+    return None if max_queue is None else job.claimed_at + max_queue - (job.wait_s or 0.0)
+
+
 def task_for(
     job: Claimed,
     settings: WorkerSettings,
@@ -86,6 +96,7 @@ def task_for(
         # death must not be charged to jobs that only ran beside it.
         alone=job.infra_deaths > 0,
         deadline_at=deadline_at(job, s),
+        start_by=start_by(job, s),
         progress_timeout_s=options.progress_timeout_s or s.progress_timeout_s,
         # a policy's end leaves the handler the gap it has between its soft and hard timeout
         end_grace_s=hard - soft if soft is not None and hard is not None else END_GRACE_S,
