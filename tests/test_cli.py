@@ -470,6 +470,8 @@ def test_retry_one_or_all_failed(
     assert code == 0 and "1 charged, 2 in all (stalls: 0)" in out
     code, out, _ = sq(f"retry {at} --all-failed --json")
     assert code == 0 and sorted(json.loads(out)["retried"]) == sorted([slow, bad])
+    code, out, _ = sq(f"retry {at.replace(' ', '-none ', 1)} --all-failed")  # none failed
+    assert code == 1 and out.strip().startswith("retried 0 failed job(s)"), (code, out)
     for neither_or_both in (f"retry {at}", f"retry {at} {ok} --all-failed"):
         code, out, err = sq(neither_or_both)
         assert code == 2 and "retry takes a job id or --all-failed" in err

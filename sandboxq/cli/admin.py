@@ -22,6 +22,7 @@ from sandboxq.backends.base import Backend
 from sandboxq.cli import render
 from sandboxq.cli.job_view import job, lease_left
 from sandboxq.cli.options import (
+    EXIT_FAILED,
     EXIT_OK,
     Exit,
     add_allow_pickle,
@@ -261,7 +262,7 @@ def retry(args: argparse.Namespace) -> int:
         )
     else:
         render.stdout().print(render.plain(f"retried job {args.id}"))
-    return EXIT_OK
+    return EXIT_OK if retried else EXIT_FAILED  # 1: nothing to retry (as the README says)
 
 
 def cancel(args: argparse.Namespace) -> int:
