@@ -231,7 +231,8 @@ class Supervisor:
                 now = time.monotonic()
                 timeout = deadlines.wait_s(self._children, now)
                 if self._pending and (late := deadlines.pending_due(self._pending)) is not None:
-                    wait = max(0.0, late - now)  # one still waiting for a child runs out
+                    # one still waiting for a child runs out (a far one: several waits)
+                    wait = min(deadlines.MAX_SELECT_S, max(0.0, late - now))
                     timeout = wait if timeout is None else min(timeout, wait)
                 due = self._assigner.take_back_at(self._pending, self._idle, self._children)
                 if due is not None:  # a child idle, a task queued behind a running attempt
