@@ -142,11 +142,15 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def _positive_seconds(name: str, value: float | None) -> float | None:
+def _positive_within_bounds(name: str, value: float | None) -> float | None:
+    """A positive duration (or, for a ``_mb`` name, size), at most what a setting may be."""
     if value is None:
         return None
+    unit, most = ("MB", MAX_MB) if name.endswith("_mb") else ("seconds", MAX_SECONDS)
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be a positive, finite number of {unit}, got {value!r}")
+    if value > most:
+        raise ValueError(f"{name} must be at most {most:.0f} {unit}, got {value!r}")
     return float(value)
 
 
@@ -200,6 +204,10 @@ def setting_field(default: Any, description: str, *, none: str | None = None, **
 MAX_SECONDS = 10 * 365 * 24 * 3600.0
 #: The longest a finished job may be kept: the bound of every duration.
 MAX_TTL_S = MAX_SECONDS
+#: The most any setting in MB may be (a pebibyte; README "Settings"): more memory or file
+#: than a machine has, and in bytes (2**50) it fits where a limit goes: an rlimit (a C
+#: long), a control group's memory file.
+MAX_MB = float(2**30)
 #: How long a finished job is kept by default (README "Retention"): a completed one a day,
 #: a failed or cancelled one a week (time to look into why).
 RESULT_TTL_S = 24 * 3600.0
@@ -312,7 +320,7 @@ class JobOptions(_Frozen):
     )
     @classmethod
     def _positive(cls, value: float | None, info: Any) -> float | None:
-        return _positive_seconds(info.field_name, value)
+        return _positive_within_bounds(info.field_name, value)
 
     @model_validator(mode="after")
     def _soft_before_hard(self) -> JobOptions:

@@ -48,6 +48,7 @@ from sandboxq.errors import ConfigError
 from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
     FAILURE_TTL_S,
+    MAX_MB,
     MAX_SECONDS,
     NUMBER_ONLY,
     RESULT_TTL_S,
@@ -69,10 +70,6 @@ DEFAULT_MAX_PROCESSES = 1024
 #: Longest interval between two background checks: ``threading.Event.wait`` overflows on
 #: absurd timeouts, and a check that never comes is a setting nobody meant.
 MAX_INTERVAL_S = 24 * 3600.0
-#: The most any setting in MB may be (a pebibyte; README "Settings"): more memory or file
-#: than a machine has, and in bytes (2**50) it fits where a limit goes: an rlimit (a C
-#: long), a control group's memory file.
-MAX_MB = float(2**30)
 #: The least ``pool_memory_mb`` may be: twice the pool's smallest margin (pool/budget.py,
 #: MIN_MARGIN_MB = 16). Below it every attempt starts inside the margin, and with control
 #: groups the kernel kills children as they start (1.5 MB: ``crashed``, not

@@ -161,6 +161,14 @@ def test_a_bad_pool_setting_is_refused_by_name_before_any_child_starts(
         ({"retries": 1.5}, "retries: Input should be a valid integer"),
         ({"max_memory_mb": [64]}, "max_memory_mb: Input should be a valid number"),
         ({"hard_timeout_s": timedelta(seconds=-3)}, "got -3.0"),
+        # the bounds every setting has (README "Settings"), a job's own too
+        ({"hard_timeout_s": 1e300}, "hard_timeout_s must be at most 315360000 seconds, got"),
+        ({"soft_timeout_s": 3.2e8}, "soft_timeout_s must be at most 315360000 seconds"),
+        ({"max_queue_s": 1e300}, "max_queue_s must be at most 315360000 seconds"),
+        ({"deadline_s": 1e300}, "deadline_s must be at most 315360000 seconds"),
+        ({"progress_timeout_s": 1e300}, "progress_timeout_s must be at most 315360000 seconds"),
+        ({"max_memory_mb": 1e300}, "max_memory_mb must be at most 1073741824 MB, got"),
+        ({"max_memory_mb": 0}, "max_memory_mb must be a positive, finite number of MB, got 0"),
     ],
 )
 def test_job_options_say_what_is_wrong(queue: Queue, kwargs: dict[str, Any], needle: str) -> None:
@@ -252,7 +260,7 @@ def test_huge_job_timeouts_run_through_a_worker(queue: Queue, start_worker: Star
     """The largest durations a worker takes work too, its stop (at teardown) included."""
     most = {"hard_timeout_s": MAX_SECONDS, "stop_timeout_s": MAX_SECONDS}
     worker = start_worker("echo", **most, deadline_s=MAX_SECONDS, max_queue_s=MAX_SECONDS)
-    job = queue.options(soft_timeout_s=1e300 / 2, hard_timeout_s=1e300).enqueue("big")
+    job = queue.options(soft_timeout_s=MAX_SECONDS / 2, hard_timeout_s=MAX_SECONDS).enqueue("big")
     assert job.result(timeout_s=30) == "big"
     assert queue.enqueue("next").result(timeout_s=30) == "next"
     # the worker counts an ack once its finish call returns, just after the result shows
