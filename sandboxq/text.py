@@ -5,6 +5,8 @@ and the worker's log share them.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Iterable
 from datetime import datetime
 
@@ -124,3 +126,37 @@ def _cut_line(line: str, max_bytes: int) -> str:
     """The start of ``line`` within ``max_bytes`` UTF-8 bytes, ending in a newline."""
     data = line.encode("utf-8", "replace")[: max(0, max_bytes - 4)]
     return data.decode("utf-8", "ignore") + "…\n"
+
+
+#: Control characters but newline and tab; and with those two, what one line must not hold.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROLS_AND_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def visible(value: object, *, one_line: bool = True) -> str:
+    """``value`` as text safe to print or log: control characters shown as escapes
+    (``\\x1b``), so a stored string or a handler's error cannot drive a terminal; with
+    ``one_line``, newlines and tabs too, so a job id cannot forge a log line of its own."""
+    found = _CONTROLS_AND_BREAKS if one_line else _CONTROLS
+    return found.sub(lambda m: repr(m.group())[1:-1], "" if value is None else str(value))
+
+
+class _VisibleArgs(logging.Filter):
+    """Every string argument of a record shown on one line (``visible``): what a worker
+    logs names jobs and errors read from a shared Redis or raised by a handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and record.args:
+            record.args = tuple(visible(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+_VISIBLE_ARGS = _VisibleArgs()
+
+
+def guarded_logger(name: str) -> logging.Logger:
+    """The logger ``name``, its records' string arguments shown on one line, escaped."""
+    logger = logging.getLogger(name)
+    if _VISIBLE_ARGS not in logger.filters:
+        logger.addFilter(_VISIBLE_ARGS)
+    return logger

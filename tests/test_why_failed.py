@@ -86,6 +86,30 @@ def test_a_raise_two_frames_deep_keeps_its_traceback_everywhere(
     assert data["arguments"] == {"args": ["two frames down"], "kwargs": {}}
 
 
+def test_the_worker_log_shows_hostile_ids_and_errors_without_obeying_them(
+    queue: Queue, start_worker: StartWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job id and a handler's error are any text: a newline in either forged a log line
+    of its own ("... WARNING ... FORGED"), and escape sequences reached the operator's
+    terminal raw (a title change, a cleared screen). They are shown escaped, on their line."""
+    caplog.set_level(logging.INFO, logger="sandboxq.worker")
+    start_worker(W + "outer_frame", concurrency=1)
+    hostile_id = "esc\x1b]0;pwned\x07\x1b[2J\nWARNING sandboxq.worker: FORGED ID"
+    job = queue.options(job_id=hostile_id).enqueue("red\x1b[31m\nWARNING sandboxq.worker: FORGED")
+    with pytest.raises(JobFailed):
+        job.result(timeout_s=30)
+
+    def logged() -> str:
+        return "\n".join(r.getMessage() for r in caplog.records)
+
+    wait_for(lambda: "attempt 1: error -> fail" in logged(), 10, "the attempt's log line")
+    assert "\x1b" not in logged() and "\x07" not in logged(), repr(logged())
+    assert not any(line.startswith("WARNING") for line in logged().splitlines()), logged()
+    [line] = [li for li in logged().splitlines() if "attempt 1: error -> fail" in li]
+    assert line.startswith("job esc\\x1b]0;pwned\\x07\\x1b[2J\\nWARNING"), line
+    assert "red\\x1b[31m\\nWARNING sandboxq.worker: FORGED" in line, line
+
+
 def test_secrets_in_what_a_handler_says_are_hidden(queue: Queue, start_worker: StartWorker) -> None:
     start_worker(W + "fail_with_url", concurrency=1)
     job = queue.enqueue("redis://app:hunter2-secret@db.internal:6379/0")

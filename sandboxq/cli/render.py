@@ -18,6 +18,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from sandboxq.text import visible
+
 
 def print_json(data: Any) -> None:
     # JSON escapes C0 controls itself; DEL and the C1 controls (\x9b starts a terminal
@@ -27,16 +29,13 @@ def print_json(data: Any) -> None:
 
 
 _C1 = re.compile("[\x7f-\x9f]")
-#: Control characters but newline and tab: what must never reach a terminal raw.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def plain(value: object) -> Text:
     """``value`` as text to show as it is: never read as rich markup (``[/]`` in a stored
     error broke the table), control characters made visible (``\\x1b``), so nothing read
     from a shared Redis can drive the operator's terminal."""
-    text = "" if value is None else str(value)
-    return Text(_CONTROL.sub(lambda m: repr(m.group())[1:-1], text))
+    return Text(visible(value, one_line=False))
 
 
 def stdout() -> Console:

@@ -19,7 +19,6 @@ so they are never the ones to die.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
 
@@ -27,8 +26,9 @@ from sandboxq.models import Outcome
 from sandboxq.pool.containment import Containment
 from sandboxq.pool.handles import Child
 from sandboxq.pool.running import MB, Attempt
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.pool")
+log = guarded_logger("sandboxq.pool")
 
 #: How much of the budget is kept free: the children must not reach the kernel's limit
 #: between two checks (with 4 children growing 250 MB/s each, 10 ms is 10 MB).

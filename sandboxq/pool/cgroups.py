@@ -22,14 +22,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
-import logging
 import os
 import signal
 import time
 
 from sandboxq.pool.kill import ended
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.pool")
+log = guarded_logger("sandboxq.pool")
 
 #: The v1 controllers cgroup mode needs; v2 needs the first two (freezing is built in).
 V1_CONTROLLERS = ("memory", "pids", "freezer")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import replace
@@ -39,8 +38,9 @@ from sandboxq.pool.cgroups import Group
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.pool_lock import PoolLock
 from sandboxq.settings import ContainmentSetting
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.pool")
+log = guarded_logger("sandboxq.pool")
 
 Mode = Literal["cgroup_v2", "cgroup_v1", "process_tree"]
 

@@ -22,7 +22,6 @@ and counts start failures, this module decides outcomes.
 
 from __future__ import annotations
 
-import logging
 import signal
 import time
 from collections import deque
@@ -36,8 +35,9 @@ from sandboxq.pool.guard import fence_came
 from sandboxq.pool.handles import Child
 from sandboxq.pool.kill import descendants
 from sandboxq.pool.running import Attempt, tell
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.pool")
+log = guarded_logger("sandboxq.pool")
 
 #: How long the supervisor waits for a child whose sentinel fired to be reaped, and, at
 #: shutdown, for children to exit on their own once their channels are closed.

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import logging
 import mmap
 import os
 import signal
@@ -40,8 +39,9 @@ from collections.abc import Mapping
 import psutil
 
 from sandboxq.pool.kill import state
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.pool")
+log = guarded_logger("sandboxq.pool")
 
 #: The guard kills this much before a fence deadline, so that its wake-up jitter never
 #: makes it late; the fence deadline itself already keeps a margin from the lease's end.

@@ -6,7 +6,6 @@ queued task, memory sample), and how an attempt that answered is settled
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import select
@@ -38,9 +37,9 @@ from sandboxq.pool.messages import Failed, Finished
 from sandboxq.pool.output import ChildOutput
 from sandboxq.pool.running import MB, Attempt
 from sandboxq.pool.stacks import StackFile
-from sandboxq.text import bounded_traceback
+from sandboxq.text import bounded_traceback, guarded_logger
 
-log = logging.getLogger("sandboxq.pool")
+log = guarded_logger("sandboxq.pool")
 
 
 def soft_cause(run: Attempt) -> str | None:

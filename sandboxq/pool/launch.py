@@ -10,13 +10,14 @@ main-module keys for launches so marked and leaves every other multiprocess user
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import warnings
 from typing import Any
 
 from multiprocess import spawn
+
+from sandboxq.text import guarded_logger
 
 _MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
 _marked = threading.local()
@@ -55,7 +56,7 @@ def start_retrying(process: Any, tries: int) -> None:
                 warnings.simplefilter("always")
                 start(process)
             for warning in said:
-                logging.getLogger("sandboxq.pool").warning("starting a child: %s", warning.message)
+                guarded_logger("sandboxq.pool").warning("starting a child: %s", warning.message)
             return
         except (OSError, EOFError) as exc:
             # A fork server that dies while it forks this child closes the connection

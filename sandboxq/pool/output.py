@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import select
 import selectors
@@ -54,8 +53,9 @@ from collections.abc import Callable
 from typing import Any
 
 from sandboxq.pool import descriptors
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.pool")
+log = guarded_logger("sandboxq.pool")
 
 #: How much of an attempt's output is kept: its last 8 KiB.
 TAIL_BYTES = 8 * 1024

@@ -8,7 +8,6 @@ The child it runs in is ``handles.Child``.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -18,12 +17,13 @@ import psutil
 from sandboxq.models import Outcome, now_ms
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.stacks import DUMP_EARLY_S
+from sandboxq.text import guarded_logger
 
 if TYPE_CHECKING:
     from sandboxq.pool.handles import Child
 
 OnDone = Callable[[AttemptResult], None]
-log = logging.getLogger("sandboxq.pool")
+log = guarded_logger("sandboxq.pool")
 MB = 1024 * 1024
 
 

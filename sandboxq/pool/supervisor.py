@@ -38,7 +38,6 @@ the group is removed once the child is gone (deaths.py).
 from __future__ import annotations
 
 import itertools
-import logging
 import selectors
 import threading
 import time
@@ -62,8 +61,9 @@ from sandboxq.pool.output import Relay
 from sandboxq.pool.pid_namespace import inner_pid
 from sandboxq.pool.running import Attempt, OnDone, call
 from sandboxq.pool.spawn import Spawner
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.pool")
+log = guarded_logger("sandboxq.pool")
 
 #: Children that die before they are ready, in a row, before the pool gives up.
 MAX_START_FAILURES = 3

@@ -12,7 +12,6 @@ is up. Only used once a stop has a deadline: the hot path calls the backend dire
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
@@ -20,8 +19,9 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from sandboxq.errors import BackendError
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.worker")
+log = guarded_logger("sandboxq.worker")
 
 T = TypeVar("T")
 

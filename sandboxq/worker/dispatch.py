@@ -31,7 +31,6 @@ uncharged, and ``run()`` ends with ``failure`` naming the cause.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import os
 import time
@@ -45,7 +44,7 @@ from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.pool import Pool
 from sandboxq.settings import WorkerSettings
-from sandboxq.text import clip
+from sandboxq.text import clip, guarded_logger
 from sandboxq.worker.bounded import call_until
 from sandboxq.worker.drain import Drain, StopRequest
 from sandboxq.worker.events import (
@@ -77,7 +76,7 @@ if TYPE_CHECKING:
     from sandboxq.observe.metrics import WorkerMetrics
     from sandboxq.observe.tracing import AttemptSpans
 
-log = logging.getLogger("sandboxq.worker")
+log = guarded_logger("sandboxq.worker")
 
 #: How often the main thread checks that every part of the worker still lives.
 WATCH_S = 0.25

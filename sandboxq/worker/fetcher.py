@@ -16,7 +16,6 @@ fails the worker (``fail``).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,11 +23,12 @@ from collections.abc import Callable
 from sandboxq.backends.base import Backend, Claimed
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
+from sandboxq.text import guarded_logger
 from sandboxq.worker.events import DispatchEvent, FetcherEnded, QueueEmpty
 from sandboxq.worker.inflight import InFlight
 from sandboxq.worker.threads import BackgroundThread
 
-log = logging.getLogger("sandboxq.worker")
+log = guarded_logger("sandboxq.worker")
 
 #: How long an idle fetcher blocks in one claim (a stop ends the wait at once; this bounds
 #: how late a stop is seen when that cannot reach the backend).

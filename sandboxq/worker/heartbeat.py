@@ -23,7 +23,6 @@ delay this thread: it competes only with the worker's own threads for the parent
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -31,9 +30,10 @@ from collections.abc import Callable
 
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
+from sandboxq.text import guarded_logger
 from sandboxq.worker.threads import BackgroundThread
 
-log = logging.getLogger("sandboxq.heartbeat")
+log = guarded_logger("sandboxq.heartbeat")
 
 #: How many recent renewal times a heartbeat keeps: about 3 hours at the default 10 s
 #: interval, some 30 kB.

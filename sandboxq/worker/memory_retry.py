@@ -16,15 +16,15 @@ job's ``retries`` bound it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from sandboxq.backends.base import Backend, Claimed
 from sandboxq.errors import BackendError
 from sandboxq.models import AttemptRecord, Outcome
 from sandboxq.settings import WorkerSettings
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.worker")
+log = guarded_logger("sandboxq.worker")
 
 #: The error added to a memory_limit attempt not retried because its limit was the cap.
 AT_CAP_TEXT = "not retried: it ran at memory_retry_max_mb (%g MB) already"

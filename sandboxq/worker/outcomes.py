@@ -48,9 +48,10 @@ from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, Action, AttemptRecord, Out
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.redaction import redact_text
 from sandboxq.settings import WorkerSettings
+from sandboxq.text import guarded_logger, visible
 from sandboxq.worker.memory_retry import AT_CAP_TEXT, at_cap
 
-log = logging.getLogger("sandboxq.worker")
+log = guarded_logger("sandboxq.worker")
 
 DEFAULT_ACTIONS: dict[Outcome, Action] = {
     Outcome.OK: Action.COMPLETE,
@@ -297,14 +298,18 @@ def count_acks(
             continue
         stats.count(STAT_OF[ack.action])
         if lines is not None:
-            cause = f" ({ack.error})" if ack.error else ""
+            # What a handler raised and a job's id: shown, not obeyed (text.visible)
+            cause = f" ({visible(ack.error)})" if ack.error else ""
             outcome = ack.attempt.outcome.value
             number = ack.attempt.attempt
-            lines.append(f"job {job.id} attempt {number}: {outcome} -> {ack.action}{cause}")
+            lines.append(
+                f"job {visible(job.id)} attempt {number}: {outcome} -> {ack.action}{cause}"
+            )
             if ack.attempt.traceback:  # once, here: where it raised, hung or crashed
-                lines.append(textwrap.indent(ack.attempt.traceback.rstrip("\n"), "    "))
+                tb = visible(ack.attempt.traceback.rstrip("\n"), one_line=False)
+                lines.append(textwrap.indent(tb, "    "))
     if lines:
-        log.info("%s", "\n".join(lines))
+        log.info("\n".join(lines))  # its own lines (no arguments for the filter to flatten)
     if not maybe_applied and unacked:
         _log_rejected([u.job_id for u in unacked])
     return unacked

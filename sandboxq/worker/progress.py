@@ -14,14 +14,14 @@ write of theirs under way. Once the worker stops, ``drop(tokens)`` forgets them 
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
+from sandboxq.text import guarded_logger
 from sandboxq.worker.threads import BackgroundThread
 
-log = logging.getLogger("sandboxq.worker")
+log = guarded_logger("sandboxq.worker")
 
 
 class ProgressWriter(BackgroundThread):

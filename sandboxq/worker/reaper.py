@@ -9,14 +9,13 @@ same round reads what retention removed (retention.py's ``TrimWatch``), to log a
 
 from __future__ import annotations
 
-import logging
-
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
+from sandboxq.text import guarded_logger
 from sandboxq.worker.retention import TrimWatch
 from sandboxq.worker.threads import BackgroundThread
 
-log = logging.getLogger("sandboxq.reaper")
+log = guarded_logger("sandboxq.reaper")
 
 
 class Reaper(BackgroundThread):

@@ -14,15 +14,15 @@ trims): across several workers, read them with ``max by (queue)``, not ``sum``.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 
 from sandboxq.backends.base import Backend
 from sandboxq.errors import BackendError
 from sandboxq.finished import Trims
+from sandboxq.text import guarded_logger
 
-log = logging.getLogger("sandboxq.retention")
+log = guarded_logger("sandboxq.retention")
 
 #: At most one log line about count-cap trims per this many seconds; the trims between
 #: two lines are summed into the next one.

@@ -12,10 +12,11 @@ exit deadline is kept by joining with a timeout, and what is left ends with the 
 
 from __future__ import annotations
 
-import logging
 import threading
 
-log = logging.getLogger("sandboxq.worker")
+from sandboxq.text import guarded_logger
+
+log = guarded_logger("sandboxq.worker")
 
 
 class BackgroundThread:

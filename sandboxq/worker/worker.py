@@ -26,7 +26,6 @@ go back uncharged, and ``run()`` raises ``WorkerFailed`` naming the cause.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
@@ -61,6 +60,7 @@ from sandboxq.settings import (
     WorkerSettings,
     from_call,
 )
+from sandboxq.text import guarded_logger
 from sandboxq.worker.bounded import run_until
 from sandboxq.worker.dispatch import Dispatcher
 from sandboxq.worker.drain import DEREGISTER_MIN_S, StopRequest
@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from sandboxq.observe.metrics import WorkerMetrics
     from sandboxq.observe.tracing import AttemptSpans
 
-log = logging.getLogger("sandboxq.worker")
+log = guarded_logger("sandboxq.worker")
 
 
 class SandboxWorker:
