@@ -144,6 +144,15 @@ def test_queues_verb_lists_every_queue_from_the_index(
         assert "thumbs" in out.out and "idle-fleet" in out.out and "junk" not in out.out
         assert "ghost" not in out.out
         assert "1 names with no queue behind them were ignored" in out.err
+        # a damaged queue: its counts unread, shown as such (they read as all zeros)
+        raw.sadd(INDEX, "damaged1")
+        raw.set("sq:{damaged1}:workers", "x")
+        raw.hset("sq:{damaged1}:waiting", "a", "b")
+        assert main(["queues", "--url", own_redis.url]) == 0
+        out = capsys.readouterr()
+        [row] = [line for line in out.out.splitlines() if "damaged1" in line]
+        assert row.split()[1:] == ["?"] * (len(row.split()) - 1), row
+        assert "sandboxq queues: queue damaged1: damaged, its counts unread (" in out.err
     finally:
         worker_only.close()
         raw.close()

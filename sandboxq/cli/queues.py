@@ -19,6 +19,7 @@ from sandboxq.backends.index import QueueIndex
 from sandboxq.cli import render
 from sandboxq.cli.options import EXIT_OK, add_json, add_url, shared_url
 from sandboxq.models import JobState
+from sandboxq.text import visible
 
 PROBE = "sandboxq-cli"  # the backend the index is read through (any queue's would do)
 
@@ -65,9 +66,16 @@ def run(args: argparse.Namespace) -> int:
     if note := index.note():
         print(f"sandboxq queues: {note}", file=sys.stderr)
     columns = ["queue", *(s.value for s in JobState), "workers"]
-    cells = [[row.get(c, row.get("damaged", "")) for c in columns] for row in rows]
+    # A damaged queue's counts could not be read: "?" there, not a zero that looks read.
+    cells = [
+        [row[c] if c == "queue" or "damaged" not in row else "?" for c in columns] for row in rows
+    ]
     if not rows:
         print("no queues yet: enqueue a job or start a worker", file=sys.stderr)
         return EXIT_OK
     render.stdout().print(render.table(None, columns, cells, keep=["queue"]))
+    for row in rows:
+        if "damaged" in row:
+            said = visible(f"queue {row['queue']}: damaged, its counts unread ({row['damaged']})")
+            print(f"sandboxq queues: {said}", file=sys.stderr)
     return EXIT_OK
