@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from sandboxq.cli.options import EXIT_OK, add_url, shared_url
+from sandboxq.errors import ConfigError
 
 log = logging.getLogger("sandboxq.cli")
 
@@ -39,11 +40,17 @@ def add_parser(verbs: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from sandboxq.observe.exporter import QueueExporter
 
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be 0-65535 (0: a free one), got {args.port}")
     exporter = QueueExporter(shared_url(args.url), args.queue)
     stop = threading.Event()
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        host, port = exporter.serve(args.port, args.host)
+        try:
+            host, port = exporter.serve(args.port, args.host)
+        except OSError as exc:  # in use, an address not of this machine, an unknown name
+            why = exc.strerror or str(exc)
+            raise ConfigError(f"cannot serve on {args.host}:{args.port}: {why}") from None
         print(f"serving queue metrics on http://{host}:{port}/metrics", flush=True)
         stop.wait()
     finally:

@@ -97,6 +97,24 @@ def test_bad_arguments_exit_2_with_one_line_naming_the_problem(
     assert_one_line_error(*run_cli(*argv), needle)
 
 
+def test_an_exporter_that_cannot_serve_exits_2_with_one_line() -> None:
+    """A port out of range, one in use or a host that is no address of this machine gave
+    Python's traceback (OverflowError, OSError, gaierror) and exit 1."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = str(taken.getsockname()[1])
+        for argv, needle in [
+            (["--port", "70000"], "--port must be 0-65535 (0: a free one), got 70000"),
+            (["--port", "-1"], "--port must be 0-65535"),
+            (["--port", busy], f"cannot serve on 127.0.0.1:{busy}: Address already in use"),
+            (["--port", "0", "--host", "no such host"], "cannot serve on no such host:0: "),
+        ]:
+            assert_one_line_error(*run_cli(*argv, verb="exporter"), needle)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
