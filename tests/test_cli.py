@@ -312,7 +312,7 @@ def test_enqueue_refuses_bad_input_in_one_line(
 @pytest.mark.timeout(30)
 def test_enqueue_given_bare_words_says_where_arguments_go(sq: Run, at: str, queue: Queue) -> None:
     code, out, err = sq(f"enqueue {at} photo.png 128")
-    assert code == 2 and out == "" and err.count("\n") == 2  # usage, then one line
+    assert code == 2 and out == "" and err.count("\n") == 1  # one line, no usage before it
     assert "unrecognized arguments: photo.png 128 (a job's arguments go in --args" in err
     assert """--args '["photo.png", "128"]'""" in err
     code, _, err = sq(f"enqueue {at} photo.png --bogus")  # an option too: no guess

@@ -27,7 +27,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from sandboxq.cli import admin, batch, batches, dashboard, enqueue, exporter, queues, worker
 from sandboxq.cli.options import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, Exit
@@ -42,12 +42,20 @@ setting (SANDBOXQ_CONCURRENCY, SANDBOXQ_LEASE_S, SANDBOXQ_HARD_TIMEOUT_S, ...);
 a flag wins over its variable."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its usage errors in one line: the whole usage before them (some
+    30 lines for ``worker``) buried the line that says what was wrong."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 @functools.cache
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser, built once per process: it is the same every time (what
     the environment says is read when a verb runs), and building every verb's flags takes
     6.5 ms, paid per call by a process that runs ``main`` many times (a test suite)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sandboxq",
         description="A job queue whose handlers run in sandboxed, killable child processes.",
         epilog=EPILOG,

@@ -46,7 +46,7 @@ def run_cli(
 
 def assert_one_line_error(status: int, stderr: str, needle: str) -> None:
     assert status == 2, stderr
-    assert "Traceback" not in stderr, stderr
+    assert "Traceback" not in stderr and "usage:" not in stderr, stderr
     errors = [line for line in stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, stderr
     assert needle in errors[0], stderr
