@@ -103,11 +103,16 @@ def parse_exit_codes(items: list[str] | None) -> dict[int, str] | None:
     for item in items:
         code, sep, action = item.partition("=")
         try:
-            codes[int(code)] = action
+            number = int(code)
         except ValueError:
             sep = ""
         if not sep or not action:
             raise ConfigError(f"--exit-code {item!r} is not N=ACTION, e.g. --exit-code 3=retry")
+        if codes.get(number, action) != action:  # which one was meant cannot be guessed
+            raise ConfigError(
+                f"--exit-code {number}={codes[number]} and --exit-code {item}: one action a code"
+            )
+        codes[number] = action
     return codes
 
 

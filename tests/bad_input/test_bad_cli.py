@@ -78,6 +78,10 @@ ECHO = H + "echo"
         (["q", ECHO, "--exit-code", "3=explode"], "exit_codes.3: Input should be 'complete'"),
         (["q", ECHO, "--exit-code", "-1=fail"], "exit_codes.-1.[key]: Input should be greater"),
         (
+            ["q", ECHO, "--exit-code", "3=retry", "--exit-code", "3=fail"],
+            "--exit-code 3=retry and --exit-code 3=fail: one action a code",
+        ),
+        (
             ["q", ECHO, "--retries", "-1"],
             "retries: Input should be greater than or equal to 0 (got -1)",
         ),
