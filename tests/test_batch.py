@@ -439,6 +439,27 @@ def test_on_a_terminal_the_progress_bar_redraws_live(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_the_bars_rate_is_the_runs_not_a_burst(tmp_path: Path) -> None:
+    """Two lines that finish together: the bar showed rich's speed over its last updates,
+    12,532.9 jobs/s beside a summary of 7.8. It shows lines over the run's time, once a
+    second has passed, as the summary counts them."""
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}', '{"args": [2]}')
+    proc = subprocess.run(
+        [*CLI, "run", H + "echo", str(source), "--output", str(tmp_path / "o.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = next(line for line in proc.stderr.splitlines() if "line(s) of" in line)
+    run_rate = float(summary.split(", ")[-1].split()[0])
+    for line in proc.stderr.splitlines():
+        if line.startswith("running") and "jobs/s" in line:
+            shown = float(line.split("jobs/s")[0].split()[-1])
+            assert shown <= 2 * run_rate, (line, summary)
+
+
+@pytest.mark.timeout(60)
 def test_a_reader_that_leaves_early_ends_the_batch_quietly(tmp_path: Path) -> None:
     """`sandboxq run ... | head -1`: the pool stops, no traceback, no orphan."""
     write_lines(tmp_path / "in.jsonl", *(json.dumps({"args": [0.05, i]}) for i in range(200)))

@@ -78,10 +78,21 @@ class Tally:
         return all(k == Outcome.OK.value for k, v in self.lines.items() if v)
 
 
+#: The bar shows a rate once this much of the run has passed: over a few milliseconds a
+#: burst of lines read 12,532.9 jobs/s for a two-line file.
+RATE_AFTER_S = 1.0
+
+
 class _Rate(ProgressColumn):
+    """Lines this run finished over the time it has run, as the summary counts them
+    (rich's own speed, over its last few updates, followed each burst of lines)."""
+
     def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:.1f} jobs/s")
+        elapsed = task.elapsed or 0.0
+        done = task.completed - task.fields.get("before", 0)
+        if elapsed < RATE_AFTER_S or done <= 0:
+            return Text("")
+        return Text(f"{done / elapsed:.1f} jobs/s")
 
 
 class BatchView:
@@ -112,6 +123,7 @@ class BatchView:
             "running",
             total=total + self._ran_before,
             completed=self._ran_before,
+            before=self._ran_before,
             ok=tally.ok,
             failed=tally.failed,
             timed_out=tally.timed_out,
