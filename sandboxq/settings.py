@@ -123,7 +123,8 @@ def _invalid(
             loc[0] = names[loc[0]]
         elif loc and e["type"] not in _SHOWS_ITS_INPUT:
             msg = f"{msg} (got {e['input']!r:.80})"
-        problems.append(f"{'.'.join(loc) or model.__name__}: {msg}")
+        # a check of the whole model (two settings together) names its settings itself
+        problems.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
     return ConfigError(f"invalid {model.__name__}: {'; '.join(problems)}")
 
 

@@ -282,6 +282,10 @@ def test_huge_job_timeouts_run_through_a_worker(queue: Queue, start_worker: Star
         ({"allow_pickle": 1}, "allow_pickle: Input should be a valid boolean"),
         ({"allow_pickle": "yes"}, "allow_pickle: Input should be a valid boolean"),
         ({"start_method": "fork"}, "start_method: Input should be 'forkserver' or 'spawn'"),
+        (  # a check of two settings together: named by them, not by the model again
+            {"soft_timeout_s": 5, "hard_timeout_s": 5},
+            "invalid WorkerSettings: Value error, soft_timeout_s (5.0) must be less than",
+        ),
     ],
 )
 def test_worker_settings_that_only_looked_valid_are_refused(
