@@ -77,6 +77,34 @@ def test_an_unreachable_redis_is_up_0_and_one_log_line_per_change(
     assert not any("pw-hidden" in r.getMessage() for r in lines)
 
 
+def test_a_hung_redis_is_up_0_within_prometheus_scrape_timeout(own_redis: RedisServer) -> None:
+    """A Redis that accepts connections and never answers (stopped, a stalled network):
+    each call waited its timeout twice (one retry), and the scrape answered after 10 s,
+    Prometheus' default scrape_timeout, so the target read as down, not as redis_up 0."""
+    import os
+    import signal
+    import time
+
+    with Queue("seen", url=own_redis.url) as q:
+        q.enqueue(1)
+    exporter = QueueExporter(own_redis.url)
+    address = exporter.serve(0)
+    assert own_redis.process is not None
+    try:
+        assert "sandboxq_exporter_redis_up 1.0" in scrape(address)[1]
+        os.kill(own_redis.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            status, text = scrape(address)
+            took = time.monotonic() - started
+        finally:
+            os.kill(own_redis.process.pid, signal.SIGCONT)
+        assert status == 200 and "sandboxq_exporter_redis_up 0.0" in text
+        assert took < 8.0, f"the scrape took {took:.1f} s"
+    finally:
+        exporter.close()
+
+
 def test_junk_keys_and_junk_index_entries_add_no_series(own_redis: RedisServer) -> None:
     raw = redis.Redis.from_url(own_redis.url)
     exporter = QueueExporter(own_redis.url)

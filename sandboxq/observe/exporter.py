@@ -54,6 +54,10 @@ def _help(name: str) -> str:
     return next(text for series, _, _, text in EXPORTER_SERIES if series == name)
 
 
+#: The exporter's Redis calls' timeout, seconds (``QueueExporter.__init__`` says why).
+SCRAPE_CALL_TIMEOUT_S = 3.0
+
+
 class QueueExporter(Collector):
     """Serves the gauges of ``queues`` on ``url`` (every queue in the index when None).
 
@@ -66,7 +70,10 @@ class QueueExporter(Collector):
         from sandboxq.backends.redis.connection import Connections
 
         self._named = [check_queue_name(q) for q in queues] if queues else None
-        self._conns = Connections(url, 5.0, "sq:{sandboxq-exporter}:x")
+        # A hung Redis costs a call its timeout twice (one retry on a fresh connection):
+        # 5 s made a scrape 10 s, Prometheus' default scrape_timeout, and the target read
+        # as down instead of as sandboxq_exporter_redis_up 0. 3 s answers in about 6.
+        self._conns = Connections(url, SCRAPE_CALL_TIMEOUT_S, "sq:{sandboxq-exporter}:x")
         self._lock = threading.Lock()
         self._up: bool | None = None  # what the last scrape found (None: no scrape yet)
         self._capped: set[str] = set()
