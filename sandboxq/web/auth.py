@@ -69,6 +69,12 @@ class Auth:
     def csrf(self, session: Session | None) -> str:
         return self._mac("csrf", session.sid) if session and session.sid else ""
 
+    def wrong_bearer(self, request: Request) -> bool:
+        """Whether ``request`` presents a bearer token that is not the token: its refusal
+        waits like a wrong login does, so guessing is as slow through either door."""
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        return self.enabled and scheme.lower() == "bearer" and not self.token_matches(value.strip())
+
     def session(self, request: Request) -> Session | None:
         if not self.enabled:
             return None

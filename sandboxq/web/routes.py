@@ -289,6 +289,8 @@ async def action(request: Request) -> Response:
             "dashboard %s of %r in queue %r refused from %s: %s",
             what, target, name, _client(request), reason,
         )  # fmt: skip
+        if dash.auth.wrong_bearer(request):
+            await asyncio.sleep(REFUSED_PAUSE_S)  # awaited: other requests go on meanwhile
         return _message(dash, ctx, "Refused", reason, 401 if ctx.session is None else 403)
     try:
         done, back = await asyncio.to_thread(_act, dash, ctx, what, name, data)

@@ -14,7 +14,10 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -390,3 +393,40 @@ def test_a_live_memory_queue_shows_past_hundreds_emptied_ones(queue_name: str) -
     app = create_app("memory://")
     with serve(app) as base, httpx.Client(base_url=base) as http:
         assert f'<a href="/queue?name={live.name}">' in http.get("/").text
+
+
+@pytest.mark.timeout(30)
+def test_every_wrong_token_is_answered_after_half_a_second_without_stalling_others(
+    redis_url: str, q: Queue
+) -> None:
+    app = create_app(redis_url, queues=[q.name], token=TOKEN)
+    form = {"action": "purge", "queue": q.name, "state": "cancelled"}
+    wrong = {"Authorization": "Bearer not-the-token-at-all-123"}
+
+    def timed(do: Callable[[], object]) -> tuple[object, float]:
+        started = time.monotonic()
+        status = do()
+        return status, time.monotonic() - started
+
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        http.get("/")  # the first page's reads are not what is timed
+        for name, do in [
+            ("bearer", lambda: http.post("/action", data=form, headers=wrong).status_code),
+            (
+                "form",
+                lambda: http.post("/login", data={"token": "wrong-wrong-wrong-1"}).status_code,
+            ),
+        ]:
+            status, took = timed(do)
+            assert status in (401, 403) and took >= 0.5, (name, status, took)
+        # the pause is awaited: while ten wrong tokens wait, another request is answered
+        with ThreadPoolExecutor(11) as pool:
+            refused = [
+                pool.submit(timed, lambda: httpx.post(f"{base}/action", data=form, headers=wrong))
+                for _ in range(10)
+            ]
+            time.sleep(0.1)
+            _, page_s = timed(lambda: http.get("/login").status_code)
+            results = [f.result(10) for f in refused]
+        assert page_s < 0.4, page_s
+        assert all(took < 1.5 for _, took in results), results
