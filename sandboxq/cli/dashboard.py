@@ -2,7 +2,8 @@
 
     sandboxq dashboard [--url U] [--host H] [--port P] [--token-file F] [--read-only]
                        [--allowed-host NAME]...
-        ──► create_app(url, queues, token) ──► uvicorn on H:P until Ctrl-C / SIGTERM
+        ──► create_app(url, queues, token) ──► H:P bound ──► announced
+        ──► uvicorn on that socket until Ctrl-C / SIGTERM
 
 Starlette and uvicorn are imported only here and only when the verb runs (the ``web``
 extra): no other verb, and no producer, loads them.
@@ -11,6 +12,7 @@ extra): no other verb, and no producer, loads them.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from typing import Any
 
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         read_only=args.read_only,
         allowed_hosts=[args.host, *args.allowed_hosts],
     )
+    sock = _listen(args.host, args.port)  # before any line says it serves
     mode = "read-only" if token is None or args.read_only else "actions need the token"
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
@@ -78,5 +81,23 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"sandboxq dashboard on http://{args.host}:{args.port}/ ({mode})", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return EXIT_OK
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (as uvicorn binds one): a port in use or a host
+    that does not resolve is a ``ConfigError`` here, not uvicorn's log line and exit 3
+    after the banner."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:  # socket.gaierror (an unknown host) included
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock

@@ -33,6 +33,10 @@ def read_token_file(path: str | Path) -> str:
         token = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"cannot read the dashboard token file {str(path)!r}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"the dashboard token file {str(path)!r} is not UTF-8 text: {exc}"
+        ) from None
     if len(token) < 16:
         raise ConfigError(
             f"the dashboard token in {str(path)!r} is {len(token)} characters long: "

@@ -430,3 +430,38 @@ def test_every_wrong_token_is_answered_after_half_a_second_without_stalling_othe
             results = [f.result(10) for f in refused]
         assert page_s < 0.4, page_s
         assert all(took < 1.5 for _, took in results), results
+
+
+@pytest.mark.timeout(90)
+def test_dashboard_verb_that_cannot_serve_says_why_in_one_line_with_exit_2(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Bad settings are one line on stderr and exit 2, before any line claims it serves."""
+    binary = tmp_path / "token"
+    binary.write_bytes(b"\xff\xfe0123456789abcdefgh")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = str(taken.getsockname()[1])
+        with socket.socket() as probe:  # a port nothing listens on once closed
+            probe.bind(("127.0.0.1", 0))
+            free = str(probe.getsockname()[1])
+        cases = {
+            "port in use": ["--port", busy],
+            "port too high": ["--port", "70000"],
+            "negative port": ["--port", "-1"],
+            "unknown host": ["--host", "no-such-host.invalid", "--port", free],
+            "non-UTF-8 token file": ["--port", free, "--token-file", str(binary)],
+        }
+        for case, words in cases.items():
+            done = subprocess.run(
+                [sys.executable, "-m", "sandboxq", "dashboard", "--url", redis_url, *words],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                env=os.environ,  # PYTHONPATH included: the code under test
+            )
+            lines = done.stderr.splitlines()
+            assert done.returncode == 2, (case, done.returncode, done.stderr)
+            assert len(lines) == 1 and "error: " in lines[0], (case, done.stderr)
+            assert "Traceback" not in done.stderr and "dashboard on http" not in done.stderr
