@@ -3,7 +3,8 @@
     sandboxq dashboard [--url U] [--host H] [--port P] [--token-file F] [--read-only]
                        [--allowed-host NAME]...
         ──► create_app(url, queues, token) ──► H:P bound ──► announced
-        ──► uvicorn on that socket until Ctrl-C / SIGTERM
+        ──► uvicorn on that socket until Ctrl-C / SIGTERM, which also ends the open
+            pages' event streams (else uvicorn would wait for each, up to STREAM_S)
 
 Starlette and uvicorn are imported only here and only when the verb runs (the ``web``
 extra): no other verb, and no producer, loads them.
@@ -12,12 +13,21 @@ extra): no other verb, and no producer, loads them.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import socket
 import sys
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from sandboxq.cli.options import EXIT_OK, add_url, shared_url
 from sandboxq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sandboxq.web.hub import Hub
+
+#: Longest wait for the responses in progress at a stop (the event streams end at once).
+SHUTDOWN_S = 3
 
 
 def add_parser(verbs: Any) -> None:
@@ -81,12 +91,29 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"sandboxq dashboard on http://{args.host}:{args.port}/ ({mode})", file=sys.stderr)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_S)
+    server = _stopping_ends_streams(uvicorn.Server(config), app.state.dashboard.hub)
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
     return EXIT_OK
+
+
+def _stopping_ends_streams(server: Any, hub: Hub) -> Any:
+    """``server`` (a uvicorn.Server) with a signal handler that also ends the open pages'
+    event streams: uvicorn waits for every response to end before it stops, and a stream
+    lasts up to STREAM_S. The hub is told on the event loop, not in the handler, which
+    may have interrupted the loop's thread while it held the hub's lock."""
+    stop = server.handle_exit
+
+    def handle_exit(sig: int, frame: FrameType | None) -> None:
+        stop(sig, frame)
+        with contextlib.suppress(RuntimeError):  # no loop yet: no stream either
+            asyncio.get_running_loop().call_soon_threadsafe(hub.end_streams)
+
+    server.handle_exit = handle_exit
+    return server
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -15,6 +15,9 @@ queue-wide stream only tells its page that something changed: it holds at most o
 unsent message and sends at most one every ``COALESCE_S``, so a page watching a queue
 that runs thousands of jobs a second costs a message a second, not thousands.
 
+``end_streams`` ends every stream now and any that starts later: a server that is asked
+to stop waits for its responses to end, and a stream would last ``STREAM_S``.
+
 The reader is the only thing that reads events, however many browsers watch: a page left
 open costs one parked HTTP response and a queue of at most ``CLIENT_BUFFER`` messages. A
 client that does not keep up (its queue is full) is dropped: its stream ends and its
@@ -149,6 +152,7 @@ class Hub:
         self._after: dict[str, str | None] = {}
         self._seq = 0
         self._recent: deque[dict[str, Any]] = deque(maxlen=REPLAY)
+        self._ending = False  # end_streams was called: a new stream ends at once
         self.started_ms = now_ms()
         self.dropped = 0  # clients dropped for falling behind, since start
 
@@ -166,6 +170,9 @@ class Hub:
         client = Client(queue, job, asyncio.get_running_loop())
         with self._lock:
             self._clients.add(client)
+            if self._ending:
+                client.inbox.put_nowait(None)
+                return client
             if since is None:
                 return client
             oldest = self._recent[0]["seq"] if self._recent else self._seq + 1
@@ -235,17 +242,31 @@ class Hub:
             )
             self._thread.start()
 
+    def end_streams(self) -> None:
+        """End every stream (from any thread; not from a signal handler, which may have
+        interrupted a holder of the lock): each gets its end mark on its own loop."""
+        with self._lock:
+            self._ending = True
+            clients = list(self._clients)
+        for client in clients:
+            try:
+                client.loop.call_soon_threadsafe(self._end, client)
+            except RuntimeError:  # that loop has closed: its stream is gone
+                pass
+
+    @staticmethod
+    def _end(client: Client) -> None:
+        while not client.inbox.empty():  # make room for the end-of-stream mark
+            client.inbox.get_nowait()
+        client.inbox.put_nowait(None)
+
     def close(self) -> None:
         self._stop.set()
         with self._lock:
-            thread, clients = self._thread, list(self._clients)
+            thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=BLOCK_S + 5)
-        for client in clients:
-            try:
-                client.loop.call_soon_threadsafe(client.inbox.put_nowait, None)
-            except (RuntimeError, asyncio.QueueFull):
-                pass
+        self.end_streams()
 
     def _run(self) -> None:
         while not self._stop.is_set():

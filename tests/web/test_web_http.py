@@ -10,13 +10,14 @@ import logging
 import os
 import pickle
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -465,3 +466,51 @@ def test_dashboard_verb_that_cannot_serve_says_why_in_one_line_with_exit_2(
             assert done.returncode == 2, (case, done.returncode, done.stderr)
             assert len(lines) == 1 and "error: " in lines[0], (case, done.stderr)
             assert "Traceback" not in done.stderr and "dashboard on http" not in done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_stops_the_dashboard_while_pages_hold_their_event_streams(
+    redis_url: str, q: Queue
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "sandboxq", "dashboard", "--url", redis_url]
+    dashboard = subprocess.Popen(
+        [*command, "--port", str(port), "--queue", q.name],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ,  # PYTHONPATH included: the code under test
+    )
+    streams: list[tuple[httpx.Client, httpx.Response, Iterator[str]]] = []
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _answers(base), 20, "the dashboard to serve")
+        for path in ("/events", f"/events?queue={q.name}"):  # two open pages
+            http = httpx.Client(timeout=30)
+            response = http.send(http.build_request("GET", base + path), stream=True)
+            lines = response.iter_lines()  # kept: a dropped iterator closes the stream
+            assert next(lines) == "retry: 2000"
+            streams.append((http, response, lines))
+        started = time.monotonic()
+        dashboard.terminate()
+        rc = dashboard.wait(15)
+        took = time.monotonic() - started
+    finally:
+        if dashboard.poll() is None:
+            dashboard.kill()
+            dashboard.wait()
+        for http, response, _ in streams:
+            response.close()
+            http.close()
+        stderr = dashboard.communicate()[1]
+    # uvicorn ends by raising the signal it stopped for again, once it has shut down
+    assert rc in (0, -signal.SIGTERM) and took < 3.0, (rc, took, stderr)
+    assert "Traceback" not in stderr and "ERROR" not in stderr, stderr
+
+
+def _answers(base: str) -> bool:
+    try:
+        return httpx.get(base + "/", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
