@@ -25,6 +25,7 @@ browser reconnects with a fresh one, instead of the hub buffering for it without
 
 Reading: with one queue the reader blocks on its stream (``events(block_s=...)``); with
 several it reads each in turn without blocking and pauses ``POLL_S`` when none had news.
+A queue that cannot be read (a key changed by hand) is passed over, not the whole round.
 At start it reads back the last ``WINDOW_MIN`` minutes (a Redis stream id is the entry's
 time in ms), so the throughput figures are whole at once; those old events are counted,
 and only those since the hub started are sent to browsers.
@@ -272,9 +273,7 @@ class Hub:
         while not self._stop.is_set():
             try:
                 queues = self._queues()
-                news = False
-                for queue in queues:
-                    news |= self._read(queue, BLOCK_S if len(queues) == 1 else None)
+                news = self._round(queues)
                 if not news and len(queues) != 1:
                     self._stop.wait(POLL_S)
             except SandboxqError as exc:
@@ -283,6 +282,23 @@ class Hub:
             except Exception:
                 log.exception("dashboard events reader failed; trying again")
                 self._stop.wait(ERROR_PAUSE_S)
+
+    def _round(self, queues: list[str]) -> bool:
+        """Read each queue's new events; True if there were any. A queue that cannot be
+        read (a key of the wrong type, changed by hand) is skipped: it costs only its own
+        events. When none can be read (the server is down), the first error is raised."""
+        news = False
+        failed: dict[str, SandboxqError] = {}
+        for queue in queues:
+            try:
+                news |= self._read(queue, BLOCK_S if len(queues) == 1 else None)
+            except SandboxqError as exc:
+                failed[queue] = exc
+        if failed and len(failed) == len(queues):
+            raise next(iter(failed.values()))
+        for queue, error in failed.items():
+            log.warning("dashboard events reader, queue %s: %s", queue, error)
+        return news
 
     def _read(self, queue: str, block_s: float | None) -> bool:
         """Read ``queue``'s new events (blocking up to ``block_s`` for the first); True if

@@ -372,8 +372,14 @@ def _rss(job: dict[str, Any]) -> str:
 
 def workers_page(ctx: Ctx, queues: list[tuple[str, Backend]]) -> Safe:
     sections = []
+    failed: list[BackendError] = []
     for name, backend in queues:
-        records = backend.workers()
+        try:
+            records = backend.workers()
+        except BackendError as exc:  # a damaged queue (as on the overview): only its own
+            failed.append(exc)
+            sections.append(f'<p class="notice">Queue {esc(name)} unavailable: {esc(exc)}</p>')
+            continue
         if len(records) >= WORKERS_READ_CAP:  # a cap hit is said, never silent
             sections.append(
                 f'<p class="notice">Queue {esc(name)}: the first {WORKERS_READ_CAP} registered '
@@ -413,5 +419,7 @@ def workers_page(ctx: Ctx, queues: list[tuple[str, Backend]]) -> Safe:
                 f'<section class="worker"><h2>{esc(record.get("worker_id"))}</h2>{about}'
                 f"{table(columns, children, 'children')}</section>"
             )
+    if failed and len(failed) == len(queues):
+        raise failed[0]  # no queue can be read (the server is down): the page says so
     body = "".join(sections) or '<p class="empty">No live workers.</p>'
     return Safe(f"<h1>Workers</h1>{body}")

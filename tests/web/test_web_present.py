@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -285,5 +286,46 @@ def test_a_padded_worker_registry_is_read_up_to_the_cap_and_says_so(
             page = http.get("/workers", params={"queue": "padded"}).text
             assert f"the first {WORKERS_READ_CAP} registered workers were read" in page
             assert page.count('<section class="worker">') == WORKERS_READ_CAP
+    finally:
+        raw.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_damaged_queue_costs_only_its_own_numbers_on_workers_and_events(
+    own_redis: RedisServer,
+) -> None:
+    """A queue in the index whose events key is a string and whose workers key a hash (keys
+    changed by hand): every other queue's workers and live events are still served."""
+    raw = redis.Redis.from_url(own_redis.url)
+    damaged = QueueKeys("damaged1")
+    try:
+        with Queue("healthy", url=own_redis.url) as q:
+            q.enqueue("x")
+            raw.sadd(INDEX, "damaged1")
+            raw.set(damaged.seq, 1)
+            raw.set(damaged.events, "notastream")
+            raw.hset(damaged.workers, "a", "b")
+            app = create_app(own_redis.url)
+            with serve(app) as base, httpx.Client(base_url=base, timeout=20) as http:
+                page = http.get("/workers")
+                assert page.status_code == 200, page.text
+                assert "damaged1" in page.text and "unavailable" in page.text
+                got: list[dict[str, object]] = []
+
+                def listen() -> None:
+                    params = {"queue": "healthy"}
+                    with httpx.stream("GET", f"{base}/events", params=params, timeout=20) as r:
+                        for line in r.iter_lines():
+                            if line.startswith("data: "):
+                                got.append(json.loads(line[6:]))
+                                return
+
+                hub = app.state.dashboard.hub
+                reader = threading.Thread(target=listen)
+                reader.start()
+                wait_for(lambda: hub.clients == 1, 10, "the event stream")
+                job = q.enqueue("y")
+                reader.join(15)
+                assert got and got[0]["job"] == job.id, got
     finally:
         raw.close()
