@@ -15,6 +15,11 @@ queue-wide stream only tells its page that something changed: it holds at most o
 unsent message and sends at most one every ``COALESCE_S``, so a page watching a queue
 that runs thousands of jobs a second costs a message a second, not thousands.
 
+When the reader cannot read (the server is down) every stream is told ``outage``, and
+``recovered`` once a round reads again; a stream that starts meanwhile hears ``outage``
+first. Those carry no number: they are the backend's state, not events to replay. The
+pages that refresh only on events learn of the outage that way (the others poll).
+
 ``end_streams`` ends every stream now and any that starts later: a server that is asked
 to stop waits for its responses to end, and a stream would last ``STREAM_S``.
 
@@ -56,6 +61,9 @@ POLL_S = 0.5  # pause between rounds over several queues when nothing happened
 BLOCK_S = 1.0  # longest blocking read on a single queue's stream
 ROUND_S = 5.0  # re-read the list of queues at least this often
 ERROR_PAUSE_S = 2.0  # after a failed read (Redis down), before trying again
+
+#: The backend's state, told to every stream: unreadable, readable again.
+OUTAGE, RECOVERED = "outage", "recovered"
 
 #: Events that end an attempt, and the outcome they count under.
 _ENDINGS = {"completed", "failed", "retried", "requeued", "cancelled", "stalled"}
@@ -154,6 +162,7 @@ class Hub:
         self._seq = 0
         self._recent: deque[dict[str, Any]] = deque(maxlen=REPLAY)
         self._ending = False  # end_streams was called: a new stream ends at once
+        self.outage: str | None = None  # why the last round failed (None: it did not)
         self.started_ms = now_ms()
         self.dropped = 0  # clients dropped for falling behind, since start
 
@@ -174,6 +183,8 @@ class Hub:
             if self._ending:
                 client.inbox.put_nowait(None)
                 return client
+            if self.outage is not None:
+                client.inbox.put_nowait(_state(OUTAGE, self.outage))
             if since is None:
                 return client
             oldest = self._recent[0]["seq"] if self._recent else self._seq + 1
@@ -201,7 +212,9 @@ class Hub:
     def _deliver(self, clients: list[Client], message: dict[str, Any]) -> None:
         """On the clients' loop: queue ``message``, or drop a client that fell behind."""
         for client in clients:
-            if client.dropped or (client.coalesce and not client.inbox.empty()):
+            if client.dropped:
+                continue
+            if client.coalesce and not client.inbox.empty() and "seq" in message:
                 continue  # a queue-wide stream already has a change to tell its page
             try:
                 client.inbox.put_nowait(message)
@@ -230,6 +243,22 @@ class Hub:
             except RuntimeError:  # that loop has closed: its clients are gone
                 with self._lock:
                     self._clients.difference_update(clients)
+
+    def _tell(self, error: SandboxqError | None) -> None:
+        """Note the backend's state after a round; every stream is told when it changes."""
+        with self._lock:
+            if (self.outage is None) == (error is None):
+                return
+            self.outage = None if error is None else str(error)
+            message = _state(RECOVERED if error is None else OUTAGE, self.outage)
+            by_loop: dict[asyncio.AbstractEventLoop, list[Client]] = {}
+            for client in self._clients:
+                by_loop.setdefault(client.loop, []).append(client)
+        for loop, clients in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._deliver, clients, message)
+            except RuntimeError:  # that loop has closed: its clients are gone
+                pass
 
     # -- the reader thread ----------------------------------------------------------------
 
@@ -274,10 +303,12 @@ class Hub:
             try:
                 queues = self._queues()
                 news = self._round(queues)
+                self._tell(None)
                 if not news and len(queues) != 1:
                     self._stop.wait(POLL_S)
             except SandboxqError as exc:
                 log.warning("dashboard events reader: %s", exc)
+                self._tell(exc)
                 self._stop.wait(ERROR_PAUSE_S)
             except Exception:
                 log.exception("dashboard events reader failed; trying again")
@@ -338,3 +369,8 @@ class Hub:
             if at_ms is not None and at_ms >= self.started_ms:
                 self._publish(queue, event)
         self._after[queue] = last
+
+
+def _state(kind: str, error: str | None) -> dict[str, Any]:
+    """A message about the backend (no ``seq``: never replayed, never coalesced away)."""
+    return {"kind": kind, "queue": None, "job": None, "data": {"error": error}}

@@ -4,7 +4,8 @@
 
     GET  /  /queue  /job  /workers   pages (sync, threadpool) ──► backend reads ──► HTML
     GET  /batches  /batch            a queue's batches, one batch (batch_views.py)
-    GET  /events                     SSE: the hub's fan-out (hub.py), filtered by queue / job
+    GET  /events                     SSE: the hub's fan-out (hub.py), filtered by queue / job,
+                                     and the backend's outage and recovery
     POST /action                     auth.py checks ──► retry_failed / cancel / purge /
                                      batch_retry / batch_cancel,
                                      logged ──► 303 back
@@ -218,6 +219,9 @@ async def _stream(
                 break
             # shared with other streams and the replay buffer: read, never change
             data = json.dumps({k: v for k, v in message.items() if k != "seq"})
+            if "seq" not in message:  # the backend's state (hub.py): no id, not replayed
+                yield f"event: backend\ndata: {data}\n\n"
+                continue
             yield f"id: {message['seq']}\nevent: job\ndata: {data}\n\n"
             if client.coalesce:  # what comes meanwhile is one message, sent next
                 await asyncio.sleep(COALESCE_S)

@@ -2,8 +2,9 @@
 // fallback. One EventSource per page; at most one page refresh in flight and at most one
 // every REFRESH_MS, so a busy queue cannot make a page left open for hours pile up
 // requests, timers or memory. The overview and workers pages (data-poll) also refresh
-// every REFRESH_MS. Everything from the server is set as text, never as HTML
-// built here (the fetched page's <main> is server-escaped HTML).
+// every REFRESH_MS, and so does any page while it shows the outage banner. Everything
+// from the server is set as text, never as HTML built here (the fetched page's <main> is
+// server-escaped HTML).
 "use strict";
 (function () {
   var REFRESH_MS = 2000;
@@ -16,6 +17,7 @@
   var fallback = null;
   var missed = false; // an event came while a refresh was in flight: its page may predate it
   var lastProgress = null;
+  var outage = false; // the stream said the backend cannot be read, and not yet that it can
 
   function say(text) { if (live) { live.textContent = text; } }
 
@@ -93,6 +95,15 @@
       }
       schedule();
     });
+    // the backend went away or came back: the page's next read shows which (a 503 is
+    // the outage banner); pages that refresh only on events learn of it this way
+    source.addEventListener("backend", function (e) {
+      var message;
+      try { message = JSON.parse(e.data); } catch (err) { return; }
+      outage = message.kind === "outage";
+      say(outage ? "backend unreachable" : "live");
+      schedule();
+    });
   }
 
   function wire(root) {
@@ -109,6 +120,12 @@
   wire(document);
   connect();
   // pages that list queues or workers re-read themselves every REFRESH_MS whether or not
-  // an event came: a new queue or an idle new worker sends none
-  if (body.getAttribute("data-poll")) { window.setInterval(schedule, REFRESH_MS); }
+  // an event came: a new queue or an idle new worker sends none; so does any page while
+  // it shows the outage banner or its stream says the backend is down (the page's own
+  // read may succeed meanwhile, and the stream says nothing more until it changes)
+  window.setInterval(function () {
+    if (body.getAttribute("data-poll") || outage || document.getElementById("outage")) {
+      schedule();
+    }
+  }, REFRESH_MS);
 })();
