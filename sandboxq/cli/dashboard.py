@@ -91,7 +91,15 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(f"sandboxq dashboard on http://{args.host}:{args.port}/ ({mode})", file=sys.stderr)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=SHUTDOWN_S)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=SHUTDOWN_S,
+        # The peer's address, never what a request says in X-Forwarded-For: uvicorn trusts
+        # that header from a local peer, and the audit line of a refused action is the
+        # address it names. Behind a proxy, the proxy's own log has the client's.
+        proxy_headers=False,
+    )
     server = _stopping_ends_streams(uvicorn.Server(config), app.state.dashboard.hub)
     try:
         server.run(sockets=[sock])

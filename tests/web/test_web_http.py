@@ -509,6 +509,38 @@ def test_sigterm_stops_the_dashboard_while_pages_hold_their_event_streams(
     assert "Traceback" not in stderr and "ERROR" not in stderr, stderr
 
 
+@pytest.mark.timeout(60)
+def test_the_audit_line_names_the_peer_not_a_forwarded_for_header(
+    redis_url: str, q: Queue, tmp_path: Path
+) -> None:
+    """uvicorn took the client's address from X-Forwarded-For when the peer was local: a
+    refused action was logged as coming from whatever address the request named."""
+    token = tmp_path / "token"
+    token.write_text("a-token-of-more-than-sixteen-characters")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "sandboxq", "dashboard", "--url", redis_url]
+    dashboard = subprocess.Popen(
+        [*command, "--port", str(port), "--token-file", str(token), "--queue", q.name],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _answers(base), 20, "the dashboard to serve")
+        forged = {"X-Forwarded-For": "203.0.113.66", "Authorization": "Bearer wrong-token"}
+        data = {"action": "purge", "queue": q.name, "state": "failed"}
+        assert httpx.post(base + "/action", headers=forged, data=data).status_code == 401
+    finally:
+        dashboard.terminate()
+        stderr = dashboard.communicate(timeout=15)[1]
+    refused = [line for line in stderr.splitlines() if "refused from" in line]
+    assert refused and all("refused from 127.0.0.1" in line for line in refused), stderr
+    assert "203.0.113.66" not in stderr, stderr
+
+
 def _answers(base: str) -> bool:
     try:
         return httpx.get(base + "/", timeout=2).status_code == 200
