@@ -243,6 +243,27 @@ def test_start_errors_are_one_line_and_run_nothing(
 
 
 @pytest.mark.timeout(60)
+def test_a_user_that_does_not_exist_is_refused_before_the_output_is_touched(
+    tmp_path: Path,
+) -> None:
+    """The user was looked up only when the pool started: by then the output had been
+    emptied and the malformed lines written to it, and nothing ran."""
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}', "not json")
+    out = tmp_path / "out.jsonl"
+    out.write_text("kept\n")
+    proc = subprocess.run(
+        [*CLI, "run", H + "echo", str(source), "--output", str(out), "--user", "nosuchuser"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "sandboxq: error: user='nosuchuser': no such user" in proc.stderr, proc.stderr
+    assert out.read_text() == "kept\n"
+
+
+@pytest.mark.timeout(60)
 def test_settings_come_from_the_environment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -299,13 +299,8 @@ def _run_here(args: argparse.Namespace) -> int:
         print(f"sandboxq: {args.input} line {item.line}: {item.error}", file=sys.stderr)
     if bad and args.strict:
         raise Exit(f"{len(bad)} malformed line(s) in {args.input}; nothing was run", EXIT_ERROR)
-    chosen = settings(
-        args,
-        queue=f"run-{uuid.uuid4().hex[:12]}",
-        url="memory://",
-        **setting_flags(args, POOL_FLAGS),
-    )
-    import_from_cwd()
+    # before the output is opened: a run refused here leaves it as it was
+    chosen = checked_worker_settings(args, f"run-{uuid.uuid4().hex[:12]}", "memory://")
     # Every result stays in the backend until it is written; events are only the fast path.
     keep = {"retain_completed": len(good), "retain_failed": len(good)}
     worker = SandboxWorker(**chosen.model_dump(), backend_options=keep)
@@ -333,6 +328,22 @@ def _run_here(args: argparse.Namespace) -> int:
     if stop.requests:
         return EXIT_INTERRUPTED
     return EXIT_OK if tally.all_ok else EXIT_FAILED
+
+
+def checked_worker_settings(args: argparse.Namespace, queue: str, url: str) -> WorkerSettings:
+    """The settings of the worker a run starts here (the local mode's; over a fleet,
+    ``--concurrency N``'s), checked as far as they can be without starting it: every
+    setting, the processor imported (the worker's own import finds it done), its ``user``
+    and ``group`` looked up. What only its pool's start can tell (a containment this
+    machine refuses) still fails the run later."""
+    from sandboxq.pool.privileges import resolve_user
+    from sandboxq.processor import resolve_within
+
+    chosen = settings(args, queue=queue, url=url, **setting_flags(args, POOL_FLAGS))
+    import_from_cwd()
+    resolve_within(chosen.processor, chosen.import_timeout_s)
+    resolve_user(chosen.user, chosen.group)
+    return chosen
 
 
 def open_output(path: str, *, append: bool = False) -> IO[str]:

@@ -62,6 +62,7 @@ from sandboxq.cli.batch import (
     FOLLOW_TICK_S,
     Item,
     Output,
+    checked_worker_settings,
     empty_output,
     open_output,
     read_input,
@@ -72,11 +73,10 @@ from sandboxq.cli.options import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     Exit,
-    import_from_cwd,
     setting_flags,
     shared_url,
 )
-from sandboxq.cli.worker import FLAG_FORMS, POOL_FLAGS, settings
+from sandboxq.cli.worker import FLAG_FORMS, POOL_FLAGS
 from sandboxq.client import Job, JobMaker, Queue
 from sandboxq.errors import BatchNotFound, ConfigError
 from sandboxq.models import JobOptions, JobState, member_id
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     maker = JobMaker("json", build(JobOptions, **options))
     # Before anything is sent: a worker here that fails to start once the lines are in the
     # queue leaves them waiting there, with the run gone (exit 2) and nothing to write them.
-    here = _checked_worker_settings(args, url) if concurrency else None
+    here = checked_worker_settings(args, args.queue, url) if concurrency else None
     with Queue(args.queue, url) as queue, ExitStack() as stack:
         if args.resume:
             batch, lines, malformed = _reattach(queue, args.resume)
@@ -552,21 +552,6 @@ class _LocalWorker:
 
     def stop(self, now: bool) -> None:
         self.worker.stop(now=now)
-
-
-def _checked_worker_settings(args: argparse.Namespace, url: str) -> WorkerSettings:
-    """The settings of the worker ``--concurrency N`` runs here, checked as far as they can
-    be without starting it: every setting, the processor imported (the worker's own import
-    finds it done), its ``user`` and ``group`` looked up. What only its pool's start can
-    tell (containment this machine refuses) still fails the run once it is sent."""
-    from sandboxq.pool.privileges import resolve_user
-    from sandboxq.processor import resolve_within
-
-    chosen = settings(args, queue=args.queue, url=url, **setting_flags(args, POOL_FLAGS))
-    import_from_cwd()
-    resolve_within(chosen.processor, chosen.import_timeout_s)
-    resolve_user(chosen.user, chosen.group)
-    return chosen
 
 
 def _local_worker(chosen: WorkerSettings) -> _LocalWorker:
