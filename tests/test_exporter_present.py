@@ -105,6 +105,31 @@ def test_a_hung_redis_is_up_0_within_prometheus_scrape_timeout(own_redis: RedisS
         exporter.close()
 
 
+def test_a_flood_of_names_in_the_index_cannot_hide_the_real_queues(
+    own_redis: RedisServer,
+) -> None:
+    """The exporter never pruned the index: 5,000 names with no queue behind them filled
+    its cap of 2,000 entries on every scrape, and a real queue was never exported. A
+    scrape that finds the index over its cap prunes what it reads."""
+    with Queue("real", url=own_redis.url) as q:
+        q.enqueue(1)
+    raw = redis.Redis.from_url(own_redis.url)
+    exporter = QueueExporter(own_redis.url)
+    address = exporter.serve(0)
+    try:
+        raw.sadd(INDEX, *(f"ghost-{i}" for i in range(5000)))
+        shown = []
+        for _ in range(5):  # 5,000 ghosts, 2,000 read a scrape
+            shown.append(
+                'sandboxq_queue_jobs{queue="real",state="waiting"} 1.0' in scrape(address)[1]
+            )
+        assert shown[-1], shown
+        assert raw.scard(INDEX) < 2000
+    finally:
+        exporter.close()
+        raw.close()
+
+
 def test_junk_keys_and_junk_index_entries_add_no_series(own_redis: RedisServer) -> None:
     raw = redis.Redis.from_url(own_redis.url)
     exporter = QueueExporter(own_redis.url)

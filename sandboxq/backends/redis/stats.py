@@ -74,7 +74,8 @@ def read_index(conns: Connections, limit: int = QUEUES_READ_CAP, prune: bool = T
     ``prune`` (one server): a name is kept only when its queue has a sequence counter or
     a worker registry, and entries that are neither queue names nor backed are removed
     from the index where this client may write it: names added by hand cannot keep
-    filling the cap (the exporter checks the same inside stats.lua and skips this)."""
+    filling the cap (the exporter checks the same inside stats.lua and skips this while
+    the index holds no more than one look reads)."""
     with conns.errors("read the queue index"):
         if conns.cluster:
             return _read_cluster_index(conns, limit)
