@@ -20,6 +20,7 @@ sampler record the spans is the application's choice, in the producer, the worke
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -166,10 +167,24 @@ def enqueue_span(
         attributes["messaging.batch.message_count"] = len(jobs)
     if batch_id is not None:
         attributes["sandboxq.batch.id"] = batch_id
+    # A job given a trace of its own (options(traceparent=...)) keeps it, and its span
+    # belongs there: a child of the caller's current span, it began a trace no job was in.
+    own = _own_traceparent(jobs[0].options_json) if len(jobs) == 1 else None
     scope = traced.start_as_current_span(
-        f"send {queue}", kind=otel_trace.SpanKind.PRODUCER, attributes=attributes
+        f"send {queue}",
+        context=context_of(own),
+        kind=otel_trace.SpanKind.PRODUCER,
+        attributes=attributes,
     )
     return EnqueueSpan(scope, jobs)
+
+
+_OWN_TRACEPARENT = re.compile(r'"traceparent":"([^"]*)"')
+
+
+def _own_traceparent(options_json: str) -> str | None:
+    found = _OWN_TRACEPARENT.search(options_json)
+    return found.group(1) if found else None
 
 
 # -- in the child -----------------------------------------------------------------------------

@@ -491,6 +491,22 @@ def test_a_bad_traceparent_given_to_options_is_refused_by_name(exported: Any) ->
         assert job.info().options.traceparent == view._maker.options.traceparent
 
 
+def test_an_enqueue_under_a_trace_of_the_jobs_own_is_a_span_of_that_trace(
+    exported: Any,
+) -> None:
+    """A job given its own traceparent keeps it; its enqueue's span was a child of the
+    caller's current span instead, a trace of its own with no job in it."""
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with Queue("tracing-own", url="memory://") as q:
+        q.options(traceparent=given).enqueue(1)
+    (span,) = producers(exported, "tracing-own")
+    assert span.parent is not None
+    assert (span.context.trace_id, span.parent.span_id) == (
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+    )
+
+
 def test_stored_context_is_small(exported: Any) -> None:
     with Queue("tracing-size", url="memory://") as q:
         plain = q._maker.new_job((1,), {}).options_json
