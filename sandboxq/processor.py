@@ -52,8 +52,8 @@ def split_path(path: str) -> tuple[str, str]:
 
 def default_import_timeout_s() -> float:
     """``$SANDBOXQ_IMPORT_TIMEOUT_S`` if set (and a positive number), else 60 s."""
-    raw = os.environ.get(IMPORT_TIMEOUT_ENV)
-    if raw is None:
+    raw = os.environ.get(IMPORT_TIMEOUT_ENV, "").strip()
+    if not raw:  # unset or empty: as every other SANDBOXQ_ variable (settings.from_env)
         return DEFAULT_IMPORT_TIMEOUT_S
     try:
         value = float(raw)

@@ -152,6 +152,9 @@ def test_a_processor_that_hangs_at_import_exits_2_after_the_import_timeout(tmp_p
     assert time.monotonic() - started < 30  # the hung import thread does not hold up the exit
     status, stderr = run_cli("q", ECHO, env={"SANDBOXQ_IMPORT_TIMEOUT_S": "soon"})
     assert_one_line_error(status, stderr, "SANDBOXQ_IMPORT_TIMEOUT_S='soon'")
+    # empty, as any other SANDBOXQ_ variable: not set (the worker goes on, to no Redis)
+    status, stderr = run_cli("q", ECHO, env={"SANDBOXQ_IMPORT_TIMEOUT_S": ""})
+    assert_one_line_error(status, stderr, "is unreachable")
 
 
 @pytest.mark.timeout(60)
