@@ -83,12 +83,25 @@ class Dashboard:
                     # be an arbitrary few, differing from refresh to refresh.
                     self._index = self.backend(PROBE).queue_index(QUEUES_READ_CAP)
                     self._index_error = None
+                    self._close_unlisted()
                 except SandboxqError as exc:
                     self._index_error = exc
                 self._index_at = time.monotonic()
             if self._index_error is not None:
                 raise self._index_error
             return self._index
+
+    def _close_unlisted(self) -> None:
+        """Close the backends of queues the index no longer lists (deleted, or fallen out
+        of the look), past MAX_BACKENDS: each holds connections, and a dashboard that had
+        shown 200 queues held 407 connections after they were gone."""
+        listed = set(self._index.names if self._index else ())
+        with self._lock:
+            spare = [q for q in self._backends if q not in listed and q != PROBE]
+            closing = spare[: max(0, len(self._backends) - MAX_BACKENDS)]
+            gone = [self._backends.pop(q) for q in closing]
+        for backend in gone:
+            backend.close()
 
     def queues(self) -> list[str]:
         if self._fixed is not None:
