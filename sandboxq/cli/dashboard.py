@@ -47,7 +47,7 @@ def add_parser(verbs: Any) -> None:
         action="append",
         dest="queues",
         metavar="NAME",
-        help="show this queue (repeatable; default: every queue found on the server)",
+        help="show this queue, and serve no other (repeatable; default: every queue found)",
     )
     parser.add_argument(
         "--allowed-host",

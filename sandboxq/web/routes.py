@@ -190,6 +190,8 @@ async def events(request: Request) -> Response:
     dash = _dash(request)
     params = request.query_params
     name = queue_param(params, "queue", required=False)
+    if name is not None:
+        dash.check_shown(str(name))  # before the stream starts: a 400, not a silent stream
     job_id = job_param(params, "job", required=False)
     if header := request.headers.get("last-event-id"):
         since = since_param(header, "header 'Last-Event-ID'")

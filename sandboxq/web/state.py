@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from sandboxq.backends import open_backend, resolve_url
 from sandboxq.backends.base import Backend
 from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex
-from sandboxq.errors import SandboxqError
+from sandboxq.errors import ConfigError, SandboxqError
 from sandboxq.models import check_queue_name
 from sandboxq.redaction import redact_url
 from sandboxq.web.auth import Auth
@@ -51,8 +51,10 @@ class Dashboard:
 
     def backend(self, queue: str) -> Backend:
         """The backend of ``queue``, opened once. Any valid name can be typed into a URL,
-        so past MAX_BACKENDS the oldest one opened for a queue not listed is closed."""
-        check_queue_name(queue)
+        so past MAX_BACKENDS the oldest one opened for a queue not listed is closed. A
+        dashboard given its queues (``--queue``) serves those alone: another typed into a
+        URL is refused (``ConfigError``: 400), not shown."""
+        self.check_shown(queue)
         with self._lock:
             backend = self._backends.get(queue)
             if backend is not None:
@@ -68,6 +70,12 @@ class Dashboard:
         if evicted is not None:
             evicted.close()
         return backend
+
+    def check_shown(self, queue: str) -> None:
+        """``ConfigError`` unless ``queue`` is a valid name this dashboard may show."""
+        check_queue_name(queue)
+        if self._fixed is not None and queue not in self._fixed and queue != PROBE:
+            raise ConfigError(f"queue {queue!r} is not one of the queues this dashboard shows")
 
     def index(self) -> QueueIndex | None:
         """The queue index, read at most every INDEX_FRESH_S (None when queues were

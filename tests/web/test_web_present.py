@@ -67,6 +67,26 @@ def test_a_forged_host_header_gets_400_before_any_job_is_read(redis_url: str, q:
         assert page.status_code == 200 and "hunter2" in page.text
 
 
+def test_a_dashboard_given_its_queues_serves_no_other(redis_url: str, q: Queue) -> None:
+    """--queue named the queues a dashboard shows, but any other typed into a URL was
+    served: its jobs, their arguments and results, its batches and its live events."""
+    with Queue(q.name + "-other", url=redis_url) as other:
+        job = other.options(job_id="other-job").enqueue({"password": "hunter2"})
+        app = create_app(redis_url, queues=[q.name])
+        with serve(app) as base, httpx.Client(base_url=base) as http:
+            for path in [
+                f"/queue?name={other.name}",
+                f"/job?queue={other.name}&id={job.id}",
+                f"/batches?queue={other.name}",
+                f"/events?queue={other.name}",
+            ]:
+                page = http.get(path)
+                assert page.status_code == 400, (path, page.status_code)
+                assert "hunter2" not in page.text
+                assert "is not one of the queues this dashboard shows" in page.text, page.text
+            assert http.get(f"/queue?name={q.name}").status_code == 200  # its own: served
+
+
 def test_allowed_hosts_add_names_and_star_turns_the_check_off(redis_url: str, q: Queue) -> None:
     app = create_app(redis_url, queues=[q.name], allowed_hosts=["queues.internal"])
     with serve(app) as base, httpx.Client(base_url=base) as http:
