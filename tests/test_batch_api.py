@@ -202,7 +202,9 @@ def test_a_batch_cancelled_under_a_busy_worker_costs_its_log_a_line_per_ack_batc
     their leases, and their acks are rejected. That was a warning per job (1,159 lines for
     one cancel of 20,000 members); it is one per batch of acks, with the count."""
     q = opened(queue_name, url)
-    batch = q.batch([([i], {}) for i in range(3000)])
+    # Enough that the cancel lands with thousands left: 3,000 no-op members all ran
+    # before it once (a worker runs some 10,000 a second, the wait below looks every 10 ms)
+    batch = q.batch([([i], {}) for i in range(20_000)])
     worker = workers.start(q, H + "echo", concurrency=2)
     wait_for(lambda: batch.progress().completed >= 500, 60, "the worker to get going")
     with caplog.at_level(logging.WARNING, logger="sandboxq"):
