@@ -149,6 +149,22 @@ def test_exit_codes_are_reported(handler: str) -> None:
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("code", [256, -1, 10**30])
+def test_a_sys_exit_code_outside_0_255_fails_the_attempt_naming_it(code: int) -> None:
+    # The system would report 256 as 0 (a completed job) and -1 as 255: the handler's
+    # code is not an exit status, so the attempt is an error that says so.
+    with Pool(H + "sys_exit", size=1) as pool:
+        with pytest.raises(AttemptFailed) as info:
+            pool.submit(code).result(timeout=10)
+        assert info.value.outcome == "error"
+        assert f"sys.exit({code})" in str(info.value)
+        assert "0-255" in str(info.value)
+        again = pool.submit(code).exception(timeout=10)
+        assert isinstance(again, AttemptFailed)
+        assert again.pid == info.value.pid  # the child lived on: an error, not an exit
+
+
+@pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     ("handler", "signum"), [("segfault", signal.SIGSEGV), ("abort", signal.SIGABRT)]
 )

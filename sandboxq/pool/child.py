@@ -180,6 +180,23 @@ def describe(exc: BaseException) -> RemoteError:
     return RemoteError(f"{kind.__module__}.{kind.__qualname__}", message, tb, pickled)
 
 
+def _is_exit_status(code: object) -> bool:
+    """False for an integer ``sys.exit`` code the system would wrap (256 exits as 0, a
+    completed job; -1 as 255): None, a message and 0-255 are exit statuses."""
+    return not isinstance(code, int) or 0 <= code <= 255
+
+
+def _not_a_status(exc: SystemExit) -> SystemExit:
+    """``exc`` as the error it is: a code that is not an exit status, named."""
+    code = exc.code
+    assert isinstance(code, int)
+    shown = str(code) if len(str(code)) <= 40 else f"{str(code)[:20]}...({len(str(code))} digits)"
+    error = SystemExit(
+        f"sys.exit({shown}): an exit code is 0-255 (the system would report it as {code & 0xFF})"
+    )
+    return error.with_traceback(exc.__traceback__)
+
+
 def _exit_now(exc: SystemExit) -> None:
     """The handler asked for a process exit: honour its code so the parent sees it."""
     code = exc.code
@@ -236,8 +253,13 @@ def run_one(
         result = codec.encode(run.codec, value, what="result", max_bytes=run.max_result_bytes)
         reply = Finished(run.task_id, result, tracing.attempt_peak(run.trace))
     except SystemExit as exc:
-        _exit_now(exc)
-        raise  # unreachable: _exit_now never returns
+        if not _is_exit_status(exc.code):
+            reply = Failed(
+                run.task_id, describe(_not_a_status(exc)), tracing.attempt_peak(run.trace)
+            )
+        else:
+            _exit_now(exc)
+            raise  # unreachable: _exit_now never returns
     except BaseException as exc:  # a handler may raise anything; one job fails, not the child
         reply = Failed(run.task_id, describe(exc), tracing.attempt_peak(run.trace))
     finally:
