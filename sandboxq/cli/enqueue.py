@@ -116,6 +116,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _args_hint(words: list[str]) -> str:
-    example = json.dumps(words)
+    example, flag = json.dumps(words), "--args"
+    if len(words) == 1:  # already JSON ('[1, 2]' or '{"size": 2}'): only the flag is missing
+        try:
+            given = json.loads(words[0])
+        except ValueError:
+            given = None
+        if isinstance(given, list | dict):
+            example, flag = words[0], "--args" if isinstance(given, list) else "--kwargs"
     quoted = f"'{example}'" if "'" not in example else "'[...]'"
+    if flag == "--kwargs":
+        return f"a job's keyword arguments go in --kwargs, as a JSON object: --kwargs {quoted}"
     return f"a job's arguments go in --args, as a JSON array: --args {quoted}"
