@@ -298,6 +298,8 @@ def test_enqueue_wait_prints_the_result_or_fails_with_the_cause(
         ("--kwargs [1]", "--kwargs must be a JSON object, got array"),
         ("--soft-timeout-s 3 --hard-timeout-s 1", "must be less than hard_timeout_s"),
         ("--priority 5000", "priority"),
+        ("--wait --result-ttl-s 0", "--result-ttl-s 0 removes the job as it completes"),
+        ("--timeout-s 5", "give --wait too"),
     ],
 )
 def test_enqueue_refuses_bad_input_in_one_line(

@@ -27,7 +27,7 @@ from sandboxq.cli.options import (
     parse_json,
     setting_flags,
 )
-from sandboxq.errors import JobFailed
+from sandboxq.errors import ConfigError, JobFailed
 from sandboxq.models import MAX_SECONDS, JobOptions
 
 #: The JobOptions that have a flag, made from the model's fields (the rest take the
@@ -73,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
     call_args = parse_json("--args", args.args, list, '[1, "two"]')
     call_kwargs = parse_json("--kwargs", args.kwargs, dict, '{"size": 256}')
     options = {k: v for k, v in setting_flags(args, JOB_OPTIONS).items() if v is not None}
+    if args.timeout_s is not None and not args.wait:
+        raise ConfigError("--timeout-s is how long --wait waits: give --wait too")
+    if args.wait and options.get("result_ttl_s") == 0:
+        raise ConfigError(
+            "--wait reads the job's result, and --result-ttl-s 0 removes the job as it "
+            "completes: give it 1 or more"
+        )
     with open_queue(args) as queue:
         target = queue.options(**options) if options else queue
         job = target.enqueue(*call_args, **call_kwargs)
