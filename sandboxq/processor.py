@@ -43,9 +43,12 @@ IMPORT_TIMEOUT_ENV = "SANDBOXQ_IMPORT_TIMEOUT_S"
 def split_path(path: str) -> tuple[str, str]:
     """Split "pkg.mod:fn" into module and attribute, or raise a ProcessorError saying why."""
     module, sep, attr = path.partition(":") if isinstance(path, str) else ("", "", "")
-    if not sep or not module or not attr:
+    names = [*module.split("."), *attr.split(".")]  # "pkg.mod:Class.method" is a path too
+    if not sep or not all(name.isidentifier() for name in names):
         raise ProcessorError(
-            f"processor {path!r} is not of the form 'package.module:function'", processor=path
+            f"processor {path!r} is not of the form 'package.module:function'"
+            f"{_file_path_hint(module, path)}",
+            processor=path,
         )
     return module, attr
 

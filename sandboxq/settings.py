@@ -350,7 +350,8 @@ class ChildSettings(ContainmentSettings):
     """What the pool and the worker share: the processor, how its children start, and an
     attempt's limits (a job's own options win over these in the worker)."""
 
-    processor: str = setting_field(..., "the handler, as package.module:function", min_length=3)
+    #: Its form is checked where it is imported (processor.split_path), in one place.
+    processor: str = setting_field(..., "the handler, as package.module:function")
     soft_timeout_s: Limit = setting_field(
         None,
         "an attempt's soft timeout: SoftTimeout raised in the handler",

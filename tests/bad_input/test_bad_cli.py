@@ -93,6 +93,8 @@ ECHO = H + "echo"
         (["q", "nope_not_a_module:fn"], "No module named 'nope_not_a_module'"),
         (["q", H + "nope"], "has no attribute 'nope'"),
         (["q", "sandboxq.testing.handlers"], "is not of the form 'package.module:function'"),
+        (["q", ":f"], "processor ':f' is not of the form 'package.module:function'"),
+        (["q", H + "echo:x"], "is not of the form 'package.module:function'"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_naming_the_problem(

@@ -101,7 +101,7 @@ def test_a_processor_that_cannot_be_used_fails_at_start_naming_why(
 def test_a_module_named_as_a_file_is_refused_saying_how_to_name_it(path: str, hint: str) -> None:
     with pytest.raises(ProcessorError) as refused:
         build_worker(path)
-    assert "cannot import module" in str(refused.value) and hint in str(refused.value)
+    assert f"processor {path!r}" in str(refused.value) and hint in str(refused.value)
 
 
 def test_a_syntax_error_names_the_file_and_line(make_module: MakeModule) -> None:
@@ -128,11 +128,8 @@ paths = (
 def test_any_processor_path_resolves_or_is_refused_by_name(path: str) -> None:
     try:
         worker = SandboxWorker("bad-processors", path, url="memory://", import_timeout_s=5)
-    except ProcessorError as exc:
+    except ProcessorError as exc:  # ":f" and "" too: by its form, not its length
         assert f"processor {path!r}" in str(exc)
-        return
-    except ConfigError as exc:  # shorter than "m:f"
-        assert len(path) < 3 and "processor: String should have at least 3" in str(exc)
         return
     assert worker.settings.processor == path  # it resolved to a callable
 
