@@ -12,7 +12,8 @@
 The worker is the production one (leases, exit policy, retries, timeouts, kills), on the
 in-memory backend. The main thread keeps the signals: the first Ctrl-C (or SIGTERM)
 drains, letting running jobs finish; a second one kills them. Lines that did not finish
-are written as ``not_run`` and listed, so nothing is silently lost.
+are written as ``not_run`` and listed, so nothing is silently lost; the exit status is
+then a shell's for the first signal (130 for Ctrl-C, 143 for SIGTERM).
 
 Malformed lines are reported (with their line numbers) before anything runs and then
 written as ``malformed``, and the rest of the batch runs: one bad line among thousands
@@ -312,7 +313,7 @@ def _run_here(args: argparse.Namespace) -> int:
         for item in bad:
             output.write(item.line, MALFORMED, attempts=0, error=item.error)
         backend.enqueue([NewJob(item.payload or b"", job_id=item.job_id) for item in good])
-        stop = _Stop(worker)
+        stop = StopRequests(lambda now: worker.stop(now=now))
         redirect = file is None and sys.stdout.isatty()
         with BatchView(len(good), tally, redirect_stdout=redirect) as view:
             if good:  # else there is nothing to start a pool for
@@ -326,7 +327,7 @@ def _run_here(args: argparse.Namespace) -> int:
                 output.not_run(backend, item)
     view.summary(args.input, interrupted=stop.requests > 0)
     if stop.requests:
-        return EXIT_INTERRUPTED
+        return stop.exit_status()
     return EXIT_OK if tally.all_ok else EXIT_FAILED
 
 
@@ -377,23 +378,33 @@ def empty_output(fd: int) -> None:
         os.ftruncate(fd, 0)
 
 
-class _Stop:
-    """The batch's SIGINT / SIGTERM handler: the first request drains, the next stops now.
+class StopRequests:
+    """A run's SIGINT / SIGTERM handler: the first request drains, the next stops now.
 
-    Only a count and a wake-up happen here: the main thread may be mid-write when a
-    signal lands, so it shows the message itself (``follow``)."""
+    Only a count, the first signal and a wake-up happen here: the main thread may be
+    mid-write when a signal lands, so it shows the message itself. ``on_request(now)``
+    is the wake-up (the local run's worker; a fleet run's main thread acts on the count)."""
 
-    def __init__(self, worker: Any) -> None:
-        self._worker = worker
+    def __init__(self, on_request: Callable[[bool], None] | None = None) -> None:
+        self._on_request = on_request
         self.requests = 0
+        self.first_signal: int | None = None
 
     def __call__(self, signum: int, frame: object) -> None:
         self.requests += 1
-        self._worker.stop(now=self.requests > 1)
+        if self.first_signal is None:
+            self.first_signal = signum
+        if self._on_request is not None:
+            self._on_request(self.requests > 1)
+
+    def exit_status(self) -> int:
+        """128 + the first signal, as a shell reports a process that signal ended (130
+        for Ctrl-C, 143 for SIGTERM)."""
+        return EXIT_INTERRUPTED if self.first_signal is None else 128 + self.first_signal
 
 
 def _run_worker(
-    worker: Any, stop: _Stop, follow_until: Callable[[Callable[[float], bool]], None]
+    worker: Any, stop: StopRequests, follow_until: Callable[[Callable[[float], bool]], None]
 ) -> None:
     """Run the worker on a thread of its own while this (main) thread follows it and
     keeps the signals (the worker installs none off the main thread)."""
@@ -431,7 +442,7 @@ def follow(
     items: list[Item],
     output: Output,
     view: BatchView,
-    stop: _Stop,
+    stop: StopRequests,
     wait_done: Callable[[float], bool],
 ) -> None:
     """Write each line as its job finishes, until the worker is done and every event read.

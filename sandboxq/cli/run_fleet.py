@@ -62,6 +62,7 @@ from sandboxq.cli.batch import (
     FOLLOW_TICK_S,
     Item,
     Output,
+    StopRequests,
     checked_worker_settings,
     empty_output,
     open_output,
@@ -70,7 +71,6 @@ from sandboxq.cli.batch import (
 from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
 from sandboxq.cli.options import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     Exit,
     setting_flags,
@@ -402,16 +402,6 @@ def foreign_row(
 # -- following ------------------------------------------------------------------------------
 
 
-class _Stop:
-    """SIGINT / SIGTERM while following: counted here, acted on by the main thread."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-
-    def __call__(self, signum: int, frame: object) -> None:
-        self.requests += 1
-
-
 def _follow(
     queue: Queue,
     batch: Batch[Job],
@@ -423,7 +413,7 @@ def _follow(
     args: argparse.Namespace,
 ) -> int:
     tally = Tally()
-    stop = _Stop()
+    stop = StopRequests()
     with ExitStack() as stack:
         done = list(written_lines(args.output)) if args.resume else []
         if why := foreign_row(done, lines, malformed, source):
@@ -463,7 +453,7 @@ def _follow(
     if worker is not None and worker.failure:
         raise worker.failure[0]
     if stop.requests:
-        return EXIT_INTERRUPTED
+        return stop.exit_status()
     return EXIT_OK if tally.all_ok else EXIT_FAILED
 
 
@@ -473,7 +463,7 @@ def _stream(
     lines: list[int],
     output: Output,
     view: BatchView,
-    stop: _Stop,
+    stop: StopRequests,
     worker: _LocalWorker | None,
 ) -> None:
     """Write each member's line as it finishes, until every member is final."""
