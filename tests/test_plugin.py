@@ -16,6 +16,7 @@ from sandboxq.models import JobState, Outcome
 from sandboxq.pool.kill import ended
 from sandboxq.testing.cases import CASES, HandlerCase
 from sandboxq.testing.redis_server import free_port
+from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import StartWorker
 
 pytest_plugins = ["pytester"]
@@ -328,6 +329,30 @@ def test_an_unreachable_redis_url_is_a_clear_error(
     result.stdout.fnmatch_lines(
         [f"*the Redis named by --sandboxq-redis-url is not usable: Redis at {url} is unreach*"]
     )
+
+
+@pytest.mark.timeout(90)
+def test_a_run_ended_by_pytest_timeout_leaves_no_redis_server_behind(
+    pytester: pytest.Pytester, no_env_url: None, tmp_path: Path
+) -> None:
+    """pytest-timeout's thread method ends a hung run with os._exit: no fixture teardown
+    runs, so the session's redis-server must end with the process that started it."""
+    pid_file = tmp_path / "server.pid"
+    pytester.makepyfile(
+        f"""
+import time
+import redis
+
+def test_hangs(sandboxq_redis_url):
+    with redis.Redis.from_url(sandboxq_redis_url) as r:
+        open({str(pid_file)!r}, "w").write(str(r.info("server")["process_id"]))
+    time.sleep(600)
+"""
+    )
+    result = run(pytester, "-p", "timeout", "--timeout=3", "--timeout-method=thread")
+    assert "Timeout" in result.stdout.str() + result.stderr.str()
+    server = int(pid_file.read_text())
+    wait_for(lambda: ended(server), 10, "the session's redis-server to end with its run")
 
 
 @pytest.mark.timeout(90)

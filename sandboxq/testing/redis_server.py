@@ -1,21 +1,25 @@
 """A throwaway ``redis-server`` for tests and benchmarks: on a free loopback port, or on a
 Unix socket in a private directory, with its data in a temporary directory removed on
 ``close()``. With ``tls=TlsFiles(...)`` it speaks TLS only (``rediss://``), optionally
-requiring client certificates (mutual TLS). ``free_port()`` and ``terminate(proc, grace_s)``
-serve every throwaway server of ``sandboxq.testing``."""
+requiring client certificates (mutual TLS). ``free_port()``, ``terminate(proc, grace_s)``
+and ``ends_with_this_process()`` serve every throwaway server of ``sandboxq.testing``."""
 
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sandboxq.pool import linux
 
 #: The binary looked up on PATH when none is named.
 BINARY = "redis-server"
@@ -71,6 +75,20 @@ def terminate(proc: subprocess.Popen[Any], grace_s: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(grace_s)
+
+
+def ends_with_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the server when this process dies
+    without stopping it (pytest-timeout's thread method ends a hung run with
+    ``os._exit``: no teardown runs). The signal is tied to the starting *thread*, so it
+    is asked for only on the main thread, which lives as long as the process."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return _die_with_parent
+
+
+def _die_with_parent() -> None:
+    linux.die_with_parent(signal.SIGKILL)
 
 
 class RedisServer:
@@ -158,6 +176,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
+            preexec_fn=ends_with_this_process(),
         )
         deadline = time.monotonic() + timeout_s
         while not self.ping():

@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from sandboxq.client import Queue
 from sandboxq.errors import SandboxqError
+from sandboxq.testing.redis_server import ends_with_this_process
 from sandboxq.worker import SandboxWorker
 
 #: Defaults suited to a test on a small machine; any of them can be overridden.
@@ -199,6 +200,7 @@ class BackgroundWorkers:
                 env=env,
                 cwd=cwd,
                 start_new_session=new_session,
+                preexec_fn=ends_with_this_process(),  # a run ended by os._exit ends it too
             )
         finally:
             if not isinstance(stderr, int):

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from sandboxq.testing.redis_server import free_port, terminate
+from sandboxq.testing.redis_server import ends_with_this_process, free_port, terminate
 
 
 class PrometheusNotFound(FileNotFoundError):
@@ -76,6 +76,7 @@ class PrometheusServer:
             ],
             stdout=subprocess.DEVNULL,
             stderr=self._log,
+            preexec_fn=ends_with_this_process(),
         )
         deadline = time.monotonic() + timeout_s
         while True:

@@ -20,7 +20,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sandboxq.testing.redis_server import RedisServer, free_port, terminate
+from sandboxq.testing.redis_server import (
+    RedisServer,
+    ends_with_this_process,
+    free_port,
+    terminate,
+)
 
 
 class LocalSentinel:
@@ -73,6 +78,7 @@ class LocalSentinel:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
+            preexec_fn=ends_with_this_process(),
         )
 
     def _cli(self, port: int, *args: str) -> str:
