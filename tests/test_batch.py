@@ -22,9 +22,9 @@ import pytest
 
 from sandboxq.backends.base import NewJob
 from sandboxq.backends.memory import MemoryBackend
-from sandboxq.cli import batch, main
-from sandboxq.cli.batch import parse_line
+from sandboxq.cli import batch, main, run_files
 from sandboxq.cli.batch_view import BatchView, Tally
+from sandboxq.cli.run_files import parse_line
 from sandboxq.pool.kill import ended
 from sandboxq.testing.waiting import wait_for
 from sandboxq.text import number_ranges
@@ -514,15 +514,15 @@ def test_following_a_finished_worker_reads_what_is_left_without_waiting_a_tick(
     # A look interval long enough that waiting one cannot pass for not waiting.
     monkeypatch.setattr(batch, "FOLLOW_LOOK_S", 10.0)
     backend = MemoryBackend("follow-done")
-    item = batch.Item(1, b"[[],{}]")
+    item = run_files.Item(1, b"[[],{}]")
     backend.enqueue([NewJob(b"[[],{}]", job_id=item.job_id)])
     tally = Tally()
     lines: list[str] = []
-    output = batch.Output(None, tally)
+    output = run_files.Output(None, tally)
     monkeypatch.setattr(output, "write", lambda line, outcome, **_: lines.append(outcome))
     view = BatchView(1, tally, redirect_stdout=False)
     began = time.monotonic()
-    batch.follow(backend, [item], output, view, batch._Stop(None), wait_done=lambda s: True)
+    batch.follow(backend, [item], output, view, batch.StopRequests(), wait_done=lambda s: True)
     assert time.monotonic() - began < 5.0  # the worker was done: no tick to wait out
     assert lines == []  # its one job never finished: nothing to write
     backend.close()

@@ -232,23 +232,23 @@ def test_the_label_keeps_every_line_number_within_its_limit_however_lines_altern
     text, 60,000 lines were a 400 KB label, over what a label may be. Its map instead,
     read back to the same numbers on --resume."""
     from sandboxq.backends.rules import MAX_LABEL_BYTES
-    from sandboxq.cli.run_fleet import LABEL_KEY, LINE_MAP, _label, _read_line_map, parse_ranges
+    from sandboxq.cli.run_label import LABEL_KEY, LINE_MAP, _read_line_map, make_label, parse_ranges
 
     lines = list(range(1, 60_001, 2))
     bad = {n: "not JSON" for n in range(2, 60_001, 2)}
-    label = _label("in.jsonl", lines, bad)
+    label = make_label("in.jsonl", lines, bad)
     assert len(label.encode()) <= MAX_LABEL_BYTES
     data = json.loads(label)
     assert data[LABEL_KEY] == "in.jsonl" and _read_line_map(data[LINE_MAP], len(lines)) == (
         lines,
         list(bad),
     )
-    plain = json.loads(_label("in.jsonl", [1, 2, 3, 5], {4: "x"}))  # the readable form
+    plain = json.loads(make_label("in.jsonl", [1, 2, 3, 5], {4: "x"}))  # the readable form
     assert parse_ranges(plain["lines"], 4) == [1, 2, 3, 5] and plain["malformed"] == "4"
 
 
 def _deflated_dashes(lines: int) -> str:
-    """A line map of ``lines`` blank lines, as ``_label`` packs one (built a chunk at a
+    """A line map of ``lines`` blank lines, as ``make_label`` packs one (built a chunk at a
     time: the map inflates a thousandfold)."""
     deflate, chunk, parts = zlib.compressobj(9), b"-" * 1_000_000, []
     for _ in range(lines // len(chunk)):
@@ -264,7 +264,7 @@ def test_a_forged_label_is_refused_on_resume_without_reading_it_whole(
     Line numbers it names in ranges were made into a list of billions, and its map was
     inflated and walked in full (200 million lines: a minute): each is refused at once,
     naming the batch, under a memory limit that the old reads ran into."""
-    from sandboxq.cli.run_fleet import LABEL_KEY, LINE_MAP, MAX_MAPPED_LINES
+    from sandboxq.cli.run_label import LABEL_KEY, LINE_MAP, MAX_MAPPED_LINES
 
     labels = {
         "lines": {LABEL_KEY: "in.jsonl", "lines": "1-3000000000"},
@@ -305,10 +305,10 @@ def test_a_resume_into_another_inputs_output_is_refused(
     """The output's rows name input lines, not batches: a resume into the file another
     run wrote took its lines as this batch's, and skipped them. A row naming a line this
     batch never had is refused, and the file is left as it was."""
-    from sandboxq.cli.run_fleet import _label
+    from sandboxq.cli.run_label import make_label
 
     with Queue(queue_name, redis_url) as q:
-        batch = q.batch([([1], {})], label=_label("in.jsonl", [1], {}))
+        batch = q.batch([([1], {})], label=make_label("in.jsonl", [1], {}))
     out = tmp_path / "out.jsonl"
     out.write_text(
         '{"line": 1, "outcome": "ok", "attempts": 1, "result": 7}\n'
@@ -330,14 +330,14 @@ def test_a_batch_only_partly_sent_is_not_resumed_and_says_how_to_clear_it(
     """A run killed while it sends leaves part of a batch (the members of the round trips
     that went): resuming it would wait for members that will never exist."""
     from sandboxq.backends.base import NewJob
-    from sandboxq.cli.run_fleet import _label
+    from sandboxq.cli.run_label import make_label
     from sandboxq.errors import BatchIncomplete
     from sandboxq.models import member_id
 
     with Queue(queue_name, redis_url) as q:
         q.options(job_id=member_id("bx", 600)).enqueue(1)  # stops the send at its 2nd chunk
         jobs = [NewJob(b"[[1],{}]", job_id=member_id("bx", i)) for i in range(1000)]
-        label = _label("in.jsonl", list(range(1, 1001)), {})
+        label = make_label("in.jsonl", list(range(1, 1001)), {})
         with pytest.raises(BatchIncomplete):
             q.backend.enqueue_batch("bx", jobs, label=label)
     at = ["--url", redis_url, "--queue", queue_name, "--output", str(tmp_path / "out")]
@@ -458,10 +458,12 @@ def test_a_resume_into_an_output_that_disagrees_with_the_label_is_refused(
     line the batch sent kept as malformed. A malformed row for a line the label records
     as sent, or a row that ran for one it records as malformed, is refused too, and the
     file (even its last line cut short) is left as it was."""
-    from sandboxq.cli.run_fleet import _label
+    from sandboxq.cli.run_label import make_label
 
     with Queue(queue_name, redis_url) as q:
-        batch = q.batch([([1], {}), ([2], {})], label=_label("in.jsonl", [1, 2], {3: "not JSON"}))
+        batch = q.batch(
+            [([1], {}), ([2], {})], label=make_label("in.jsonl", [1, 2], {3: "not JSON"})
+        )
     at = ["--url", redis_url, "--queue", queue_name]
     cases = {
         '{"line": 1, "outcome": "malformed", "attempts": 0, "error": "not JSON"}\n'

@@ -1,6 +1,7 @@
 """``sandboxq run PROCESSOR INPUT.jsonl``: a local batch through the sandboxed pool, no Redis.
 
-    INPUT.jsonl ─► read_input: one Item per non-blank line (malformed ones keep their error)
+    INPUT.jsonl ─► read_input (run_files.py): one Item per non-blank line (malformed ones
+        │          keep their error)
         │ good lines, as jobs "line-<n>"
         ▼
     memory:// queue (a fresh one) ◄── SandboxWorker.run(burst=True), on a thread of its own
@@ -21,30 +22,24 @@ should not cost the others, and the user learns of it at once instead of at the 
 ``--strict`` stops before anything runs instead.
 
 With ``--url``/``--queue``/``--resume`` the same command runs the file as a batch over
-every worker serving that queue (run_fleet.py), with this module's input, Output and view.
+every worker serving that queue (run_fleet.py), with the same files (run_files.py) and view.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
-import json
 import logging
 import os
 import signal
-import stat
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from typing import IO, Any
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
 
-from sandboxq import codec
 from sandboxq.backends.base import Backend, NewJob
-from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, BatchView, Tally
+from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
 from sandboxq.cli.options import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -53,12 +48,18 @@ from sandboxq.cli.options import (
     Exit,
     add_setting_flags,
     import_from_cwd,
-    json_type,
     setting_flags,
 )
+from sandboxq.cli.run_files import (
+    EXAMPLE,
+    Item,
+    Output,
+    open_output,
+    read_input,
+    stdout_for_results,
+)
 from sandboxq.cli.worker import FLAG_FORMS, POOL_FLAGS, settings
-from sandboxq.errors import ConfigError, SerializationError
-from sandboxq.models import JobInfo, JobState
+from sandboxq.errors import ConfigError
 from sandboxq.settings import WorkerSettings
 
 log = logging.getLogger("sandboxq.cli")
@@ -68,8 +69,6 @@ FOLLOW_TICK_S = 0.2
 #: How often a local run reads the events of the lines that finished meanwhile.
 FOLLOW_LOOK_S = 0.05
 FINISHED_EVENTS = ("completed", "failed", "cancelled")
-_KEYS = ("args", "kwargs")
-_EXAMPLE = '{"args": [1, 2], "kwargs": {"size": 256}}'
 
 
 def add_parser(verbs: Any) -> None:
@@ -77,7 +76,7 @@ def add_parser(verbs: Any) -> None:
         "run",
         help="run a JSONL file of jobs through the sandboxed pool, locally (no Redis)",
         description="Run every line of INPUT (a JSON object per line, "
-        f"e.g. {_EXAMPLE}; both keys optional) through PROCESSOR in sandboxed children, "
+        f"e.g. {EXAMPLE}; both keys optional) through PROCESSOR in sandboxed children, "
         "with a progress bar. Each output line is a JSON object: the input line number, "
         "the outcome (ok, error, hard_timeout, ..., malformed, not_run), the attempts, "
         "and the result or the error. Ctrl-C lets running jobs finish; a second one "
@@ -104,126 +103,6 @@ def add_parser(verbs: Any) -> None:
     r.set_defaults(run=run, log_level=logging.WARNING)
 
 
-# -- input --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    """One non-blank input line: its encoded call, or why it cannot run."""
-
-    line: int
-    payload: bytes | None
-    error: str | None = None
-
-    @property
-    def job_id(self) -> str:
-        return f"line-{self.line}"
-
-
-def read_input(path: str) -> list[Item]:
-    try:
-        with open(path, "rb") as f:
-            return [parse_line(n, raw) for n, raw in enumerate(f, 1) if raw.strip()]
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
-def parse_line(number: int, raw: bytes) -> Item:
-    def bad(why: str) -> Item:
-        return Item(number, None, why)
-
-    try:
-        # without its line end: where JSON says it stopped is then a column of this line
-        value = json.loads(raw.rstrip(b"\r\n").decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        return bad(f"not UTF-8 text ({exc.reason} at byte {exc.start})")
-    except json.JSONDecodeError as exc:
-        return bad(f"not JSON: {exc.msg} at column {exc.colno}")
-    except ValueError as exc:
-        return bad(f"not JSON: {exc}")
-    except RecursionError:
-        return bad("nested too deeply to be read as JSON")
-    if not isinstance(value, dict):
-        return bad(f"expected a JSON object like {_EXAMPLE}, got a JSON {json_type(type(value))}")
-    if unknown := sorted(set(value) - set(_KEYS)):
-        return bad(f"unknown key(s) {unknown}: a line may have 'args' and 'kwargs' only")
-    args, kwargs = value.get("args", []), value.get("kwargs", {})
-    if not isinstance(args, list):
-        return bad(f"'args' must be a JSON array, got a JSON {json_type(type(args))}")
-    if not isinstance(kwargs, dict):
-        return bad(f"'kwargs' must be a JSON object, got a JSON {json_type(type(kwargs))}")
-    try:
-        return Item(number, codec.encode_call("json", tuple(args), kwargs))
-    except SerializationError as exc:  # NaN, or over the size limit
-        return bad(str(exc))
-
-
-# -- output -------------------------------------------------------------------------------
-
-
-class Output:
-    """Writes one JSON line per input line, as each finishes, and tallies the outcomes.
-
-    Lines are written in the order they finish (each names its input line), and flushed
-    one by one: what finished is on disk even if the batch is killed.
-    """
-
-    def __init__(self, file: IO[str] | None, tally: Tally) -> None:
-        self._file = file  # None: stdout, looked up per write (a live display may proxy it)
-        self.tally = tally
-        self.written: set[int] = set()
-
-    def write(self, line: int, outcome: str, **fields: Any) -> None:
-        if line in self.written:
-            return
-        self.written.add(line)
-        self.tally.add(outcome, line)
-        out = self._file or sys.stdout
-        out.write(json.dumps({"line": line, "outcome": outcome, **fields}) + "\n")
-        out.flush()
-
-    def job(self, backend: Backend, item: Item) -> bool:
-        """Write ``item``'s result if its job has finished; False if it has not."""
-        info = backend.get(item.job_id)
-        if info is None or not info.state.finished:
-            return False
-        data = backend.get_result(item.job_id) if info.state is JobState.COMPLETED else None
-        self.finished(item.line, info, data)
-        return True
-
-    def finished(self, line: int, info: JobInfo, data: bytes | None) -> None:
-        """Write input line ``line`` from its finished job's record and stored result."""
-        outcome = info.outcome.value if info.outcome else info.state.value
-        if info.state is JobState.COMPLETED:
-            result = (
-                None
-                if data is None
-                else codec.decode_stored(data, info.codec, allowed={"json"}, job_id=info.id)
-            )
-            self.write(line, outcome, attempts=info.attempts, result=result)
-        else:
-            self.write(line, outcome, attempts=info.attempts, error=info.error, **_where(info))
-
-    def not_run(self, backend: Backend, item: Item) -> None:
-        self.stopped(item.line, backend.get(item.job_id))
-
-    def stopped(self, line: int, info: JobInfo | None) -> None:
-        """Write input line ``line`` as not run: the batch stopped before it finished."""
-        attempts = info.attempts if info is not None else 0
-        why = "the batch stopped before this line ran"
-        if info is not None and info.error:
-            why = f"the batch stopped before this line finished (last attempt: {info.error})"
-        self.write(line, NOT_RUN, attempts=attempts, error=why)
-
-
-def _where(info: JobInfo) -> dict[str, str]:
-    """A failed line's ``traceback`` and ``output``: its last attempt's, when it has them."""
-    last = info.history[-1] if info.history else None
-    if last is None:
-        return {}
-    return {k: v for k, v in (("traceback", last.traceback), ("output", last.output)) if v}
-
-
 # -- running ------------------------------------------------------------------------------
 
 
@@ -248,44 +127,6 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:  # one of them does not exist (yet): not the same
         return False
-
-
-@contextmanager
-def stdout_for_results() -> Iterator[None]:
-    """While results go to stdout, stdout is theirs alone: everything else written to this
-    process's descriptor 1 goes to stderr instead. That is the handlers' own prints: the
-    fork server starts inside, so children inherit descriptor 1 as stderr, and the pool
-    writes what they print (``capture_output``) to descriptor 1 too. ``sys.stdout`` is
-    the real stdout, on a descriptor of its own, so ``sandboxq run ... | jq`` never
-    reads a handler's line.
-
-    When ``sys.stdout`` is not descriptor 1 (a caller replaced it: a test's capture, an
-    embedding program), results go where the caller put it, and descriptor 1, which the
-    caller does not read, still takes the handlers' prints."""
-    try:
-        on_descriptor_1 = sys.stdout.fileno() == 1
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
-        on_descriptor_1 = False
-    if not on_descriptor_1:
-        yield
-        return
-    sys.stdout.flush()
-    results_fd = os.dup(1)
-    os.set_inheritable(results_fd, False)
-    os.dup2(2, 1)
-    previous = sys.stdout
-    # Not a `with`: closing may fail as flushing did (the reader left), after the body's
-    # own error, which must be the one that propagates.
-    results = sys.stdout = open(results_fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
-    try:
-        yield
-    finally:
-        sys.stdout = previous
-        with contextlib.suppress(OSError):  # the reader left (BrokenPipeError)
-            results.flush()
-        os.dup2(results_fd, 1)
-        with contextlib.suppress(OSError):
-            results.close()
 
 
 def _run_here(args: argparse.Namespace) -> int:
@@ -345,37 +186,6 @@ def checked_worker_settings(args: argparse.Namespace, queue: str, url: str) -> W
     resolve_within(chosen.processor, chosen.import_timeout_s)
     resolve_user(chosen.user, chosen.group)
     return chosen
-
-
-def open_output(path: str, *, append: bool = False) -> IO[str]:
-    """``path`` opened for a run's lines (appended to, or emptied first), under an
-    exclusive lock for as long as it is open: a second ``sandboxq run`` on the same file
-    (another terminal, a ``--resume`` while the first still runs) is refused and leaves
-    the file as it was, rather than emptying it or writing among the first one's lines."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0), 0o666)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ConfigError(
-            f"{path} is being written by another sandboxq run: let it end, or write to another file"
-        ) from None
-    except OSError:  # a file system without locks: written unguarded
-        pass
-    if not append:
-        empty_output(fd)  # once it is ours: emptied before the lock, it was the other's
-    return open(fd, "a" if append else "w", encoding="utf-8")
-
-
-def empty_output(fd: int) -> None:
-    """Empty an output ``open_output`` gave, when it is a regular file (not /dev/stdout, a
-    pipe...). A run that must hold the file before it can still be refused opens it to
-    append, and empties it only once nothing refuses it any more."""
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        os.ftruncate(fd, 0)
 
 
 class StopRequests:

@@ -1,7 +1,8 @@
 """``sandboxq run PROCESSOR INPUT.jsonl --url URL --queue NAME``: the local run, over a fleet.
 
-    INPUT.jsonl ─► read_input (batch.py): good lines become members 0..n-1 of one batch
-        │          (its label: the input's name, the good and the malformed line numbers)
+    INPUT.jsonl ─► read_input (run_files.py): good lines become members 0..n-1 of one batch
+        │          (its label, run_label.py: the input's name, the good and the malformed
+        │          line numbers)
         ▼
     QUEUE on Redis ◄── every worker serving it, on any machine; and with --concurrency N,
         │              a SandboxWorker of N children on a thread here, stopped once the
@@ -10,8 +11,8 @@
     main thread ─► get_many (one round trip per read) ─► Output: the local mode's JSON lines
                                                      └─► BatchView: progress bar, summary
 
-The output, progress bar, summary and exit statuses are the local mode's (batch.py), so a
-file gives the same lines either way (in the order the lines finish).
+The output (run_files.py), progress bar, summary and exit statuses are the local mode's
+(batch.py), so a file gives the same lines either way (in the order the lines finish).
 
 What can refuse the run does so before its first line is sent, in this order: the flags;
 with --concurrency N, the settings of the worker run here (its processor imported, its
@@ -39,16 +40,11 @@ left as it was.
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import math
-import re
 import signal
 import sys
 import threading
 import time
-import zlib
-from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,18 +52,8 @@ from typing import IO, Any
 
 from sandboxq import text, tracing
 from sandboxq.backends.base import NewJob
-from sandboxq.backends.rules import MAX_LABEL_BYTES
 from sandboxq.batch import RESULTS_CHUNK, Batch, StreamReader, check_batch_calls, new_batch_id
-from sandboxq.cli.batch import (
-    FOLLOW_TICK_S,
-    Item,
-    Output,
-    StopRequests,
-    checked_worker_settings,
-    empty_output,
-    open_output,
-    read_input,
-)
+from sandboxq.cli.batch import FOLLOW_TICK_S, StopRequests, checked_worker_settings
 from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
 from sandboxq.cli.options import (
     EXIT_FAILED,
@@ -76,6 +62,17 @@ from sandboxq.cli.options import (
     setting_flags,
     shared_url,
 )
+from sandboxq.cli.run_files import (
+    Item,
+    Output,
+    cut_short_line,
+    empty_output,
+    foreign_row,
+    open_output,
+    read_input,
+    written_lines,
+)
+from sandboxq.cli.run_label import make_label, read_label
 from sandboxq.cli.worker import FLAG_FORMS, POOL_FLAGS
 from sandboxq.client import Job, JobMaker, Queue
 from sandboxq.errors import BatchNotFound, ConfigError
@@ -98,8 +95,6 @@ JOB_FLAGS = (
     "deadline_s",
     "progress_timeout_s",
 )
-#: The label's key naming the input file: what marks a batch as sent by ``sandboxq run``.
-LABEL_KEY = "sandboxq_run"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -191,7 +186,7 @@ def _prepare(maker: JobMaker, args: argparse.Namespace) -> _Outgoing:
     if not good:
         return _Outgoing("", [], "", lines, bad)
     batch_id = new_batch_id()
-    label = _label(str(Path(args.input).name), lines, bad)
+    label = make_label(str(Path(args.input).name), lines, bad)
     jobs = [_member(maker, batch_id, n, item) for n, item in enumerate(good)]
     check_batch_calls(jobs, None, None)
     return _Outgoing(batch_id, jobs, label, lines, bad)
@@ -246,157 +241,9 @@ def _reattach(queue: Queue, batch_id: str) -> tuple[Batch[Job], list[int], dict[
             f"cannot be resumed. Cancel what was sent with: sandboxq batch {queue.name} "
             f"{batch_id} --cancel, then run the file again"
         )
-    label = progress.label
-    try:
-        data = json.loads(label or "")
-        assert isinstance(data[LABEL_KEY], str)
-    except (ValueError, KeyError, TypeError, AssertionError, RecursionError):
-        raise ConfigError(
-            f"batch {batch_id!r} was not sent by sandboxq run: its label holds no line numbers"
-        ) from None
-    # Any user may label a batch, and anyone who can write to Redis may rewrite a label:
-    # what it names is read up to what the batch can hold, never into a list of billions.
-    try:
-        if LINE_MAP in data:
-            lines, malformed = _read_line_map(data[LINE_MAP], batch.total)
-        else:
-            lines = parse_ranges(data["lines"], batch.total)
-            malformed = parse_ranges(data.get("malformed", ""), MAX_RESUMED_MALFORMED)
-    except (ValueError, KeyError, TypeError, AttributeError, zlib.error) as exc:
-        raise ConfigError(
-            f"batch {batch_id!r}: its label's line numbers cannot be read ({exc}), so it "
-            "cannot be resumed"
-        ) from None
-    if len(lines) != batch.total:
-        raise ConfigError(
-            f"batch {batch_id!r}: its label names {len(lines)} lines for {batch.total} members"
-        )
+    lines, malformed = read_label(batch_id, progress.label, batch.total)
     why = f"malformed (reported by the run that sent batch {batch_id})"
     return batch, lines, dict.fromkeys(malformed, why)
-
-
-#: Where a label too big as ranges keeps its line numbers instead: one character per input
-#: line ("g" sent, "m" malformed, "-" neither: blank), zlib-compressed, base64.
-LINE_MAP = "line_map"
-
-
-def _label(input_name: str, lines: list[int], bad: dict[int, str]) -> str:
-    """The batch's label: the input's name, then its sent and malformed line numbers as
-    ranges ("1-3, 5"), or, when a file that mixes them line by line makes those longer than
-    a label may be (``MAX_LABEL_BYTES``), as a compressed map of every line."""
-    label = json.dumps(
-        {
-            LABEL_KEY: input_name,
-            "lines": text.number_ranges(lines),
-            "malformed": text.number_ranges(bad),
-        }
-    )
-    if len(label.encode()) <= MAX_LABEL_BYTES:
-        return label
-    codes = bytearray(b"-" * max([*lines, *bad, 0]))
-    for n in lines:
-        codes[n - 1] = ord("g")
-    for n in bad:
-        codes[n - 1] = ord("m")
-    packed = base64.b64encode(zlib.compress(bytes(codes), 9)).decode()
-    label = json.dumps({LABEL_KEY: input_name, LINE_MAP: packed})
-    if len(label.encode()) > MAX_LABEL_BYTES:
-        raise ConfigError(
-            f"the line numbers of {input_name} do not fit in a batch's label "
-            f"({MAX_LABEL_BYTES:,} bytes), so the run could not be resumed: send the "
-            "file in parts, or drop its malformed lines first"
-        )
-    return label
-
-
-#: The most malformed lines a resumed run reports from its label (the run that sent the
-#: batch printed each one), and the most input lines a label's map may cover (one byte a
-#: line: zlib inflates a stored field, up to 1 MiB, a thousandfold).
-MAX_RESUMED_MALFORMED = 10_000_000
-MAX_MAPPED_LINES = 100_000_000
-
-
-def _read_line_map(packed: str, members: int) -> tuple[list[int], list[int]]:
-    """``_label``'s map read back: the sent line numbers (``members`` of them at most:
-    ``ValueError`` past that, as past the map's own bound), and the malformed ones."""
-    inflate = zlib.decompressobj()
-    codes = inflate.decompress(base64.b64decode(packed, validate=True), MAX_MAPPED_LINES)
-    if inflate.unconsumed_tail:
-        raise ValueError(f"its map covers more than {MAX_MAPPED_LINES:,} lines")
-    if codes.count(b"g") > members:
-        raise ValueError("its map names more lines than the batch has members")
-    if codes.count(b"m") > MAX_RESUMED_MALFORMED:
-        raise ValueError(f"its map names more than {MAX_RESUMED_MALFORMED:,} malformed lines")
-    # found by the regex engine: a Python loop over every line took 15 s for 100 million
-    return [m.start() + 1 for m in re.finditer(b"g", codes)], [
-        m.start() + 1 for m in re.finditer(b"m", codes)
-    ]
-
-
-def parse_ranges(spans: str, most: int) -> list[int]:
-    """``text.number_ranges`` read back: ``"1-3, 5"`` -> ``[1, 2, 3, 5]``; ``ValueError``
-    when that would be more than ``most`` numbers."""
-    out: list[int] = []
-    for span in filter(None, (s.strip() for s in spans.split(","))):
-        first, _, last = span.partition("-")
-        low, high = int(first), int(last or first)
-        if len(out) + max(0, high - low + 1) > most:  # not len(range): it overflows
-            raise ValueError(f"they name more than {most:,} lines")
-        out += range(low, high + 1)
-    return out
-
-
-def written_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line, outcome) of every complete line of ``path``: a last line cut short by a crash
-    (no newline) is left out, and left in the file (``cut_short_line`` cuts it off once
-    the rows are found to be the batch's: a file refused is left as it was)."""
-    whole = _whole_lines(path)
-    for n, row in enumerate(whole.splitlines(), 1):
-        try:
-            record = json.loads(row)
-            yield int(record["line"]), str(record["outcome"])
-        except (ValueError, KeyError, TypeError, RecursionError):
-            raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
-
-
-def cut_short_line(path: str) -> None:
-    """Cut a last line a crash cut short off ``path``, so appending starts on a line of
-    its own."""
-    whole = len(_whole_lines(path))
-    if whole != Path(path).stat().st_size:
-        with open(path, "r+b") as f:
-            f.truncate(whole)
-
-
-def _whole_lines(path: str) -> bytes:
-    """``path`` up to its last newline (nothing when it does not exist)."""
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        return b""
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return raw[: raw.rfind(b"\n") + 1]
-
-
-def foreign_row(
-    done: list[tuple[int, str]], lines: list[int], malformed: Iterable[int], source: str
-) -> str:
-    """What the first of ``done`` (an output's rows) that cannot be of ``source`` (a batch
-    of ``lines`` sent, ``malformed`` not) holds, in words; "" when each can be. A row for a
-    line the batch never had, a line it sent written as malformed, or a malformed one
-    written as run: the rows name input lines, not batches, so an output of another input
-    is told apart only where its lines differ from this one's."""
-    sent, bad = set(lines), set(malformed)
-    for line, outcome in done:
-        if line in sent and outcome == MALFORMED:
-            return f"holds line {line} as malformed, which {source} sent as a good line"
-        if line in bad and outcome != MALFORMED:
-            shown = text.clip(outcome, 40)  # read from the file: any text
-            return f"holds line {line} as {shown}, which {source} had as malformed (never sent)"
-        if line not in sent and line not in bad:
-            return f"holds line {line}, which {source} never had"
-    return ""
 
 
 # -- following ------------------------------------------------------------------------------

@@ -1,0 +1,282 @@
+"""The files of ``sandboxq run``: its JSONL input, the output it writes, and an output
+read back to resume.
+
+    INPUT.jsonl ─► read_input ─► Item per non-blank line: its encoded call, or why not
+    finished job ─► Output.write ─► one JSON line per input line, flushed as it finishes
+                                    (``open_output``: the file under an exclusive lock)
+    OUT (resumed) ─► written_lines ─► (line, outcome) of each complete line; foreign_row
+                                      says when they cannot be this batch's
+
+The local mode (batch.py) and the fleet mode (run_fleet.py) share all of it, so a file
+gives the same lines either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from sandboxq import codec, text
+from sandboxq.backends.base import Backend
+from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, Tally
+from sandboxq.cli.options import json_type
+from sandboxq.errors import ConfigError, SerializationError
+from sandboxq.models import JobInfo, JobState
+
+#: What an input line may hold, and an example of one for the errors that say so.
+_KEYS = ("args", "kwargs")
+EXAMPLE = '{"args": [1, 2], "kwargs": {"size": 256}}'
+
+
+# -- input --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One non-blank input line: its encoded call, or why it cannot run."""
+
+    line: int
+    payload: bytes | None
+    error: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return f"line-{self.line}"
+
+
+def read_input(path: str) -> list[Item]:
+    try:
+        with open(path, "rb") as f:
+            return [parse_line(n, raw) for n, raw in enumerate(f, 1) if raw.strip()]
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def parse_line(number: int, raw: bytes) -> Item:
+    def bad(why: str) -> Item:
+        return Item(number, None, why)
+
+    try:
+        # without its line end: where JSON says it stopped is then a column of this line
+        value = json.loads(raw.rstrip(b"\r\n").decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return bad(f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except json.JSONDecodeError as exc:
+        return bad(f"not JSON: {exc.msg} at column {exc.colno}")
+    except ValueError as exc:
+        return bad(f"not JSON: {exc}")
+    except RecursionError:
+        return bad("nested too deeply to be read as JSON")
+    if not isinstance(value, dict):
+        return bad(f"expected a JSON object like {EXAMPLE}, got a JSON {json_type(type(value))}")
+    if unknown := sorted(set(value) - set(_KEYS)):
+        return bad(f"unknown key(s) {unknown}: a line may have 'args' and 'kwargs' only")
+    args, kwargs = value.get("args", []), value.get("kwargs", {})
+    if not isinstance(args, list):
+        return bad(f"'args' must be a JSON array, got a JSON {json_type(type(args))}")
+    if not isinstance(kwargs, dict):
+        return bad(f"'kwargs' must be a JSON object, got a JSON {json_type(type(kwargs))}")
+    try:
+        return Item(number, codec.encode_call("json", tuple(args), kwargs))
+    except SerializationError as exc:  # NaN, or over the size limit
+        return bad(str(exc))
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+class Output:
+    """Writes one JSON line per input line, as each finishes, and tallies the outcomes.
+
+    Lines are written in the order they finish (each names its input line), and flushed
+    one by one: what finished is on disk even if the batch is killed.
+    """
+
+    def __init__(self, file: IO[str] | None, tally: Tally) -> None:
+        self._file = file  # None: stdout, looked up per write (a live display may proxy it)
+        self.tally = tally
+        self.written: set[int] = set()
+
+    def write(self, line: int, outcome: str, **fields: Any) -> None:
+        if line in self.written:
+            return
+        self.written.add(line)
+        self.tally.add(outcome, line)
+        out = self._file or sys.stdout
+        out.write(json.dumps({"line": line, "outcome": outcome, **fields}) + "\n")
+        out.flush()
+
+    def job(self, backend: Backend, item: Item) -> bool:
+        """Write ``item``'s result if its job has finished; False if it has not."""
+        info = backend.get(item.job_id)
+        if info is None or not info.state.finished:
+            return False
+        data = backend.get_result(item.job_id) if info.state is JobState.COMPLETED else None
+        self.finished(item.line, info, data)
+        return True
+
+    def finished(self, line: int, info: JobInfo, data: bytes | None) -> None:
+        """Write input line ``line`` from its finished job's record and stored result."""
+        outcome = info.outcome.value if info.outcome else info.state.value
+        if info.state is JobState.COMPLETED:
+            result = (
+                None
+                if data is None
+                else codec.decode_stored(data, info.codec, allowed={"json"}, job_id=info.id)
+            )
+            self.write(line, outcome, attempts=info.attempts, result=result)
+        else:
+            self.write(line, outcome, attempts=info.attempts, error=info.error, **_where(info))
+
+    def not_run(self, backend: Backend, item: Item) -> None:
+        self.stopped(item.line, backend.get(item.job_id))
+
+    def stopped(self, line: int, info: JobInfo | None) -> None:
+        """Write input line ``line`` as not run: the batch stopped before it finished."""
+        attempts = info.attempts if info is not None else 0
+        why = "the batch stopped before this line ran"
+        if info is not None and info.error:
+            why = f"the batch stopped before this line finished (last attempt: {info.error})"
+        self.write(line, NOT_RUN, attempts=attempts, error=why)
+
+
+def _where(info: JobInfo) -> dict[str, str]:
+    """A failed line's ``traceback`` and ``output``: its last attempt's, when it has them."""
+    last = info.history[-1] if info.history else None
+    if last is None:
+        return {}
+    return {k: v for k, v in (("traceback", last.traceback), ("output", last.output)) if v}
+
+
+@contextmanager
+def stdout_for_results() -> Iterator[None]:
+    """While results go to stdout, stdout is theirs alone: everything else written to this
+    process's descriptor 1 goes to stderr instead. That is the handlers' own prints: the
+    fork server starts inside, so children inherit descriptor 1 as stderr, and the pool
+    writes what they print (``capture_output``) to descriptor 1 too. ``sys.stdout`` is
+    the real stdout, on a descriptor of its own, so ``sandboxq run ... | jq`` never
+    reads a handler's line.
+
+    When ``sys.stdout`` is not descriptor 1 (a caller replaced it: a test's capture, an
+    embedding program), results go where the caller put it, and descriptor 1, which the
+    caller does not read, still takes the handlers' prints."""
+    try:
+        on_descriptor_1 = sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        on_descriptor_1 = False
+    if not on_descriptor_1:
+        yield
+        return
+    sys.stdout.flush()
+    results_fd = os.dup(1)
+    os.set_inheritable(results_fd, False)
+    os.dup2(2, 1)
+    previous = sys.stdout
+    # Not a `with`: closing may fail as flushing did (the reader left), after the body's
+    # own error, which must be the one that propagates.
+    results = sys.stdout = open(results_fd, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+    try:
+        yield
+    finally:
+        sys.stdout = previous
+        with contextlib.suppress(OSError):  # the reader left (BrokenPipeError)
+            results.flush()
+        os.dup2(results_fd, 1)
+        with contextlib.suppress(OSError):
+            results.close()
+
+
+def open_output(path: str, *, append: bool = False) -> IO[str]:
+    """``path`` opened for a run's lines (appended to, or emptied first), under an
+    exclusive lock for as long as it is open: a second ``sandboxq run`` on the same file
+    (another terminal, a ``--resume`` while the first still runs) is refused and leaves
+    the file as it was, rather than emptying it or writing among the first one's lines."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0), 0o666)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"{path} is being written by another sandboxq run: let it end, or write to another file"
+        ) from None
+    except OSError:  # a file system without locks: written unguarded
+        pass
+    if not append:
+        empty_output(fd)  # once it is ours: emptied before the lock, it was the other's
+    return open(fd, "a" if append else "w", encoding="utf-8")
+
+
+def empty_output(fd: int) -> None:
+    """Empty an output ``open_output`` gave, when it is a regular file (not /dev/stdout, a
+    pipe...). A run that must hold the file before it can still be refused opens it to
+    append, and empties it only once nothing refuses it any more."""
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        os.ftruncate(fd, 0)
+
+
+# -- an output read back, for --resume -----------------------------------------------------
+
+
+def written_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line, outcome) of every complete line of ``path``: a last line cut short by a crash
+    (no newline) is left out, and left in the file (``cut_short_line`` cuts it off once
+    the rows are found to be the batch's: a file refused is left as it was)."""
+    whole = _whole_lines(path)
+    for n, row in enumerate(whole.splitlines(), 1):
+        try:
+            record = json.loads(row)
+            yield int(record["line"]), str(record["outcome"])
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
+
+
+def cut_short_line(path: str) -> None:
+    """Cut a last line a crash cut short off ``path``, so appending starts on a line of
+    its own."""
+    whole = len(_whole_lines(path))
+    if whole != Path(path).stat().st_size:
+        with open(path, "r+b") as f:
+            f.truncate(whole)
+
+
+def _whole_lines(path: str) -> bytes:
+    """``path`` up to its last newline (nothing when it does not exist)."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return raw[: raw.rfind(b"\n") + 1]
+
+
+def foreign_row(
+    done: list[tuple[int, str]], lines: list[int], malformed: Iterable[int], source: str
+) -> str:
+    """What the first of ``done`` (an output's rows) that cannot be of ``source`` (a batch
+    of ``lines`` sent, ``malformed`` not) holds, in words; "" when each can be. A row for a
+    line the batch never had, a line it sent written as malformed, or a malformed one
+    written as run: the rows name input lines, not batches, so an output of another input
+    is told apart only where its lines differ from this one's."""
+    sent, bad = set(lines), set(malformed)
+    for line, outcome in done:
+        if line in sent and outcome == MALFORMED:
+            return f"holds line {line} as malformed, which {source} sent as a good line"
+        if line in bad and outcome != MALFORMED:
+            shown = text.clip(outcome, 40)  # read from the file: any text
+            return f"holds line {line} as {shown}, which {source} had as malformed (never sent)"
+        if line not in sent and line not in bad:
+            return f"holds line {line}, which {source} never had"
+    return ""
