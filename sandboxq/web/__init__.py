@@ -5,6 +5,7 @@
 
     app.py    create_app: route table, headers     routes.py the endpoints and actions
     views.py  the pages' HTML                      html.py   escaping, links, layout
+    job_view.py, batch_views.py                    the job page, the batch pages
     hub.py    one events reader, SSE fan-out       auth.py   token, cookie, CSRF, Origin
     state.py  backends, the queues shown, the hub  static/   app.js, style.css (no CDN)
 

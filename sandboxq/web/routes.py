@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 
 from sandboxq.errors import ConfigError
 from sandboxq.models import JobState, check_batch_id, check_job_id, now_ms
-from sandboxq.web import batch_views, views
+from sandboxq.web import batch_views, job_view, views
 from sandboxq.web.auth import COOKIE, SESSION_S, cross_site
 from sandboxq.web.html import Safe, esc, href, layout
 from sandboxq.web.html import url as url_
@@ -150,7 +150,7 @@ def job(request: Request) -> Response:
     if detail is None:
         text = f"No job {job_id!r} in queue {name!r} (unknown, or trimmed)."
         return _message(dash, ctx, "No such job", text, 404)
-    body = views.job_page(ctx, name, detail, full)
+    body = job_view.job_page(ctx, name, detail, full)
     return _page(dash, ctx, f"Job {job_id}", body, "job", queue=name, job=job_id)
 
 
