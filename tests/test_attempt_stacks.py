@@ -366,9 +366,11 @@ with Pool("tests.support.where:print_and_return", size=1, capture_output=sys.arg
           containment="process_tree") as pool:
     done = Future()
     pool.execute(pool.make_task("OUT-LINE", 1, "ERR-LINE"), done.set_result)
-    # one write: the relay thread may write ERR-LINE at the same moment (a print writes
-    # its parts one by one to an unbuffered stderr)
-    sys.stderr.write(f"kept: {done.result(timeout=20).output!r}\\n")
+    kept = done.result(timeout=20).output
+# Written once the pool is closed: the live view is the relay thread's, which may still be
+# writing when the outcome is known (a print writes its parts one by one to the child's
+# write-through stderr, so a line written then could land between them).
+sys.stderr.write(f"kept: {kept!r}\\n")
 """
 
 
