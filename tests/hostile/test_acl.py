@@ -14,6 +14,7 @@ import redis
 
 from sandboxq import Queue
 from sandboxq.backends.redis import acl
+from sandboxq.backends.redis.keys import INDEX
 from sandboxq.backends.redis.scripts import function_name, library
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState
@@ -88,6 +89,41 @@ def test_a_user_of_one_queue_cannot_touch_another(acl_user: MakeUser, queue_name
     with Queue(queue_name + "-other", url=producer_url) as other:
         with pytest.raises(BackendError, match=r"permission denied.*keys"):
             other.enqueue("x")
+
+
+@pytest.mark.parametrize("role", acl.ROLES)
+def test_a_user_of_one_queue_can_only_add_to_the_shared_queue_index(
+    acl_user: MakeUser, raw: redis.Redis, queue_name: str, role: acl.Role
+) -> None:
+    """The index is shared by every queue on the server: a queue's user who could delete
+    it and put a list in its place stopped every other queue's enqueues and workers."""
+    url = acl_user(queue_name, role)
+    with redis.Redis.from_url(url) as as_user:
+        for command in (["DEL", INDEX], ["LPUSH", INDEX, "x"], ["SREM", INDEX, "other"]):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                as_user.execute_command(*command)
+    assert raw.type(INDEX) in (b"set", b"none")
+
+
+def test_a_damaged_queue_index_costs_discovery_never_an_enqueue_or_a_worker(
+    raw: redis.Redis, redis_url: str, queue_name: str
+) -> None:
+    kept = raw.dump(INDEX)
+    raw.delete(INDEX)
+    raw.rpush(INDEX, "changed by hand")
+    workers = BackgroundWorkers(join_timeout_s=20)
+    try:
+        with Queue(queue_name, url=redis_url) as q:
+            job = q.enqueue("still")
+            workers.start(queue_name, H + "echo", url=redis_url, concurrency=1)
+            assert job.result(timeout_s=30) == "still"
+            with pytest.raises(BackendError, match=f"the queue index {INDEX} holds a list"):
+                q.backend.queue_index()
+    finally:
+        workers.stop_all()
+        raw.delete(INDEX)
+        if kept is not None:
+            raw.restore(INDEX, 0, kept)
 
 
 @pytest.mark.parametrize("role", acl.ROLES)

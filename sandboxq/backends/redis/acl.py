@@ -17,9 +17,10 @@ its own unblock list (``BLPOP``; a stop pushes to the latter with ``LPUSH``/``PE
 which the scripts need anyway) and subscribes to cancellations. A producer-only user
 lacks those, so a worker started with its credentials fails at once with Redis's
 ``NOPERM`` naming the command.
-Both write the queue index (a set of names shared by every queue on the server, or by
-the queues of one Cluster slot): a user of one queue can add names to it, which is why
-its readers ignore malformed entries, cap what they read, and say so.
+Both add to the queue index (a set of names shared by every queue on the server, or by
+the queues of one Cluster slot), through an ACL selector that allows ``SADD`` there and
+nothing else: a user of one queue can add names to it, which is why its readers ignore
+malformed entries, cap what they read, and say so, but cannot delete or replace it.
 The scripts of a batch member's moves also touch the batch's keys (``batch:*``,
 ``bdone:*``, ``batches``, ``batch_index``), a finish or a cancel those of retention
 (``expiry``, ``trims``), and a batch's follow-up is written by the
@@ -45,6 +46,7 @@ ROLES: tuple[Role, ...] = ("worker", "producer")
 SCRIPT_COMMANDS = (
     "del",
     "exists",
+    "get",  # the guard: the seq counter (common.lua: guard_queue_keys)
     "hdel",
     "hexists",
     "hget",
@@ -55,6 +57,7 @@ SCRIPT_COMMANDS = (
     "hset",
     "incr",
     "incrby",
+    "llen",
     "lpush",
     "ltrim",
     "pexpire",
@@ -64,8 +67,10 @@ SCRIPT_COMMANDS = (
     "time",
     "type",
     "xadd",
+    "xlen",
     "zadd",
     "zcard",
+    "zinter",
     "zmscore",
     "zpopmin",
     "zrange",
@@ -120,12 +125,12 @@ def commands(role: Role, *, cluster: bool = False) -> list[str]:
 
 def key_patterns(queue: str, role: Role, *, cluster: bool = False) -> list[str]:
     """ACL key patterns: a worker reads and writes every key of its queue (one hash tag);
-    a producer every key but the worker registry, which it may only read. Both write the
-    queue index (``sq:queues``; on a Cluster the queue's slot's), where enqueue and
-    registration add the queue's name."""
+    a producer every key but the worker registry, which it may only read. The queue index
+    (``sq:queues``; on a Cluster the queue's slot's), where enqueue and registration add
+    the queue's name, is ``index_selector``'s."""
     keys = QueueKeys(check_queue_name(queue), cluster=cluster)
     if role == "worker":
-        return [f"~sq:{{{keys.queue}}}:*", f"~{keys.index}"]
+        return [f"~sq:{{{keys.queue}}}:*"]
     writable = [
         keys.job_prefix + "*",
         keys.history_prefix + "*",
@@ -144,10 +149,19 @@ def key_patterns(queue: str, role: Role, *, cluster: bool = False) -> list[str]:
         keys.batch_index,
         keys.expiry,
         keys.trims,
-        keys.index,
     ]
-    readable = [keys.workers, keys.worker_prefix + "*"]
+    readable = [keys.workers, keys.worker_prefix + "*", keys.guard]
     return [f"~{key}" for key in writable] + [f"%R~{key}" for key in readable]
+
+
+def index_selector(queue: str, *, cluster: bool = False) -> str:
+    """The queue index is shared by every queue on the server (or Cluster slot): a queue's
+    user may only add to it. Given as a key pattern beside the queue's own, it could delete
+    the index or put a list in its place, which stopped every other queue's enqueues and
+    workers. So it is reached through an ACL selector (Redis 7) that allows ``SADD`` there
+    and nothing else; the scripts get its name as an argument, not a key (common.lua), as
+    a call's keys must all be allowed by one set of rights."""
+    return f"(~{QueueKeys(check_queue_name(queue), cluster=cluster).index} +sadd)"
 
 
 def rules(queue: str, role: Role, *, cluster: bool = False) -> list[str]:
@@ -160,4 +174,5 @@ def rules(queue: str, role: Role, *, cluster: bool = False) -> list[str]:
         *key_patterns(queue, role, cluster=cluster),
         f"&{keys.cancel_channel}",
         *(f"+{command}" for command in commands(role, cluster=cluster)),
+        index_selector(queue, cluster=cluster),
     ]

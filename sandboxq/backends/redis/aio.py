@@ -84,7 +84,9 @@ class AsyncRedisBackend:
             )
         except ValueError as exc:
             raise ConfigError(f"invalid Redis URL {self.where!r}: {exc}") from None
-        self._scripts = Scripts(self.keys.script_keys, script_settings(settings), None)
+        self._scripts = Scripts(
+            self.keys.script_keys, script_settings(settings, self.keys.index), None
+        )
         self._lane = AsyncLane(self._main, timeout)
         # Jobs enqueued one per call by many coroutines at once go out in shared script
         # calls: a lone caller sends its job at once, jobs enqueued meanwhile are added

@@ -72,7 +72,9 @@ class RedisBackend(Reads, Batches, Backend):
             self.keys = QueueKeys(queue, cluster=True)
         self.socket_timeout_s = timeout_s
         lane = self._conns.main_lane
-        self._scripts = Scripts(self.keys.script_keys, script_settings(settings), lane)
+        self._scripts = Scripts(
+            self.keys.script_keys, script_settings(settings, self.keys.index), lane
+        )
         self._batch_ttl_ms = rules.ms(settings.batch_ttl_s)
         self._watches: list[listen.CancellationWatch] = []
         self._lock = threading.Lock()
@@ -319,7 +321,8 @@ class RedisBackend(Reads, Batches, Backend):
     # -- workers --------------------------------------------------------------------------
 
     def register_worker(self, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
-        data = json.dumps({**info, "worker_id": worker_id}, default=str)
+        ttl_ms = rules.lease_ms(ttl_s)
+        data = json.dumps({**info, "worker_id": worker_id, "ttl_ms": ttl_ms}, default=str)
         with self._conns.errors(f"register worker {worker_id!r}"):
             # The pids on the jobs first: whoever reads one in the record finds it there too.
             if held := rules.child_pids(info):
@@ -328,10 +331,16 @@ class RedisBackend(Reads, Batches, Backend):
                     args += (job_id, number, pid)
                 self._scripts.child_pids(args)
             pipe = self._conns.main.pipeline(transaction=False)
-            pipe.set(self.keys.worker(worker_id), data, px=rules.lease_ms(ttl_s))
+            pipe.set(self.keys.worker(worker_id), data, px=ttl_ms)
             pipe.sadd(self.keys.workers, worker_id)
             pipe.sadd(self.keys.index, self.queue)  # a queue with a worker is a queue
-            pipe.execute()
+            *own, _ = pipe.execute(raise_on_error=False)
+            # The index is shared by every queue on the server, so any queue's user may
+            # damage it: that costs the dashboard its discovery of this queue, never the
+            # registration (its readers say the index is damaged).
+            for reply in own:
+                if isinstance(reply, Exception):
+                    raise reply
         # The depth chart's sample for this minute: a nicety, which must not make the
         # registration fail (a damaged queue key is reported by the claims, by name).
         try:
@@ -353,7 +362,11 @@ class RedisBackend(Reads, Batches, Backend):
             # at most WORKERS_READ_CAP: a registry padded by hand must not stall a page
             _, members = main.sscan(self.keys.workers, 0, count=WORKERS_READ_CAP)
             ids = sorted({records.text(w) for w in members})[:WORKERS_READ_CAP]
-            values = main.mget([self.keys.worker(w) for w in ids]) if ids else []
+            pipe = main.pipeline(transaction=False)
+            pipe.mget([self.keys.worker(w) for w in ids])
+            for w in ids:  # each record's age, by the server's clock: its time to live left
+                pipe.pttl(self.keys.worker(w))
+            values, *ttls_left = pipe.execute() if ids else ([],)
             gone = [w for w, value in zip(ids, values, strict=True) if value is None]
         if gone:  # their TTL ran out: forget them (a read-only ACL user may not: fine)
             try:
@@ -361,8 +374,8 @@ class RedisBackend(Reads, Batches, Backend):
             except redis.RedisError as exc:
                 log.debug("could not forget expired workers of %r: %s", self.queue, exc)
         return [
-            records.worker_record(worker_id, value)
-            for worker_id, value in zip(ids, values, strict=True)
+            records.worker_record(worker_id, value, ttl_left)
+            for worker_id, value, ttl_left in zip(ids, values, ttls_left, strict=True)
             if value is not None
         ]
 

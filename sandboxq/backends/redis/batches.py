@@ -131,13 +131,22 @@ def incomplete(batch_id: str, total: int, replies: Sequence[Any], exc: Exception
     )
 
 
+def damaged_queue(reply: Any) -> bool:
+    """Whether a script's error ``reply`` is a queue key of the wrong type (common.lua's
+    guard_queue_keys refused the call before it wrote anything)."""
+    return isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE")
+
+
 def enqueue_outcome(batch_id: str, total: int, replies: Sequence[Any]) -> int:
     """How many members the batch has, from the chunks' replies; raises when a chunk failed:
-    ``ConfigError`` when nothing was added, else ``BatchIncomplete`` naming how many were."""
+    ``ConfigError`` when nothing was added (``BackendError`` when the queue is damaged),
+    else ``BatchIncomplete`` naming how many were."""
     enqueued = 0
     for reply in replies:
         if isinstance(reply, ResponseError):
             cause = str(reply).removeprefix("BATCH ")
+            if enqueued == 0 and damaged_queue(reply):
+                raise BackendError(f"batch {batch_id!r} was not enqueued: {cause}")
             if enqueued == 0:
                 raise ConfigError(f"batch {batch_id!r} was not enqueued: {cause}")
             raise BatchIncomplete(
@@ -303,6 +312,9 @@ class Batches:
                         break
         except BackendError as exc:
             raise incomplete(batch_id, total, replies, exc) from exc
+        if replies and damaged_queue(replies[0]):  # refused before it wrote: name the key
+            with self._conns.errors(f"enqueue batch {batch_id!r}"):
+                raise replies[0]
         return enqueue_outcome(batch_id, total, replies)
 
     def batch_progress(self, batch_id: str) -> BatchProgress | None:

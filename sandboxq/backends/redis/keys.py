@@ -117,6 +117,7 @@ class QueueKeys:
         self.batch_index = base + "batch_index"
         self.expiry = base + "expiry"
         self.trims = base + "trims"
+        self.guard = base + "guard"  # never written (common.lua: guard_queue_keys)
         self.index = index_key(queue, cluster)
         self.depth = base + "depth"  # depth.lua derives it from the job prefix
         #: The KEYS every script receives, in the order common.lua expects.
@@ -132,7 +133,6 @@ class QueueKeys:
             self.events,
             self.wake,
             self.history_prefix,
-            self.index,  # 12: enqueue.lua and batch_enqueue.lua register the queue in it
         ]
         self._by_state = {
             JobState.WAITING: self.waiting,

@@ -32,7 +32,7 @@ from sandboxq.errors import ConfigError
 from sandboxq.models import JobState, RunningAttempt
 
 # ARGV 1-4 of every script are retention settings; these scripts only read.
-_UNUSED: list[Arg] = [0, 0, 0, 0]
+_UNUSED: list[Arg] = [0, 0, 0, 0, 0]
 
 
 def _cursor(cursor: str | None, desc: bool) -> tuple[str, int]:

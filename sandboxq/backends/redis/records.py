@@ -86,6 +86,11 @@ def queue_key_types(keys: QueueKeys) -> dict[str, str]:
         keys.events: "stream",
         keys.wake: "list",
         keys.workers: "set",
+        keys.batches: "zset",
+        keys.batch_index: "zset",
+        keys.expiry: "zset",
+        keys.trims: "hash",
+        keys.guard: "zset",
     }
 
 
@@ -341,10 +346,13 @@ def _codec(fields: dict[str, bytes], oversized: dict[str, int]) -> str:
     return text(fields["codec"]) if "codec" in fields else "json"
 
 
-def worker_record(worker_id: str, raw: bytes | str) -> dict[str, Any]:
+def worker_record(
+    worker_id: str, raw: bytes | str, ttl_left_ms: int | None = None
+) -> dict[str, Any]:
     """A worker's registry record, checked: fields of the wrong type become None and every
     problem is listed under ``unreadable`` (a record is another process's word, and a
-    shared Redis anyone's)."""
+    shared Redis anyone's). With ``ttl_left_ms`` (its key's PTTL), ``age_ms`` says how long
+    ago it was written by the server's clock: ``registered_ms`` is the worker's own."""
     unreadable: list[str] = []
     data: Any = {}
     if len(raw) > MAX_FIELD_BYTES:
@@ -365,6 +373,9 @@ def worker_record(worker_id: str, raw: bytes | str) -> dict[str, Any]:
             record[name] = None
     if "jobs" in record:
         record["jobs"] = _checked_jobs(record["jobs"], unreadable)
+    ttl_ms = record.get("ttl_ms")
+    if ttl_left_ms is not None and ttl_left_ms >= 0 and isinstance(ttl_ms, int):
+        record["age_ms"] = max(0, ttl_ms - ttl_left_ms)
     if unreadable:
         record["unreadable"] = unreadable
     return record
@@ -403,6 +414,7 @@ _WORKER_FIELDS: dict[str, _Kinds] = {
     "concurrency": _INT,
     "started_ms": _INT,
     "registered_ms": _INT,
+    "ttl_ms": _INT,
     "lease_s": _NUMBER,
     "protections": _STR,
 }

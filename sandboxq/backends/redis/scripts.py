@@ -12,8 +12,8 @@ whole life; redis_cost_bench).
 
     lua/*.lua ── library() ──► "#!lua name=sandboxq_<digest>"      FUNCTION LOAD, once
     Script("finish", keys, settings).pack(args)
-        functions:  FCALL   sq_<digest>_finish 12 <keys> <ARGV 1-4: retention> <args...>
-        fallback:   EVALSHA <sha of the script alone> 12 <the same>     (SCRIPT LOAD, once)
+        functions:  FCALL   sq_<digest>_finish 11 <keys> <index, retention> <args...>
+        fallback:   EVALSHA <sha of the script alone> 11 <the same>     (SCRIPT LOAD, once)
 
 The library's name and its functions' names carry a digest of its text, so workers of two
 versions on one server each call their own. Everything before ``<args...>`` is the same on
@@ -67,10 +67,27 @@ def _read(name: str) -> str:
     return (_LUA / f"{name}.lua").read_text(encoding="utf-8")
 
 
+#: Scripts that change none of the queue's keys: they read, or write only their own
+#: record (a job's child pids, the depth history). Every other script first checks the
+#: queue's keys (common.lua's guard_queue_keys), so a damaged one stops it before it
+#: writes anything.
+UNGUARDED = (
+    "child_pids",
+    "depth",
+    "oldest_waiting",
+    "page",
+    "read_job",
+    "read_result",
+    "read_state",
+)
+
+
 def _entry(name: str) -> str:
     """Script ``name`` as a function of the call's keys and arguments (the same text in the
     library and in the EVALSHA fallback)."""
-    return f"function(keys, argv)\nbind(keys, argv)\n-- ---- {name}.lua ----\n{_read(name)}\nend"
+    guard = "" if name in UNGUARDED else "guard_queue_keys()\n"
+    body = f"-- ---- {name}.lua ----\n{_read(name)}"
+    return f"function(keys, argv)\nbind(keys, argv)\n{guard}{body}\nend"
 
 
 @functools.cache
@@ -263,9 +280,11 @@ def raise_errors(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def script_settings(retention: rules.Retention) -> list[Arg]:
-    """ARGV 1-4 of every script (lua/common.lua)."""
+def script_settings(retention: rules.Retention, index: str) -> list[Arg]:
+    """ARGV 0-4 of every script (lua/common.lua): the queue index, which bind takes off
+    (not a KEYS entry: see common.lua), then the retention settings."""
     return [
+        index,
         int(retention.max_events),
         int(retention.retain_completed),
         int(retention.retain_failed),

@@ -39,6 +39,7 @@ from sandboxq.backends.index import (
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import INDEX, QueueKeys, cluster_index
+from sandboxq.errors import BackendError
 from sandboxq.models import AttemptRecord, JobState
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,17 @@ def read_index(conns: Connections, limit: int = QUEUES_READ_CAP, prune: bool = T
     with conns.errors("read the queue index"):
         if conns.cluster:
             return _read_cluster_index(conns, limit)
-        total = int(conns.main.scard(INDEX))
+        try:
+            total = int(conns.main.scard(INDEX))
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            kind = conns.main.type(INDEX)
+            raise BackendError(
+                f"the queue index {INDEX} holds a {records.text(kind)}, not a set (changed by "
+                "hand?): delete it; every enqueue and every worker's registration adds its "
+                "queue back"
+            ) from None
         entries: list[bytes | str] = []
         cursor = 0
         while True:

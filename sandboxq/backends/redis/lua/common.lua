@@ -18,12 +18,14 @@
 --  11 history prefix  sq:{q}:history:  (attempt records LIST = prefix..id, but for a
 --                     completed job's sole attempt: sole_attempt; an id may hold ':', so
 --                     no key built from an id may extend another one: keys.py)
---  12 queue index     sq:queues (Cluster: its slot's sq:queues:{tag}): enqueue scripts, and
---                     a batch's follow-up (the `then` queue shares the slot on a Cluster)
--- ARGV 1-4, the same for every script: max events kept in the stream, jobs kept in the
--- completed set, jobs kept in the failed (and cancelled) set, and how long a finished job
--- is kept, ms: "<completed> <failed and cancelled>" (a job's own option wins: ttl_ms).
--- Script-specific arguments start at ARGV[5].
+-- ARGV 0-4, the same for every script: the queue index, sq:queues (Cluster: its slot's
+-- sq:queues:{tag}), where enqueues and a batch's follow-up register a queue; bind takes it
+-- off, so what follows is ARGV 1-4. It is not among the KEYS: the index is shared by every
+-- queue, and a queue's ACL user may only add to it (acl.py, through a selector of its own),
+-- while the ACL checks every key named at a script's call against one set of rights. Then
+-- max events kept in the stream, jobs kept in the completed set, jobs kept in the failed
+-- (and cancelled) set, and how long a finished job is kept, ms: "<completed> <failed and
+-- cancelled>" (a job's own option wins: ttl_ms). Script-specific arguments start at ARGV[5].
 --
 -- Time: every timestamp is computed here from TIME (design invariant 2: the server's clock,
 -- never a client's). Redis 7 replicates a function's effects, so TIME followed by writes
@@ -36,14 +38,15 @@ local KEYS, ARGV
 local PREFIX, WAITING, DELAYED, ACTIVE, COMPLETED, FAILED, CANCELLED
 local SEQ, EVENTS, WAKE, HISTORY, QUEUE_INDEX
 local MAX_EVENTS, RETAIN_COMPLETED, RETAIN_FAILED, COMPLETED_TTL_MS, FAILED_TTL_MS
-local QUEUE_BASE, QUEUE_NAME, BATCH, BATCH_DONE, BATCHES, BATCH_INDEX, EXPIRY, TRIMS
+local QUEUE_BASE, QUEUE_NAME, BATCH, BATCH_DONE, BATCHES, BATCH_INDEX, EXPIRY, TRIMS, GUARD
 local STATE_OF, RETENTION
 
 local function bind(keys, argv)
   KEYS, ARGV = keys, argv
   PREFIX, WAITING, DELAYED, ACTIVE = keys[1], keys[2], keys[3], keys[4]
   COMPLETED, FAILED, CANCELLED = keys[5], keys[6], keys[7]
-  SEQ, EVENTS, WAKE, HISTORY, QUEUE_INDEX = keys[8], keys[9], keys[10], keys[11], keys[12]
+  SEQ, EVENTS, WAKE, HISTORY = keys[8], keys[9], keys[10], keys[11]
+  QUEUE_INDEX = table.remove(argv, 1)
   MAX_EVENTS = argv[1]
   RETAIN_COMPLETED, RETAIN_FAILED = tonumber(argv[2]), tonumber(argv[3])
   local completed_ttl, failed_ttl = string.match(argv[4] or '', '^(%d+) (%d+)$')
@@ -54,6 +57,7 @@ local function bind(keys, argv)
   BATCH, BATCH_DONE = QUEUE_BASE .. 'batch:', QUEUE_BASE .. 'bdone:'
   BATCHES, BATCH_INDEX = QUEUE_BASE .. 'batches', QUEUE_BASE .. 'batch_index'
   EXPIRY, TRIMS = QUEUE_BASE .. 'expiry', QUEUE_BASE .. 'trims'
+  GUARD = QUEUE_BASE .. 'guard' -- never written: see guard_queue_keys
   STATE_OF = {[COMPLETED] = 'completed', [FAILED] = 'failed', [CANCELLED] = 'cancelled'}
   RETENTION = {} -- per finished set, its retention records as this call knows them
 end
@@ -126,6 +130,30 @@ end
 
 local function next_seq()
   return redis.call('INCR', SEQ)
+end
+
+-- The first step of every script that changes the queue (scripts.py adds the call after
+-- bind): each queue-level key holds its type, or the call stops here having written
+-- nothing. A WRONGTYPE error later on would leave the writes before it in place (a
+-- script's error undoes none of them): a claim that popped a job from waiting and then
+-- met an active set turned into a string left that job in no set, never to be found again.
+-- The error names no key; the client names it (connection.py: _wrong_types, by TYPE).
+-- Five calls, about 2 us of server CPU: the sorted sets are checked together by one
+-- ZINTER that includes GUARD, a key never written, so the intersection is known empty
+-- before any member is compared. ZINTER takes a plain set too: a set put in place of a
+-- sorted set by hand gets past this check.
+local function guard_queue_keys()
+  redis.call('ZINTER', 10, WAITING, DELAYED, ACTIVE, COMPLETED, FAILED, CANCELLED, BATCHES,
+    BATCH_INDEX, EXPIRY, GUARD)
+  redis.call('XLEN', EVENTS)
+  redis.call('LLEN', WAKE)
+  redis.call('HLEN', TRIMS)
+  local seq = redis.call('GET', SEQ)
+  if seq and not string.match(seq, '^%d+$') then
+    error({err = 'WRONGTYPE the queue\'s key ' .. SEQ .. ' holds ' .. string.format('%q',
+      string.sub(seq, 1, 40)) .. ', not a count (changed by hand?): this queue cannot work '
+      .. 'until that key is repaired or deleted'})
+  end
 end
 
 local function emit(kind, id, ...)

@@ -47,5 +47,7 @@ for j = 1, count do
   end
 end
 wake(added)
-redis.call('SADD', KEYS[12], string.match(PREFIX, '^sq:{(.*)}:job:$'))
+-- pcall: the index is shared by every queue on the server, so any queue's user may damage
+-- it; that costs the dashboard its discovery of this queue, never this enqueue
+redis.pcall('SADD', QUEUE_INDEX, QUEUE_NAME)
 return created
