@@ -23,7 +23,7 @@ import pytest
 from sandboxq import Queue
 from sandboxq.cli import main
 from sandboxq.errors import BackendError
-from sandboxq.models import JobState
+from sandboxq.models import JobState, now_ms
 from sandboxq.pool.containment import probe
 from sandboxq.testing.redis_server import free_port
 from sandboxq.testing.waiting import wait_for
@@ -340,6 +340,22 @@ def test_info_shows_a_new_workers_containment_before_its_first_refresh(
     (w,) = wait_for(shown, 20, "info to show the new worker's containment")
     assert w["containment"] == probe()[0]
     assert w["protections"] == ", ".join(worker._pool.protections)  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(30)
+def test_info_reads_a_lease_by_the_servers_clock_not_the_workers(
+    sq: Run, at: str, queue: Queue
+) -> None:
+    """A worker on a machine whose clock is two minutes behind writes its record with
+    that clock: read against the reader's, its healthy lease looked expired for two
+    minutes, "the worker stopped renewing", and a healthy worker could be killed for it."""
+    two_minutes_behind = now_ms() - 120_000
+    job = {"id": "j", "attempt": 1, "pid": 2, "lease_renewed_s_ago": 0.5}
+    record = {"host": "skewed", "lease_s": 10.0, "registered_ms": two_minutes_behind, "jobs": [job]}
+    queue.backend.register_worker("skewed:1:abc", record, ttl_s=30)
+    (worker,) = json.loads(sq(f"info {at} --json")[1])["workers"]
+    (shown,) = worker["jobs"]
+    assert 8.5 <= shown["lease_left_s"] <= 9.5, shown
 
 
 @pytest.mark.timeout(60)

@@ -85,9 +85,14 @@ def info_data(backend: Backend) -> dict[str, Any]:
     workers = []
     for record in backend.workers():
         lease_s = float(record.get("lease_s") or 0)
-        # How old the record is: the lease ages were true when it was written.
+        # How old the record is: the lease ages were true when it was written. By the
+        # backend's clock (age_ms) where it says: registered_ms is the worker's own clock,
+        # and a worker whose clock is off would look as if it had stopped renewing.
         registered = record.get("registered_ms")
-        age_s = max(0, now - int(registered)) / 1000 if registered is not None else 0.0
+        if record.get("age_ms") is not None:
+            age_s = record["age_ms"] / 1000
+        else:
+            age_s = max(0, now - int(registered)) / 1000 if registered is not None else 0.0
         jobs = [
             {
                 "id": job.get("id"),

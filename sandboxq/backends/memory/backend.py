@@ -222,8 +222,9 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
             self._depth[minute] = len(self._store.by_state[JobState.WAITING])
             for old in [m for m in self._depth if m <= minute - DEPTH_MINUTES]:
                 del self._depth[old]
-            until = now_ms() + rules.lease_ms(ttl_s)
-            self._workers[worker_id] = ({**info, "worker_id": worker_id}, until)
+            ttl_ms = rules.lease_ms(ttl_s)
+            record = {**info, "worker_id": worker_id, "ttl_ms": ttl_ms}
+            self._workers[worker_id] = (record, now_ms() + ttl_ms)
             # its children's pids on the jobs it still holds in those attempts (child_pids.lua)
             for job_id, number, pid in rules.child_pids(info):
                 job = self._store.jobs.get(job_id)
@@ -261,7 +262,11 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
             for worker_id, (_, until) in list(self._workers.items()):
                 if rules.lease_expired(until, now):
                     del self._workers[worker_id]
-            return [dict(self._workers[w][0]) for w in sorted(self._workers)]
+            # age_ms as on Redis: how long ago the record was written, by this clock
+            return [
+                {**record, "age_ms": max(0, now - (until - record["ttl_ms"]))}
+                for record, until in (self._workers[w] for w in sorted(self._workers))
+            ]
 
     def _register(self) -> None:
         with MemoryBackend._registry_lock:
