@@ -121,6 +121,22 @@ def test_secrets_in_what_a_handler_says_are_hidden(queue: Queue, start_worker: S
     assert all("hunter2" not in (t or "") for t in texts), texts
 
 
+@pytest.mark.parametrize("progress", [False, True], ids=["raised", "and-progress"])
+def test_an_error_naming_an_undecodable_file_fails_its_job_and_no_worker(
+    queue: Queue, start_worker: StartWorker, progress: bool
+) -> None:
+    """A lone surrogate (what os.fsdecode makes of a byte that is not UTF-8) in the error
+    could not be written to Redis: the worker died on the job's record, and so did the
+    next worker that ran it."""
+    start_worker(W + "fail_naming_an_undecodable_file", concurrency=1)
+    for _ in range(2):  # the second: the worker lived on
+        with pytest.raises(JobFailed) as failed:
+            queue.enqueue(progress).result(timeout_s=30)
+        assert failed.value.outcome == "error"
+        assert "cannot thumbnail /uploads/\\udcff.png" in (failed.value.error or "")
+        assert "opening /uploads/" in (failed.value.output or "")
+
+
 def test_output_of_the_attempt_is_kept_with_it(queue: Queue, start_worker: StartWorker) -> None:
     start_worker(W + "print_then_fail", concurrency=1)
     job = queue.enqueue(3)

@@ -64,7 +64,7 @@ from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
 from sandboxq.processor import resolve
-from sandboxq.text import bounded_traceback
+from sandboxq.text import bounded_traceback, storable
 
 #: The signal the parent sends at the soft deadline.
 SIGSOFT = signal.SIGUSR1
@@ -111,7 +111,8 @@ class JobContext:
         if said is not None:
             if not isinstance(said, str):
                 raise TypeError(f"progress message must be a str or None, got {message!r}")
-            message = str.__str__(said)[:MAX_PROGRESS_MESSAGE]  # a plain str, not a subclass
+            # a plain str, not a subclass; storable: Redis keeps it as UTF-8
+            message = storable(str.__str__(said)[:MAX_PROGRESS_MESSAGE])
         with self._lock:
             self._conn.send(Progress(self.task_id, value, message))
 
@@ -163,10 +164,11 @@ def describe(exc: BaseException) -> RemoteError:
     except Exception:
         message = object.__repr__(exc)
     # Bounded here, before it crosses the pipe: a recursion error's traceback is megabytes,
-    # and a message can be anything (a frame over the pipe's limit would lose it all).
-    message = bounded_traceback(message)
+    # and a message can be anything (a frame over the pipe's limit would lose it all); and
+    # storable: a file name that is not UTF-8 made the record unwritable (text.storable).
+    message = bounded_traceback(storable(message))
     lines = traceback.format_exception(type(exc), exc, _from_handler(exc.__traceback__))
-    tb = bounded_traceback("".join(lines))
+    tb = bounded_traceback(storable("".join(lines)))
     pickled: bytes | None
     try:
         pickled = pickle.dumps(exc)
@@ -177,7 +179,7 @@ def describe(exc: BaseException) -> RemoteError:
     except Exception:
         pickled = None
     kind = type(exc)
-    return RemoteError(f"{kind.__module__}.{kind.__qualname__}", message, tb, pickled)
+    return RemoteError(storable(f"{kind.__module__}.{kind.__qualname__}"), message, tb, pickled)
 
 
 def _is_exit_status(code: object) -> bool:

@@ -21,6 +21,20 @@ def fail_with_url(url: str) -> None:
     raise ConnectionError(f"cannot reach {url}")
 
 
+def fail_naming_an_undecodable_file(progress: bool = False) -> None:
+    """A file name that is not UTF-8, as the file system hands it over (a lone surrogate
+    per undecodable byte), in what the handler raises, prints and reports as progress."""
+    import os
+
+    from sandboxq import current_job
+
+    path = os.fsdecode(b"/uploads/\xff.png")
+    print(f"opening {path}", flush=True)
+    if progress:
+        current_job().progress(0.5, f"at {path}")
+    raise ValueError(f"cannot thumbnail {path}")
+
+
 def print_then_fail(lines: int = 3) -> None:
     for n in range(lines):
         print(f"stdout line {n}", flush=True)
