@@ -23,6 +23,7 @@ import redis
 
 from sandboxq import JobState, Queue
 from sandboxq.backends.redis import RedisBackend
+from sandboxq.models import AttemptRecord, Outcome
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 
@@ -324,6 +325,30 @@ def test_a_resume_into_another_inputs_output_is_refused(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "held", [b'{"api_key": "k", "version": 3}', b"\xff\xfe\x00garbage"], ids=["json", "binary"]
+)
+def test_a_resume_into_a_file_of_one_line_without_a_newline_leaves_it_as_it_was(
+    redis_url: str, queue_name: str, tmp_path: Path, held: bytes
+) -> None:
+    """A last line without a newline is taken for a row a crash cut short, and cut off:
+    a settings file json.dump wrote (one line, no newline) passed for one, and was
+    emptied. Only what can be the start of a row is cut."""
+    from sandboxq.cli.run_label import make_label
+
+    with Queue(queue_name, redis_url) as q:
+        batch = q.batch([([1], {})], label=make_label("in.jsonl", [1], {}))
+    out = tmp_path / "settings.json"
+    out.write_bytes(held)
+    proc = sandboxq_run(
+        "--resume", batch.id, "--url", redis_url, "--queue", queue_name, "--output", str(out)
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "line 1 is not a line sandboxq run wrote" in proc.stderr, proc.stderr
+    assert out.read_bytes() == held
+
+
+@pytest.mark.timeout(60)
 def test_a_batch_only_partly_sent_is_not_resumed_and_says_how_to_clear_it(
     redis_url: str, queue_name: str, tmp_path: Path
 ) -> None:
@@ -481,3 +506,28 @@ def test_a_resume_into_an_output_that_disagrees_with_the_label_is_refused(
         assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert out.read_text() == written
+
+
+@pytest.mark.timeout(60)
+def test_a_member_that_finished_before_a_second_ctrl_c_is_written_as_it_ended(
+    redis_url: str, queue_name: str
+) -> None:
+    """A second Ctrl-C stops reading the batch's stream: what it had not delivered was all
+    written as not_run, a member that had completed too (run again by whoever reruns the
+    not_run lines)."""
+    from sandboxq.cli.batch_view import Tally
+    from sandboxq.cli.run_files import Output
+    from sandboxq.cli.run_fleet import _not_run
+
+    with Queue(queue_name, redis_url) as q:
+        batch = q.batch([([1], {}), ([2], {})])
+        [claimed] = q.backend.claim("w", 1, lease_s=30)
+        attempt = AttemptRecord(attempt=1, outcome=Outcome.OK, worker_id="w")
+        q.backend.finish("w", claimed.id, claimed.token, "complete", attempt, result=b"7")
+        batch.cancel()  # the second Ctrl-C's: the other member never runs
+        rows: list[tuple[int, str, dict[str, Any]]] = []
+        output = Output(None, Tally())
+        output.write = lambda line, outcome, **fields: rows.append((line, outcome, fields))  # type: ignore[method-assign]
+        _not_run(q, batch, [10, 20], output)
+    assert sorted((line, outcome) for line, outcome, _ in rows) == [(10, "ok"), (20, "not_run")]
+    assert [fields["result"] for line, _, fields in rows if line == 10] == [7]

@@ -234,12 +234,39 @@ def written_lines(path: str) -> Iterator[tuple[int, str]]:
     (no newline) is left out, and left in the file (``cut_short_line`` cuts it off once
     the rows are found to be the batch's: a file refused is left as it was)."""
     whole = _whole_lines(path)
-    for n, row in enumerate(whole.splitlines(), 1):
+    rows = whole.splitlines()
+    for n, row in enumerate(rows, 1):
         try:
             record = json.loads(row)
             yield int(record["line"]), str(record["outcome"])
         except (ValueError, KeyError, TypeError, RecursionError):
             raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
+    if not _cut_short_row(_last_line_cut_short(path, len(whole))):
+        # a file of another program (its one line without a newline, as json.dump writes
+        # it) would otherwise pass for a crash's remains and be emptied
+        raise ConfigError(f"{path} line {len(rows) + 1} is not a line sandboxq run wrote")
+
+
+#: How every row Output writes begins: a line a crash cut short begins so too, or is a
+#: start of it.
+_ROW_START = b'{"line": '
+
+
+def _cut_short_row(tail: bytes) -> bool:
+    """Whether ``tail`` (what follows an output's last newline) can be a row cut short."""
+    return tail.startswith(_ROW_START) or _ROW_START.startswith(tail)
+
+
+def _last_line_cut_short(path: str, whole: int) -> bytes:
+    """What follows the first ``whole`` bytes of ``path`` (its last newline)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(whole)
+            return f.read()
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def cut_short_line(path: str) -> None:

@@ -360,12 +360,18 @@ def _stream(
 
 
 def _not_run(queue: Queue, batch: Batch[Job], lines: list[int], output: Output) -> None:
-    """What the stream did not deliver (a second Ctrl-C): written as not run."""
+    """What the stream did not deliver (a second Ctrl-C stops reading it): a member that
+    finished before the cancel is written as it ended (a user who runs the not_run lines
+    again must not run it twice), the others as not run."""
     todo = [member_id(batch.id, n) for n, line in enumerate(lines) if line not in output.written]
     for start in range(0, len(todo), RESULTS_CHUNK):
         chunk = todo[start : start + RESULTS_CHUNK]
-        for job_id, (info, _data) in zip(chunk, queue.backend.get_many(chunk), strict=True):
-            output.stopped(lines[_index(job_id)], info)
+        for job_id, (info, data) in zip(chunk, queue.backend.get_many(chunk), strict=True):
+            line = lines[_index(job_id)]
+            if info is not None and info.state.finished and info.state is not JobState.CANCELLED:
+                output.finished(line, info, data)
+            else:
+                output.stopped(line, info)
 
 
 def _index(job_id: str) -> int:
