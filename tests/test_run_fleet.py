@@ -531,3 +531,29 @@ def test_a_member_that_finished_before_a_second_ctrl_c_is_written_as_it_ended(
         _not_run(q, batch, [10, 20], output)
     assert sorted((line, outcome) for line, outcome, _ in rows) == [(10, "ok"), (20, "not_run")]
     assert [fields["result"] for line, _, fields in rows if line == 10] == [7]
+
+
+@pytest.mark.timeout(120)
+def test_a_ctrl_c_while_the_lines_are_sent_leaves_none_of_them_to_run(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """A Ctrl-C that landed while the batch was being sent ended the run at once
+    ("interrupted"), with the lines sent so far waiting in the queue for any worker."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n' * 20_000)
+    out, err = tmp_path / "out.jsonl", tmp_path / "err"
+    proc = start(H + "echo", str(source), "--url", redis_url, "--queue", queue_name,
+                 "--output", str(out), stderr=err)  # fmt: skip
+    try:
+        wait_for(lambda: "line(s) to queue" in err.read_text(), 60, "the send to begin")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(90) == 130, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "line(s) sent to queue" in err.read_text(), "the Ctrl-C came after the send"
+    with Queue(queue_name, redis_url) as q:
+        progress = q.get_batch(batch_id_in(err)).progress()
+        assert progress.cancelled == progress.enqueued == 20_000, progress
+    assert {row["outcome"] for row in lines_of(out)} == {"not_run"}

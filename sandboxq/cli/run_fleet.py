@@ -26,7 +26,9 @@ Ctrl-C, as in the local mode, cancels what has not started (``Batch.cancel(runni
 those members never run) and lets the running ones finish (Redis knows a member claimed,
 not started: one a worker prefetched counts as running), writes what was cancelled as
 ``not_run`` once the cancellations are final, and exits 130; a second Ctrl-C cancels the
-running ones too (the fenced hand-over) and stops at once.
+running ones too (the fenced hand-over) and stops at once. A Ctrl-C while the lines are
+being sent is acted on the same way once they are all in the queue (a send cut short would
+leave its part waiting for any worker, with no one to write it).
 
 ``--resume BATCH_ID --output OUT`` re-attaches from any process: the line number of each
 member comes from the batch's label, and what is written already from OUT itself: every
@@ -45,7 +47,8 @@ import signal
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -121,13 +124,15 @@ def run(args: argparse.Namespace) -> int:
     # Before anything is sent: a worker here that fails to start once the lines are in the
     # queue leaves them waiting there, with the run gone (exit 2) and nothing to write them.
     here = checked_worker_settings(args, args.queue, url) if concurrency else None
+    stop = StopRequests()
     with Queue(args.queue, url) as queue, ExitStack() as stack:
         if args.resume:
             batch, lines, malformed = _reattach(queue, args.resume)
             # ours before its lines are read: no other run writes it meanwhile
             appended = stack.enter_context(open_output(args.output, append=True))
             source = f"batch {batch.id}"
-            return _follow(queue, batch, lines, malformed, source, here, appended, args)
+            stack.enter_context(_signals_to(stop))
+            return _follow(queue, batch, lines, malformed, source, here, appended, args, stop)
         outgoing = _prepare(maker, args)
         if here is None:
             print(
@@ -140,11 +145,26 @@ def run(args: argparse.Namespace) -> int:
         # leaves no lines in the queue behind it, waiting for a run that is gone. Emptied
         # once the batch went: a send refused (Redis unreachable) leaves it as it was.
         file = stack.enter_context(open_output(args.output, append=True)) if args.output else None
+        # From the first line sent, a Ctrl-C is the follower's (it cancels what has not
+        # run): one that ended the send part-way left its lines waiting for any worker.
+        stack.enter_context(_signals_to(stop))
         batch = _send(queue, outgoing, url)
         if file is not None:
             empty_output(file.fileno())
         lines, malformed = outgoing.lines, outgoing.malformed
-        return _follow(queue, batch, lines, malformed, args.input, here, file, args)
+        return _follow(queue, batch, lines, malformed, args.input, here, file, args, stop)
+
+
+@contextmanager
+def _signals_to(stop: StopRequests) -> Iterator[None]:
+    """SIGINT and SIGTERM counted by ``stop`` while the block runs (a request the send
+    gets is acted on by the follower, once the lines are all in the queue)."""
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _pool_only_flags(args: argparse.Namespace) -> list[str]:
@@ -258,9 +278,9 @@ def _follow(
     here: WorkerSettings | None,
     file: IO[str] | None,
     args: argparse.Namespace,
+    stop: StopRequests,
 ) -> int:
     tally = Tally()
-    stop = StopRequests()
     with ExitStack() as stack:
         done = list(written_lines(args.output)) if args.resume else []
         if why := foreign_row(done, lines, malformed, source):
@@ -285,8 +305,6 @@ def _follow(
                 "run once one does (--concurrency N runs N children here)[/]",
                 markup=True,
             )
-        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-        stack.callback(lambda: [signal.signal(s, h) for s, h in previous.items()])
         worker = _local_worker(here) if here is not None and left else None
         try:
             if left:
