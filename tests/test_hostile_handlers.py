@@ -204,8 +204,14 @@ def test_the_count_of_deaths_outlives_the_worker_that_saw_them(
         assert failed.value.outcome == "poison"
         info = poison.info()
         assert info.infra_deaths == 3
-        by = {h.worker_id for h in info.history if h.outcome is not Outcome.INTERRUPTED}
+        # The first worker's attempts ended interrupted, or, when its stop-now passed its
+        # 0.6 s bound while its pool restarted the fork server (a loaded machine), with
+        # the job left to its lease: lease_lost, a death counted too. Deciding is the
+        # second's alone.
+        left = (Outcome.INTERRUPTED, Outcome.LEASE_LOST)
+        by = {h.worker_id for h in info.history if h.outcome not in left}
         assert by == {second.id}
+        assert info.history[-1].worker_id == second.id
         seen = {h.worker_id for h in info.history}
         assert first.id in seen and second.id in seen
     finally:
