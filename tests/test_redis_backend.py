@@ -774,7 +774,11 @@ def test_retry_failed_purge_and_workers(backend: RedisBackend, raw: redis.Redis)
     backend.register_worker("w1", {"pid": 1}, ttl_s=30)
     backend.register_worker("w2", {"pid": 2}, ttl_s=0.05)
     time.sleep(0.1)  # the subject: w2's registration expires on the server's clock
-    assert backend.workers() == [{"pid": 1, "worker_id": "w1"}]
+    [registered] = backend.workers()
+    assert {k: registered[k] for k in ("pid", "worker_id", "ttl_ms")} == {
+        "pid": 1, "worker_id": "w1", "ttl_ms": 30_000,
+    }  # fmt: skip
+    assert 0 <= registered["age_ms"] < 5_000  # by the server's clock: its time to live left
     backend.unregister_worker("w1")
     assert backend.workers() == []
 

@@ -96,6 +96,7 @@ READ_COMMANDS = (
     "xrevrange",
     "smembers",
     "sscan",
+    "pttl",  # a worker record's age by the server's clock
     "mget",
     "strlen",
     "select",

@@ -362,11 +362,11 @@ class RedisBackend(Reads, Batches, Backend):
             # at most WORKERS_READ_CAP: a registry padded by hand must not stall a page
             _, members = main.sscan(self.keys.workers, 0, count=WORKERS_READ_CAP)
             ids = sorted({records.text(w) for w in members})[:WORKERS_READ_CAP]
+            values = main.mget([self.keys.worker(w) for w in ids]) if ids else []
             pipe = main.pipeline(transaction=False)
-            pipe.mget([self.keys.worker(w) for w in ids])
             for w in ids:  # each record's age, by the server's clock: its time to live left
                 pipe.pttl(self.keys.worker(w))
-            values, *ttls_left = pipe.execute() if ids else ([],)
+            ttls_left = pipe.execute() if ids else []
             gone = [w for w, value in zip(ids, values, strict=True) if value is None]
         if gone:  # their TTL ran out: forget them (a read-only ACL user may not: fine)
             try:
