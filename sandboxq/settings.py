@@ -93,7 +93,7 @@ def build(model: type[M], **values: Any) -> M:
     try:
         return model(**values)
     except ValidationError as exc:
-        raise _invalid(model, exc) from None
+        raise invalid(model, exc) from None
 
 
 def from_call(model: type[M], arguments: Mapping[str, Any]) -> M:
@@ -108,12 +108,14 @@ def from_call(model: type[M], arguments: Mapping[str, Any]) -> M:
 _SHOWS_ITS_INPUT = frozenset({"value_error", "assertion_error", "missing", "extra_forbidden"})
 
 
-def _invalid(
+def invalid(
     model: type[BaseModel], exc: ValidationError, names: Mapping[str, str] | None = None
 ) -> ConfigError:
     """One line listing every problem, each with the value given (a flag's value is known
-    here only); ``names`` renames a setting where a user knows it by another name (the
-    environment variable it came from, shown with its value)."""
+    here only), and no link to pydantic's pages: what every reader of settings and options
+    shows (a stored job's options too, read back). ``names`` renames a setting where a
+    user knows it by another name (the environment variable it came from, shown with its
+    value)."""
     names = names or {}
     problems = []
     for e in exc.errors():
@@ -172,7 +174,7 @@ def from_env(
     try:
         return model(**{k: _seconds(v) for k, v in merged.items()})
     except ValidationError as exc:
-        error = _invalid(model, exc, names)
+        error = invalid(model, exc, names)
         if names and any(not e["loc"] for e in exc.errors()):  # a cross-field check
             error = ConfigError(f"{error} (from the environment: {', '.join(names.values())})")
         raise error from None

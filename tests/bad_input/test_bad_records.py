@@ -167,6 +167,33 @@ def test_a_corrupt_waiting_job_fails_alone_and_the_worker_goes_on(
     assert rqueue.counts()[JobState.ACTIVE] == 0, what  # nothing left behind
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("opts", "said"),
+    [
+        ('{"hard_timeout_s": "soon"}', "hard_timeout_s: Value error, expected a number"),
+        ('{"retries": -1}', "retries: Input should be greater than or equal to 0 (got -1)"),
+        ('{"soft_timeout_s": 5, "hard_timeout_s": 1}', "must be less than hard_timeout_s"),
+    ],
+)
+def test_options_that_do_not_validate_fail_their_job_naming_the_option_in_one_line(
+    raw: redis.Redis, rqueue: Queue, worker: SandboxWorker, opts: str, said: str
+) -> None:
+    victim = rqueue.options(delay_s=3600).enqueue("victim")
+    keys = QueueKeys(rqueue.name)
+    with raw.pipeline(transaction=True) as pipe:
+        pipe.zrem(keys.delayed, victim.id)
+        pipe.hset(keys.job(victim.id), mapping={"state": "waiting", "opts": opts})
+        pipe.zadd(keys.waiting, {victim.id: 0})
+        pipe.lpush(keys.wake, "1")
+        pipe.execute()
+    state, cause = settle(victim)
+    assert state is JobState.FAILED and cause is not None
+    assert "the opts field does not validate: invalid JobOptions: " in cause, cause
+    assert said in cause, cause
+    assert "pydantic" not in cause and "\n" not in cause, cause
+
+
 # -- a running job ---------------------------------------------------------------------------
 
 RUNNING_CORRUPTIONS: list[tuple[str, Corrupt, str | None]] = [

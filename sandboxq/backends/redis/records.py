@@ -19,6 +19,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
 from sandboxq.backends import rules
 from sandboxq.backends.base import Claimed, Event
 from sandboxq.backends.redis.keys import QueueKeys
@@ -34,6 +36,7 @@ from sandboxq.models import (
     RunningAttempt,
     parse_job_options,
 )
+from sandboxq.settings import invalid
 
 T = TypeVar("T")
 
@@ -134,7 +137,10 @@ def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, 
         problem: str | None = None
         try:
             options = parse_job_options(opts.decode("utf-8"))
-        except ValueError as exc:
+        except ValidationError as exc:
+            options = JobOptions()
+            problem = f"the opts field does not validate: {brief(invalid(JobOptions, exc))}"
+        except ValueError as exc:  # not UTF-8
             options = JobOptions()
             problem = f"the opts field does not validate: {brief(exc)}"
         if len(payload) > MAX_PAYLOAD_BYTES:  # never handed to a child to decode
