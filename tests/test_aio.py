@@ -313,3 +313,37 @@ def test_the_async_redis_backend_reads_and_waits_as_the_sync_one(
     started = time.monotonic()
     assert run(answers()) == expected
     assert time.monotonic() - started < 2.0  # a job that does not exist is said so at once
+
+
+@pytest.mark.timeout(60)
+def test_a_long_round_trip_that_keeps_flowing_is_not_taken_for_an_unreachable_redis(
+    redis_url: str, raw: Any, queue_name: str
+) -> None:
+    """The async lane's timeout covered a whole round trip: 200 waiters' reads in one trip,
+    parsed while other threads held the GIL, took longer than it and failed as "Redis is
+    unreachable" while every reply was arriving. Here a slow link (256 KB/s) carries 1 MB
+    of results in 4 s, a piece every 64 ms, against a 1 s timeout."""
+    from sandboxq.backends.redis.aio import AsyncRedisBackend
+    from sandboxq.backends.redis.keys import QueueKeys
+    from tests.support.proxy import TcpProxy
+
+    keys = QueueKeys(queue_name)
+    ids = [f"big-{n}" for n in range(16)]
+    for job_id in ids:  # completed jobs of 64 KB results, as a worker leaves them
+        raw.hset(keys.job(job_id), mapping={"state": "completed", "codec": "json",
+                                             "result": '"' + "x" * 65536 + '"'})  # fmt: skip
+    port = raw.connection_pool.connection_kwargs["port"]
+
+    async def read_all(url: str) -> list[bytes | None]:
+        backend = AsyncRedisBackend(url, queue_name, socket_timeout_s=1.0)
+        try:
+            return await asyncio.gather(*(backend.get_result(i) for i in ids))
+        finally:
+            await backend.close()
+
+    with TcpProxy("127.0.0.1", port, rate_bytes_s=256 * 1024) as proxy:
+        started = time.monotonic()
+        results = run(read_all(proxy.url))
+        took = time.monotonic() - started
+    assert [len(r or b"") for r in results] == [65538] * 16
+    assert took > 2.0, f"{took:.1f} s: the link was not slow, the test proved nothing"

@@ -4,8 +4,9 @@
            ◄──────────────────────────── the same, in the other direction ◄───────────────
 
 Point a worker at ``proxy.url`` instead of Redis and its renewals arrive late (``delay_s``),
-not at all until ``resume()`` (``stall()``: a partition that heals, with every byte then
-delivered in order, late), or never (``cut()``: every open connection is dropped).
+slowly (``rate_bytes_s``: a slow link), not at all until ``resume()`` (``stall()``: a
+partition that heals, with every byte then delivered in order, late), or never (``cut()``:
+every open connection is dropped).
 Bytes keep their order per direction. The proxy runs an asyncio loop on its own daemon
 thread; every control method is safe from any thread.
 """
@@ -17,14 +18,27 @@ import contextlib
 import threading
 from typing import Any
 
+#: The pieces a slow link (``rate_bytes_s``) carries one after another.
+RATE_PIECE = 16384
+
 
 class TcpProxy:
     """Forwards ``127.0.0.1:port`` to ``target_host:target_port``; ``start()`` or ``with``."""
 
-    def __init__(self, target_host: str, target_port: int, *, delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        *,
+        delay_s: float = 0.0,
+        rate_bytes_s: float | None = None,
+    ) -> None:
         self.target = (target_host, target_port)
         #: Added to every chunk, each direction; may be changed at any time.
         self.delay_s = delay_s
+        #: A slow link: each direction carries at most this many bytes a second, in pieces
+        #: of RATE_PIECE bytes (None: as fast as loopback).
+        self.rate_bytes_s = rate_bytes_s
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._flowing = asyncio.Event()
@@ -111,9 +125,18 @@ class TcpProxy:
         held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def receive() -> None:
+            free_at = 0.0  # a slow link: when it has carried what it holds
             try:
                 while chunk := await reader.read(65536):
-                    held.put_nowait((self._loop.time() + self.delay_s, chunk))
+                    rate = self.rate_bytes_s
+                    if rate is None:
+                        held.put_nowait((self._loop.time() + self.delay_s, chunk))
+                        continue
+                    for at in range(0, len(chunk), RATE_PIECE):
+                        piece = chunk[at : at + RATE_PIECE]
+                        free_at = max(free_at, self._loop.time() + self.delay_s)
+                        free_at += len(piece) / rate
+                        held.put_nowait((free_at, piece))
             except (ConnectionError, OSError):
                 pass
             finally:  # end of stream, reset or cancel: the copy ends after what it holds

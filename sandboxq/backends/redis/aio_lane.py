@@ -172,13 +172,19 @@ class AsyncLane:
         if self._conn is None:
             self._conn = self._make()
         conn = self._conn
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self._timeout_s):
+            # A deadline that moves on with every write sent and reply read: the server is
+            # silent for timeout_s, as a socket timeout means. A deadline for the whole trip
+            # failed a long read that was flowing (many waiters' replies in one trip, parsed
+            # while other threads held the GIL) as "Redis unreachable".
+            async with asyncio.timeout(self._timeout_s) as deadline:
                 writes = list(_writes(commands))
                 for i, data in enumerate(writes):
                     if i:
                         await asyncio.sleep(0)
                     await conn.send_packed_command(data, check_health=False)
+                    deadline.reschedule(loop.time() + self._timeout_s)
                 replies: list[Any] = []
                 for i in range(len(commands)):
                     if i and i % SLICE == 0:  # replies already buffered are read without a pause
@@ -187,10 +193,11 @@ class AsyncLane:
                         replies.append(await conn.read_response())
                     except ResponseError as exc:
                         replies.append(exc)
+                    deadline.reschedule(loop.time() + self._timeout_s)
         except TimeoutError:
             self._conn = None
             await conn.disconnect()
-            raise RedisTimeoutError(f"no reply within {self._timeout_s:g} s") from None
+            raise RedisTimeoutError(f"no reply for {self._timeout_s:g} s") from None
         except BaseException:
             # failed or cancelled mid-reply: what is left on it is unknown, drop it
             self._conn = None
