@@ -189,7 +189,16 @@ class JobMaker:
 
     def new_jobs(self, calls: Iterable[Call]) -> list[NewJob]:
         """``enqueue_many``'s jobs: ``calls`` are ``(args, kwargs)`` pairs."""
-        return self.check_batch([self.new_job(*call_pair(n, call)) for n, call in enumerate(calls)])
+        return self.check_batch([self._numbered(n, call) for n, call in enumerate(calls)])
+
+    def _numbered(self, n: int, call: Any, what: str = "enqueue_many") -> NewJob:
+        """Call ``n`` of many as a job: a call that does not encode is named by its number
+        (one bad call among thousands)."""
+        args, kwargs = call_pair(n, call, what)
+        try:
+            return self.new_job(args, kwargs)
+        except SerializationError as exc:
+            raise SerializationError(f"{what}: call #{n}: {exc}") from None
 
     def batch_jobs(self, batch_id: str, calls: Iterable[Call]) -> list[NewJob]:
         """A batch's jobs, each with its member id: ``calls`` are ``(args, kwargs)`` pairs,
@@ -198,7 +207,7 @@ class JobMaker:
 
     def batch_job(self, batch_id: str, n: int, call: Any) -> NewJob:
         """Member ``n`` of batch ``batch_id``: the call checked and encoded, its id set."""
-        job = self.new_job(*call_pair(n, call, "batch"))
+        job = self._numbered(n, call, "batch")
         job.job_id = member_id(batch_id, n)
         return job
 

@@ -112,8 +112,10 @@ def test_bad_input_is_refused_whole(
         q.batch([([1], {})], then="no way")
     with pytest.raises(SerializationError, match="batch: call #1"):
         q.batch([([1], {}), "not a call"])  # type: ignore[list-item]
-    with pytest.raises(SerializationError):
-        q.batch([([1], {}), ([object()], {})])
+    with pytest.raises(SerializationError, match=r"batch: call #2: .*args\[0\] is a set"):
+        q.batch([([1], {}), ([2], {}), ([{3}], {})])  # among thousands: which one it was
+    with pytest.raises(SerializationError, match="enqueue_many: call #1: "):
+        q.enqueue_many([([1], {}), ([object()], {})])
     with pytest.raises(ConfigError, match="job_id"):
         q.options(job_id="x").batch([([1], {})])
     started = time.monotonic()
