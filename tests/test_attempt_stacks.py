@@ -172,6 +172,21 @@ def test_the_stack_at_the_soft_signal_when_the_handler_returns_after_it() -> Non
 
 
 @pytest.mark.timeout(30)
+def test_a_raise_at_the_soft_signal_keeps_every_threads_stack_beside_its_traceback() -> None:
+    """The README promises, at the soft signal, the stack of every thread of the child; a
+    handler that raised SoftTimeout kept its raise's traceback alone, and a thread that
+    did the waiting was nowhere."""
+    with Pool(W + "spin_beside_a_waiting_thread", 1, soft_timeout_s=0.3, hard_timeout_s=5,
+              containment=TREE) as pool:  # fmt: skip
+        result = attempt(pool)
+    assert result.outcome is Outcome.SOFT_TIMEOUT, result.cause
+    tb = result.traceback or ""
+    assert "SoftTimeout" in tb and "in spin_in_pure_python" in tb, tb  # the raise
+    assert "in wait_in_a_side_thread" in tb, tb  # and every thread, as it was
+    assert len(tb.encode()) <= MAX_TRACEBACK_BYTES
+
+
+@pytest.mark.timeout(30)
 def test_the_soft_stack_stays_when_the_hard_dump_is_blocked() -> None:
     with Pool(
         W + "swallow_soft_timeout_then",

@@ -142,7 +142,7 @@ class Child:
         if self.group is None:  # a cgroup mode's sweep found them in the group already
             server.sweep_escaped()  # out of the child's tree, before the outcome is told
         # Where it was when asked (at the soft signal, or it ended in the moment between
-        # the request before the hard kill and the kill); a raise's traceback says it better.
+        # the request before the hard kill and the kill): every thread, as it was.
         asked = run.soft_sent or run.hard_stack_asked
         stack = self.asked_stack() if asked else None
         out = self.output.take(run.task_id) if self.output is not None else None
@@ -169,8 +169,13 @@ class Child:
             run.settle(outcome, self.pid, now, at_ms, **done, **told)
         else:
             outcome = run.soft_outcome if run.soft_sent else Outcome.ERROR
-            # Bounded by the child already; again here, as a handler may send its own.
-            tb = bounded_traceback(msg.error.traceback)
+            # Bounded by the child already; again here, as a handler may send its own. A
+            # raise after the soft signal keeps every thread's stack at the signal too (a
+            # thread that did the waiting is not in the raise's traceback), after it: with
+            # a dump in it, the cut keeps the beginning (text.bounded_traceback).
+            dumped = (stack or run.soft_stack) if run.soft_sent else None
+            both = f"{msg.error.traceback}\n{dumped}" if dumped else msg.error.traceback
+            tb = bounded_traceback(both)
             why = soft_cause(run) if run.soft_sent else None
             run.settle(
                 outcome, self.pid, now, at_ms, error=msg.error, traceback=tb, detail=why, **told

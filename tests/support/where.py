@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 
 
@@ -38,6 +39,17 @@ def _deeper() -> None:
 def spin_in_pure_python() -> None:
     while True:
         pass
+
+
+def spin_beside_a_waiting_thread() -> None:
+    """A handler whose work waits in a thread of its own (a download, a pool's worker)
+    while it spins: at its soft signal it raises SoftTimeout out of the spin."""
+    threading.Thread(target=wait_in_a_side_thread, daemon=True).start()
+    spin_in_pure_python()
+
+
+def wait_in_a_side_thread() -> None:
+    threading.Event().wait()
 
 
 def regex_with_the_gil() -> bool:
