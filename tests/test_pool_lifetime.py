@@ -97,6 +97,43 @@ def test_fork_server_outlives_the_thread_that_started_it() -> None:
     assert out.stdout.strip() == b"ok"
 
 
+FORKED = textwrap.dedent(
+    """
+    import os, sys
+    from sandboxq import Pool
+    pool = Pool("sandboxq.testing.handlers:echo", size=1)
+    assert pool.submit(1).result(timeout=10) == 1
+    pid = os.fork()
+    if pid == 0:   # a forked copy: its pool's supervisor thread and children are the parent's
+        try:
+            pool.submit(2).result(timeout=5)
+            print("used", flush=True)
+        except RuntimeError as exc:
+            print("refused:", exc, flush=True)
+        sys.exit(0)   # a normal exit: atexit hooks run, and must not touch the parent's pool
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+    print("parent", pool.submit(3).result(timeout=10), flush=True)
+    pool.shutdown()
+    """
+)
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_copy_of_a_pool_refuses_work_and_leaves_the_parents_pool_alone() -> None:
+    """A process forked from one that holds a pool (os.fork, a preloading server) used
+    it and hung until its timeout; at its exit, multiprocess's exit hook tried to join
+    the parent's children and printed a traceback."""
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED], capture_output=True, timeout=25, check=False, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("refused: this pool belongs to process"), out.stdout
+    assert lines[1:] == ["child exit 0", "parent 3"], out.stdout
+    assert "Traceback" not in out.stderr, out.stderr
+
+
 PRELOAD = textwrap.dedent(
     """
     import os, sys

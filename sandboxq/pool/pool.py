@@ -12,6 +12,7 @@ reports each attempt's ``AttemptResult`` on the supervisor thread.
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -19,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 import multiprocess
+from multiprocess import process
 
 from sandboxq import codec
 from sandboxq.errors import PoolBroken, SerializationError
@@ -279,7 +281,10 @@ class Pool:
         return self._supervisor.running_pids()
 
     def shutdown(self, wait: bool = True, *, cancel: bool = False) -> None:
-        """Stop the pool. ``cancel`` ends queued and running attempts as ``interrupted``."""
+        """Stop the pool. ``cancel`` ends queued and running attempts as ``interrupted``.
+        In a process forked from the pool's, nothing: the pool is the parent's."""
+        if self._supervisor.forked_from is not None:
+            return
         self._supervisor.close(cancel=cancel)
         if wait:
             self._supervisor.join()
@@ -321,6 +326,21 @@ def _settle(future: Future[Any], attempt: AttemptResult) -> None:
         future.set_result(value)
     except InvalidStateError:  # the caller cancelled the future: nobody wants the outcome
         pass
+
+
+def _forked_copies() -> None:
+    """In a process forked from one that holds pools (``os.fork``, a preloading server):
+    each is the parent's. It refuses work (its supervisor thread did not come along, so a
+    submit waited forever), and nothing here stops it or joins the parent's children
+    (multiprocess's own exit hook failed on them: "can only join a child process")."""
+    parent = os.getppid()
+    for pool in list(_live_pools):
+        pool._supervisor.forked_from = parent
+    _live_pools.clear()
+    process._children.clear()  # none of them is this process's child
+
+
+os.register_at_fork(after_in_child=_forked_copies)
 
 
 @atexit.register

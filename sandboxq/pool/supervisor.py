@@ -130,6 +130,9 @@ class Supervisor:
         # replacements.
         self._guard = Guard(capacity=4 * size + 8, pool_dirs=self._contain.pool_dirs)
         self._closing = False
+        #: In a process forked from the pool's own (pool.py's fork hook), that process's
+        #: pid: the copy refuses work and leaves the children alone.
+        self.forked_from: int | None = None
         self._start_failures = 0
         #: Children started, replacements included (the worker's pool restarts metric).
         self.spawned = 0
@@ -162,6 +165,11 @@ class Supervisor:
         ``task_id`` if given (``new_task_id``), else a new one."""
         if self.broken is not None:
             raise self.broken
+        if self.forked_from is not None:
+            raise RuntimeError(
+                f"this pool belongs to process {self.forked_from}: a process forked from it "
+                "has neither its supervisor thread nor its children; make a Pool here"
+            )
         if self._closing:
             raise RuntimeError("cannot submit to a pool that is shutting down")
         if task_id is None:
