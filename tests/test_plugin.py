@@ -349,7 +349,7 @@ def test_hangs(sandboxq_redis_url):
     time.sleep(600)
 """
     )
-    result = run(pytester, "-p", "timeout", "--timeout=3", "--timeout-method=thread")
+    result = run(pytester, "-p", "timeout", "--timeout=1", "--timeout-method=thread")
     assert "Timeout" in result.stdout.str() + result.stderr.str()
     server = int(pid_file.read_text())
     wait_for(lambda: ended(server), 10, "the session's redis-server to end with its run")
