@@ -138,7 +138,9 @@ end
 -- script's error undoes none of them): a claim that popped a job from waiting and then
 -- met an active set turned into a string left that job in no set, never to be found again.
 -- The error names no key; the client names it (connection.py: _wrong_types, by TYPE).
--- Five calls, about 2 us of server CPU: the sorted sets are checked together by one
+-- Five calls, 5.1 us of server time a call (INFO commandstats, 5 rounds of 20,000 EVALSHA
+-- with and without it, medians 6.8 and 1.7 us; a no-op job's life is two or three calls,
+-- about 110 us): the sorted sets are checked together by one
 -- ZINTER that includes GUARD, a key never written, so the intersection is known empty
 -- before any member is compared. ZINTER takes a plain set too: a set put in place of a
 -- sorted set by hand gets past this check.
