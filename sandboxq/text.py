@@ -121,7 +121,7 @@ def bounded_traceback(text: str, max_bytes: int = MAX_TRACEBACK_BYTES) -> str:
 def storable(text: str) -> str:
     """``text`` with each lone surrogate written as its escape (``\\udcff``): UTF-8, which
     Redis, JSON and an attempt's record need, cannot carry one, and ``os.fsdecode`` makes
-    one of every byte of a file name that is not UTF-8. 0.1 us when there is none."""
+    one of every byte of a file name that is not UTF-8. One encode when there is none."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
