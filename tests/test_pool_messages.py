@@ -45,7 +45,9 @@ def test_undecodable_progress_message_fails_that_attempt_only() -> None:
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("kind", ["bytes", "huge", "crafted", "peak"])
+@pytest.mark.parametrize(
+    "kind", ["bytes", "huge", "crafted", "peak", "error-surrogate", "progress-surrogate"]
+)
 def test_garbage_on_the_channel_fails_that_attempt_only(kind: str, tmp_path: Path) -> None:
     marker = tmp_path / "crafted"
     with Pool(H + "channel_garbage", size=1) as pool:

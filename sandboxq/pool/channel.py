@@ -43,12 +43,25 @@ class _MessageUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"{module}.{name} is not a message a child may send")
 
 
+def _text(value: Any) -> bool:
+    """A str UTF-8 can carry: one with a lone surrogate could not be stored (Redis keeps
+    UTF-8), and the worker died writing it. The child's own sends are made storable
+    (``text.storable``); a handler that writes to the channel itself is refused here."""
+    if type(value) is not str:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _remote_error(e: Any) -> bool:
     return (
         type(e) is messages.RemoteError
-        and type(e.type_name) is str
-        and type(e.message) is str
-        and type(e.traceback) is str
+        and _text(e.type_name)
+        and _text(e.message)
+        and _text(e.traceback)
         and (e.pickled is None or type(e.pickled) is bytes)
     )
 
@@ -69,7 +82,7 @@ _WELL_FORMED = {
     messages.Progress: lambda m: (
         type(m.task_id) is int
         and type(m.fraction) is float
-        and (m.message is None or type(m.message) is str)
+        and (m.message is None or _text(m.message))
     ),
     messages.Ready: lambda m: type(m.pid) is int,
 }

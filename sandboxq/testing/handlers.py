@@ -435,18 +435,27 @@ def channel_garbage(kind: str = "bytes", path: str = "/nonexistent/sandboxq-craf
     """Writes straight to the child's channel, then hangs: ``bytes`` a frame that is not a
     pickle, ``huge`` a header announcing a 4 GB frame, ``crafted`` a pickle that would
     call ``os.mkdir(path)`` in the parent if it were unpickled there, ``peak`` this
-    attempt's ``Finished`` with a peak memory that is not a number of bytes. Each: error,
-    and the child is replaced."""
+    attempt's ``Finished`` with a peak memory that is not a number of bytes,
+    ``error-surrogate`` and ``progress-surrogate`` its ``Failed`` or a ``Progress`` with a
+    lone surrogate in their text (UTF-8, so Redis, cannot carry it). Each: error, and the
+    child is replaced."""
     import pickle
     import struct
 
     from sandboxq.pool.child import current_job
-    from sandboxq.pool.messages import Finished
+    from sandboxq.pool.messages import Failed, Finished, Progress, RemoteError
 
     job = current_job()
     sock = job._conn.sock
     if kind == "peak":
         body = pickle.dumps(Finished(job.task_id, b"null", "1 GB"))  # type: ignore[arg-type]
+        frame = struct.pack("!I", len(body)) + body
+    elif kind == "error-surrogate":
+        error = RemoteError("builtins.ValueError", "bad \udcff", "Traceback \udcff\n", None)
+        body = pickle.dumps(Failed(job.task_id, error))
+        frame = struct.pack("!I", len(body)) + body
+    elif kind == "progress-surrogate":
+        body = pickle.dumps(Progress(job.task_id, 0.5, "at \udcff"))
         frame = struct.pack("!I", len(body)) + body
     elif kind == "huge":
         frame = struct.pack("!I", 0xFFFFFFFF) + b"x" * 64
