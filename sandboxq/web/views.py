@@ -5,9 +5,6 @@ bounded number of records, whatever the queue's size):
     queue     one job_page (one round trip) per view; search = one job_detail
     job       one job_detail: record, payloads, progress, attempt history (job_view.py)
     workers   the worker registry of each queue
-
-Arguments and results are decoded for display only when they are JSON; a pickle payload
-is never unpickled here (unpickling what a shared Redis holds runs its code).
 """
 
 from __future__ import annotations
