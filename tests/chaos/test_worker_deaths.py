@@ -109,7 +109,7 @@ def test_a_worker_parent_stopped_alone_cannot_let_its_children_outlive_their_lea
     same time. When the parent resumes, the worker goes back to work."""
     fleet = scene.fleet("--concurrency", "2", "--lease-s", str(LEASE_S))
     stopped, _other = fleet.start(2, children=2)
-    producer = scene.producer(12, batch=12, seconds=lambda rng: rng.uniform(2.0, 3.0))
+    producer = scene.producer(8, batch=8, seconds=lambda rng: rng.uniform(2.0, 3.0))
     wait_for(
         lambda: len(unfinished(scene.ledger, set(stopped.family()))) == 2,
         20,
