@@ -173,3 +173,83 @@ def test_processor_module_is_imported_once_in_the_fork_server(tmp_path: Path) ->
     importers = imports.read_text().split()
     # Once in the parent (the pool checks the processor at start), once in the fork server.
     assert len(importers) == 2, importers
+
+
+DROPPED = textwrap.dedent(
+    """
+    import gc, json, os, sys, threading
+    import psutil
+    from sandboxq import Pool
+    from sandboxq.testing.waiting import wait_for
+    H = "sandboxq.testing.handlers:"
+    me = psutil.Process()
+
+    def pools_child(process):
+        # the fork server is the process's, shared by every pool: not the pool's to stop
+        try:
+            return "forkserver" not in " ".join(process.cmdline())
+        except (psutil.Error, OSError):  # gone while we looked
+            return False
+
+    def counts():
+        gc.collect()  # a stopped supervisor's maps go with it, and it is in cycles
+        return {
+            "children": len([c for c in me.children() if pools_child(c)]),
+            "threads": threading.active_count(),
+            "fds": me.num_fds(),
+        }
+
+    with Pool(H + "echo", size=1) as warm:  # the fork server and the imports, once
+        assert warm.submit(0).result(timeout=20) == 0
+    before = counts()
+    for i in range(int(sys.argv[1])):
+        pool = Pool(H + "echo", size=2)
+        assert pool.submit(i).result(timeout=20) == i
+        pool.execute(pool.make_task(i), lambda attempt: None)  # work nobody waits for
+        del pool  # the subject: dropped, never shut down
+    try:
+        wait_for(lambda: counts() == before, 20, "the dropped pools to stop")
+    finally:
+        print(json.dumps({"before": before, "after": counts()}), flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_pool_dropped_without_shutdown_stops_its_children_and_helpers() -> None:
+    """A pool that goes out of scope unclosed (a function that made one and returned, a
+    loop that makes one per file) stops its children, its guard and its thread, and
+    closes its descriptors, as ``ProcessPoolExecutor`` does: no process, thread or
+    descriptor piles up while the program runs on."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", DROPPED, "12"], capture_output=True, text=True, timeout=40
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the program hung at exit: {exc.stdout!r}") from exc
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+
+
+@pytest.mark.timeout(30)
+def test_a_program_that_dropped_a_pool_exits_at_once() -> None:
+    """A pool made in a function that returned its result: the program's exit stops it.
+    It used to hang at exit for good, on children nobody would stop."""
+    script = textwrap.dedent(
+        """
+        from sandboxq import Pool
+        def square(x):
+            pool = Pool("sandboxq.testing.handlers:echo", size=1)
+            print(*pool.pids, flush=True)
+            return pool.submit(x).result(timeout=20) ** 2
+        assert square(3) == 9
+        """
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=15
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError("the program hung at exit") from exc
+    assert out.returncode == 0, out.stderr[-3000:]
+    left = still_running([int(pid) for pid in out.stdout.split()])
+    assert not left, f"the dropped pool's children outlived the program: {left}"

@@ -49,7 +49,9 @@ DEFAULT_MEMORY_CHECK_S = PoolSettings.model_fields["memory_check_interval_s"].de
 #: Imported by the fork server before it forks anything (see forkserver_hooks).
 _FORKSERVER_PRELOAD = ["sandboxq.pool.forkserver_hooks", "sandboxq.pool.child"]
 
-_live_pools: weakref.WeakSet[Pool] = weakref.WeakSet()
+#: Every supervisor whose thread may still run. Its thread holds it while it runs, so a
+#: dropped pool's stays here until the work it was given has ended.
+_supervisors: weakref.WeakSet[Supervisor] = weakref.WeakSet()
 
 
 def _context(start_method: StartMethod, processor: str, preload: bool = True) -> Any:
@@ -165,7 +167,13 @@ class Pool:
             self._containment.close()
             raise
         self._supervisor.start()
-        _live_pools.add(self)
+        _supervisors.add(self._supervisor)
+        # A pool dropped unclosed (made in a function that returned, one per file in a
+        # loop) stops as ProcessPoolExecutor's does: what it was given runs to its end,
+        # then its children and helpers stop. Without this they lived on, and the
+        # program hung at exit on children nobody would ever stop.
+        self._on_drop = weakref.finalize(self, self._supervisor.abandon)
+        self._on_drop.atexit = False  # at exit, _stop_running_pools stops it
 
     @property
     def size(self) -> int:
@@ -289,7 +297,7 @@ class Pool:
         if wait:
             self._supervisor.join()
             self._supervisor.close_wake_pipe()
-        _live_pools.discard(self)
+            self._on_drop.detach()
 
     def __enter__(self) -> Pool:
         return self
@@ -334,9 +342,9 @@ def _forked_copies() -> None:
     submit waited forever), and nothing here stops it or joins the parent's children
     (multiprocess's own exit hook failed on them: "can only join a child process")."""
     parent = os.getppid()
-    for pool in list(_live_pools):
-        pool._supervisor.forked_from = parent
-    _live_pools.clear()
+    for supervisor in list(_supervisors):
+        supervisor.forked_from = parent
+    _supervisors.clear()
     process._children.clear()  # none of them is this process's child
 
 
@@ -344,8 +352,10 @@ os.register_at_fork(after_in_child=_forked_copies)
 
 
 @atexit.register
-def _stop_live_pools() -> None:
+def _stop_running_pools() -> None:
     # Runs before multiprocess's own exit hook, which would otherwise wait forever for
-    # children that are blocked reading their pipes.
-    for pool in list(_live_pools):
-        pool.shutdown(wait=True, cancel=True)
+    # children that are blocked reading their pipes. Dropped pools' too: their
+    # supervisors may still be finishing what they were given.
+    for supervisor in list(_supervisors):
+        supervisor.close(cancel=True)
+        supervisor.join()

@@ -130,6 +130,10 @@ class Supervisor:
         # replacements.
         self._guard = Guard(capacity=4 * size + 8, pool_dirs=self._contain.pool_dirs)
         self._closing = False
+        # A dropped pool's supervisor closes its own wake pipe once its thread ends
+        # (``abandon``); the lock orders that with the thread's end.
+        self._end_lock = threading.Lock()
+        self._abandoned = self._ended = False
         #: In a process forked from the pool's own (pool.py's fork hook), that process's
         #: pid: the copy refuses work and leaves the children alone.
         self.forked_from: int | None = None
@@ -205,6 +209,19 @@ class Supervisor:
     def close_wake_pipe(self) -> None:
         """Close the wake pipe, once the thread has stopped (after ``join``)."""
         self._mail.close()
+
+    def abandon(self) -> None:
+        """The pool was dropped unclosed (its finalizer, on whichever thread let it go):
+        what was submitted runs to its end, then everything stops, and the wake pipe is
+        closed behind it, as nobody is left to send a command. In a forked copy, nothing."""
+        if self.forked_from is not None:
+            return
+        with self._end_lock:
+            self._abandoned = True
+            if self._ended:
+                self._mail.close()
+                return
+        self.close(cancel=False)
 
     @property
     def helper_restarts(self) -> int:
@@ -460,3 +477,7 @@ class Supervisor:
         self._contain.close()
         self._selector.close()
         self._mail.shut()
+        with self._end_lock:
+            self._ended = True
+            if self._abandoned:  # a dropped pool's: nobody is left to close it
+                self._mail.close()
