@@ -28,7 +28,12 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from sandboxq.backends.base import Backend, BatchAction, NewJob
 from sandboxq.backends.rules import MAX_BATCH_MEMBERS, MAX_LABEL_BYTES
-from sandboxq.errors import BackendError, BatchNotFound, ConfigError, SandboxqError
+from sandboxq.errors import (
+    BatchNotFound,
+    ConfigError,
+    DamagedRecord,
+    SandboxqError,
+)
 from sandboxq.finished import check_seconds, finished_value, no_such_job, result_value
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name, member_id
 
@@ -144,7 +149,7 @@ def batch_total(queue: str, batch_id: str, progress: BatchProgress | None) -> in
     if progress is None:
         raise batch_not_found(queue, batch_id)
     if progress.total > MAX_BATCH_MEMBERS:
-        raise BackendError(
+        raise DamagedRecord(
             f"batch {batch_id!r} of queue {queue!r}: its record is damaged (it says "
             f"{progress.total:,} members; a batch has {MAX_BATCH_MEMBERS:,} at most)"
         )

@@ -21,6 +21,8 @@ Python would raise (``current_job().progress(2)``: ValueError; ``Pool.submit`` a
     ├── PoolBroken             the pool cannot serve: children die before they are ready, its
     │                          fork server keeps dying, or its supervisor thread crashed
     └── BackendError           the backend is unreachable or answered something unexpected
+        └── DamagedRecord      the server answered, but a key or record in it is not what
+                               sandboxq writes (changed by hand, forged): only its readers fail
 
     SoftTimeout                raised *inside a handler* at the soft deadline; derives from
                                ``Exception`` (not from SandboxqError) so ``except Exception``
@@ -159,6 +161,12 @@ class PoolBroken(SandboxqError):
 
 class BackendError(SandboxqError):
     """The backend could not be reached or returned something it should not have."""
+
+
+class DamagedRecord(BackendError):
+    """The backend answered, but a key or record in it is not what sandboxq writes (a key
+    of another type, a state no job has: changed by hand, or forged). The server is up:
+    what reads that record fails, naming it, and everything else goes on."""
 
 
 class SoftTimeout(Exception):

@@ -142,6 +142,24 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+#: The largest magnitude of a number in a stored record (a count, a pid, a time in ms):
+#: exact as a float, so no date or duration arithmetic on it overflows. A forged
+#: 4,000-digit "timestamp" is refused where the record is read, as any unparsable field is.
+LARGEST_STORED = 2**53
+
+#: An integer field of a stored record (``LARGEST_STORED`` at most, either way).
+StoredInt = Annotated[int, Field(ge=-LARGEST_STORED, le=LARGEST_STORED)]
+
+
+def stored_int(raw: bytes | str) -> int:
+    """An integer field read from the backend as ``StoredInt`` holds it (``ValueError``
+    otherwise)."""
+    value = int(raw)
+    if abs(value) > LARGEST_STORED:
+        raise ValueError(f"out of range (over {LARGEST_STORED:,} either way)")
+    return value
+
+
 def _positive_within_bounds(name: str, value: float | None) -> float | None:
     """A positive duration (or, for a ``_mb`` name, size), at most what a setting may be."""
     if value is None:
@@ -349,15 +367,15 @@ class AttemptRecord(_Frozen):
     to stdout and stderr during the attempt (``capture_output``).
     """
 
-    attempt: int
+    attempt: StoredInt
     outcome: Outcome
     action: Action | None = None
     worker_id: str | None = None
-    pid: int | None = None
-    exitcode: int | None = None
-    signal: int | None = None
-    started_ms: int | None = None
-    ended_ms: int | None = None
+    pid: StoredInt | None = None
+    exitcode: StoredInt | None = None
+    signal: StoredInt | None = None
+    started_ms: StoredInt | None = None
+    ended_ms: StoredInt | None = None
     error: str | None = None
     traceback: str | None = None
     output: str | None = None
@@ -418,11 +436,11 @@ class RunningAttempt(_Frozen):
     claimed and ``lease_expires_ms`` when its lease runs out unless renewed (both on the
     backend's clock)."""
 
-    attempt: int
+    attempt: StoredInt
     worker_id: str | None = None
-    pid: int | None = None
-    started_ms: int | None = None
-    lease_expires_ms: int | None = None
+    pid: StoredInt | None = None
+    started_ms: StoredInt | None = None
+    lease_expires_ms: StoredInt | None = None
 
 
 class JobInfo(_Frozen):
@@ -435,13 +453,13 @@ class JobInfo(_Frozen):
     queue: str
     state: JobState
     codec: str = "json"
-    attempts: int = 0
-    stalls: int = 0
+    attempts: StoredInt = 0
+    stalls: StoredInt = 0
     #: Deaths of the pool's helpers or of a worker while it ran (``poison`` at the limit).
-    infra_deaths: int = 0
+    infra_deaths: StoredInt = 0
     options: JobOptions = JobOptions()
-    created_ms: int | None = None
-    finished_ms: int | None = None
+    created_ms: StoredInt | None = None
+    finished_ms: StoredInt | None = None
     outcome: Outcome | None = None
     error: str | None = None
     history: list[AttemptRecord] = []

@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandboxq.errors import ConfigError, SandboxqError
+from sandboxq.errors import ConfigError, DamagedRecord, SandboxqError
 from sandboxq.observe.quiet import install as quiet_outage_warnings
 from sandboxq.web import routes
 from sandboxq.web.hosts import HostCheck, allowed_names
@@ -78,9 +78,13 @@ def create_app(
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
         lifespan=_lifespan,
-        # a parameter refused where it entered is 400; any other failure of the
-        # backend (Redis down) is 503 with a banner
-        exception_handlers={ConfigError: routes.bad_request, SandboxqError: routes.unavailable},
+        # a parameter refused where it entered is 400; a damaged record 502 naming it;
+        # any other failure of the backend (Redis down) is 503 with a banner
+        exception_handlers={
+            ConfigError: routes.bad_request,
+            DamagedRecord: routes.damaged,
+            SandboxqError: routes.unavailable,
+        },
     )
     app.state.dashboard = dash
     app.add_middleware(_SecurityHeaders)

@@ -2,13 +2,17 @@
 
     no token (or read_only)  ── every action refused: the dashboard only shows
     Authorization: Bearer T  ── a script's request; T compared in constant time
-    POST /login (form: T)    ── cookie  <sid>.<mac>  HttpOnly, SameSite=Strict, Path=<mount>
+    POST /login (form: T)    ── cookie  <sid>.<issued s>.<mac>  HttpOnly, SameSite=Strict,
+                                Path=<mount>
     POST /action             ── authenticated, same origin (Sec-Fetch-Site, Origin), and with
                                 a cookie session also its CSRF field = HMAC(key, "csrf:" + sid)
+    POST /logout             ── same origin; the session's id is ended here (``ended``)
 
-The cookie never holds the token: it holds a random session id and an HMAC of it keyed by
-the token, so a stolen cookie cannot be turned into the token, and changing the token
-ends every session. Nothing is stored server-side.
+The cookie never holds the token: it holds a random session id, when it was issued, and an
+HMAC of both keyed by the token, so a stolen cookie cannot be turned into the token,
+changing the token ends every session, and a session ends ``SESSION_S`` after its login
+whatever the browser keeps. A logout is kept in memory until that session would have
+ended anyway: a restart of the dashboard forgets logouts, not the expiry.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +65,9 @@ class Auth:
         self._token = (token or "").encode()
         # a key of its own, so no HMAC this module makes is ever a hash of the bare token
         self._key = hashlib.sha256(b"sandboxq-dashboard\0" + self._token).digest()
+        #: Sessions logged out, by id, with when each would have ended anyway.
+        self._ended: dict[str, float] = {}
+        self._ended_lock = threading.Lock()
 
     def _mac(self, purpose: str, sid: str) -> str:
         return hmac.new(self._key, f"{purpose}:{sid}".encode(), hashlib.sha256).hexdigest()
@@ -67,8 +76,17 @@ class Auth:
         return self.enabled and hmac.compare_digest(candidate.encode(), self._token)
 
     def new_cookie(self) -> str:
-        sid = secrets.token_urlsafe(18)
-        return f"{sid}.{self._mac('session', sid)}"
+        sid, issued = secrets.token_urlsafe(18), str(int(time.time()))
+        return f"{sid}.{issued}.{self._mac('session', f'{sid}.{issued}')}"
+
+    def end(self, session: Session | None) -> None:
+        """Log ``session`` out: its cookie is refused from now on, wherever it was copied."""
+        if session is None or session.sid is None:
+            return
+        now = time.time()
+        with self._ended_lock:
+            self._ended = {sid: until for sid, until in self._ended.items() if until > now}
+            self._ended[session.sid] = now + SESSION_S
 
     def csrf(self, session: Session | None) -> str:
         return self._mac("csrf", session.sid) if session and session.sid else ""
@@ -86,10 +104,17 @@ class Auth:
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and self.token_matches(value.strip()):
             return Session("header", None)
-        sid, _, mac = request.cookies.get(COOKIE, "").partition(".")
-        if sid and hmac.compare_digest(mac.encode(), self._mac("session", sid).encode()):
-            return Session("cookie", sid)
-        return None
+        sid, _, rest = request.cookies.get(COOKIE, "").partition(".")
+        issued, _, mac = rest.partition(".")
+        signed = f"{sid}.{issued}"
+        if not (sid and hmac.compare_digest(mac.encode(), self._mac("session", signed).encode())):
+            return None
+        if not issued.isdecimal() or time.time() - int(issued) > SESSION_S:
+            return None  # past its life, however long the browser kept it
+        with self._ended_lock:
+            if sid in self._ended:
+                return None
+        return Session("cookie", sid)
 
     def refuse_post(self, request: Request, session: Session | None, csrf: str) -> str | None:
         """Why this POST is refused (None: allowed). Checks the origin for every POST, and

@@ -273,7 +273,12 @@ async def login(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
-    ctx = _ctx(_dash(request), request)
+    dash = _dash(request)
+    ctx = _ctx(dash, request)
+    if reason := cross_site(request):  # another site's page may not log the operator out
+        log.warning("dashboard logout refused from %s: %s", _client(request), reason)
+        return _message(dash, ctx, "Refused", reason, 403)
+    dash.auth.end(ctx.session)
     response = RedirectResponse(url_(ctx.root, "/"), 303)
     response.delete_cookie(COOKIE, path=(ctx.root or "") + "/")
     return response
@@ -291,8 +296,8 @@ async def action(request: Request) -> Response:
     what, name = data.get("action", ""), data.get("queue", "")
     target = data.get("id") or data.get("state") or ""
     if reason is not None:
-        log.warning(
-            "dashboard %s of %r in queue %r refused from %s: %s",
+        log.warning(  # every field as a repr: a newline in one cannot forge a log line
+            "dashboard %r of %r in queue %r refused from %s: %s",
             what, target, name, _client(request), reason,
         )  # fmt: skip
         if dash.auth.wrong_bearer(request):
@@ -303,7 +308,7 @@ async def action(request: Request) -> Response:
     except (ConfigError, ValueError) as exc:
         return _message(dash, ctx, "Bad request", str(exc), 400)
     log.warning(
-        "dashboard %s of %r in queue %r by %s (%s): %s",
+        "dashboard %r of %r in queue %r by %s (%s): %s",
         what, target, name, _client(request), ctx.session.via if ctx.session else "", done,
     )  # fmt: skip
     return RedirectResponse(back, 303)
@@ -352,6 +357,16 @@ def unavailable(request: Request, exc: Exception) -> Response:
         "the server answers.</p>"
     )
     return _page(dash, ctx, "Unavailable", body, "outage", 503)
+
+
+def damaged(request: Request, exc: Exception) -> Response:
+    """A record or key the page needed is damaged (changed by hand, forged): the server
+    answers, so this is no outage banner; 502, as a gateway's upstream that answered
+    something invalid, with what is damaged in one line."""
+    log.warning("dashboard page %s: %s", request.url.path, exc)
+    dash = _dash(request)
+    ctx = _ctx(dash, request, check=False)
+    return _message(dash, ctx, "Damaged record", str(exc), 502)
 
 
 def bad_request(request: Request, exc: Exception) -> Response:

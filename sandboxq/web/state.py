@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from sandboxq.backends import open_backend, resolve_url
 from sandboxq.backends.base import Backend
 from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex
-from sandboxq.errors import ConfigError, SandboxqError
+from sandboxq.errors import ConfigError, DamagedRecord, SandboxqError
 from sandboxq.models import check_queue_name
 from sandboxq.redaction import redact_url
 from sandboxq.web.auth import Auth
@@ -43,6 +43,9 @@ class Dashboard:
         self._fixed = [check_queue_name(q) for q in queues] if queues else None
         self._index: QueueIndex | None = None
         self._index_error: SandboxqError | None = None
+        #: Why the index could not be read though the server answered (a damaged key):
+        #: it costs the overview its list of queues, and no other page anything.
+        self._index_damage = ""
         self._index_at = -INDEX_FRESH_S
         self._backends: dict[str, Backend] = {}
         self._lock = threading.Lock()
@@ -79,8 +82,8 @@ class Dashboard:
 
     def index(self) -> QueueIndex | None:
         """The queue index, read at most every INDEX_FRESH_S (None when queues were
-        named); raises ``BackendError`` while the server cannot be read, so every page
-        says so (an outage is not "no queues yet")."""
+        named, or the index is damaged); raises ``BackendError`` while the server cannot
+        be read, so every page says so (an outage is not "no queues yet")."""
         if self._fixed is not None:
             return None
         with self._index_lock:
@@ -90,8 +93,10 @@ class Dashboard:
                     # the index is a set, so a look of DASHBOARD_QUEUES entries would
                     # be an arbitrary few, differing from refresh to refresh.
                     self._index = self.backend(PROBE).queue_index(QUEUES_READ_CAP)
-                    self._index_error = None
+                    self._index_error, self._index_damage = None, ""
                     self._close_unlisted()
+                except DamagedRecord as exc:
+                    self._index, self._index_error, self._index_damage = None, None, str(exc)
                 except SandboxqError as exc:
                     self._index_error = exc
                 self._index_at = time.monotonic()
@@ -121,6 +126,8 @@ class Dashboard:
     def note(self) -> str:
         """What the overview leaves out, in one line ("" when nothing)."""
         index = self.index()
+        if self._index_damage:
+            return f"no queue can be listed: {self._index_damage}; --queue NAME shows one"
         if index is None:
             return ""
         found = len([n for n in index.names if n != PROBE])

@@ -546,3 +546,58 @@ def _answers(base: str) -> bool:
         return httpx.get(base + "/", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_a_session_ends_at_logout_and_only_a_same_origin_page_may_log_out(
+    redis_url: str, q: Queue
+) -> None:
+    """A cookie copied before the logout (a proxy's log, a shared machine) is refused
+    after it, and another site's page cannot log the operator out."""
+    app = create_app(redis_url, queues=[q.name], token=TOKEN)
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        assert http.post("/login", data={"token": TOKEN}).status_code == 303
+        copied = http.cookies["sandboxq_session"]
+        page = http.get("/workers")
+        assert 'action="/logout"' in page.text  # logged in: the page offers to log out
+        other_port = {"Origin": "http://127.0.0.1:1", "Sec-Fetch-Site": "same-site"}
+        refused = http.post("/logout", headers=other_port)
+        assert refused.status_code == 403
+        assert "sandboxq_session" in http.cookies
+        assert http.post("/logout", headers={"Origin": base}).status_code == 303
+        with httpx.Client(base_url=base, cookies={"sandboxq_session": copied}) as thief:
+            after = thief.get("/workers")
+            assert 'action="/logout"' not in after.text, "the session outlived its logout"
+
+
+def test_a_session_cookie_past_its_life_is_refused() -> None:
+    """The browser is told to drop the cookie after SESSION_S; the server does not rely
+    on it: a cookie issued longer ago than that is refused however it was kept."""
+    from starlette.requests import Request
+
+    from sandboxq.web.auth import SESSION_S, Auth
+
+    auth = Auth(TOKEN)
+
+    def request_with(cookie: str) -> Request:
+        header = f"sandboxq_session={cookie}".encode()
+        return Request({"type": "http", "headers": [(b"cookie", header)]})
+
+    assert auth.session(request_with(auth.new_cookie())) is not None
+    sid, issued = "s" * 24, str(int(time.time() - SESSION_S - 60))
+    stale = f"{sid}.{issued}.{auth._mac('session', f'{sid}.{issued}')}"
+    assert auth.session(request_with(stale)) is None
+    unsigned = f"{sid}.{int(time.time())}.{auth._mac('session', sid)}"  # the old form
+    assert auth.session(request_with(unsigned)) is None
+
+
+def test_a_refused_action_s_fields_cannot_forge_a_log_line(
+    redis_url: str, q: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(redis_url, queues=[q.name], token=TOKEN)
+    caplog.set_level(logging.INFO, logger="sandboxq.web")
+    forged = "cancel\n2026-01-01 00:00:00,000 WARNING sandboxq.web: dashboard login from 10.6.6.6"
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        form = {"action": forged, "queue": q.name + "\nx", "id": "j\r\ny"}
+        assert http.post("/action", data=form).status_code == 401
+    logged = [r.getMessage() for r in caplog.records if r.name == "sandboxq.web"]
+    assert logged and not any("\n" in m or "\r" in m for m in logged), logged

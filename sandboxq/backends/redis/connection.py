@@ -39,7 +39,7 @@ from sandboxq.backends.redis.urls import (
     retry,
 )
 from sandboxq.backends.rules import Retention
-from sandboxq.errors import BackendError, ConfigError
+from sandboxq.errors import BackendError, ConfigError, DamagedRecord
 from sandboxq.redaction import redact_url as redact
 
 __all__ = [
@@ -107,8 +107,10 @@ def redis_errors(
             "sandboxq.backends.redis.acl.rules(queue, role), tabled in the README"
         ) from exc
     except (redis.RedisError, RedisClusterException) as exc:
-        detail = wrong_types() if wrong_types is not None and "WRONGTYPE" in str(exc) else None
-        raise BackendError(f"Redis at {where} failed to {doing}: {detail or exc}") from exc
+        if "WRONGTYPE" in str(exc):  # the server is up: a key of the queue is damaged
+            detail = wrong_types() if wrong_types is not None else None
+            raise DamagedRecord(f"Redis at {where} failed to {doing}: {detail or exc}") from exc
+        raise BackendError(f"Redis at {where} failed to {doing}: {exc}") from exc
 
 
 class Connections:

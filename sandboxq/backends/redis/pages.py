@@ -12,6 +12,7 @@ exactly that score were shown (scores repeat in the finished sets: one per ms).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -29,7 +30,7 @@ from sandboxq.backends.redis.connection import Connections, Lane
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Library, Script
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobState, RunningAttempt
+from sandboxq.models import JobInfo, JobState, stored_int
 
 # ARGV 1-4 of every script are retention settings; these scripts only read.
 _UNUSED: list[Arg] = [0, 0, 0, 0, 0]
@@ -48,7 +49,7 @@ def _cursor(cursor: str | None, desc: bool) -> tuple[str, int]:
 
 def _int(raw: bytes) -> int | None:
     try:
-        return int(raw) if raw else None
+        return stored_int(raw) if raw else None
     except ValueError:
         return None
 
@@ -98,20 +99,14 @@ class Pages:
         return None if reply is None else int(reply)
 
 
-def job_detail(
-    queue: str,
-    job_id: str,
-    fields: dict[bytes, bytes],
-    history: list[bytes],
-    running: RunningAttempt | None = None,
-) -> JobDetail | None:
-    if not fields:
-        return None
-    info = records.job_info(queue, job_id, fields, history, running=running)
+def job_detail(info: JobInfo, fields: dict[bytes, bytes]) -> JobDetail:
+    """A job's page from its record as ``get`` read it and its payload fields."""
     progress: float | None
     try:
         progress = float(fields[b"progress"]) if b"progress" in fields else None
     except ValueError:
+        progress = None
+    if progress is not None and not math.isfinite(progress):
         progress = None
     message = fields.get(b"progress_message")
     return JobDetail(

@@ -21,7 +21,7 @@ from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run
 from sandboxq.codec import DEFAULT_MAX_BYTES as MAX_RESULT_BYTES
-from sandboxq.errors import BackendError, SerializationError
+from sandboxq.errors import DamagedRecord, SerializationError
 from sandboxq.finished import Trims
 from sandboxq.models import JobInfo, JobState, Outcome
 
@@ -128,17 +128,35 @@ class Reads:
             return self._pages.job_page(state, cursor, limit, outcome)
 
     def job_detail(self, job_id: str) -> JobDetail | None:
+        # The record and its history as every reader takes them in (read_job.lua: each
+        # field and attempt record capped, the newest HISTORY_CAP records, damage listed),
+        # then the payloads, each read only when its size is within its cap.
+        info = self.get(job_id)
+        if info is None:
+            return None
+        key, caps = self.keys.job(job_id), _DETAIL_CAPS
         with self._conns.errors(f"read job {job_id!r}"):
             pipe = self._conns.main.pipeline(transaction=False)
-            pipe.hgetall(self.keys.job(job_id))
-            pipe.lrange(self.keys.history(job_id), 0, -1)
-            pipe.zscore(self.keys.active, job_id)
-            fields, history, expiry = pipe.execute()
-            running = None
-            if fields.get(b"state") == b"active":
-                raw = self._owner_record(fields.get(b"owner"))
-                running = records.running_attempt(job_id, fields, expiry, raw)
-        return pages.job_detail(self.queue, job_id, fields, history, running)
+            for name in caps:
+                pipe.hstrlen(key, name)
+            sizes = pipe.execute(raise_on_error=False)
+            wanted = [
+                name
+                for name, size in zip(caps, sizes, strict=True)
+                if isinstance(size, int) and 0 < size <= caps[name]
+            ]
+            values = self._conns.main.hmget(key, wanted) if wanted else []
+        found = {
+            name.encode(): v for name, v in zip(wanted, values, strict=True) if isinstance(v, bytes)
+        }
+        unread = [
+            f"{name}: {records.over_cap(size, caps[name])}"
+            for name, size in zip(caps, sizes, strict=True)
+            if isinstance(size, int) and size > caps[name]
+        ]
+        if unread:
+            info = info.model_copy(update={"unreadable": [*info.unreadable, *unread]})
+        return pages.job_detail(info, found)
 
     def _owner_record(self, owner: bytes | None) -> bytes | None:
         """An active job's owner's registry record (it says the child's pid), read as
@@ -173,6 +191,15 @@ class Reads:
 # -- one job, for the sync and the asyncio client alike --------------------------------------
 
 
+#: A job page's fields beyond those ``get`` reads, and the most of each it takes in.
+_DETAIL_CAPS = {
+    "payload": records.MAX_PAYLOAD_BYTES,
+    "result": MAX_RESULT_BYTES,
+    "progress": records.MAX_FIELD_BYTES,
+    "progress_message": records.MAX_FIELD_BYTES,
+}
+
+
 def trims_from_reply(raw: Sequence[Any]) -> Trims:
     """The trims hash's fields (HMGET of ``Trims.FIELDS``); one that is not a count (a
     hand-written value) reads as missing: readers trust nothing in Redis."""
@@ -198,7 +225,7 @@ def job_from_reply(queue: str, keys: QueueKeys, job_id: str, reply: Any) -> JobI
     if kind == "none":
         return None
     if kind != "hash":
-        raise BackendError(
+        raise DamagedRecord(
             f"job {job_id!r} in queue {queue!r}: its record "
             f"{keys.job(job_id)} holds a {kind}, not a hash (changed by hand?)"
         )

@@ -26,8 +26,9 @@ from sandboxq.backends.base import Claimed, Event
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.rules import brief
 from sandboxq.codec import DEFAULT_MAX_BYTES
-from sandboxq.errors import BackendError
+from sandboxq.errors import DamagedRecord
 from sandboxq.models import (
+    LARGEST_STORED,
     AttemptRecord,
     JobInfo,
     JobOptions,
@@ -35,6 +36,7 @@ from sandboxq.models import (
     Outcome,
     RunningAttempt,
     parse_job_options,
+    stored_int,
 )
 from sandboxq.settings import invalid
 
@@ -210,7 +212,7 @@ def job_info(
     unreadable: list[str] = list(damaged)
     for name, size in (oversized or {}).items():
         if name == "state":
-            raise BackendError(
+            raise DamagedRecord(
                 f"job {job_id!r} in queue {queue!r} has an unreadable state field "
                 f"({over_cap(size)})"
             )
@@ -232,7 +234,7 @@ def job_info(
     except ValueError:
         state = None
     if state is None:
-        raise BackendError(
+        raise DamagedRecord(
             f"job {job_id!r} in queue {queue!r} has an unreadable state field ({raw_state!r})"
         )
     history_records = _attempt_records(history, history_total, sole_attempt(f), unreadable)
@@ -247,8 +249,8 @@ def job_info(
         stalls=read("stalls", _count) or 0,
         infra_deaths=read("infra_deaths", _count) or 0,
         options=read("opts", parse_job_options) or JobOptions(),
-        created_ms=read("created_ms", int),
-        finished_ms=read("finished_ms", int),
+        created_ms=read("created_ms", stored_int),
+        finished_ms=read("finished_ms", stored_int),
         outcome=read("outcome", lambda raw: Outcome(raw.decode())),
         error=read("error", text),
         history=history_records,
@@ -331,8 +333,16 @@ def running_attempt(
         worker_id=owner,
         pid=pid,
         started_ms=_count_or_none(fields.get(b"claimed_ms")),
-        lease_expires_ms=None if lease_expiry_ms is None else int(lease_expiry_ms),
+        lease_expires_ms=_score_ms(lease_expiry_ms),
     )
+
+
+def _score_ms(score: float | None) -> int | None:
+    """A time in ms kept as a sorted set's score (a lease's expiry); None for one no clock
+    can show (``+inf``, or beyond ``LARGEST_STORED``: written by hand)."""
+    if score is None or not math.isfinite(score) or abs(score) > LARGEST_STORED:
+        return None
+    return int(score)
 
 
 def _count_or_none(raw: bytes | None) -> int | None:
@@ -430,8 +440,6 @@ _WORKER_JOB_FIELDS: dict[str, _Kinds] = {
     "pid": _INT,
     "lease_renewed_s_ago": _NUMBER,
 }
-#: Timestamps and pids beyond this are not real (and overflow date conversions).
-_LARGEST = 2**53
 
 
 def _is(value: Any, kinds: _Kinds) -> bool:
@@ -440,9 +448,9 @@ def _is(value: Any, kinds: _Kinds) -> bool:
     if isinstance(value, bool) or not isinstance(value, kinds):
         return False
     if isinstance(value, float):
-        return math.isfinite(value) and abs(value) < _LARGEST
+        return math.isfinite(value) and abs(value) < LARGEST_STORED
     if isinstance(value, int):
-        return abs(value) < _LARGEST
+        return abs(value) < LARGEST_STORED
     return isinstance(value, str) and len(value) <= 1000
 
 
@@ -452,7 +460,7 @@ def _clip_repr(value: Any) -> str:
 
 
 def _count(raw: bytes) -> int:
-    value = int(raw)
+    value = stored_int(raw)
     if value < 0:
         raise ValueError(f"a count cannot be negative: {value}")
     return value

@@ -39,8 +39,8 @@ from sandboxq.backends.index import (
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import INDEX, QueueKeys, cluster_index
-from sandboxq.errors import BackendError
-from sandboxq.models import AttemptRecord, JobState
+from sandboxq.errors import DamagedRecord
+from sandboxq.models import AttemptRecord, JobState, stored_int
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def read_index(conns: Connections, limit: int = QUEUES_READ_CAP, prune: bool = T
             if "WRONGTYPE" not in str(exc):
                 raise
             kind = conns.main.type(INDEX)
-            raise BackendError(
+            raise DamagedRecord(
                 f"the queue index {INDEX} holds a {records.text(kind)}, not a set (changed by "
                 "hand?): delete it; every enqueue and every worker's registration adds its "
                 "queue back"
@@ -263,7 +263,7 @@ def _read_stats_script(conns: Connections, queues: Sequence[str]) -> list[QueueS
 
 def _int(value: Any) -> int | None:
     try:
-        return int(value) if value is not None else None
+        return stored_int(value) if value is not None else None
     except ValueError:
         return None
 

@@ -1,0 +1,141 @@
+"""The dashboard and the command line on records forged or damaged in Redis (a real
+redis-server, the dashboard over HTTP): a damaged record costs the page that shows it
+a one-line reason, never an outage banner, a 500 or a read without a bound."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from sandboxq import Queue
+from sandboxq.backends.redis.keys import QueueKeys
+from sandboxq.backends.redis.stats import INDEX
+from sandboxq.cli import main
+from sandboxq.models import Outcome
+from sandboxq.web import create_app
+from tests.support.contract import claim_one, record
+
+from .support import TOKEN, serve
+
+pytestmark = pytest.mark.timeout(60)
+
+HUGE = "-" + "9" * 4000  # an integer Python parses, but no float or date can hold
+
+
+@pytest.fixture
+def q(redis_url: str, queue_name: str) -> Iterator[Queue]:
+    with Queue(queue_name, url=redis_url) as queue:
+        yield queue
+
+
+@pytest.fixture
+def http(redis_url: str) -> Iterator[httpx.Client]:
+    """The dashboard discovering its queues (no --queue), as most operators run it."""
+    with serve(create_app(redis_url, token=TOKEN)) as base, httpx.Client(base_url=base) as c:
+        yield c
+
+
+def failed(q: Queue) -> str:
+    job = q.enqueue("x")
+    claimed = claim_one(q.backend)
+    attempt = record(claimed, Outcome.ERROR, error="boom")
+    q.backend.finish("w1", claimed.id, claimed.token, "fail", attempt, error="boom")
+    return job.id
+
+
+def one_line_page(page: httpx.Response, status: int) -> str:
+    assert page.status_code == status, page.text[:2000]
+    assert "Traceback" not in page.text and 'id="outage"' not in page.text
+    return page.text
+
+
+def test_a_job_page_reads_the_newest_attempt_records_only(
+    q: Queue, raw: redis.Redis, http: httpx.Client
+) -> None:
+    job_id = failed(q)
+    entry = json.dumps({"attempt": 1, "outcome": "error", "error": "forged"})
+    key = QueueKeys(q.name).history(job_id)
+    for _ in range(10):
+        raw.rpush(key, *[entry] * 5000)  # 50,001 records: the page used to show them all
+    page = one_line_page(http.get("/job", params={"queue": q.name, "id": job_id}), 200)
+    assert "only the newest 1000 of 50001 attempt records are read" in page
+    assert page.count("forged") <= 1000
+    assert len(page) < 2_000_000, len(page)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["history-a-string", "state-markup", "finished-huge", "lease-infinite", "job-a-list"],
+)
+def test_a_damaged_job_is_its_own_page_s_one_line_and_the_cli_s(
+    q: Queue,
+    raw: redis.Redis,
+    http: httpx.Client,
+    redis_url: str,
+    capsys: pytest.CaptureFixture[str],
+    damage: str,
+) -> None:
+    keys = QueueKeys(q.name)
+    job_id = failed(q)
+    if damage == "history-a-string":
+        raw.delete(keys.history(job_id))
+        raw.set(keys.history(job_id), "not a list")
+    elif damage == "state-markup":
+        raw.hset(keys.job(job_id), "state", "<b>zombie</b>")
+    elif damage == "finished-huge":
+        raw.hset(keys.job(job_id), "finished_ms", HUGE)
+    elif damage == "lease-infinite":  # an active job whose lease never runs out
+        raw.hset(keys.job(job_id), "state", "active")
+        raw.zadd(keys.active, {job_id: float("inf")})
+    else:
+        raw.delete(keys.job(job_id))
+        raw.rpush(keys.job(job_id), "not a hash")
+    damaged_record = damage in ("state-markup", "job-a-list")
+    page = http.get("/job", params={"queue": q.name, "id": job_id})
+    text = one_line_page(page, 502 if damaged_record else 200)
+    if damaged_record:
+        assert "Damaged record" in text
+    listed = http.get("/queue", params={"name": q.name, "state": "failed"})
+    one_line_page(listed, 200)
+    code = main(["job", q.name, job_id, "--url", redis_url])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    said = [line for line in err.splitlines() if "sandboxq.web" not in line]  # the page's log
+    if damaged_record:
+        assert code == 2 and len(said) == 1 and said[0].startswith("sandboxq: "), err
+    else:
+        assert code in (0, 1), err  # 1: the job shows as failed
+
+
+def test_a_forged_depth_sample_costs_the_overview_nothing(
+    q: Queue, raw: redis.Redis, http: httpx.Client
+) -> None:
+    q.enqueue("x")
+    minute = int(time.time() // 60)
+    raw.hset(QueueKeys(q.name).depth, str(minute), HUGE.lstrip("-"))
+    raw.hset(QueueKeys(q.name).depth, HUGE, "3")
+    page = one_line_page(http.get("/"), 200)
+    assert q.name in page
+
+
+def test_a_damaged_queue_index_costs_discovery_only(
+    q: Queue, raw: redis.Redis, http: httpx.Client
+) -> None:
+    job_id = q.enqueue("x").id
+    saved = raw.smembers(INDEX)
+    raw.delete(INDEX)
+    raw.rpush(INDEX, "not a set")
+    try:
+        overview = one_line_page(http.get("/"), 200)
+        assert "no queue can be listed" in overview and INDEX in overview
+        one_line_page(http.get("/job", params={"queue": q.name, "id": job_id}), 200)
+        one_line_page(http.get("/queue", params={"name": q.name}), 200)
+    finally:
+        raw.delete(INDEX)
+        if saved:
+            raw.sadd(INDEX, *saved)
