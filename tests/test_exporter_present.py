@@ -209,3 +209,54 @@ def test_queues_verb_lists_every_queue_from_the_index(
     finally:
         worker_only.close()
         raw.close()
+
+
+def test_a_damaged_key_or_index_is_one_line_when_found_and_one_when_repaired(
+    own_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis answers: a damaged queue key costs that queue its series, a damaged index
+    the exporter its discovery, and neither is 'Redis unreachable' nor a line a scrape."""
+    raw = redis.Redis.from_url(own_redis.url)
+    with Queue("fine", url=own_redis.url) as fine, Queue("broken", url=own_redis.url) as broken:
+        fine.enqueue(1)
+        broken.enqueue(1)
+    waiting = QueueKeys("broken").waiting
+    exporter = QueueExporter(own_redis.url)
+    address = exporter.serve(0)
+    caplog.set_level(logging.INFO, logger="sandboxq.exporter")
+    try:
+        saved = raw.dump(waiting)
+        raw.delete(waiting)
+        raw.set(waiting, "not a sorted set")
+        for _ in range(3):
+            text = scrape(address)[1]
+            assert "sandboxq_exporter_redis_up 1.0" in text
+            assert 'queue="fine"' in text and 'queue="broken"' not in text
+        raw.delete(waiting)
+        raw.restore(waiting, 0, saved)
+        assert 'queue="broken"' in scrape(address)[1]
+        members = raw.smembers(INDEX)
+        raw.delete(INDEX)
+        raw.set(INDEX, "not a set")
+        for _ in range(3):
+            text = scrape(address)[1]
+            assert "sandboxq_exporter_redis_up 1.0" in text and "queue=" not in text
+        raw.delete(INDEX)
+        raw.sadd(INDEX, *members)
+        assert 'queue="fine"' in scrape(address)[1]
+    finally:
+        exporter.close()
+        raw.close()
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "sandboxq.exporter" and r.levelno >= logging.WARNING
+    ]
+    expected = [
+        "queue 'broken' is damaged, left out of the scrape: WRONGTYPE",
+        "queue 'broken' is readable again",
+        "the queue index is damaged, the queue index sq:queues holds a string, not a set",
+        "the queue index is readable again",
+    ]
+    assert len(lines) == len(expected), lines
+    assert all(line.startswith(start) for line, start in zip(lines, expected, strict=True)), lines

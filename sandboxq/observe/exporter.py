@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from sandboxq.backends import REDIS_SCHEMES
 from sandboxq.backends.index import QueueIndex
-from sandboxq.errors import ConfigError, SandboxqError
+from sandboxq.errors import ConfigError, DamagedRecord, SandboxqError
 from sandboxq.models import JobState, check_queue_name
 from sandboxq.observe.exposition import TextServer
 
@@ -62,7 +62,9 @@ class QueueExporter(Collector):
     """Serves the gauges of ``queues`` on ``url`` (every queue in the index when None).
 
     A scrape never fails: with Redis unreachable it answers ``sandboxq_exporter_redis_up
-    0`` alone, and the log gets one line when Redis goes away and one when it is back."""
+    0`` alone, and the log gets one line when Redis goes away and one when it is back.
+    A damaged queue key leaves that queue out, a damaged index every queue (Redis is up
+    all the same): one line each when found, and one when repaired."""
 
     def __init__(self, url: str, queues: Sequence[str] | None = None) -> None:
         if not url.startswith(REDIS_SCHEMES):
@@ -77,6 +79,9 @@ class QueueExporter(Collector):
         self._lock = threading.Lock()
         self._up: bool | None = None  # what the last scrape found (None: no scrape yet)
         self._capped: set[str] = set()
+        #: What is damaged now (the queue index, a queue's key) and why: logged when it
+        #: starts or changes and when it is repaired, not on every scrape.
+        self._damaged: dict[str, str] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self._http: TextServer | None = None
@@ -104,8 +109,13 @@ class QueueExporter(Collector):
         from sandboxq.backends.redis.stats import read_stats
 
         with self._lock:  # one scrape at a time: the state-change log lines stay in order
+            damaged: dict[str, str] = {}
             try:
-                names, index = self.queues()
+                try:
+                    names, index = self.queues()
+                except DamagedRecord as exc:  # the server answers: only discovery is lost
+                    names, index = [], None
+                    damaged["the queue index"] = f"{exc}; no queue is exported"
                 stats = read_stats(self._conns, names)
             except SandboxqError as exc:
                 self._note_up(False, exc)
@@ -114,9 +124,10 @@ class QueueExporter(Collector):
             shown = []
             for s in stats:
                 if s.damaged is not None:
-                    log.warning("queue %r left out of this scrape: %s", s.queue, s.damaged)
+                    damaged[f"queue {s.queue!r}"] = f"left out of the scrape: {s.damaged}"
                 elif index is None or s.exists:  # an unbacked index entry: no series
                     shown.append(s)
+            self._note_damaged(damaged)
             hit = {
                 "queues": index is not None and index.capped,
                 "workers": any(s.workers_capped for s in shown),
@@ -198,6 +209,14 @@ class QueueExporter(Collector):
         elif self._up is not None:
             log.warning("Redis reachable again at %s", self._conns.where)
         self._up = up
+
+    def _note_damaged(self, now: dict[str, str]) -> None:
+        for what, why in now.items():
+            if self._damaged.get(what) != why:
+                log.warning("%s is damaged, %s", what, why)
+        for what in self._damaged.keys() - now.keys():
+            log.warning("%s is readable again (or no longer read)", what)
+        self._damaged = now
 
     def _note_capped(self, hit: dict[str, bool], index: QueueIndex | None) -> None:
         now = {what for what, flag in hit.items() if flag}
