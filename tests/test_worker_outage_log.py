@@ -49,6 +49,8 @@ def test_a_worker_logs_one_line_per_cause_while_redis_is_down(
     assert len(refused) == 1, "\n".join(claims)
     causes = Counter(line.split(" ", 3)[-1] for line in text.splitlines() if "WARNING" in line)
     assert all(n == 1 for n in causes.values()), causes
+    # and the end of the outage is a line of its own: the operator sees when it ended
+    assert re.search(r"claims go through again, after \d+ failed", text), text
 
 
 def test_the_first_line_after_the_window_counts_what_it_held_back() -> None:

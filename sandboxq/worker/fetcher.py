@@ -116,6 +116,8 @@ class Fetcher(BackgroundThread):
                 wait_s = 0.0
             try:
                 claimed = self._backend.claim(self._id, count, self._lease_s, wait_s)
+                if failures:  # the end of an outage: its warnings were held back (quiet.py)
+                    log.warning("claims go through again, after %d failed", failures)
                 failures = 0
             except BackendError as exc:
                 self._inflight.unreserve(count)
