@@ -280,6 +280,9 @@ def _attempt_records(
             continue
         try:
             out.append(AttemptRecord.model_validate_json(raw))
+        except ValidationError as exc:  # said without the link to pydantic's pages
+            problem = brief(invalid(AttemptRecord, exc))
+            unreadable.append(f"attempt record #{n} ({raw[:60]!r}): {problem}")
         except ValueError as exc:
             unreadable.append(f"attempt record #{n} ({raw[:60]!r}): {brief(exc)}")
     return out
