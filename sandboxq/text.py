@@ -139,14 +139,19 @@ def _cut_line(line: str, max_bytes: int) -> str:
     return data.decode("utf-8", "ignore") + "…\n"
 
 
+#: The bidirectional overrides, embeddings and isolates: "\u202e" makes a terminal or a
+#: browser show what follows it reversed, so a stored id can pass for another ("Trojan
+#: Source"). Shown as escapes wherever stored text is shown, as control characters are.
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 #: Control characters but newline and tab; and with those two, what one line must not hold.
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_CONTROLS_AND_BREAKS = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROLS = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{BIDI_CONTROLS}]")
+_CONTROLS_AND_BREAKS = re.compile(f"[\x00-\x1f\x7f-\x9f{BIDI_CONTROLS}]")
 
 
 def visible(value: object, *, one_line: bool = True) -> str:
-    """``value`` as text safe to print or log: control characters shown as escapes
-    (``\\x1b``), so a stored string or a handler's error cannot drive a terminal; with
+    """``value`` as text safe to print or log: control characters and bidirectional
+    overrides shown as escapes (``\\x1b``, ``\\u202e``), so a stored string or a
+    handler's error cannot drive a terminal or reverse what it shows; with
     ``one_line``, newlines and tabs too, so a job id cannot forge a log line of its own."""
     found = _CONTROLS_AND_BREAKS if one_line else _CONTROLS
     return found.sub(lambda m: repr(m.group())[1:-1], "" if value is None else str(value))

@@ -94,7 +94,7 @@ def test_the_worker_log_shows_hostile_ids_and_errors_without_obeying_them(
     terminal raw (a title change, a cleared screen). They are shown escaped, on their line."""
     caplog.set_level(logging.INFO, logger="sandboxq.worker")
     start_worker(W + "outer_frame", concurrency=1)
-    hostile_id = "esc\x1b]0;pwned\x07\x1b[2J\nWARNING sandboxq.worker: FORGED ID"
+    hostile_id = "esc\x1b]0;pwned\x07\x1b[2J\nWARNING sandboxq.worker: FORGED ID \u202edi"
     job = queue.options(job_id=hostile_id).enqueue("red\x1b[31m\nWARNING sandboxq.worker: FORGED")
     with pytest.raises(JobFailed):
         job.result(timeout_s=30)
@@ -104,6 +104,7 @@ def test_the_worker_log_shows_hostile_ids_and_errors_without_obeying_them(
 
     wait_for(lambda: "attempt 1: error -> fail" in logged(), 10, "the attempt's log line")
     assert "\x1b" not in logged() and "\x07" not in logged(), repr(logged())
+    assert "\u202e" not in logged() and "FORGED ID \\u202edi" in logged(), repr(logged())
     assert not any(line.startswith("WARNING") for line in logged().splitlines()), logged()
     [line] = [li for li in logged().splitlines() if "attempt 1: error -> fail" in li]
     assert line.startswith("job esc\\x1b]0;pwned\\x07\\x1b[2J\\nWARNING"), line

@@ -18,17 +18,18 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sandboxq.text import visible
+from sandboxq.text import BIDI_CONTROLS, visible
 
 
 def print_json(data: Any) -> None:
     # JSON escapes C0 controls itself; DEL and the C1 controls (\x9b starts a terminal
-    # command as \x1b[ does) are escaped here, so a stored value cannot drive a terminal.
+    # command as \x1b[ does) and the bidi overrides are escaped here, so a stored value
+    # cannot drive a terminal or reverse what it shows.
     text = json.dumps(data, indent=2, ensure_ascii=False)
     sys.stdout.write(_C1.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n")
 
 
-_C1 = re.compile("[\x7f-\x9f]")
+_C1 = re.compile(f"[\x7f-\x9f{BIDI_CONTROLS}]")
 
 
 def plain(value: object) -> Text:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
 from sandboxq.models import now_ms
-from sandboxq.text import PREVIEW_CHARS, clip, duration, when
+from sandboxq.text import BIDI_CONTROLS, PREVIEW_CHARS, clip, duration, when
 
 __all__ = ["PREVIEW_CHARS", "Safe", "clip", "duration", "esc", "now_ms", "when"]
 
@@ -29,10 +30,17 @@ class Safe(str):
     """HTML that is already escaped (built here from escaped parts)."""
 
 
+#: Shown as their escapes, as the terminal shows them (text.BIDI_CONTROLS says why).
+_BIDI = re.compile(f"[{BIDI_CONTROLS}]")
+
+
 def esc(value: object) -> Safe:
     if isinstance(value, Safe):
         return value
-    return Safe(html.escape("" if value is None else str(value), quote=True))
+    text = "" if value is None else str(value)
+    if _BIDI.search(text):
+        text = _BIDI.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return Safe(html.escape(text, quote=True))
 
 
 def join(parts: Iterable[object]) -> Safe:

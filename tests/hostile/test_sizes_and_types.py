@@ -178,9 +178,10 @@ def test_markup_and_terminal_escapes_in_records_are_shown_as_text(
     raw: redis.Redis, redis_url: str, q: Queue, capsys: pytest.CaptureFixture[str], as_json: bool
 ) -> None:
     """A stored error of ``[/]`` broke rich's markup parser (a traceback), and an escape
-    sequence in a record reached the operator's terminal as a command."""
+    sequence in a record reached the operator's terminal as a command, and a bidi
+    override ("\\u202e") reversed what the terminal showed after it."""
     job = q.enqueue("x")
-    hostile = "[/] [bold]x\x1b]0;owned\x07\x1b[2J\x00"
+    hostile = "[/] [bold]x\x1b]0;owned\x07\x1b[2J\x00 \u202edeliaf\u2066"
     raw.hset(QueueKeys(q.name).job(job.id), "error", hostile)
     raw.set(QueueKeys(q.name).worker("w[/]"), json.dumps({"host": hostile, "jobs": []}))
     raw.sadd(QueueKeys(q.name).workers, "w[/]")
@@ -189,6 +190,8 @@ def test_markup_and_terminal_escapes_in_records_are_shown_as_text(
         code, out, err = cli(capsys, *verb, "--url", redis_url, *flags)
         assert code == 0, err
         assert "\x1b" not in out and "\x07" not in out and "\x00" not in out, verb
+        assert "\u202e" not in out and "\u2066" not in out, verb
+        assert "\\u202edeliaf" in out, verb  # shown as its escape
         if as_json:
             json.loads(out)
         else:

@@ -21,6 +21,7 @@ def route(kind: str, arg: Any = None) -> Any:
         deadline = time.monotonic() + 30
         while not os.path.exists(arg) and time.monotonic() < deadline:
             time.sleep(0.02)
-        current_job().progress(1.0, "released")
+        # a bidi override: shown as its escape, or it would reverse what follows it
+        current_job().progress(1.0, "released \u202e!won")
         return "released"
     raise ValueError(f"unknown kind {kind!r}")

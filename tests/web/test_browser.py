@@ -209,6 +209,8 @@ def test_progress_and_completion_arrive_live(site: Site, tmp_path: Path) -> None
     site.wait("the live stream", lambda: site.text("#live") == "live")
     gate.touch()
     site.wait("completion", lambda: site.text("#state") == "completed")
+    site.wait("the last message", lambda: "released" in site.text("#progress-message"))
+    assert site.text("#progress-message") == "released \\u202e!won"
     assert site.browser.execute_script("return document.body.dataset.mark") == "same page"
     assert '"released"' in site.text("pre.result")
     site.shot("completed")

@@ -126,7 +126,9 @@ def test_actions_need_the_token_and_a_same_origin_form_with_its_csrf_token(
 
 
 def test_what_a_job_carries_is_rendered_as_text(redis_url: str, q: Queue, tmp_path: Path) -> None:
-    job_id = failed_job(q, '<script>alert("id")</script>', error="<img src=x onerror=alert(1)>")
+    job_id = failed_job(
+        q, '<script>alert("id")</script>', error="<img src=x onerror=alert(1)> \u202eevil"
+    )
     planted = tmp_path / "unpickled"
 
     class Plant:  # unpickling it would create a directory: the dashboard must not
@@ -150,6 +152,8 @@ def test_what_a_job_carries_is_rendered_as_text(redis_url: str, q: Queue, tmp_pa
             assert scripts == ['<script src="/static/app.js" defer>'], scripts
         assert "&lt;script&gt;alert(&quot;id&quot;)&lt;/script&gt;" in pages[0].text
         assert "&lt;img src=x onerror=alert(1)&gt;" in pages[0].text
+        # a bidi override shown as its escape: it would reverse what follows it
+        assert "\u202e" not in pages[0].text and "alert(1)&gt; \\u202eevil" in pages[0].text
         assert "pickle payload, not decoded" in pages[2].text
     assert not planted.exists()
 

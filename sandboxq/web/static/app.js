@@ -20,6 +20,14 @@
   var outage = false; // the stream said the backend cannot be read, and not yet that it can
 
   function say(text) { if (live) { live.textContent = text; } }
+  // Bidirectional overrides shown as their escapes, as the server's pages show them: one
+  // in a progress message would reverse what follows it on the page.
+  var BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+  function visible(text) {
+    return String(text).replace(BIDI, function (c) {
+      return "\\u" + ("000" + c.charCodeAt(0).toString(16)).slice(-4);
+    });
+  }
 
   function refresh() {
     pending = null;
@@ -58,7 +66,7 @@
     var fraction = parseFloat(data.fraction);
     if (bar && !isNaN(fraction)) { bar.value = fraction; }
     if (text && !isNaN(fraction)) { text.textContent = Math.round(fraction * 100) + "%"; }
-    if (message) { message.textContent = data.message || ""; }
+    if (message) { message.textContent = visible(data.message || ""); }
   }
 
   function startFallback() {
