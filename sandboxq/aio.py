@@ -161,11 +161,13 @@ def open_async_backend(url: str | None, queue: str, **options: Any) -> AsyncBack
 
 
 class AsyncJob:
-    """A handle on one job; every call asks the backend afresh."""
+    """A handle on one job; every call asks the backend afresh. ``created`` as
+    ``Job.created``: whether the enqueue that made it added the job."""
 
-    def __init__(self, queue: Queue, job_id: str) -> None:
+    def __init__(self, queue: Queue, job_id: str, created: bool | None = None) -> None:
         self.queue = queue
         self.id = job_id
+        self.created = created
 
     def __repr__(self) -> str:
         return f"AsyncJob({self.queue.name!r}, {self.id!r})"
@@ -249,9 +251,9 @@ class Queue(Producer):
         """Enqueue ``processor(*args, **kwargs)``; returns its AsyncJob."""
         jobs = [self._maker.new_job(args, kwargs)]
         with tracing.enqueue_span(self.name, jobs) as span:
-            ((job_id, _created),) = await self.backend.enqueue(jobs)
+            ((job_id, created),) = await self.backend.enqueue(jobs)
             span.added([job_id])
-        return AsyncJob(self, job_id)
+        return AsyncJob(self, job_id, created)
 
     async def enqueue_many(self, calls: Iterable[Call]) -> list[AsyncJob]:
         """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs.
@@ -271,7 +273,8 @@ class Queue(Producer):
             if start:
                 await asyncio.sleep(0)
             handles += [
-                AsyncJob(self, job_id) for job_id, _ in added[start : start + YIELD_EVERY * 5]
+                AsyncJob(self, job_id, created)
+                for job_id, created in added[start : start + YIELD_EVERY * 5]
             ]
         return handles
 

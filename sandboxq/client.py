@@ -46,11 +46,14 @@ Call = tuple[Sequence[Any], dict[str, Any]]
 
 
 class Job:
-    """A handle on one job; every call asks the backend afresh."""
+    """A handle on one job; every call asks the backend afresh. ``created``: whether the
+    enqueue that made the handle added the job (False: a job of that id existed, and
+    this call's arguments and options were not used); None for ``Queue.job(id)``."""
 
-    def __init__(self, queue: Queue, job_id: str) -> None:
+    def __init__(self, queue: Queue, job_id: str, created: bool | None = None) -> None:
         self.queue = queue
         self.id = job_id
+        self.created = created
 
     def __repr__(self) -> str:
         return f"Job({self.queue.name!r}, {self.id!r})"
@@ -264,16 +267,16 @@ class Queue(Producer):
         name: options are set with ``options(...)``, never here."""
         jobs = [self._maker.new_job(args, kwargs)]
         with tracing.enqueue_span(self.name, jobs) as span:
-            ((job_id, _created),) = self.backend.enqueue(jobs)
+            ((job_id, created),) = self.backend.enqueue(jobs)
             span.added([job_id])
-        return Job(self, job_id)
+        return Job(self, job_id, created)
 
     def enqueue_many(self, calls: Iterable[Call]) -> list[Job]:
         """Enqueue many calls in one round trip; ``calls`` are ``(args, kwargs)`` pairs."""
         jobs = self._maker.new_jobs(calls)
         with tracing.enqueue_span(self.name, jobs):
             added = self.backend.enqueue(jobs)
-        return [Job(self, job_id) for job_id, _created in added]
+        return [Job(self, job_id, created) for job_id, created in added]
 
     def job(self, job_id: str) -> Job:
         """A handle on the job ``job_id`` (whether or not it exists)."""

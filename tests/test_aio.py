@@ -67,7 +67,9 @@ def test_failures_cancel_retry_and_timeouts(
             assert await waiting.state() is JobState.WAITING
             assert await waiting.cancel() is True
             dup = await q.options(job_id="only-one").enqueue()
-            assert (await q.options(job_id="only-one").enqueue()).id == dup.id == "only-one"
+            again = await q.options(job_id="only-one").enqueue()
+            assert again.id == dup.id == "only-one"
+            assert (dup.created, again.created) == (True, False)
             exits = await q.options(retries=0).enqueue(code=3)
             workers.start(queue_name, H + "sys_exit", url=url, concurrency=1)
             with pytest.raises(JobFailed, match="exit"):

@@ -267,6 +267,15 @@ def test_enqueue_prints_the_id_and_passes_args_kwargs_and_options(
     assert (opts.priority, opts.hard_timeout_s, opts.retries, opts.delay_s) == (5, 9.0, 2, 60.0)
     code, out, _ = sq(f"enqueue {at} --json")
     assert code == 0 and queue.job(json.loads(out)["id"]).state() is JobState.WAITING
+    # the same id again: the job is not added twice, and the new arguments are not used,
+    # which the command says (they used to be dropped without a word)
+    code, out, err = sq(f"enqueue {at} --args '[99]' --job-id j1")
+    assert (code, out) == (0, "j1\n")
+    assert err == (
+        "sandboxq: job j1 already exists: nothing was added, and these arguments and "
+        "options were not used\n"
+    )
+    assert queue.backend.get_arguments("j1") == b'[[1,"two"],{"n":3}]'
 
 
 @pytest.mark.timeout(60)

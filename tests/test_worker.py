@@ -110,6 +110,9 @@ def test_unique_job_ids_and_delay(queue: Queue, start_worker: StartWorker) -> No
     a = queue.options(job_id="same").enqueue(1)
     b = queue.options(job_id="same").enqueue(2)
     assert a.id == b.id == "same"
+    assert (a.created, b.created, queue.job("same").created) == (True, False, None)
+    many = queue.enqueue_many([((4,), {})])
+    assert many[0].created is True
     delayed = queue.options(delay_s=0.5).enqueue(3)
     assert delayed.state() is JobState.DELAYED
     t0 = time.monotonic()

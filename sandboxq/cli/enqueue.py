@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from sandboxq import text
@@ -83,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
     with open_queue(args) as queue:
         target = queue.options(**options) if options else queue
         job = target.enqueue(*call_args, **call_kwargs)
+        if job.created is False:  # the id is printed all the same: a script reads it
+            print(
+                f"sandboxq: job {text.visible(job.id)} already exists: nothing was added, "
+                "and these arguments and options were not used",
+                file=sys.stderr,
+            )
         if not args.wait:
             if args.json:
                 render.print_json({"id": job.id})
