@@ -253,3 +253,34 @@ def test_a_program_that_dropped_a_pool_exits_at_once() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     left = still_running([int(pid) for pid in out.stdout.split()])
     assert not left, f"the dropped pool's children outlived the program: {left}"
+
+
+MANY_FDS = textwrap.dedent(
+    """
+    import os, resource
+    from sandboxq import Pool
+    from sandboxq.errors import AttemptFailed
+    H = "sandboxq.testing.handlers:"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), max(hard, 4096)))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # a busy service's
+    with Pool(H + "sleep_forever", size=1, hard_timeout_s=0.3) as pool:
+        try:
+            pool.submit().result(timeout=20)
+        except AttemptFailed as exc:
+            print(exc.outcome)
+        print(pool.helper_restarts, pool.broken)
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_pool_in_a_process_holding_over_1024_descriptors_works() -> None:
+    """A service that holds a thousand sockets gives every pipe the pool opens a number
+    past 1023, which select() refuses: the guard crash-looped (no fence while the
+    worker was stopped) and the supervisor died at the first hard timeout."""
+    out = subprocess.run(
+        [sys.executable, "-c", MANY_FDS], capture_output=True, text=True, timeout=50
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["hard_timeout", "0", "None"], out.stdout + out.stderr[-3000:]

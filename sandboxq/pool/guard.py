@@ -32,7 +32,6 @@ import ctypes
 import json
 import mmap
 import os
-import select
 import signal
 import subprocess
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from collections.abc import Mapping
 import psutil
 
 from sandboxq.pool.kill import state
+from sandboxq.pool.waits import readable
 from sandboxq.text import guarded_logger
 
 log = guarded_logger("sandboxq.pool")
@@ -288,7 +288,7 @@ class Guard:
         if pidfd is not None:
             # Woken the moment it exits: Popen.wait(timeout) polls, its naps doubling up to
             # 50 ms, which cost a pool's shutdown 50-100 ms for a guard gone in a few.
-            select.select([pidfd], [], [], wait_s)
+            readable(pidfd, wait_s)
         self._close_process()
         if process is not None:
             try:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import select
 import struct
 import sys
 import time
@@ -40,6 +39,7 @@ from sandboxq.pool.guard import (
     header_of,
 )
 from sandboxq.pool.kill import resume, state, stop_tree, sweep
+from sandboxq.pool.waits import readable_among
 
 #: How often the worker's state is read, and the longest wait between looks at the table
 #: (a new attempt's fence deadline is at least a lease away, far longer than this).
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     while True:
         guard.header.beat += 1  # the supervisor sees a stopped or hung guard by it
         wait_s = guard.next_wait_s(guard.entries(), time.monotonic())
-        if ready := select.select(watched, [], [], wait_s)[0]:
+        if ready := readable_among(watched, wait_s):
             # The worker died (its pidfd, or EOF on the pipe without the pool's word: the
             # pipe closes as the worker exits, before its pidfd says so), or only its pool
             # closed (CLOSING first): then the pool removes its groups itself.

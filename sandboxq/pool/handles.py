@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import select
 import threading
 import time
 from collections import deque
@@ -50,10 +49,6 @@ def soft_cause(run: Attempt) -> str | None:
     if run.soft_outcome is Outcome.SOFT_TIMEOUT and run.task.soft_timeout_s:
         return f"past its soft timeout of {run.task.soft_timeout_s:g} s"
     return None
-
-
-def readable(channel: Channel) -> bool:
-    return bool(select.select([channel], [], [], 0)[0])
 
 
 class Child:

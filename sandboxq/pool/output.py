@@ -53,6 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sandboxq.pool import descriptors
+from sandboxq.pool.waits import writable
 from sandboxq.text import guarded_logger
 
 log = guarded_logger("sandboxq.pool")
@@ -377,6 +378,6 @@ def _write_all(fd: int, data: bytes) -> None:
         except InterruptedError:
             continue
         except BlockingIOError:  # a stdout someone made non-blocking: wait for room
-            select.select([], [fd], [], 1.0)
+            writable(fd, 1.0)
         except OSError:  # closed (EPIPE), a full disk...: the live view gives up on it
             return

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import os
 import resource
-import select
 import signal
 import struct
 import time
@@ -49,6 +48,7 @@ from typing import NoReturn
 from sandboxq.pool import linux
 from sandboxq.pool.kill import SWEEP_WAIT_S, children_of, ended, sweep
 from sandboxq.pool.privileges import Privileges, drop, new_pid_namespace, own_proc
+from sandboxq.pool.waits import readable
 
 _STATUS = struct.Struct("i")  # a wait status, from the reaper to the outer
 #: Whether this process is the child of a namespace of its own (``enter`` returned).
@@ -112,7 +112,7 @@ def _reap(watch: int | None, status_pipe: int) -> None:
     # getppid() is 0 here (the outer is outside the namespace): ask the outer's pidfd
     # whether it died before the death signal was armed.
     if watch is not None:
-        if select.select([watch], [], [], 0)[0]:
+        if readable(watch):
             os._exit(1)
         os.close(watch)
     try:

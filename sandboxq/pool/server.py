@@ -25,7 +25,6 @@ notices in its select, within milliseconds, and can start a fresh one.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import threading
 import time
@@ -35,6 +34,7 @@ from contextlib import contextmanager
 from multiprocess import forkserver
 
 from sandboxq.pool.kill import children_of, ended, sweep
+from sandboxq.pool.waits import readable
 
 _lock = threading.Lock()
 _pool_children: set[int] = set()
@@ -204,7 +204,7 @@ class Watch:
         """Whether the watched fork server has exited (waiting up to ``wait_s`` for it)."""
         if self.fd is None:
             return False
-        return bool(select.select([self.fd], [], [], wait_s)[0])
+        return readable(self.fd, wait_s)
 
     def how(self) -> str:
         """How the watched fork server ended, in words (read without reaping it: that is

@@ -54,13 +54,14 @@ from sandboxq.pool.channel import BadMessage
 from sandboxq.pool.commands import Close, Command, Mailbox, Submit
 from sandboxq.pool.containment import Containment
 from sandboxq.pool.guard import Guard
-from sandboxq.pool.handles import Child, readable
+from sandboxq.pool.handles import Child
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready
 from sandboxq.pool.output import Relay
 from sandboxq.pool.pid_namespace import inner_pid
 from sandboxq.pool.running import Attempt, OnDone, call
 from sandboxq.pool.spawn import Spawner
+from sandboxq.pool.waits import readable
 from sandboxq.text import guarded_logger
 
 log = guarded_logger("sandboxq.pool")
