@@ -4,6 +4,7 @@ fork server it starts is its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from sandboxq.testing.processes import still_running
+from sandboxq.testing.waiting import wait_for
 
 PARENT = textwrap.dedent(
     """
@@ -284,3 +286,40 @@ def test_a_pool_in_a_process_holding_over_1024_descriptors_works() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["hard_timeout", "0", "None"], out.stdout + out.stderr[-3000:]
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_stopped_when_its_worker_dies_does_not_stay_behind() -> None:
+    """The fork server ends itself when its parent dies (a death signal it handles), but
+    a stopped process runs no handler: SIGSTOP the fork server, SIGKILL the process that
+    holds the pool, and the fork server stayed, stopped, parented to init, for good."""
+    script = textwrap.dedent(
+        """
+        import time
+        import psutil
+        from sandboxq import Pool
+        pool = Pool("sandboxq.testing.handlers:sleep_forever", size=1)
+        pool.submit()
+        child = pool.pids[0]
+        print(child, psutil.Process(child).ppid(), flush=True)
+        time.sleep(600)
+        """
+    )
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        child, server = (int(pid) for pid in holder.stdout.readline().split())
+        assert server != holder.pid  # a fork server of its own
+        os.kill(server, signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(server).status() == "stopped", 10, "a stopped server")
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    try:
+        wait_for(lambda: not still_running([child, server]), 10, "the pool's processes to end")
+    finally:
+        for pid in still_running([server, child]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -38,7 +38,7 @@ from sandboxq.pool.guard import (
     fence_came,
     header_of,
 )
-from sandboxq.pool.kill import resume, state, stop_tree, sweep
+from sandboxq.pool.kill import parent, resume, state, stop_tree, sweep
 from sandboxq.pool.waits import readable_among
 
 #: How often the worker's state is read, and the longest wait between looks at the table
@@ -108,10 +108,18 @@ class Guard:
 
     def end_everything(self, pool_dirs: dict[str, str] | None = None) -> None:
         """The worker is gone (or its pool closed): nothing of the pool may outlive it.
-        ``pool_dirs``: the dead worker's control groups, killed and removed now, rather
-        than left for the next pool on the machine (its lock died with it)."""
-        for pid, _ in list(self.children()):
+        ``pool_dirs`` (the worker died): its control groups, killed and removed now,
+        rather than left for the next pool on the machine (its lock died with it); and
+        its children's parent, the fork server, continued if it was stopped: it ends
+        itself on its parent's death (forkserver_hooks), but a stopped process runs no
+        handler, and it stayed behind, stopped, for good."""
+        children = [pid for pid, _ in self.children()]
+        servers = {parent(pid) for pid in children} if pool_dirs is not None else set()
+        for pid in children:
             sweep(pid)
+        for server in servers:
+            if server is not None and server != self.worker and state(server) in (b"T", b"t"):
+                resume(server)
         if pool_dirs and not remove_tree(pool_dirs, 1.0):
             print(f"sandboxq guard: could not remove {pool_dirs}", file=sys.stderr)
 
@@ -140,7 +148,7 @@ def main(argv: list[str]) -> int:
             # closed (CLOSING first): then the pool removes its groups itself.
             said = os.read(alive_fd, 1) if alive_fd in ready else b""
             died = worker_fd in ready or said != CLOSING
-            guard.end_everything(pool_dirs if died else None)
+            guard.end_everything(pool_dirs if died else None)  # {}: died, no groups
             return 0
         guard.enforce_fences(guard.entries(), time.monotonic())
         guard.follow_worker()

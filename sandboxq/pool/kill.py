@@ -132,15 +132,28 @@ def descendants(pid: int) -> list[psutil.Process]:
 SWEEP_WAIT_S = 1.0
 
 
-def state(pid: int) -> bytes:
-    """The process's state letter from /proc (R, S, D, T, t, Z, X; b"" when it is gone)."""
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after the name (state, parent pid, ...); empty
+    when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return b""
-    at = stat.rindex(b")") + 2  # the name in parentheses may hold anything, spaces too
-    return stat[at : at + 1]
+        return []
+    # the name in parentheses may hold anything, spaces and parentheses too
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def state(pid: int) -> bytes:
+    """The process's state letter from /proc (R, S, D, T, t, Z, X; b"" when it is gone)."""
+    fields = _stat(pid)
+    return fields[0] if fields else b""
+
+
+def parent(pid: int) -> int | None:
+    """The process's parent pid from /proc (None when it is gone)."""
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
 
 
 def ended(pid: int) -> bool:
