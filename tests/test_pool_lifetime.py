@@ -323,3 +323,45 @@ def test_a_fork_server_stopped_when_its_worker_dies_does_not_stay_behind() -> No
         for pid in still_running([server, child]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+STOPPED_SERVER = textwrap.dedent(
+    """
+    import os, signal
+    import psutil
+    from sandboxq import Pool
+    from sandboxq.errors import AttemptFailed
+    from sandboxq.testing.waiting import wait_for
+    pool = Pool("sandboxq.testing.handlers:os_exit", size=1)
+    # the child ready: its fork server has long closed its copy of the child's channel
+    # (stopped before that, the server would hold the channel open, and the child's
+    # exit would show nowhere until someone continued it)
+    wait_for(lambda: pool.child_states()["idle"], 20, "the child to be ready")
+    server = psutil.Process(pool.pids[0]).ppid()
+    os.kill(server, signal.SIGSTOP)  # the subject: someone stops the fork server
+    try:
+        try:
+            pool.submit(3).result(timeout=10)
+        except AttemptFailed as exc:
+            print(exc.outcome, exc.exitcode)
+        pool.shutdown()
+    finally:
+        os.kill(server, signal.SIGCONT)
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_child_s_exit_is_reported_while_its_fork_server_is_stopped() -> None:
+    """The fork server reaps the children and reports their exits: stopped, it reported
+    none, so an os._exit(3) was reported as its hard timeout, or never (the result and
+    the pool's shutdown waited forever). The pool continues a stopped fork server."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", STOPPED_SERVER], capture_output=True, text=True, timeout=40
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the pool hung: {exc.stdout!r}") from exc
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["exit", "3"], out.stdout
+    assert "fork server" in out.stderr and "was stopped; continuing it" in out.stderr

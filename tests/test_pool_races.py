@@ -33,9 +33,10 @@ from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.containment import probe
-from sandboxq.pool.handles import Child, readable
+from sandboxq.pool.handles import Child
 from sandboxq.pool.messages import Run
 from sandboxq.pool.running import Attempt
+from sandboxq.pool.waits import readable
 from sandboxq.testing.waiting import wait_for
 
 CALL = "sandboxq.testing.handlers:call"

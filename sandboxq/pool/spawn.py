@@ -27,9 +27,13 @@ from sandboxq.pool.channel import Channel
 from sandboxq.pool.child import STARTED, child_main
 from sandboxq.pool.containment import Containment
 from sandboxq.pool.handles import Child
+from sandboxq.pool.kill import resume, state
 from sandboxq.pool.memory import ChildMemory
 from sandboxq.pool.output import ChildOutput, Relay
 from sandboxq.pool.stacks import StackFile
+from sandboxq.text import guarded_logger
+
+log = guarded_logger("sandboxq.pool")
 
 #: Tries to start one child before the pool is broken.
 LAUNCH_TRIES = 4
@@ -127,6 +131,14 @@ class Spawner:
         # child's exit) and closed, its number now reused: only a dead server counts.
         if self.server_dead():
             self._on_server_death()
+
+    def continue_stopped_server(self) -> None:
+        """Continue the watched fork server if someone stopped it: stopped, it reaps no
+        child, so no exit reaches the pool."""
+        pid = self._watch.pid if self._watch is not None else None
+        if pid is not None and state(pid) in (b"T", b"t"):
+            log.warning("the pool's fork server (pid %d) was stopped; continuing it", pid)
+            resume(pid)
 
     def server_dead(self, wait_s: float = 0.0) -> bool:
         """Whether the watched fork server has died (waiting up to ``wait_s`` to see it)."""

@@ -70,6 +70,9 @@ log = guarded_logger("sandboxq.pool")
 MAX_START_FAILURES = 3
 #: How long a child's exit code 255 waits for the fork server's pidfd to explain it.
 SERVER_DEATH_WAIT_S = 0.2
+#: How long after a child's channel ended its exit may take to be reported before the
+#: fork server, which reaps it and reports it, is looked at (``_look_at_late_exits``).
+EXIT_LATE_S = 0.1
 
 
 class Supervisor:
@@ -135,6 +138,8 @@ class Supervisor:
         # (``abandon``); the lock orders that with the thread's end.
         self._end_lock = threading.Lock()
         self._abandoned = self._ended = False
+        #: Children whose channel ended, by when their exit should have been seen.
+        self._exits_due: dict[Child, float] = {}
         #: In a process forked from the pool's own (pool.py's fork hook), that process's
         #: pid: the copy refuses work and leaves the children alone.
         self.forked_from: int | None = None
@@ -262,19 +267,7 @@ class Supervisor:
                     deadlines.end_overdue(self._pending, time.monotonic())
                 if self._pending or self._idle:
                     self._assigner.assign(self._pending, self._idle, self._children)
-                now = time.monotonic()
-                timeout = deadlines.wait_s(self._children, now)
-                if timed and (late := deadlines.pending_due(self._pending)) is not None:
-                    # one still waiting for a child runs out (a far one: several waits)
-                    wait = min(deadlines.MAX_SELECT_S, max(0.0, late - now))
-                    timeout = wait if timeout is None else min(timeout, wait)
-                due = self._assigner.take_back_at(self._pending, self._idle, self._children)
-                if due is not None:  # a child idle, a task queued behind a running attempt
-                    wait = max(0.0, due - now)
-                    timeout = wait if timeout is None else min(timeout, wait)
-                if self.budget is not None:  # pool_memory_mb
-                    timeout = self.budget.wait_s(self._children, timeout)
-                for key, _ in self._selector.select(timeout):
+                for key, _ in self._selector.select(self._select_timeout(timed)):
                     key.data(key.fileobj)
                 deadlines.enforce(self._children, time.monotonic(), collect, memory_every)
                 if self.budget is not None:
@@ -285,6 +278,26 @@ class Supervisor:
         finally:
             self._closing = True
             self._shutdown()
+
+    def _select_timeout(self, timed: bool) -> float | None:
+        """How long the select may wait: until the nearest deadline of a child, of a task
+        still waiting for one (``timed``), of a take-back, a memory sample or a late exit
+        (None: until something happens)."""
+        now = time.monotonic()
+        timeout = deadlines.wait_s(self._children, now)
+        if timed and (late := deadlines.pending_due(self._pending)) is not None:
+            # one still waiting for a child runs out (a far one: several waits)
+            wait = min(deadlines.MAX_SELECT_S, max(0.0, late - now))
+            timeout = wait if timeout is None else min(timeout, wait)
+        due = self._assigner.take_back_at(self._pending, self._idle, self._children)
+        if due is not None:  # a child idle, a task queued behind a running attempt
+            wait = max(0.0, due - now)
+            timeout = wait if timeout is None else min(timeout, wait)
+        if self.budget is not None:  # pool_memory_mb
+            timeout = self.budget.wait_s(self._children, timeout)
+        if self._exits_due:  # children whose channel ended, their exits not seen yet
+            timeout = self._look_at_late_exits(now, timeout)
+        return timeout
 
     def _busy(self) -> bool:
         return any(c.running is not None or c.queued for c in self._children)
@@ -420,10 +433,28 @@ class Supervisor:
         """Stop reading the child's channel, and close it (the child sees EOF)."""
         self._selector.unregister(child.conn)
         child.conn.close()
+        self._exits_due[child] = time.monotonic() + EXIT_LATE_S
+
+    def _look_at_late_exits(self, now: float, timeout: float | None) -> float | None:
+        """A child's exit reaches the pool through its fork server, which reaps it: a
+        stopped fork server reported none, and the attempt waited for its hard timeout
+        (reported as one: an ``os._exit(3)`` became ``hard_timeout``) or forever. An exit
+        later than EXIT_LATE_S has the server continued if it is stopped, as the guard
+        is (guard.check). Returns the select timeout, shortened to the next exit due."""
+        late = [child for child, due in self._exits_due.items() if due <= now]
+        for child in late:
+            del self._exits_due[child]
+        if late:
+            self._spawner.continue_stopped_server()
+        if not self._exits_due:
+            return timeout
+        wait = max(0.0, min(self._exits_due.values()) - now)
+        return wait if timeout is None else min(timeout, wait)
 
     # -- a child died ----------------------------------------------------------------------
 
     def _on_exit(self, child: Child) -> None:
+        self._exits_due.pop(child, None)
         if child not in self._children:
             return  # a stale event of this select batch: its exit was handled already
         # 255 is also what multiprocess reports when the fork server closed the child's
