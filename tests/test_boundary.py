@@ -246,6 +246,38 @@ def test_a_process_started_outside_the_childs_tree_does_not_outlive_its_attempt(
         assert sleeping(marker) == [], "the process outlived its attempt"
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "aarch64"), reason="clone's number is not known here"
+)
+def test_a_process_started_outside_the_childs_tree_dies_with_a_deadline_kill(
+    containment: str,
+) -> None:
+    """The same escapee, then the handler hangs to its hard timeout: the deadline kill
+    stopped the child's own tree only, and in the process-tree mode the escapee ran on
+    until some later attempt returned normally, or the pool closed."""
+    marker = f"62.{os.getpid()}{time.monotonic_ns() % 10**6}"
+    done: Future[list[int]] = Future()
+    with Pool("tests.support.escapees:escape_then_hang", size=1, containment=containment) as pool:
+        task = pool.make_task(marker)
+        task.hard_timeout_s = 1.0
+        pool.execute(task, lambda result: done.set_result(sleeping(marker)))
+        assert done.result(timeout=30) == [], "the escapee outlived its attempt's outcome"
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_copy_that_comes_back_out_of_the_handler_ends_there(containment: str) -> None:
+    """A handler forks, and the copy returns out of the handler into the pool's own
+    code: it sent its value as the attempt's, then answered the next jobs in the
+    child's place (process-tree mode), or its sweep killed the child (control groups:
+    reported as a crash). The copy now ends as it comes back; the child answers."""
+    with Pool("tests.support.escapees:copy_comes_back", size=1, containment=containment) as pool:
+        child = pool.pids[0]
+        for _ in range(3):
+            assert pool.submit(0.3).result(timeout=30) == f"from the child {child}"
+        assert pool.pids == [child]
+
+
 # -- descriptors -----------------------------------------------------------------------------
 
 D = "tests.support.leftover_descriptors:"

@@ -250,6 +250,7 @@ def run_one(
                 raise _told_to_stop(job)
             value = processor(*args, **kwargs)
         finally:
+            limits.leave_if_a_copy()
             job.armed = False
             tracing.leave_attempt(traced)
         result = codec.encode(run.codec, value, what="result", max_bytes=run.max_result_bytes)

@@ -24,7 +24,9 @@ import math
 import os
 import resource
 import signal
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +64,9 @@ def _set(limit: int, soft: int, *, hard: int | None = None) -> None:
 def enter(setup: ChildSetup) -> None:
     """Join the control group, set the rlimits and drop privileges: the child's first
     act."""
-    me = str(os.getpid())
+    global _own_pid
+    _own_pid = os.getpid()
+    me = str(_own_pid)
     for path in setup.procs_files:
         with open(path, "w") as f:
             f.write(me)
@@ -79,6 +83,30 @@ def enter(setup: ChildSetup) -> None:
     drop(setup.privileges)  # last: joining the group and the rlimits needed them
     if not setup.core_dumps:  # a core dump needs the process dumpable
         undumpable()  # before any job's data is in it (privileges.py says why)
+
+
+_own_pid = 0  # the child's pid (in its PID namespace, when it has one), from ``enter``
+
+
+def leave_if_a_copy() -> None:
+    """In a process the handler forked that came back out of the handler (returned,
+    raised, sys.exit), end it there, as a Python program would end: it is not the child.
+    It must not sweep the child's group (that killed the child, reported as a crash),
+    nor answer on its channel (it answered the next jobs in the child's place)."""
+    if os.getpid() == _own_pid:
+        return
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        status = code & 0xFF if isinstance(code, int) else 0 if code is None else 1
+    elif exc is not None:
+        traceback.print_exception(exc)
+        status = 1
+    else:
+        status = 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def wrap(
@@ -106,6 +134,7 @@ def wrap(
         try:
             return processor(*args, **kwargs)
         finally:
+            leave_if_a_copy()  # first: a copy's sweep would kill the child
             if guard_memory:
                 undumpable()  # 1.2 us (a prctl): set back whatever the handler set
             if sweep_group is not None:

@@ -4,7 +4,8 @@
         cgroup v2:   cgroup.kill ─────────────────────────┐ every process of the attempt
         cgroup v1:   freeze, SIGKILL all, FROZEN, recheck ┤ has SIGKILL pending and none
         process tree: SIGSTOP the tree until nothing new,  │ can run another instruction
-                      SIGKILL every process stopped ───────┘ of its own
+                      SIGKILL every process stopped, and   │ of its own
+                      kill what escaped the tree ──────────┘
           ──► the outcome is settled now (its overshoot measured now)
           ──► v1: thaw, so the pending SIGKILLs act
         later, in the select: the child's sentinel ─► deaths.bury: reaped, the group
@@ -26,7 +27,7 @@ import signal
 from collections import deque
 
 from sandboxq.models import Outcome
-from sandboxq.pool import deaths
+from sandboxq.pool import deaths, server
 from sandboxq.pool.handles import Child
 from sandboxq.pool.kill import kill_stopped
 from sandboxq.pool.running import Attempt
@@ -46,6 +47,9 @@ def kill_at_deadline(child: Child, outcome: Outcome, detail: str) -> None:
     else:
         # what memory sampling saw may have been re-parented out of the tree since
         kill_stopped(child.pid, include_root=True, known=run.tree)
+        # and what the handler moved out of it (clone(CLONE_PARENT), or a daemon once it
+        # turned its subreaper flag off) is the fork server's child: about 2 us to look
+        server.sweep_escaped()
         stopped = True
     if not stopped:
         child.kill_all(run.tree)  # the old path: its sentinel settles the attempt

@@ -43,3 +43,18 @@ def _argv(pid: int) -> list[bytes]:
             return f.read().split(b"\0")
     except OSError:
         return []
+
+
+def escape_then_hang(marker: str) -> None:
+    """``escape``, then hang until the attempt's hard timeout."""
+    escape(marker)
+    time.sleep(600)
+
+
+def copy_comes_back(then_s: float = 0.5) -> str:
+    """Forks; the copy comes back out of the handler at once (as a forked worker process
+    that forgot to exit does), while this process works on for ``then_s``."""
+    if os.fork() == 0:
+        return f"from the copy {os.getpid()}"
+    time.sleep(then_s)
+    return f"from the child {os.getpid()}"
