@@ -150,13 +150,15 @@ class RegistryRefresh(BackgroundThread):
     """Publishes the worker's record every ``interval_s``, on the main connection and a
     thread of its own, so a slow registry write never delays a renewal; and, when the jobs
     it holds change, ``SETTLE_S`` later (the attempt has a child by then), at most every
-    ``MIN_GAP_S``: ``sandboxq info`` shows a job a second after it starts, not up to
+    ``MIN_GAP_S``: ``sandboxq info`` shows a job half a second after it starts, not up to
     ``interval_s`` later."""
 
     #: After a change, wait this long (more changes come together; the child starts).
     SETTLE_S = 0.2
-    #: At least this long between two records written for changes.
-    MIN_GAP_S = 1.0
+    #: At least this long between two records written for changes: a few writes a second
+    #: whatever the job rate, so that a job's pid is in Redis soon after it starts (a
+    #: lease-lost attempt's record takes it from there).
+    MIN_GAP_S = 0.3
 
     def __init__(self, interval_s: float, refresh: Callable[[], None]) -> None:
         super().__init__("registry")
