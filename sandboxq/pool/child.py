@@ -84,7 +84,12 @@ MAX_PROGRESS_MESSAGE = 4096
 
 
 class JobContext:
-    """What a handler can learn and say about the job it runs (``current_job()``)."""
+    """What a handler can learn and say about the job it runs (``current_job()``).
+
+    ``attempt`` is the retry budget's count (``info().attempts``: 1 on the first try, 2 on
+    the first retry), which a requeued attempt (interrupted, lease lost) does not move,
+    so two attempts can see the same number; the history's records number every attempt.
+    """
 
     __slots__ = ("_conn", "_lock", "armed", "attempt", "job_id", "task_id")
 
