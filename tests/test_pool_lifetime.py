@@ -112,6 +112,8 @@ FORKED = textwrap.dedent(
             print("used", flush=True)
         except RuntimeError as exc:
             print("refused:", exc, flush=True)
+        with Pool("sandboxq.testing.handlers:echo", size=1) as own:  # what the error advises
+            print("own", own.submit(4).result(timeout=10), flush=True)
         sys.exit(0)   # a normal exit: atexit hooks run, and must not touch the parent's pool
     _, status = os.waitpid(pid, 0)
     print("child exit", os.waitstatus_to_exitcode(status), flush=True)
@@ -125,14 +127,16 @@ FORKED = textwrap.dedent(
 def test_a_forked_copy_of_a_pool_refuses_work_and_leaves_the_parents_pool_alone() -> None:
     """A process forked from one that holds a pool (os.fork, a preloading server) used
     it and hung until its timeout; at its exit, multiprocess's exit hook tried to join
-    the parent's children and printed a traceback."""
+    the parent's children and printed a traceback. A Pool of its own was broken, as
+    multiprocess went on using the parent's fork server."""
     out = subprocess.run(
         [sys.executable, "-c", FORKED], capture_output=True, timeout=25, check=False, text=True
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("refused: this pool belongs to process"), out.stdout
-    assert lines[1:] == ["child exit 0", "parent 3"], out.stdout
+    # a Pool made in the copy works (it was broken: "no child could be started")
+    assert lines[1:] == ["own 4", "child exit 0", "parent 3"], out.stdout
     assert "Traceback" not in out.stderr, out.stderr
 
 

@@ -25,6 +25,7 @@ from multiprocess import process
 from sandboxq import codec
 from sandboxq.errors import PoolBroken, SerializationError
 from sandboxq.models import Outcome
+from sandboxq.pool import server
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.commands import EndUnstarted, Fence, Kill, Soft
 from sandboxq.pool.containment import detect
@@ -340,12 +341,14 @@ def _forked_copies() -> None:
     """In a process forked from one that holds pools (``os.fork``, a preloading server):
     each is the parent's. It refuses work (its supervisor thread did not come along, so a
     submit waited forever), and nothing here stops it or joins the parent's children
-    (multiprocess's own exit hook failed on them: "can only join a child process")."""
+    (multiprocess's own exit hook failed on them: "can only join a child process"). A
+    Pool made here works, with a fork server of its own."""
     parent = os.getppid()
     for supervisor in list(_supervisors):
         supervisor.forked_from = parent
     _supervisors.clear()
     process._children.clear()  # none of them is this process's child
+    server.forget_the_parents()  # a Pool made here starts a fork server of its own
 
 
 os.register_at_fork(after_in_child=_forked_copies)

@@ -72,6 +72,29 @@ def pid() -> int | None:
     return found
 
 
+def forget_the_parents() -> None:
+    """In a process forked from one that holds pools: the fork server, and the pool
+    children it lists, are the parent's. multiprocess would go on using that server,
+    whose children are not ours to wait for, and every Pool made here was broken
+    ("no child could be started: ChildProcessError"); forgotten, the first Pool made
+    here starts a fork server of its own. The parent's server is left running."""
+    global _list_fd, _clean_list
+    global _lock
+    server = forkserver._forkserver
+    # Right after a fork this thread is the only one: a lock another thread of the
+    # parent held at the fork would stay held here for good, so each is made anew.
+    server._lock, _lock = threading.Lock(), threading.Lock()
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)  # our copy: the parent keeps its own
+    server._forkserver_address = server._forkserver_alive_fd = None
+    server._forkserver_pid = None
+    _pool_children.clear()
+    _own.clear()
+    if _list_fd is not None:
+        os.close(_list_fd[1])
+    _list_fd = _clean_list = None
+
+
 def sweep_orphans() -> int:
     """Kill every process below the fork server that is not a registered pool child (what
     children that died on their own left behind), and wait (up to ``ORPHAN_WAIT_S``, plus
