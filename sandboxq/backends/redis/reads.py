@@ -158,21 +158,6 @@ class Reads:
             info = info.model_copy(update={"unreadable": [*info.unreadable, *unread]})
         return pages.job_detail(info, found)
 
-    def _owner_record(self, owner: bytes | None) -> bytes | None:
-        """An active job's owner's registry record (it says the child's pid), read as
-        read_job.lua reads it: not at all when it is over the cap or not a string."""
-        if not owner:
-            return None
-        key = self.keys.worker(records.text(owner))
-        pipe = self._conns.main.pipeline(transaction=False)
-        pipe.type(key)
-        pipe.strlen(key)
-        kind, size = pipe.execute(raise_on_error=False)
-        if kind != b"string" or not isinstance(size, int) or size > records.MAX_FIELD_BYTES:
-            return None
-        [raw] = self._conns.main.mget([key])  # what a reader may run on it (acl.py)
-        return raw if isinstance(raw, bytes) and raw else None
-
     def oldest_waiting_ms(self) -> int | None:
         with self._conns.errors("read the oldest waiting job"):
             return self._pages.oldest_waiting_ms()
