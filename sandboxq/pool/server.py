@@ -78,8 +78,7 @@ def forget_the_parents() -> None:
     whose children are not ours to wait for, and every Pool made here was broken
     ("no child could be started: ChildProcessError"); forgotten, the first Pool made
     here starts a fork server of its own. The parent's server is left running."""
-    global _list_fd, _clean_list
-    global _lock
+    global _list_fd, _clean_list, _lock
     server = forkserver._forkserver
     # Right after a fork this thread is the only one: a lock another thread of the
     # parent held at the fork would stay held here for good, so each is made anew.
