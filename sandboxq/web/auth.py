@@ -6,7 +6,7 @@
                                 Path=<mount>
     POST /action             ── authenticated, same origin (Sec-Fetch-Site, Origin), and with
                                 a cookie session also its CSRF field = HMAC(key, "csrf:" + sid)
-    POST /logout             ── same origin; the session's id is ended here (``ended``)
+    POST /logout             ── same origin; the session's id is ended here (``Auth.end``)
 
 The cookie never holds the token: it holds a random session id, when it was issued, and an
 HMAC of both keyed by the token, so a stolen cookie cannot be turned into the token,
