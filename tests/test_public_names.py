@@ -19,6 +19,7 @@ PUBLIC = {
     "BackendError",
     "CodecRefused",
     "ConfigError",
+    "DamagedRecord",
     "Job",
     "JobFailed",
     "JobNotFound",
