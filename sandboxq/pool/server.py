@@ -8,7 +8,8 @@ the orphans it holds, and its death.
     forget(pid) ◄── the child ended ──┘        of this process registered; so does
                                                sweep_escaped(), after each attempt in the
                                                process-tree mode, when it finds one (a
-                                               handler's clone(CLONE_PARENT))
+                                               handler's clone(CLONE_PARENT)), and
+                                               kill_escaped() at a deadline kill
 
 One fork server serves every pool of a process, so the registry is module-wide and a
 spawn holds its lock from the fork until the pid is registered: an orphan sweep running
@@ -33,7 +34,7 @@ from contextlib import contextmanager
 
 from multiprocess import forkserver
 
-from sandboxq.pool.kill import children_of, ended, sweep
+from sandboxq.pool.kill import children_of, ended, kill_stopped, state, sweep
 from sandboxq.pool.waits import readable
 
 _lock = threading.Lock()
@@ -125,21 +126,20 @@ def sweep_orphans() -> int:
     return killed
 
 
-def sweep_escaped() -> int:
-    """After an attempt in the process-tree mode: kill what escaped its child's tree. A
-    process a handler started with ``clone(CLONE_PARENT)`` is the fork server's child,
-    not its own, and no sweep of the child's tree finds it. The common case costs one read
-    of the fork server's children list, from a descriptor held open, the same bytes as at
-    the last look that found only pool children (about 2 us; opening the file each time
-    cost 8, and parsing it each time lowered the pool's no-op throughput by 8 %). Returns
-    how many were killed."""
+def _escaped() -> list[int]:
+    """The fork server's children that are neither pool children nor its own: what left
+    a child's tree (a handler's clone(CLONE_PARENT), or a daemon once it turned its
+    subreaper flag off). The common case costs one read of the fork server's children
+    list, from a descriptor held open, the same bytes as at the last look that found only
+    pool children (about 2 us; opening the file each time cost 8, and parsing it each
+    time lowered the pool's no-op throughput by 8 %)."""
     global _clean_list
     server = pid()
     if server is None:
-        return 0
+        return []
     listed = _children_list(server)
     if listed is not None and listed == _clean_list:
-        return 0  # nobody came or went since the last look found no one of the kind
+        return []  # nobody came or went since the last look found no one of the kind
     with _lock:  # a child being forked is registered before this can look
         own = _own.get(server, set())
         whole = listed is not None and len(listed) < _LIST_MAX  # else a page of it, or none
@@ -147,9 +147,26 @@ def sweep_escaped() -> int:
         escaped = [p for p in found if p not in _pool_children and p not in own]
         if not escaped and whole:
             _clean_list = listed
-    if not any(not ended(p) for p in escaped):
+    return escaped
+
+
+def sweep_escaped() -> int:
+    """After an attempt in the process-tree mode: kill what escaped its child's tree, and
+    wait until it is gone. Returns how many were killed."""
+    if not any(not ended(p) for p in _escaped()):
         return 0
     return sweep_orphans()
+
+
+def kill_escaped() -> None:
+    """At a deadline kill in the process-tree mode: SIGKILL what escaped the child's tree,
+    stopping each tree first and waiting for nothing (teardown.py says why). A process
+    already stopped is left alone: the tree of a child killed a moment before, handed to
+    the fork server as that child died, its SIGKILLs pending; sweeping it again made
+    another child's deadline kill 85 ms late."""
+    for orphan in _escaped():
+        if state(orphan) not in (b"T", b"t", b"Z", b"X", b""):
+            kill_stopped(orphan, include_root=True)
 
 
 #: How much of a children list one read takes (the kernel gives at most a page a read).

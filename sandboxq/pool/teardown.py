@@ -49,7 +49,7 @@ def kill_at_deadline(child: Child, outcome: Outcome, detail: str) -> None:
         kill_stopped(child.pid, include_root=True, known=run.tree)
         # and what the handler moved out of it (clone(CLONE_PARENT), or a daemon once it
         # turned its subreaper flag off) is the fork server's child: about 2 us to look
-        server.sweep_escaped()
+        server.kill_escaped()
         stopped = True
     if not stopped:
         child.kill_all(run.tree)  # the old path: its sentinel settles the attempt
