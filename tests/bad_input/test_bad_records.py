@@ -263,11 +263,22 @@ def test_info_reads_a_record_around_its_unreadable_fields(
         q = Queue(queue_name, url=redis_url)
         job = q.enqueue("x")
         raw.hset(backend.keys.job(job.id), mapping={"created_ms": "yesterday", "stalls": "-1"})
-        raw.rpush(backend.keys.history(job.id), b'{"attempt": 1, "outcome": "ok"}', b"\xff{")
+        raw.rpush(
+            backend.keys.history(job.id),
+            b'{"attempt": 1, "outcome": "ok"}',
+            b"\xff{",
+            b'{"attempt": 3, "outcome": "ok", "started_ms": 1e400}',
+        )
         info = job.info()
         assert info.state is JobState.WAITING and info.created_ms is None and info.stalls == 0
         assert [h.outcome for h in info.history] == [Outcome.OK]
-        assert len(info.unreadable) == 3
+        assert len(info.unreadable) == 4
+        # each problem named with its value, without pydantic's link to its own pages
+        assert any(
+            u.endswith("started_ms: Input should be a finite number (got inf)")
+            for u in info.unreadable
+        ), info.unreadable
+        assert not any("errors.pydantic.dev" in u for u in info.unreadable), info.unreadable
         assert any(u.startswith("created_ms (b'yesterday')") for u in info.unreadable)
         assert any(u.startswith("stalls (b'-1')") for u in info.unreadable)
         assert any(u.startswith("attempt record #2 (b'\\xff{')") for u in info.unreadable)
