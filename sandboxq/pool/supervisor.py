@@ -135,8 +135,10 @@ class Supervisor:
         self._guard = Guard(capacity=4 * size + 8, pool_dirs=self._contain.pool_dirs)
         self._closing = False
         # A dropped pool's supervisor closes its own wake pipe once its thread ends
-        # (``abandon``); the lock orders that with the thread's end.
-        self._end_lock = threading.Lock()
+        # (``abandon``); the lock orders that with the thread's end. Re-entrant: the
+        # finalizer that calls abandon runs wherever the collector finds the pool, this
+        # thread's locked end included (closing the pipe twice is harmless).
+        self._end_lock = threading.RLock()
         self._abandoned = self._ended = False
         #: Children whose channel ended, by when their exit should have been seen.
         self._exits_due: dict[Child, float] = {}
