@@ -175,7 +175,9 @@ def test_worker_is_stopped_at_teardown_even_when_the_test_fails(
             with Queue(seen["queue"], sandboxq_redis_url) as queue:
                 info = queue.job(seen["job"]).info()
             assert (info.state, info.attempts) == ("waiting", 0)
-            assert [a.outcome for a in info.history] == ["interrupted"]
+            assert [(a.outcome, a.action) for a in info.history] == [
+                ("interrupted", "retry_uncharged")
+            ]
         """
     )
     result = run(pytester, f"--sandboxq-redis-url={redis_url}")

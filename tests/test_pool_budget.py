@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sandboxq import JobFailed, Pool, Queue
-from sandboxq.models import JobState, Outcome
+from sandboxq.models import Action, JobState, Outcome
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.testing.workers import BackgroundWorkers
 from tests.conftest import MODE, WHY
@@ -79,7 +79,7 @@ def test_a_worker_requeues_memory_pressure_uncharged(
         assert all(i.state is JobState.COMPLETED and i.attempts == 1 for i in infos)
         pressed = [a for i in infos for a in i.history if a.outcome is Outcome.MEMORY_PRESSURE]
         assert pressed, [i.history for i in infos]
-        assert all(a.action is None for a in pressed)  # requeued, not charged
+        assert all(a.action is Action.RETRY_UNCHARGED for a in pressed)  # not charged
 
 
 def test_pool_memory_mb_is_a_setting_of_both(queue_name: str) -> Any:

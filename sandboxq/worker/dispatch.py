@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, TypeVar, assert_never
 
 from sandboxq.backends.base import Ack, Backend, Claimed
 from sandboxq.errors import BackendError
-from sandboxq.models import Outcome
+from sandboxq.models import Action, Outcome
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.pool import Pool
 from sandboxq.settings import WorkerSettings
@@ -360,7 +360,7 @@ class Dispatcher:
         if failed_here and ack.attempt.outcome is not Outcome.POISON:
             # The worker broke, not the job: hand it back uncharged, with what happened
             # (and a helper's death under it still counted against it).
-            record = ack.attempt.model_copy(update={"action": None})
+            record = ack.attempt.model_copy(update={"action": Action.RETRY_UNCHARGED})
             ack = Ack(job.id, job.token, "requeue", record, infra_death=ack.infra_death)
         return job, ack
 

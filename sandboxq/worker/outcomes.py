@@ -138,7 +138,7 @@ def ack_for(
     outcome = attempt.outcome
     error = None if outcome is Outcome.OK else attempt.cause
     action: FinishAction
-    decided: Action | None
+    decided: Action
     deaths = job.infra_deaths + (attempt.infra_death is not None)
     if attempt.infra_death is not None and rules.poisoned(deaths, max_infra_deaths):
         # The claim said how often this job was under a helper that died; the backend
@@ -147,7 +147,7 @@ def ack_for(
         error = rules.POISON_TEXT % (deaths, attempt.infra_death)
     elif outcome is Outcome.INTERRUPTED or outcome is Outcome.MEMORY_PRESSURE:
         # not charged (memory_pressure: counted as infra_death, bounded as poison is)
-        action, decided, delay = "requeue", None, 0.0
+        action, decided, delay = "requeue", Action.RETRY_UNCHARGED, 0.0
     else:
         options = job.options
         retries = options.retries if options.retries is not None else default_retries
