@@ -43,6 +43,7 @@ from selenium import webdriver  # noqa: E402
 from selenium.common.exceptions import (  # noqa: E402
     NoSuchElementException,
     StaleElementReferenceException,
+    WebDriverException,
 )
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -50,6 +51,7 @@ from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
+
 
 PROCESSOR = "web.dash_jobs:route"
 FLAGS = [
@@ -63,6 +65,15 @@ FLAGS = [
     "--disable-sync",
     "--window-size=1280,900",
 ]
+
+
+def _replaced(exc: WebDriverException) -> bool:
+    """Whether ``exc`` says the element read belongs to a page that was replaced. Chromium
+    says so in two ways: a stale element, or, when the read lands while a form's answer
+    replaces the document, a generic error naming the node's document."""
+    return isinstance(exc, StaleElementReferenceException) or (
+        "does not belong to the document" in (exc.msg or "")
+    )
 
 
 class Site:
@@ -85,8 +96,9 @@ class Site:
         for _ in range(20):
             try:
                 return [e.text for e in self.browser.find_elements(By.CSS_SELECTOR, css)] or [""]
-            except StaleElementReferenceException:
-                continue
+            except WebDriverException as exc:
+                if not _replaced(exc):
+                    raise
         raise AssertionError(f"{css} kept being replaced")
 
     def rows(self, css: str) -> list[list[str]]:
@@ -94,16 +106,25 @@ class Site:
             try:
                 rows = self.browser.find_elements(By.CSS_SELECTOR, css)
                 return [[td.text for td in r.find_elements(By.TAG_NAME, "td")] for r in rows]
-            except StaleElementReferenceException:
-                continue
+            except WebDriverException as exc:
+                if not _replaced(exc):
+                    raise
         raise AssertionError(f"{css} kept being replaced")
 
     def wait(self, what: str, condition: Any, timeout_s: float = 15) -> Any:
+        def check(_: WebDriver) -> Any:
+            try:
+                return condition()
+            except WebDriverException as exc:
+                if _replaced(exc):
+                    return False  # read while the page was replaced: not yet
+                raise
+
         try:
-            ignored = (StaleElementReferenceException, NoSuchElementException)
             return WebDriverWait(
-                self.browser, timeout_s, poll_frequency=0.05, ignored_exceptions=ignored
-            ).until(lambda _: condition(), message=f"waiting for {what}")
+                self.browser, timeout_s, poll_frequency=0.05,
+                ignored_exceptions=(NoSuchElementException,),
+            ).until(check, message=f"waiting for {what}")  # fmt: skip
         except Exception:
             self.shot("timed-out")
             print(self.browser.page_source)  # shown with the failure
