@@ -9,13 +9,14 @@ import re
 from pathlib import Path
 
 import pytest
+import redis
 
 from sandboxq import JobFailed
 from sandboxq.client import Job, Queue
 from sandboxq.models import JobState, Outcome
 from sandboxq.pool.kill import ended
 from sandboxq.testing.cases import CASES, HandlerCase
-from sandboxq.testing.redis_server import free_port
+from sandboxq.testing.redis_server import RedisServer, free_port
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import StartWorker
 
@@ -368,6 +369,27 @@ def test_own_server_on_a_unix_socket_is_stopped_after_the_session(
     assert url.startswith("unix://") and url.endswith("/redis.sock?db=0")
     socket_dir = Path(url.removeprefix("unix://").split("?")[0]).parent
     assert not socket_dir.exists()  # the server stopped and its directory was removed
+
+
+@pytest.mark.timeout(60)
+def test_a_server_whose_free_port_was_taken_starts_on_another() -> None:
+    """Between ``free_port()`` and the server's bind another process (a test suite
+    running beside this one) can take the port. The server that then fails to bind must
+    not take the other's answer for its own: it starts again on another port."""
+    with RedisServer() as theirs:
+        ours = RedisServer()
+        ours.port = theirs.port  # the race, as it falls: ours chose it, theirs bound it
+        with ours:
+            assert ours.port != theirs.port and ours.process is not None
+            with redis.Redis.from_url(ours.url) as raw:
+                assert raw.info("server")["process_id"] == ours.process.pid
+
+
+@pytest.mark.timeout(60)
+def test_a_server_given_a_taken_port_fails_to_start() -> None:
+    with RedisServer() as theirs, pytest.raises(RuntimeError, match="exited with code 1"):
+        with RedisServer(port=theirs.port):
+            pass
 
 
 @pytest.mark.timeout(60)

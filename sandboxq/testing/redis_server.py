@@ -19,10 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from sandboxq.pool import linux
 
 #: The binary looked up on PATH when none is named.
 BINARY = "redis-server"
+
+#: Ports a server that chose its own tries before its start fails.
+_PORT_TRIES = 3
 
 #: sockaddr_un holds 108 bytes on Linux (104 on macOS), the terminating NUL included.
 _MAX_SOCKET_PATH = 103
@@ -128,6 +133,9 @@ class RedisServer:
                 )
         else:
             self.port = port or free_port()
+        #: Whether start() may move to another port: one it chose, before the first start
+        #: (a restart keeps its address).
+        self._may_move = port is None and not unix_socket
         self.appendonly = appendonly
         self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
@@ -171,6 +179,23 @@ class RedisServer:
         return args
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
+        """Start the server and wait until it answers. A free port can be taken between
+        ``free_port()`` and the server's bind (test suites running side by side, each
+        starting servers): a server that then exits is started again on another port,
+        and another process's server answering on ours is not taken for it."""
+        deadline = time.monotonic() + timeout_s
+        tries_left = _PORT_TRIES if self._may_move else 1
+        while (code := self._exit_before_ready(deadline)) is not None:
+            tries_left -= 1
+            if not tries_left:
+                raise RuntimeError(f"redis-server exited with code {code} ({self.address})")
+            self.port = free_port()
+        self._may_move = False
+        return self
+
+    def _exit_before_ready(self, deadline: float) -> int | None:
+        """Start the process and wait until it answers (None), or until it exits (its
+        exit status); ``TimeoutError`` past ``deadline``."""
         self.process = subprocess.Popen(
             self._args(),
             stdout=subprocess.DEVNULL,
@@ -178,17 +203,27 @@ class RedisServer:
             stdin=subprocess.DEVNULL,
             preexec_fn=ends_with_this_process(),
         )
-        deadline = time.monotonic() + timeout_s
-        while not self.ping():
-            if self.process.poll() is not None:
-                code = self.process.returncode
+        while not (self.ping() and self._listening()):
+            if (code := self.process.poll()) is not None:
                 self.process = None
-                raise RuntimeError(f"redis-server exited with code {code} ({self.address})")
+                return code
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"redis-server did not answer at {self.address}")
             time.sleep(0.01)
-        return self
+        return None
+
+    def _listening(self) -> bool:
+        """Whether the process we started is the one listening at our address."""
+        if self.process is None:
+            return False
+        if self.socket_path is not None:  # in a directory of our own
+            return True
+        try:
+            sockets = psutil.Process(self.process.pid).net_connections(kind="tcp")
+        except psutil.Error:
+            return False
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port for c in sockets)
 
     def _connect(self) -> socket.socket:
         if self.socket_path is not None:
