@@ -29,6 +29,8 @@ from sandboxq.pool.child import SIGSOFT
 from sandboxq.pool.output import TAIL_BYTES
 from sandboxq.text import MAX_TRACEBACK_BYTES, bounded_traceback
 
+pytestmark = pytest.mark.alone  # kills within 0.25 s of their deadline
+
 W = "tests.support.where:"
 #: What these tests look at does not depend on containment: the process-tree mode, where
 #: no other pool's clean-up of stale control groups can reach them (the hard-kill test

@@ -141,6 +141,7 @@ def test_fork_burst_of_200_is_dead_when_the_outcome_is_reported(
         assert not left, f"{len(left)} of the burst outlived the attempt"
 
 
+@pytest.mark.alone  # a fork bomb
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("then", ["return", "exit"])
 def test_bounded_fork_bomb_cannot_outrun_the_sweep(

@@ -230,6 +230,7 @@ def test_a_stopped_worker_stops_its_child_and_the_fence_kills_it_before_another_
     assert state(first) not in ("zombie", "gone")
 
 
+@pytest.mark.alone  # a restart within 0.5 s
 @pytest.mark.timeout(60)
 def test_a_killed_guard_is_restarted_at_once_and_fences_as_before(
     scene: Scene, tmp_path: Path
@@ -273,6 +274,7 @@ def daemon_pid(path: Path) -> int | None:
     return int(path.read_text()) if path.exists() else None
 
 
+@pytest.mark.alone  # gone within 1 s
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("with_guard", [False, True], ids=["fork-server-too", "guard-too"])
 def test_a_killed_worker_leaves_nothing_of_its_pool(

@@ -101,6 +101,7 @@ def test_200_coroutines_await_results_on_one_connection(
     many_waiters(200, redis_url, server, queue_name, workers)
 
 
+@pytest.mark.alone  # holds a core
 @pytest.mark.timeout(300)
 def test_10000_coroutines_await_results_on_one_connection(
     redis_url: str, server: Server, queue_name: str, workers: BackgroundWorkers

@@ -179,6 +179,7 @@ def test_soft_and_hard_timeouts_and_stacks_reach_the_handler(containment: str) -
     assert r.outcome is Outcome.SOFT_TIMEOUT, r.cause
 
 
+@pytest.mark.alone  # a kill's lateness, a fork burst
 @pytest.mark.timeout(60)
 def test_a_burst_is_killed_on_time_and_leaves_no_zombie(containment: str, tmp_path: Path) -> None:
     with Pool(

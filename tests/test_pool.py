@@ -67,6 +67,7 @@ CATALOGUE = [
 ]
 
 
+@pytest.mark.alone  # a kill within 0.25 s
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(("handler", "soft", "expected"), CATALOGUE)
 def test_hung_handlers_end_with_their_outcome(handler: str, soft: bool, expected: Outcome) -> None:

@@ -17,6 +17,8 @@ from sandboxq.pool.attempt import AttemptResult
 from sandboxq.testing.processes import still_running
 from sandboxq.testing.waiting import wait_for
 
+pytestmark = pytest.mark.alone  # a kill's lateness in milliseconds, beside a fork burst
+
 H = "sandboxq.testing.handlers:"
 BURST = 200
 #: The burst's hard timeout: long enough for all of it to be forked first.

@@ -184,6 +184,7 @@ def test_redis_down_longer_than_a_lease_then_back(queue_name: str, tmp_path: Pat
     assert_never_concurrent(runs)
 
 
+@pytest.mark.alone  # holds every core
 @pytest.mark.timeout(60)
 def test_leases_are_renewed_while_every_core_is_held_by_gil_holding_children(
     redis_url: str, queue: Queue, queue_name: str, workers: BackgroundWorkers

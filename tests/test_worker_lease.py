@@ -281,6 +281,7 @@ def _in_a_redis_call(thread_name: str) -> bool:
     return False
 
 
+@pytest.mark.alone  # a bound of 1 s on the stop
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("second_signal", [False, True])
 def test_stop_returns_in_time_while_redis_hangs(

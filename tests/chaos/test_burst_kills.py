@@ -14,7 +14,7 @@ from sandboxq.testing.processes import still_running
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.alone]  # fork bursts
 
 CALL = "sandboxq.testing.handlers:call"
 KILLS = 6

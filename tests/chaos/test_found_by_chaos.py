@@ -58,6 +58,7 @@ def test_a_kill_racing_a_childs_death_does_not_crash_the_supervisor() -> None:
         pool.shutdown(cancel=True)
 
 
+@pytest.mark.alone  # the heartbeat's largest gap
 def test_a_worker_behind_a_slow_link_keeps_its_leases(
     redis_server: RedisServer, queue_name: str, workers: BackgroundWorkers
 ) -> None:

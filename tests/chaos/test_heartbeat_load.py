@@ -14,7 +14,7 @@ from sandboxq.testing.workers import BackgroundWorkers
 from sandboxq.worker.heartbeat import fence_margin_s
 from tests.support.ledger import read_ledger
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.alone]  # holds every core
 
 LEASE_S = 1.5
 

@@ -400,6 +400,7 @@ def test_a_live_memory_queue_shows_past_hundreds_emptied_ones(queue_name: str) -
         assert f'<a href="/queue?name={live.name}">' in http.get("/").text
 
 
+@pytest.mark.alone  # a page within 0.4 s
 @pytest.mark.timeout(30)
 def test_every_wrong_token_is_answered_after_half_a_second_without_stalling_others(
     redis_url: str, q: Queue
