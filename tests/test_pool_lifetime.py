@@ -369,3 +369,31 @@ def test_a_child_s_exit_is_reported_while_its_fork_server_is_stopped() -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["exit", "3"], out.stdout
     assert "fork server" in out.stderr and "was stopped; continuing it" in out.stderr
+
+
+@pytest.mark.timeout(30)
+def test_a_killed_resource_tracker_leaves_no_zombie_under_an_idle_pool() -> None:
+    """The worker process is the resource tracker's parent: killed, the tracker stayed a
+    zombie under it until a child was next started, which a pool whose children live
+    long may never do. The pool reaps it at once, and works on (with a new tracker)."""
+    script = textwrap.dedent(
+        """
+        import os, signal, warnings
+        from sandboxq import Pool
+        from sandboxq.pool.kill import state
+        from sandboxq.pool.tracker import tracker_pid
+        from sandboxq.testing.waiting import wait_for
+        warnings.simplefilter("ignore")  # multiprocess's own, when it starts another
+        with Pool("sandboxq.testing.handlers:echo", size=1, max_jobs_per_child=2) as pool:
+            assert pool.submit(1).result(timeout=20) == 1
+            tracker = tracker_pid()
+            os.kill(tracker, signal.SIGKILL)
+            wait_for(lambda: state(tracker) == b"", 5, "the dead tracker to be reaped")
+            assert [pool.submit(n).result(timeout=20) for n in (2, 3)] == [2, 3]
+            assert tracker_pid() not in (None, tracker) and state(tracker_pid()) != b"Z"
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=25)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    assert "the resource tracker (pid " in out.stderr, out.stderr

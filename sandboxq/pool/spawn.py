@@ -8,7 +8,8 @@
                 forkserver start method) and registered (server.py) before an orphan
                 sweep can see it
     follow_server() ──► after each start: the fork server's pidfd joins the select; one
-                that was replaced before its death was seen has died
+                that was replaced before its death was seen has died; so does the
+                resource tracker's, reaped when it dies (tracker.py)
 
 What a fork server's death does to the children is the supervisor's (its
 ``on_server_death``, then deaths.py): this module only notices the death.
@@ -31,6 +32,7 @@ from sandboxq.pool.kill import resume, state
 from sandboxq.pool.memory import ChildMemory
 from sandboxq.pool.output import ChildOutput, Relay
 from sandboxq.pool.stacks import StackFile
+from sandboxq.pool.tracker import TrackerWatch
 from sandboxq.text import guarded_logger
 
 log = guarded_logger("sandboxq.pool")
@@ -67,6 +69,7 @@ class Spawner:
         self._selector = selector
         self._on_server_death = on_server_death
         self._watch = server.Watch() if ctx.get_start_method() == "forkserver" else None
+        self._tracker = TrackerWatch()
 
     def spawn(self) -> Child:
         """Start one child (not ready yet: it sends ``Ready`` once its processor is
@@ -117,7 +120,10 @@ class Spawner:
         return child
 
     def follow_server(self) -> None:
-        """Watch the fork server the last child came from (a new one after a death)."""
+        """Watch the fork server the last child came from (a new one after a death), and
+        the resource tracker."""
+        if (fd := self._tracker.follow()) is not None:
+            self._selector.register(fd, selectors.EVENT_READ, self._on_tracker_event)
         watch = self._watch
         if watch is None:
             return
@@ -125,6 +131,12 @@ class Spawner:
             self._on_server_death()  # replaced before its death was seen: it died
         if (fd := watch.follow()) is not None:
             self._selector.register(fd, selectors.EVENT_READ, self._on_server_event)
+
+    def _on_tracker_event(self, fd: Any) -> None:
+        # As below: an event of a pidfd closed meanwhile, its number reused, is not its.
+        if fd == self._tracker.fd and self._tracker.dead():
+            self._selector.unregister(fd)
+            self._tracker.reap()
 
     def _on_server_event(self, _fd: Any) -> None:
         # A select batch can still hold the event of a pidfd already handled (through a
@@ -168,6 +180,7 @@ class Spawner:
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
+        self._tracker.close()
 
 
 def _started(shared: Any) -> int:
