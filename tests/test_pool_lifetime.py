@@ -375,15 +375,16 @@ def test_a_child_s_exit_is_reported_while_its_fork_server_is_stopped() -> None:
 def test_a_killed_resource_tracker_leaves_no_zombie_under_an_idle_pool() -> None:
     """The worker process is the resource tracker's parent: killed, the tracker stayed a
     zombie under it until a child was next started, which a pool whose children live
-    long may never do. The pool reaps it at once, and works on (with a new tracker)."""
+    long may never do. The pool reaps it at once, and works on with a new tracker:
+    multiprocess forgets the dead one, so it neither waits for its pid again (by then
+    perhaps another process's) nor warns."""
     script = textwrap.dedent(
         """
-        import os, signal, warnings
+        import os, signal
         from sandboxq import Pool
         from sandboxq.pool.kill import state
         from sandboxq.pool.tracker import tracker_pid
         from sandboxq.testing.waiting import wait_for
-        warnings.simplefilter("ignore")  # multiprocess's own, when it starts another
         with Pool("sandboxq.testing.handlers:echo", size=1, max_jobs_per_child=2) as pool:
             assert pool.submit(1).result(timeout=20) == 1
             tracker = tracker_pid()
@@ -394,6 +395,9 @@ def test_a_killed_resource_tracker_leaves_no_zombie_under_an_idle_pool() -> None
         print("ok")
         """
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=25)
+    # -W error: multiprocess starts the next tracker without a warning about the last one
+    argv = [sys.executable, "-W", "error", "-c", script]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=25)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
     assert "the resource tracker (pid " in out.stderr, out.stderr
+    assert "died unexpectedly" not in out.stderr, out.stderr  # a child's start failed on it
