@@ -38,7 +38,7 @@ class LocalSentinel:
         self.cli = cli
         self.service = service
         self.master = RedisServer()
-        self.replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(self.master.port)])
+        self.replica = RedisServer()  # of the master's port, known once it has started
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self._dir = tempfile.TemporaryDirectory(prefix="sandboxq-sentinel-")
         self._sentinels: list[subprocess.Popen[bytes]] = []
@@ -51,7 +51,8 @@ class LocalSentinel:
     def start(self, timeout_s: float = 30.0) -> LocalSentinel:
         deadline = time.monotonic() + timeout_s
         try:
-            self.master.start()
+            self.master.start()  # on another port if its own was taken meanwhile
+            self.replica.extra_args = ["--replicaof", "127.0.0.1", str(self.master.port)]
             self.replica.start()
             for port in self.sentinel_ports:
                 self._sentinels.append(self._start_sentinel(port))
