@@ -221,6 +221,8 @@ class RedisServer:
             return True
         try:
             sockets = psutil.Process(self.process.pid).net_connections(kind="tcp")
+        except psutil.AccessDenied:
+            return True  # where its sockets cannot be read, the answer is all there is
         except psutil.Error:
             return False
         return any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port for c in sockets)
