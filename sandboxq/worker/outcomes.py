@@ -1,9 +1,10 @@
 """What an ended attempt means to the queue: the exit policy, the ack, and what the backend
 answered.
 
-    AttemptResult ── interrupted, memory_pressure ► requeue (the attempt is not charged; a
-                     helper of the pool died under it: + infra_death, which the backend
-                     counts against the job; at max_infra_deaths: fail, outcome poison)
+    AttemptResult ── interrupted, memory_pressure ► requeue, recorded as retry_uncharged
+                     (the attempt is not charged; a helper of the pool died under it:
+                     + infra_death, which the backend counts against the job; at
+                     max_infra_deaths: fail, outcome poison)
                   ── any other outcome ─► ExitPolicy ─► complete (result stored)
                                                       ─► retry (backoff into delayed)
                                                       ─► fail (with the cause)
