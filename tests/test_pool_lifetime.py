@@ -401,3 +401,126 @@ def test_a_killed_resource_tracker_leaves_no_zombie_under_an_idle_pool() -> None
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
     assert "the resource tracker (pid " in out.stderr, out.stderr
     assert "died unexpectedly" not in out.stderr, out.stderr  # a child's start failed on it
+
+
+def _run_script(script: str, timeout_s: float = 50) -> str:
+    """Run ``script`` under ``-W error`` in a Python of its own; its stderr (it must print
+    "ok" and exit 0)."""
+    argv = [sys.executable, "-W", "error", "-c", textwrap.dedent(script)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr[-3000:]
+    return out.stderr
+
+
+@pytest.mark.timeout(60)
+def test_resource_trackers_killed_while_children_are_replaced_break_nothing() -> None:
+    """A tracker can be replaced (at a child's start) before its death is seen: the pool
+    used to close its pidfd still in the select, and the next descriptor given that
+    number crashed the supervisor ("is already registered"), breaking the pool. Each
+    death here also has a stop before it, every other time."""
+    _run_script(
+        """
+        import os, signal, threading, time
+        from sandboxq import Pool
+        from sandboxq.pool.kill import state
+        from sandboxq.pool.tracker import tracker_pid
+        def zombies():
+            return [p for p in os.listdir("/proc") if p.isdigit() and state(int(p)) == b"Z"
+                    and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[2]
+                    == str(os.getpid())]
+        pools = [Pool("sandboxq.testing.handlers:echo", size=2, max_jobs_per_child=1)
+                 for _ in range(2)]
+        done, stop = [0, 0], threading.Event()
+        def feed(k):
+            while not stop.is_set():
+                futures = [pools[k].submit(n) for n in range(4)]
+                assert [f.result(timeout=30) for f in futures] == list(range(4))
+                done[k] += 4
+        feeders = [threading.Thread(target=feed, args=(k,)) for k in range(2)]
+        for t in feeders:
+            t.start()
+        killed = set()
+        for n in range(16):
+            tracker = tracker_pid()
+            if tracker is not None and tracker not in killed and state(tracker):
+                killed.add(tracker)
+                if n % 2:
+                    os.kill(tracker, signal.SIGSTOP)
+                os.kill(tracker, signal.SIGKILL)
+            time.sleep(0.2)
+        stop.set()
+        for t in feeders:
+            t.join(40)
+        assert len(killed) >= 8 and min(done) > 0, (killed, done)
+        assert all(p.alive and p.broken is None for p in pools), [p.broken for p in pools]
+        time.sleep(0.3)
+        assert not zombies(), zombies()
+        for p in pools:
+            p.shutdown()
+        print("ok")
+        """
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_tracker_another_pool_started_is_reaped_by_an_idle_one() -> None:
+    """The tracker is the process's: one started by another pool (since shut down) is
+    followed by a pool that starts nothing, so its death leaves no zombie either."""
+    _run_script(
+        """
+        import os, signal
+        from sandboxq import Pool
+        from sandboxq.pool.kill import state
+        from sandboxq.pool.tracker import tracker_pid
+        from sandboxq.testing.waiting import wait_for
+        with Pool("sandboxq.testing.handlers:echo", size=1) as idle:
+            assert idle.submit(1).result(timeout=20) == 1
+            first = tracker_pid()
+            os.kill(first, signal.SIGKILL)
+            wait_for(lambda: state(first) == b"", 5, "the first tracker to be reaped")
+            with Pool("sandboxq.testing.handlers:echo", size=1) as other:
+                assert other.submit(2).result(timeout=20) == 2
+            second = tracker_pid()
+            assert second not in (None, first) and state(second) not in (b"", b"Z")
+            os.kill(second, signal.SIGKILL)
+            wait_for(lambda: state(second) == b"", 5, "the other pool's tracker to be reaped")
+            assert idle.submit(3).result(timeout=20) == 3
+        print("ok")
+        """
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(os.geteuid() != 0, reason="choosing the next pid takes root")
+def test_a_reaped_trackers_pid_given_to_another_child_is_not_waited_for() -> None:
+    """Once the pool reaped the tracker its pid is free, and the next process may get it.
+    multiprocess, still holding that pid, waited for it at the pool's next child: the
+    start blocked for as long as that process lived, and took its exit status."""
+    _run_script(
+        """
+        import os, signal, subprocess, time
+        from sandboxq import Pool
+        from sandboxq.pool.kill import state
+        from sandboxq.pool.tracker import tracker_pid
+        from sandboxq.testing.waiting import wait_for
+        with Pool("sandboxq.testing.handlers:echo", size=1, max_jobs_per_child=1) as pool:
+            assert pool.submit(1).result(timeout=20) == 1
+            tracker = tracker_pid()
+            os.kill(tracker, signal.SIGKILL)
+            wait_for(lambda: state(tracker) == b"", 5, "the tracker to be reaped")
+            for _ in range(20):
+                with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                    f.write(str(tracker - 1))
+                reuser = subprocess.Popen(["sh", "-c", "sleep 4; exit 7"])
+                if reuser.pid == tracker:
+                    break
+                reuser.kill()
+                reuser.wait()
+            assert reuser.pid == tracker, "the pid could not be chosen"
+            started = time.monotonic()
+            assert [pool.submit(n).result(timeout=20) for n in (2, 3)] == [2, 3]
+            assert time.monotonic() - started < 2.0
+            assert reuser.wait() == 7
+        print("ok")
+        """
+    )

@@ -104,6 +104,10 @@ class Mailbox:
     def put(self, command: Command) -> None:
         """Queue ``command`` and wake the supervisor (any thread)."""
         self.queue.append(command)
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the supervisor (any thread), with or without a command queued."""
         # One wake byte per batch of commands: the supervisor clears the flag before
         # taking from the deque, so a command appended while it is set is always seen.
         if not self._woken and not self._shut:

@@ -8,8 +8,9 @@
                 forkserver start method) and registered (server.py) before an orphan
                 sweep can see it
     follow_server() ──► after each start: the fork server's pidfd joins the select; one
-                that was replaced before its death was seen has died; so does the
-                resource tracker's, reaped when it dies (tracker.py)
+                that was replaced before its death was seen has died
+    follow_tracker() ──► after each start and each wake: the resource tracker's pidfd
+                joins the select, reaped when it dies (tracker.py)
 
 What a fork server's death does to the children is the supervisor's (its
 ``on_server_death``, then deaths.py): this module only notices the death.
@@ -59,6 +60,7 @@ class Spawner:
         relay: Relay | None = None,
         selector: selectors.BaseSelector,
         on_server_death: Callable[[], None],
+        wake: Callable[[], None],
     ) -> None:
         self._ctx = ctx
         self._processor = processor
@@ -69,7 +71,7 @@ class Spawner:
         self._selector = selector
         self._on_server_death = on_server_death
         self._watch = server.Watch() if ctx.get_start_method() == "forkserver" else None
-        self._tracker = TrackerWatch()
+        self._tracker = TrackerWatch(wake)
 
     def spawn(self) -> Child:
         """Start one child (not ready yet: it sends ``Ready`` once its processor is
@@ -122,8 +124,7 @@ class Spawner:
     def follow_server(self) -> None:
         """Watch the fork server the last child came from (a new one after a death), and
         the resource tracker."""
-        if (fd := self._tracker.follow()) is not None:
-            self._selector.register(fd, selectors.EVENT_READ, self._on_tracker_event)
+        self.follow_tracker()
         watch = self._watch
         if watch is None:
             return
@@ -131,6 +132,17 @@ class Spawner:
             self._on_server_death()  # replaced before its death was seen: it died
         if (fd := watch.follow()) is not None:
             self._selector.register(fd, selectors.EVENT_READ, self._on_server_event)
+
+    def follow_tracker(self) -> None:
+        """Watch the resource tracker: a new one, once it changed (the old one replaced
+        before its death was seen: its pidfd leaves the select before it is closed)."""
+        tracker = self._tracker
+        if (pid := tracker.changed()) is None:
+            return
+        if tracker.fd is not None:
+            self._selector.unregister(tracker.fd)
+        if (fd := tracker.follow(pid)) is not None:
+            self._selector.register(fd, selectors.EVENT_READ, self._on_tracker_event)
 
     def _on_tracker_event(self, fd: Any) -> None:
         # As below: an event of a pidfd closed meanwhile, its number reused, is not its.

@@ -129,6 +129,7 @@ class Supervisor:
             relay=self._relay,
             selector=self._selector,
             on_server_death=self._on_server_death,
+            wake=self._mail.wake,
         )
         # Room for the pool's children, the retiring ones still exiting, and their
         # replacements.
@@ -311,6 +312,7 @@ class Supervisor:
         # Commands come with every lease renewal while jobs run: the guard's beat is
         # looked at that often, and costs a read of shared memory.
         self._guard.check(time.monotonic())
+        self._spawner.follow_tracker()  # another pool's start may have made a new one
 
     def _spawn(self) -> None:
         try:

@@ -6,13 +6,18 @@ in a pool whose children live long may be never. So each supervisor selects on a
 of it and reaps it when it dies, and has multiprocess forget it. Starting another is left
 to multiprocess, which does so the next time anything registers with it:
 
-    Spawner.follow_server() ──► TrackerWatch.follow(): a pidfd, when the tracker changed
+    Spawner.follow_tracker() (after each start of a child, and at each wake of the
+        supervisor) ──► a new tracker: the old pidfd out of the select, the new one in;
+                        every other pool of the process woken to do the same
     supervisor select ──► that pidfd readable ──► reap(): waitid on the pidfd, one line
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import weakref
+from collections.abc import Callable
 
 from multiprocess import resource_tracker
 
@@ -29,20 +34,38 @@ def tracker_pid() -> int | None:
     return pid if isinstance(pid, int) else None
 
 
-class TrackerWatch:
-    """A pidfd on the resource tracker (``fd``, for the supervisor's select)."""
+#: Every pool's watch in this process. The tracker is the process's, not one pool's: when
+#: a start of one pool's child brings a new tracker, every pool follows it, as a pool
+#: that is idle starts nothing and would never see it.
+_watches: weakref.WeakSet[TrackerWatch] = weakref.WeakSet()
+_watches_lock = threading.Lock()
 
-    def __init__(self) -> None:
+
+class TrackerWatch:
+    """A pidfd on the resource tracker (``fd``, for the supervisor's select); ``wake``
+    asks the supervisor to look again (``Spawner.follow_tracker``), from any thread."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
         self.pid: int | None = None
         self.fd: int | None = None
+        self._wake = wake
+        with _watches_lock:
+            _watches.add(self)
 
-    def follow(self) -> int | None:
-        """Watch the current tracker; returns a new fd to select on, when it changed."""
+    def changed(self) -> int | None:
+        """The tracker's pid when it is not the one watched (None: the same, or none)."""
         current = tracker_pid()
-        if current is None or current == self.pid:
-            return None
+        return current if current is not None and current != self.pid else None
+
+    def follow(self, pid: int) -> int | None:
+        """Watch tracker ``pid`` instead (the caller has taken the old fd out of its
+        select); returns the fd to select on, and wakes every other pool to follow."""
         self.close()
-        self.pid, self.fd = current, watch(current)
+        self.pid, self.fd = pid, watch(pid)
+        with _watches_lock:
+            others = [w for w in _watches if w is not self]
+        for other in others:
+            other._wake()
         return self.fd
 
     def dead(self) -> bool:
