@@ -5,7 +5,10 @@ orphan check, a missing redis-server, the options and environment variable."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -410,3 +413,20 @@ def test_an_unknown_case_id_fails_naming_the_known_ones(
     result.stdout.fnmatch_lines(
         ["*unknown handler case 'hang_forever'; known: sleep_forever-soft*"]
     )
+
+
+@pytest.mark.timeout(60)
+def test_the_catalogue_handlers_leave_no_pid_file_behind(tmp_path: Path) -> None:
+    """Handlers given no pid file record their processes' pids in one of their own: each
+    run of the catalogue left one in the temporary directory, for good."""
+    script = (
+        "from sandboxq import Pool\n"
+        "H = 'sandboxq.testing.handlers:'\n"
+        "for handler, args in [('daemonize_grandchild', (None, 'return')),\n"
+        "                      ('fork_burst', (None, 20))]:\n"
+        "    with Pool(H + handler, size=1) as pool:\n"
+        "        pool.submit(*args).result(timeout=30)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=50)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("sandboxq-pids-")]

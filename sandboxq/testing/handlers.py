@@ -63,6 +63,7 @@ start to it, so a test can check that nothing outlived the kill.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -74,6 +75,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from sandboxq.errors import SoftTimeout
@@ -329,25 +331,31 @@ def _wait_lines(path: str, count: int) -> None:
         time.sleep(0.005)
 
 
-def _pid_file(pid_file: str | None) -> str:
-    """Where to record pids: the caller's file, or a fresh one of our own."""
+@contextlib.contextmanager
+def _pid_file(pid_file: str | None) -> Iterator[str]:
+    """Where to record pids: the caller's file, or a fresh one of our own, removed once
+    the pids were waited for (each process writes its own once, before it sleeps)."""
     if pid_file:
-        return pid_file
+        yield pid_file
+        return
     fd, path = tempfile.mkstemp(prefix="sandboxq-pids-")
     os.close(fd)
-    return path
+    try:
+        yield path
+    finally:
+        os.unlink(path)
 
 
 def daemonize_grandchild(pid_file: str | None = None, then: str = "return") -> Any:
     """Starts a daemon (setsid, fork, the middle exits), then returns (ok), raises (error),
     hangs (soft_timeout / hard_timeout) or exits the child (exit 5). Whatever the outcome,
     the daemon is dead before it is reported."""
-    pid_file = _pid_file(pid_file)
-    with open(pid_file, "a+") as f:
-        f.seek(0)
-        before = len(f.read().split())
-    subprocess.run([sys.executable, "-c", _DAEMON, pid_file], check=True)
-    _wait_lines(pid_file, before + 1)
+    with _pid_file(pid_file) as pids:
+        with open(pids, "a+") as f:
+            f.seek(0)
+            before = len(f.read().split())
+        subprocess.run([sys.executable, "-c", _DAEMON, pids], check=True)
+        _wait_lines(pids, before + 1)
     return _end(then)
 
 
@@ -386,7 +394,8 @@ def _fork_sleepers(pid_file: str, count: int) -> None:
 def fork_burst(pid_file: str | None = None, count: int = 200, then: str = "return") -> Any:
     """Forks ``count`` sleeping processes at once (each records its pid), then ends as
     ``then`` says: all of them are dead before the outcome is reported."""
-    _fork_sleepers(_pid_file(pid_file), count)
+    with _pid_file(pid_file) as pids:
+        _fork_sleepers(pids, count)
     return _end(then)
 
 
