@@ -389,10 +389,30 @@ def test_a_server_whose_free_port_was_taken_starts_on_another() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_server_given_a_taken_port_fails_to_start() -> None:
-    with RedisServer() as theirs, pytest.raises(RuntimeError, match="exited with code 1"):
+def test_a_server_given_a_taken_port_fails_saying_why() -> None:
+    with RedisServer() as theirs, pytest.raises(RuntimeError) as failed:
         with RedisServer(port=theirs.port):
             pass
+    assert "exited with code 1" in str(failed.value), failed.value
+    assert "Address already in use" in str(failed.value), failed.value
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_cannot_start_says_what_it_said_and_what_was_tried(
+    tmp_path: Path,
+) -> None:
+    binary = tmp_path / "redis-server"
+    binary.write_text(
+        "#!/bin/sh\necho '1:M 27 Nov 2026 10:00:00.000 # Bad directive in config'\nexit 1\n"
+    )
+    binary.chmod(0o755)
+    with pytest.raises(RuntimeError) as failed:
+        with RedisServer(binary=str(binary)):
+            pass
+    said = str(failed.value)
+    assert said.startswith("redis-server exited with code 1 (127.0.0.1:"), said
+    assert ": Bad directive in config [" in said and str(binary) in said, said
+    assert "it tried 3 free ports" in said, said
 
 
 @pytest.mark.timeout(60)

@@ -121,6 +121,8 @@ class RedisServer:
         self.binary = find_binary(binary)
         self.extra_args = list(extra_args)  # more redis-server options, e.g. for a Cluster node
         self._dir = tempfile.TemporaryDirectory(prefix="sandboxq-redis-")
+        #: What the server writes (its log): the last line says why it could not start.
+        self._log = Path(self._dir.name) / "redis-server.log"
         self.socket_path: Path | None = None
         self.port = 0
         if unix_socket:
@@ -184,32 +186,45 @@ class RedisServer:
         starting servers): a server that then exits is started again on another port,
         and another process's server answering on ours is not taken for it."""
         deadline = time.monotonic() + timeout_s
-        tries_left = _PORT_TRIES if self._may_move else 1
-        while (code := self._exit_before_ready(deadline)) is not None:
-            tries_left -= 1
-            if not tries_left:
-                raise RuntimeError(f"redis-server exited with code {code} ({self.address})")
-            self.port = free_port()
-        self._may_move = False
-        return self
+        tries = _PORT_TRIES if self._may_move else 1
+        for tried in range(1, tries + 1):
+            if (code := self._exit_before_ready(deadline)) is None:
+                self._may_move = False
+                return self
+            why = f"redis-server exited with code {code} ({self.address}): {self._last_said()}"
+            if tried < tries:
+                self.port = free_port()
+        ports = f"; it tried {tries} free ports" if tries > 1 else ""
+        raise RuntimeError(f"{why} [{self.binary}]{ports}")
+
+    def _last_said(self) -> str:
+        """Why the server exited: its last two warnings ("pid:role date time # message",
+        the message alone; a bind that failed is two), else its last line."""
+        try:
+            lines = self._log.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
+        warnings = [line.split(" # ", 1)[1] for line in lines if " # " in line]
+        return "; ".join(warnings[-2:])[:400] or (lines[-1][:400] if lines else "no log")
 
     def _exit_before_ready(self, deadline: float) -> int | None:
         """Start the process and wait until it answers (None), or until it exits (its
         exit status); ``TimeoutError`` past ``deadline``."""
-        self.process = subprocess.Popen(
-            self._args(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=ends_with_this_process(),
-        )
+        with open(self._log, "wb") as log:  # this start's; the child keeps its own copy
+            self.process = subprocess.Popen(
+                self._args(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=ends_with_this_process(),
+            )
         while not (self.ping() and self._listening()):
             if (code := self.process.poll()) is not None:
                 self.process = None
                 return code
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"redis-server did not answer at {self.address}")
+                raise TimeoutError(f"redis-server did not answer at {self.address} [{self.binary}]")
             time.sleep(0.01)
         return None
 
