@@ -405,8 +405,9 @@ def test_a_killed_resource_tracker_leaves_no_zombie_under_an_idle_pool() -> None
 
 def _run_script(script: str, timeout_s: float = 50) -> str:
     """Run ``script`` under ``-W error`` in a Python of its own; its stderr (it must print
-    "ok" and exit 0)."""
-    argv = [sys.executable, "-W", "error", "-c", textwrap.dedent(script)]
+    "ok" and exit 0). Deprecations aside: newer Pythons deprecate a fork beside threads."""
+    warnings = ["-W", "error", "-W", "ignore::DeprecationWarning"]
+    argv = [sys.executable, *warnings, "-c", textwrap.dedent(script)]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr[-3000:]
     return out.stderr
@@ -521,6 +522,41 @@ def test_a_reaped_trackers_pid_given_to_another_child_is_not_waited_for() -> Non
             assert [pool.submit(n).result(timeout=20) for n in (2, 3)] == [2, 3]
             assert time.monotonic() - started < 2.0
             assert reuser.wait() == 7
+        print("ok")
+        """
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_pool_made_in_a_copy_forked_while_a_pool_followed_the_tracker_works() -> None:
+    """Pools follow the tracker under one lock of the process: a copy forked while another
+    thread held it would have it held for good, and its first Pool would wait forever.
+    The lock is held here on purpose, from another thread, across the fork."""
+    _run_script(
+        """
+        import os, signal, threading
+        from sandboxq import Pool
+        from sandboxq.pool import tracker
+        with Pool("sandboxq.testing.handlers:echo", size=1) as parents:
+            assert parents.submit(1).result(timeout=20) == 1
+            held, release = threading.Event(), threading.Event()
+            def hold():
+                with tracker._watches_lock:
+                    held.set()
+                    release.wait()
+            holder = threading.Thread(target=hold)
+            holder.start()
+            held.wait()
+            pid = os.fork()
+            if pid == 0:
+                signal.alarm(25)  # a copy that waits for good must not outlive the test
+                with Pool("sandboxq.testing.handlers:echo", size=1) as own:
+                    os._exit(0 if own.submit(2).result(timeout=20) == 2 else 1)
+            release.set()
+            holder.join()
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, status
+            assert parents.submit(3).result(timeout=20) == 3
         print("ok")
         """
     )

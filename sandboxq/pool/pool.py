@@ -25,7 +25,7 @@ from multiprocess import process
 from sandboxq import codec
 from sandboxq.errors import PoolBroken, SerializationError
 from sandboxq.models import Outcome
-from sandboxq.pool import server
+from sandboxq.pool import server, tracker
 from sandboxq.pool.attempt import AttemptResult, Task
 from sandboxq.pool.commands import EndUnstarted, Fence, Kill, Soft
 from sandboxq.pool.containment import detect
@@ -349,6 +349,7 @@ def _forked_copies() -> None:
     _supervisors.clear()
     process._children.clear()  # none of them is this process's child
     server.forget_the_parents()  # a Pool made here starts a fork server of its own
+    tracker.forget_the_parents()  # and follows the tracker without waking the parent's
 
 
 os.register_at_fork(after_in_child=_forked_copies)

@@ -41,6 +41,13 @@ _watches: weakref.WeakSet[TrackerWatch] = weakref.WeakSet()
 _watches_lock = threading.Lock()
 
 
+def forget_the_parents() -> None:
+    """In a process forked from one that holds pools: their watches are the parent's (and
+    the lock another thread of the parent held at the fork would stay held here)."""
+    global _watches, _watches_lock
+    _watches, _watches_lock = weakref.WeakSet(), threading.Lock()
+
+
 class TrackerWatch:
     """A pidfd on the resource tracker (``fd``, for the supervisor's select); ``wake``
     asks the supervisor to look again (``Spawner.follow_tracker``), from any thread."""
