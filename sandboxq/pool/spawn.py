@@ -192,7 +192,7 @@ class Spawner:
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
-        self._tracker.close()
+        self._tracker.retire()
 
 
 def _started(shared: Any) -> int:

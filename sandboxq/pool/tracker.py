@@ -108,3 +108,10 @@ class TrackerWatch:
         if self.fd is not None:
             os.close(self.fd)
         self.fd = None
+
+    def retire(self) -> None:
+        """Close, and leave the pools woken on a new tracker: this one's supervisor is
+        ending, and its wake pipe closes after it."""
+        self.close()
+        with _watches_lock:
+            _watches.discard(self)
