@@ -24,11 +24,12 @@ Lease expiry is computed with the backend's own clock (Redis ``TIME``), never th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex
+from sandboxq.errors import BackendError
 from sandboxq.finished import Trims
 from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
@@ -353,6 +354,17 @@ class Backend(Protocol):
         to that long for new ones before the iterator ends."""
         ...
 
+    def new_events(
+        self, after: Mapping[str, str | None], count: int
+    ) -> dict[str, list[Event] | BackendError]:
+        """The events of several queues of this server after each one's id (queue name to
+        the last id read; None: from the oldest retained), at most ``count`` of each,
+        without blocking: one read for all where the server allows (the dashboard
+        follows hundreds of queues). A queue that cannot be read (a key changed by hand)
+        gets its error in place of its events; raises ``BackendError`` when the server
+        cannot be read."""
+        ...
+
     def watch_cancellations(
         self, callback: Callable[[str, str | None], None]
     ) -> Callable[[], None]:
@@ -375,12 +387,6 @@ class Backend(Protocol):
         """Descriptions of the live workers (each includes its ``worker_id``)."""
         ...
 
-    def depth_history(self) -> list[tuple[int, int]]:
-        """(minute start ms, jobs waiting) for the last ``DEPTH_MINUTES`` minutes a worker
-        sampled, oldest first. Each worker samples once per registry refresh (from
-        ``register_worker``), so minutes without a live worker have no sample."""
-        ...
-
     def recent_durations(self, limit: int) -> list[tuple[str, float]]:
         """(outcome, run seconds) of the last attempt of up to ``limit`` of the most
         recently finished jobs (completed, then failed), from their attempt records."""
@@ -390,6 +396,12 @@ class Backend(Protocol):
         """Every queue of this backend's server (or process) that had a job enqueued or a
         worker registered: the index (backends/index.py), at most ``limit`` entries read,
         entries that are not queue names ignored. Never a scan of keys."""
+        ...
+
+    def sibling(self, queue: str) -> Backend:
+        """The backend of another ``queue`` on the same server, with this one's options,
+        sharing its connections (one dashboard shows hundreds of queues): close it
+        before this one."""
         ...
 
     def close(self) -> None: ...
@@ -487,9 +499,8 @@ class Backend(Protocol):
         latest progress, in one round trip; None if the job is unknown (or trimmed)."""
         ...
 
-    def oldest_waiting_ms(self) -> int | None:
-        """``created_ms`` of the job first in line at each priority, the oldest of those
-        (at most ``PRIORITY_BANDS`` priorities looked at); None when nothing waits."""
+    def summary(self) -> QueueSummary:
+        """The queue's line of the dashboard's overview, in one round trip."""
         ...
 
     def retention_trims(self) -> Trims:
@@ -504,8 +515,26 @@ PAGE_SCAN = 1000
 ERROR_CLIP = 300
 #: Most jobs one ``job_page`` returns, whatever ``limit`` asks for.
 MAX_PAGE = 500
-#: Priorities ``oldest_waiting_ms`` walks, highest first.
+#: Priorities ``summary`` looks at for the oldest job first in line, highest first.
 PRIORITY_BANDS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSummary:
+    """One queue's line of the dashboard's overview (``Backend.summary``)."""
+
+    counts: dict[JobState, int]
+    #: ``created_ms`` of the job first in line at each priority, the oldest of those (at
+    #: most PRIORITY_BANDS priorities looked at); None when nothing waits.
+    oldest_waiting_ms: int | None
+    #: Live workers among the first WORKERS_READ_CAP registered, and whether more are.
+    workers: int
+    workers_capped: bool
+    #: (minute start ms, jobs waiting) for the last DEPTH_MINUTES minutes a worker
+    #: sampled, oldest first: each samples at its registry refresh (``register_worker``),
+    #: so minutes without a live worker have none. None when the history cannot be read
+    #: (its key changed by hand).
+    depth: list[tuple[int, int]] | None
 
 
 @dataclass(frozen=True, slots=True)

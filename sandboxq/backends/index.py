@@ -21,7 +21,7 @@ from sandboxq.models import check_queue_name
 QUEUES_READ_CAP = 2000
 #: Registered workers of one queue read at most per look.
 WORKERS_READ_CAP = 1000
-#: Minutes of waiting-depth samples a queue keeps (Backend.depth_history, depth.lua).
+#: Minutes of waiting-depth samples a queue keeps (QueueSummary.depth, depth.lua).
 DEPTH_MINUTES = 60
 
 

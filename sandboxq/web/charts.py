@@ -2,7 +2,7 @@
 
     Throughput.per_minute (hub.py: ended attempts by outcome, from the events streams)
         ──► finished_chart: one stacked bar per minute, the last hour
-    Backend.depth_history (a sample a minute, written by each worker's registry refresh)
+    Backend.summary().depth (a sample a minute, written by each worker's registry refresh)
         ──► depth_chart: jobs waiting over the last hour
     Backend.recent_durations (the last attempt record of recently finished jobs)
         ──► duration_chart: how many took how long, per outcome, on log-spaced buckets

@@ -29,8 +29,9 @@ client that does not keep up (its queue is full) is dropped: its stream ends and
 browser reconnects with a fresh one, instead of the hub buffering for it without end.
 
 Reading: with one queue the reader blocks on its stream (``events(block_s=...)``); with
-several it reads each in turn without blocking and pauses ``POLL_S`` when none had news.
-A queue that cannot be read (a key changed by hand) is passed over, not the whole round.
+several it reads all of them in one read without blocking (``Backend.new_events``) and
+pauses ``POLL_S`` when none had news. A queue that cannot be read (a key changed by hand)
+is passed over, not the whole round.
 At start it reads back the last ``WINDOW_MIN`` minutes (a Redis stream id is the entry's
 time in ms), so the throughput figures are whole at once; those old events are counted,
 and only those since the hub started are sent to browsers.
@@ -59,6 +60,7 @@ COALESCE_S = 1.0  # a queue-wide stream sends at most one message this often
 WINDOW_MIN = 60  # minutes of throughput kept (the overview's chart shows them all)
 POLL_S = 0.5  # pause between rounds over several queues when nothing happened
 BLOCK_S = 1.0  # longest blocking read on a single queue's stream
+EVENTS_READ = 1000  # most events of one queue read in one round of several queues
 ROUND_S = 5.0  # re-read the list of queues at least this often
 ERROR_PAUSE_S = 2.0  # after a failed read (Redis down), before trying again
 
@@ -318,21 +320,34 @@ class Hub:
         """Read each queue's new events; True if there were any. A queue that cannot be
         read (a key of the wrong type, changed by hand) is skipped: it costs only its own
         events. When none can be read (the server is down), the first error is raised."""
+        if len(queues) == 1:
+            return self._read(queues[0], BLOCK_S)
         news = False
         failed: dict[str, SandboxqError] = {}
-        for queue in queues:
+        for queue in [q for q in queues if q not in self._after]:
             try:
-                news |= self._read(queue, BLOCK_S if len(queues) == 1 else None)
+                self._backfill(queue, self._backend(queue))
+                news = True
             except SandboxqError as exc:
                 failed[queue] = exc
+        known = {q: self._after[q] for q in queues if q in self._after}
+        # One read for every queue (Backend.new_events), through any queue's backend
+        read = self._backend(queues[0]).new_events(known, EVENTS_READ) if known else {}
+        for queue, got in read.items():
+            if isinstance(got, SandboxqError):
+                failed[queue] = got
+                continue
+            for event in got:
+                self._take(queue, event)
+            news |= bool(got)
         if failed and len(failed) == len(queues):
             raise next(iter(failed.values()))
         for queue, error in failed.items():
             log.warning("dashboard events reader, queue %s: %s", queue, error)
         return news
 
-    def _read(self, queue: str, block_s: float | None) -> bool:
-        """Read ``queue``'s new events (blocking up to ``block_s`` for the first); True if
+    def _read(self, queue: str, block_s: float) -> bool:
+        """Read ``queue``'s new events, blocking up to ``block_s`` for the first; True if
         there were any."""
         backend = self._backend(queue)
         if queue not in self._after:
@@ -342,14 +357,17 @@ class Hub:
         round_end = time.monotonic() + ROUND_S
         for event in backend.events(self._after[queue], block_s):
             news = True
-            self._after[queue] = event.id
-            at_ms = event_ms(event) or now_ms()
-            if (outcome := outcome_of(event)) is not None:
-                self.throughput.add(queue, outcome, at_ms)
-            self._publish(queue, event)
+            self._take(queue, event)
             if self._stop.is_set() or time.monotonic() > round_end:
                 break
         return news
+
+    def _take(self, queue: str, event: Event) -> None:
+        """Count a new event and send it on."""
+        self._after[queue] = event.id
+        if (outcome := outcome_of(event)) is not None:
+            self.throughput.add(queue, outcome, event_ms(event) or now_ms())
+        self._publish(queue, event)
 
     def _backfill(self, queue: str, backend: Backend) -> None:
         """Count the retained events of the last WINDOW_MIN minutes; send on those that

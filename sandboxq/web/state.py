@@ -5,7 +5,8 @@ Dashboard.queues()  ── the names given, or the queue index's (backends/index
                        every INDEX_FRESH_S, capped, never a SCAN): a new queue shows at
                        the page's next refresh; the first DASHBOARD_QUEUES by name
 Dashboard.backend(q) ── one backend per queue, opened on first use, at most
-                       MAX_BACKENDS beyond the listed queues
+                       MAX_BACKENDS beyond the listed queues; all share the
+                       connections of the probe's (Backend.sibling)
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ class Dashboard:
             backend = self._backends.get(queue)
             if backend is not None:
                 return backend
-            backend = self._backends[queue] = open_backend(self.url, queue)
+            probe = self._backends.get(PROBE) or open_backend(self.url, PROBE)
+            self._backends[PROBE] = probe  # its connections serve every queue, never closed
+            backend = self._backends[queue] = probe if queue == PROBE else probe.sibling(queue)
             listed = set(self._fixed or (self._index.names if self._index else ()))
-            spare = [q for q in self._backends if q not in listed and q != queue]
+            spare = [q for q in self._backends if q not in listed and q not in (queue, PROBE)]
             evicted = (
                 self._backends.pop(spare[0])
                 if len(self._backends) > MAX_BACKENDS and spare
@@ -140,6 +143,8 @@ class Dashboard:
     def close(self) -> None:
         self.hub.close()
         with self._lock:
-            backends, self._backends = list(self._backends.values()), {}
-        for backend in backends:
-            backend.close()
+            backends, self._backends = self._backends, {}
+        probe = backends.pop(PROBE, None)
+        for backend in [*backends.values(), probe]:  # the probe's connections last
+            if backend is not None:
+                backend.close()

@@ -73,9 +73,7 @@ def overview(
     for name, backend in queues:
         q = href(ctx.root, "/queue", name=name)
         try:
-            counts = backend.counts()
-            oldest = backend.oldest_waiting_ms()
-            workers = backend.workers()
+            summary = backend.summary()
         except BackendError as exc:
             # one damaged queue (a key changed by hand) stops only its own row; when no
             # queue can be read (the server is down) the page says so as a whole
@@ -83,11 +81,12 @@ def overview(
             rows.append([link(q, name), f"unavailable: {exc}", *[""] * (len(columns) - 2)])
             continue
         cells: list[object] = [link(q, name)]
+        counts, oldest = summary.counts, summary.oldest_waiting_ms
         cells += [
             link(href(ctx.root, "/queue", name=name, state=s.value), counts[s]) for s in JobState
         ]
         cells.append(duration(max(0, ctx.now - oldest) / 1000) if oldest else "")
-        shown = f"{len(workers)}+" if len(workers) >= WORKERS_READ_CAP else len(workers)
+        shown = f"{summary.workers}+" if summary.workers_capped else summary.workers
         cells.append(link(href(ctx.root, "/workers", queue=name), shown))
         last = [throughput.recent(name, ctx.now, m) for m in (1, 5, 15)]
         cells += [sum(c.values()) for c in last]
@@ -97,10 +96,12 @@ def overview(
         finished = charts.finished_chart(
             throughput.per_minute(name, ctx.now, CHART_MINUTES), f"{name}: attempts ended"
         )
-        try:
-            depth = charts.depth_chart(backend.depth_history(), ctx.now, CHART_MINUTES)
-        except BackendError as exc:  # e.g. an ACL user that may not read it: no chart
-            depth = Safe(f'<p class="empty">waiting depth unavailable: {esc(exc)}</p>')
+        if summary.depth is None:  # changed by hand, or out of this user's ACL: no chart
+            depth = Safe(
+                '<p class="empty">waiting depth unavailable: its key could not be read</p>'
+            )
+        else:
+            depth = charts.depth_chart(summary.depth, ctx.now, CHART_MINUTES)
         details.append(
             Safe(
                 f'<section class="throughput"><h3>{esc(name)}: attempts ended per minute, '

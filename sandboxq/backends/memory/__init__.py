@@ -5,7 +5,7 @@ model-based test (tests/test_backend_model.py).
     backend.py   MemoryBackend: enqueue, claim, renew, release, finish, progress, workers
     store.py     the jobs, their heaps and state transitions, under one lock
     manage.py    recover_stalled, cancel, retry_failed, confirm_dead, purge
-    reads.py     get, counts, list_jobs, job_page, job_detail, oldest_waiting_ms
+    reads.py     get, counts, list_jobs, job_page, job_detail
     waits.py     wait_for_finish, events, watch_cancellations
 
 Where the protocol leaves a choice open, this backend makes the Redis backend's choice, so

@@ -9,15 +9,22 @@ renew, release, finish, progress) and its worker registry, composed with the res
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from sandboxq.backends import rules
-from sandboxq.backends.base import Ack, Backend, Claimed, NewJob
-from sandboxq.backends.index import DEPTH_MINUTES, QUEUES_READ_CAP, QueueIndex, valid_names
+from sandboxq.backends.base import Ack, Backend, Claimed, Event, NewJob, QueueSummary
+from sandboxq.backends.index import (
+    DEPTH_MINUTES,
+    QUEUES_READ_CAP,
+    WORKERS_READ_CAP,
+    QueueIndex,
+    valid_names,
+)
 from sandboxq.backends.memory.batches import Batches
 from sandboxq.backends.memory.manage import Management
 from sandboxq.backends.memory.reads import Reads
@@ -31,6 +38,7 @@ from sandboxq.backends.memory.store import (
 )
 from sandboxq.backends.memory.waits import Waits
 from sandboxq.backends.rules import Retention
+from sandboxq.errors import BackendError
 from sandboxq.models import JobState, check_queue_name, now_ms
 
 
@@ -49,7 +57,7 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
         self.queue = check_queue_name(queue)
         self._store = Store(Retention(**options), queue)
         self._workers: dict[str, tuple[dict[str, Any], int]] = {}
-        self._depth: dict[int, int] = {}  # minute -> jobs waiting (depth_history)
+        self._depth: dict[int, int] = {}  # minute -> jobs waiting (summary)
         self._not_waiting: set[str] = set()  # workers whose next claim waits not (stop_waiting)
 
     @classmethod
@@ -272,9 +280,17 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
         with MemoryBackend._registry_lock:
             MemoryBackend._index.add(self.queue)
 
-    def depth_history(self) -> list[tuple[int, int]]:
+    def summary(self) -> QueueSummary:
+        workers = self.workers()
         with self._store.cond:
-            return sorted((m * 60_000, n) for m, n in self._depth.items())
+            depth = sorted((m * 60_000, n) for m, n in self._depth.items())
+        return QueueSummary(
+            self.counts(),
+            self._oldest_waiting_ms(),
+            min(len(workers), WORKERS_READ_CAP),
+            len(workers) > WORKERS_READ_CAP,
+            depth,
+        )
 
     def recent_durations(self, limit: int) -> list[tuple[str, float]]:
         with self._store.cond:
@@ -308,6 +324,18 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
     def _holds_anything(self) -> bool:
         with self._store.cond:
             return bool(self._store.jobs) or bool(self._workers)
+
+    def sibling(self, queue: str) -> MemoryBackend:
+        """This process's backend of ``queue`` (this one for its own queue)."""
+        return self if queue == self.queue else MemoryBackend.shared(queue)
+
+    def new_events(
+        self, after: Mapping[str, str | None], count: int
+    ) -> dict[str, list[Event] | BackendError]:
+        return {
+            queue: list(itertools.islice(self.sibling(queue).events(last), count))
+            for queue, last in after.items()
+        }
 
     def close(self) -> None:
         """Nothing to close; the jobs stay, since a shared instance outlives any one user."""

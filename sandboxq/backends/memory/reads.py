@@ -176,7 +176,8 @@ class Reads:
         with self._store.cond:
             return Trims.from_fields(dict(self._store.trims))
 
-    def oldest_waiting_ms(self) -> int | None:
+    def _oldest_waiting_ms(self) -> int | None:
+        """``QueueSummary.oldest_waiting_ms``."""
         with self._store.cond:
             heads: dict[int, Job] = {}
             for job in self._store.ordered(WAITING):  # in line: the first seen is the head

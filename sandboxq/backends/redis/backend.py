@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import redis
@@ -36,7 +36,7 @@ from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.lane import Lane
 from sandboxq.backends.redis.reads import Reads
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
-from sandboxq.backends.redis.stats import depth_samples, read_index, recent_durations
+from sandboxq.backends.redis.stats import read_index, recent_durations
 from sandboxq.errors import BackendError
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, AttemptRecord, JobState, check_queue_name
 
@@ -61,13 +61,17 @@ class RedisBackend(Reads, Batches, Backend):
     """One queue on one Redis server (or Cluster slot: every key shares the ``{queue}`` tag).
     Options: those of ``connection.RedisOptions``."""
 
-    def __init__(self, url: str, queue: str, **options: Any) -> None:
+    def __init__(
+        self, url: str, queue: str, *, share: Connections | None = None, **options: Any
+    ) -> None:
+        """``share``: another queue's connections to use (``sibling``)."""
         self.queue = check_queue_name(queue)
         settings = RedisOptions(**options)
         self.url = url
         self.keys = QueueKeys(queue)
+        self._options = options
         timeout_s, key_types = float(settings.socket_timeout_s), records.queue_key_types(self.keys)
-        self._conns = Connections(url, timeout_s, self.keys.waiting, key_types)
+        self._conns = Connections(url, timeout_s, self.keys.waiting, key_types, share=share)
         if self._conns.cluster:  # the queue index is the slot's own (keys.py)
             self.keys = QueueKeys(queue, cluster=True)
         self.socket_timeout_s = timeout_s
@@ -83,6 +87,9 @@ class RedisBackend(Reads, Batches, Backend):
 
     def __repr__(self) -> str:
         return f"RedisBackend({self._conns.where!r}, {self.queue!r})"
+
+    def sibling(self, queue: str) -> RedisBackend:
+        return RedisBackend(self.url, queue, share=self._conns, **self._options)
 
     # -- producing ------------------------------------------------------------------------
 
@@ -303,6 +310,11 @@ class RedisBackend(Reads, Batches, Backend):
     def events(self, since: str | None = None, block_s: float | None = None) -> Iterator[Event]:
         return listen.events(self._conns, self.keys, since, block_s)
 
+    def new_events(
+        self, after: Mapping[str, str | None], count: int
+    ) -> dict[str, list[Event] | BackendError]:
+        return listen.new_events(self._conns, after, count)
+
     def watch_cancellations(
         self, callback: Callable[[str, str | None], None]
     ) -> Callable[[], None]:
@@ -381,11 +393,6 @@ class RedisBackend(Reads, Batches, Backend):
 
     def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
         return read_index(self._conns, limit)
-
-    def depth_history(self) -> list[tuple[int, int]]:
-        with self._conns.errors("read the waiting depth"):
-            fields = self._conns.main.hgetall(self.keys.depth)
-        return depth_samples(fields)
 
     def recent_durations(self, limit: int) -> list[tuple[str, float]]:
         return recent_durations(self._conns, self.keys, limit)

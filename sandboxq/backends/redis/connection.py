@@ -13,7 +13,11 @@ Each client has a ``Lane`` beside it for the scripts (lane.py); where the client
 by URL, and with which TLS options, is urls.py's. The renew and blocking clients are made
 at their first use: a producer, the dashboard and the exporter need neither, and on a
 Cluster each client costs a discovery of the nodes and the server's command table (about
-30 ms here; a dashboard opens a backend per queue).
+35 ms here).
+
+A backend per queue on one server (the dashboard's) shares the first one's clients and
+lanes (``share=``; on a Cluster, a lane per queue's slot): 200 queues on a Cluster had
+cost 200 discoveries before the first overview (8.6 s) and 540 connections.
 
 Secrets never leave this module in clear: every error names the server by its URL as
 ``sandboxq.redaction.redact_url`` shows it (password and secret query options as ``***``).
@@ -25,6 +29,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -91,26 +96,34 @@ def redis_errors(
     where: str, doing: str, wrong_types: Callable[[], str | None] | None = None
 ) -> Iterator[None]:
     """Any Redis failure inside the block as a ``BackendError`` naming ``where`` (the
-    redacted URL), what was being done and, where it can tell, what to do about it: a TLS
-    failure, an ACL refusal, or a queue key of the wrong type (``wrong_types`` names it)
-    (``Connections.errors``, and the async backend)."""
+    redacted URL), what was being done and, where it can tell, what to do about it
+    (``backend_error``) (``Connections.errors``, and the async backend)."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise BackendError(
-            f"Redis at {where} is unreachable ({doing}): {exc}{tls_hint(str(exc))}"
-        ) from exc
-    except NoPermissionError as exc:
-        raise BackendError(
+    except (redis.RedisError, RedisClusterException) as exc:
+        raise backend_error(where, doing, exc, wrong_types) from exc
+
+
+def backend_error(
+    where: str,
+    doing: str,
+    exc: redis.RedisError | RedisClusterException,
+    wrong_types: Callable[[], str | None] | None = None,
+) -> BackendError:
+    """The ``BackendError`` for a Redis failure: a TLS failure, an ACL refusal, or a
+    queue key of the wrong type (``wrong_types`` names it) say what to do about it."""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return BackendError(f"Redis at {where} is unreachable ({doing}): {exc}{tls_hint(str(exc))}")
+    if isinstance(exc, NoPermissionError):
+        return BackendError(
             f"Redis at {where} refused to {doing}: permission denied by the "
             f"server's ACL for this user ({exc}); the rules each role needs are "
             "sandboxq.backends.redis.acl.rules(queue, role), tabled in the README"
-        ) from exc
-    except (redis.RedisError, RedisClusterException) as exc:
-        if "WRONGTYPE" in str(exc):  # the server is up: a key of the queue is damaged
-            detail = wrong_types() if wrong_types is not None else None
-            raise DamagedRecord(f"Redis at {where} failed to {doing}: {detail or exc}") from exc
-        raise BackendError(f"Redis at {where} failed to {doing}: {exc}") from exc
+        )
+    if "WRONGTYPE" in str(exc):  # the server is up: a key of the queue is damaged
+        detail = wrong_types() if wrong_types is not None else None
+        return DamagedRecord(f"Redis at {where} failed to {doing}: {detail or exc}")
+    return BackendError(f"Redis at {where} failed to {doing}: {exc}")
 
 
 class Connections:
@@ -120,10 +133,14 @@ class Connections:
         socket_timeout_s: float,
         slot_key: str,
         key_types: dict[str, str] | None = None,
+        *,
+        share: Connections | None = None,
     ) -> None:
         """Clients for ``url``; ``slot_key`` is any key of the queue (on a Cluster, the
         lanes go to the node that serves its slot). ``key_types`` maps the queue's own
-        keys to the type each must hold: a WRONGTYPE error then names the damaged key."""
+        keys to the type each must hold: a WRONGTYPE error then names the damaged key.
+        With ``share`` (Connections for the same ``url``, that outlive these), its
+        clients and lanes are used, and on a Cluster lanes of this slot's own."""
         self.where = redact(url)
         self._key_types = dict(key_types or {})
         #: A Cluster: scripts go to the slot's node; every other command routes by key.
@@ -131,13 +148,21 @@ class Connections:
         self._closers: list[Callable[[], None]] = []
         self._slot_key = slot_key
         self._timeout_s = socket_timeout_s
+        self._share = share
         self._more: dict[str, tuple[Client, Lane]] = {}  # renew and blocking, once made
         self._more_lock = threading.Lock()
+        self._node_lanes: dict[str, Lane] = {}
         try:
-            self._connect = self._connector(url)
+            if share is None:
+                self._connect = self._connector(url)
+            else:
+                self.cluster = share.cluster
             with self.errors("connect"):
-                self.main: Client = self._connect(socket_timeout_s)
-                self.main_lane = self._lane(self.main, slot_key)
+                if share is None:
+                    self.main: Client = self._connect(socket_timeout_s)
+                    self.main_lane = self._lane(self.main, slot_key)
+                else:
+                    self.main, self.main_lane = self._shared(share.main, share.main_lane)
         except ValueError as exc:  # a bad port, IPv6 address, query option, path...
             self.close()
             raise ConfigError(f"invalid Redis URL {self.where!r}: {exc}") from None
@@ -171,9 +196,29 @@ class Connections:
             made = self._more.get(role)
             if made is None:
                 with self.errors("connect"):
-                    client = self._connect(timeout_s)
-                    made = self._more[role] = (client, self._lane(client, self._slot_key))
+                    if self._share is not None:
+                        made = self._shared(*self._share._client(role, timeout_s))
+                    else:
+                        client = self._connect(timeout_s)
+                        made = (client, self._lane(client, self._slot_key))
+                    self._more[role] = made
         return made
+
+    def node_lane(self, node: Any) -> Lane:
+        """A lane to one node of a Cluster (a read over all of its slots), kept until
+        ``close``."""
+        with self._more_lock:
+            lane = self._node_lanes.get(node.name)
+            if lane is None:
+                cluster: Any = self.main
+                lane = self._node_lanes[node.name] = Lane(cluster.get_redis_connection(node))
+                self._closers.append(lane.close)
+        return lane
+
+    def _shared(self, client: Client, lane: Lane) -> tuple[Client, Lane]:
+        """A shared client, and its lane where every queue's scripts go to one server; a
+        Cluster lane of this queue's own (it follows this queue's slot)."""
+        return client, (self._lane(client, self._slot_key) if self.cluster else lane)
 
     def _lane(self, client: Client, slot_key: str) -> Lane:
         lane = ClusterLane(client, slot_key) if isinstance(client, RedisCluster) else Lane(client)
@@ -199,6 +244,10 @@ class Connections:
         """Turn any Redis failure inside the block into a ``BackendError`` naming the server
         and what was being done."""
         return redis_errors(self.where, doing, self._wrong_types)
+
+    def error(self, doing: str, exc: redis.RedisError | RedisClusterException) -> BackendError:
+        """A Redis failure (a pipeline's reply) as the ``BackendError`` ``errors`` raises."""
+        return backend_error(self.where, doing, exc, self._wrong_types)
 
     def _wrong_types(self) -> str | None:
         """Which of the queue's keys holds the wrong kind of value (changed by hand), for a
@@ -227,3 +276,4 @@ class Connections:
         for close in reversed(self._closers):
             close()
         self._closers.clear()
+        self._node_lanes.clear()

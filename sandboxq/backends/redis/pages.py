@@ -3,8 +3,8 @@ wait. Each is one round trip of bounded work, whatever the queue's size:
 
     job_page          page.lua: ZRANGEBYSCORE from the cursor's score + HMGET per job
     job_detail        one pipeline: HGETALL job + LRANGE history
-    oldest_waiting_ms oldest_waiting.lua: the head of each priority, O(log N) each
-    queue_names       SCAN for events streams: a background thread's job, time-boxed
+    summary           summary.lua: a queue's overview line (counts, the oldest job
+                      first in line, live workers, the depth history), bounded work
 
 A cursor is ``<score>:<ties>``: the score of the last job shown and how many jobs at
 exactly that score were shown (scores repeat in the finished sets: one per ms).
@@ -13,7 +13,6 @@ exactly that score were shown (scores repeat in the finished sets: one per ms).
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 from sandboxq.backends.base import (
@@ -24,11 +23,14 @@ from sandboxq.backends.base import (
     JobDetail,
     JobPage,
     JobSummary,
+    QueueSummary,
 )
+from sandboxq.backends.index import WORKERS_READ_CAP
 from sandboxq.backends.redis import records
-from sandboxq.backends.redis.connection import Connections, Lane
+from sandboxq.backends.redis.connection import Lane
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Library, Script
+from sandboxq.backends.redis.stats import depth_samples
 from sandboxq.errors import ConfigError
 from sandboxq.models import JobInfo, JobState, stored_int
 
@@ -58,7 +60,7 @@ class Pages:
     def __init__(self, keys: QueueKeys, lane: Lane, library_use: Library) -> None:
         self.keys = keys
         self._page = Script("page", keys.script_keys, _UNUSED, lane, library_use)
-        self._oldest = Script("oldest_waiting", keys.script_keys, _UNUSED, lane, library_use)
+        self._summary = Script("summary", keys.script_keys, _UNUSED, lane, library_use)
 
     def job_page(
         self, state: JobState, cursor: str | None, limit: int, outcome: str | None
@@ -94,9 +96,17 @@ class Pages:
         next_cursor = f"{records.text(last)}:{int(shown)}" if int(more) else None
         return JobPage(jobs, next_cursor, int(scanned))
 
-    def oldest_waiting_ms(self) -> int | None:
-        reply: Any = self._oldest([PRIORITY_BANDS])
-        return None if reply is None else int(reply)
+    def summary(self) -> QueueSummary:
+        reply: Any = self._summary([PRIORITY_BANDS, WORKERS_READ_CAP])
+        counts = dict(zip(JobState, map(int, reply[:6]), strict=True))
+        oldest, live, capped, depth_read, *depth = reply[6:]
+        return QueueSummary(
+            counts,
+            None if oldest is None else int(oldest),
+            int(live),
+            bool(capped),
+            depth_samples(dict(zip(depth[::2], depth[1::2], strict=True))) if depth_read else None,
+        )
 
 
 def job_detail(info: JobInfo, fields: dict[bytes, bytes]) -> JobDetail:
@@ -116,19 +126,3 @@ def job_detail(info: JobInfo, fields: dict[bytes, bytes]) -> JobDetail:
         progress=progress,
         progress_message=None if message is None else records.text(message),
     )
-
-
-def queue_names(conns: Connections, budget_s: float) -> list[str]:
-    """Names of the queues on this Redis, found by their events streams (``SCAN ... TYPE
-    stream``). The SCAN walks the whole keyspace, so it is for a background thread, with a
-    time budget; what it found by then is returned."""
-    deadline = time.monotonic() + budget_s
-    found: set[str] = set()
-    client: Any = conns.main
-    for key in client.scan_iter(match="sq:{*}:events", count=5000, _type="stream"):
-        name = records.text(key)[len("sq:") : -len(":events")]
-        if name.startswith("{") and name.endswith("}"):
-            found.add(name[1:-1])
-        if time.monotonic() > deadline:
-            break
-    return sorted(found)

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sandboxq.backends.base import JobDetail, JobPage
+from sandboxq.backends.base import JobDetail, JobPage, QueueSummary
 from sandboxq.backends.redis import pages, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
@@ -158,19 +158,14 @@ class Reads:
             info = info.model_copy(update={"unreadable": [*info.unreadable, *unread]})
         return pages.job_detail(info, found)
 
-    def oldest_waiting_ms(self) -> int | None:
-        with self._conns.errors("read the oldest waiting job"):
-            return self._pages.oldest_waiting_ms()
+    def summary(self) -> QueueSummary:
+        with self._conns.errors("read the queue's summary"):
+            return self._pages.summary()
 
     def retention_trims(self) -> Trims:
         with self._conns.errors("read what retention removed"):
             raw = self._conns.main.hmget(self.keys.trims, Trims.FIELDS)
         return trims_from_reply(raw)
-
-    def queue_names(self, budget_s: float = 2.0) -> list[str]:
-        """Every queue on this Redis (not only this one), for the dashboard: see pages.py."""
-        with self._conns.errors("list the queues"):
-            return pages.queue_names(self._conns, budget_s)
 
 
 # -- one job, for the sync and the asyncio client alike --------------------------------------

@@ -46,8 +46,9 @@ from sandboxq.backends.redis.lane import Lane
 _LUA = resources.files("sandboxq.backends.redis") / "lua"
 
 #: Every lua/<name>.lua but these is a script of the library: common.lua is what they
-#: share, and stats.lua reads many queues' keys at once, sent with EVAL by stats.py.
-NOT_SCRIPTS = ("common", "stats")
+#: share; stats.lua and index_sizes.lua read many queues' keys at once (a library's
+#: functions may not read across slots), sent with EVAL by stats.py.
+NOT_SCRIPTS = ("common", "index_sizes", "stats")
 NAMES = tuple(
     sorted(
         entry.name.removesuffix(".lua")
@@ -74,11 +75,11 @@ def _read(name: str) -> str:
 UNGUARDED = (
     "child_pids",
     "depth",
-    "oldest_waiting",
     "page",
     "read_job",
     "read_result",
     "read_state",
+    "summary",
 )
 
 

@@ -90,12 +90,22 @@ class PageContract:
         assert detail is not None and detail.result == b'{"ok":1}'
         assert [a.outcome for a in detail.info.history] == ["ok"]
 
-    def test_oldest_waiting_is_the_oldest_first_in_line(self, backend: Backend) -> None:
-        assert backend.oldest_waiting_ms() is None
+    def test_summary_is_the_overview_line(self, backend: Backend) -> None:
+        empty = backend.summary()
+        assert set(empty.counts.values()) == {0} and len(empty.counts) == len(JobState)
+        assert (empty.oldest_waiting_ms, empty.workers, empty.workers_capped) == (None, 0, False)
+        assert empty.depth == []
         before = time.time_ns() // 1_000_000
         old = add(backend, priority=0)
         time.sleep(0.02)
         add(backend, priority=5)  # first in line, but younger
-        oldest = backend.oldest_waiting_ms()
+        finish(backend, claim_one(backend), "fail")
+        add(backend)
+        backend.register_worker("w-live", {}, 5.0)  # samples the waiting depth too
+        summary = backend.summary()
+        assert summary.counts[JobState.WAITING] == 2 and summary.counts[JobState.FAILED] == 1
+        oldest = summary.oldest_waiting_ms
         assert oldest is not None and before - 1000 <= oldest <= before + 1000
         assert oldest == info(backend, old).created_ms
+        assert (summary.workers, summary.workers_capped) == (1, False)
+        assert summary.depth is not None and summary.depth[-1][1] == 2

@@ -1,5 +1,6 @@
 """The contract of waiting: a waiting claim wakes promptly and never misses a job,
-``wait_for_finish`` returns when a job finishes, ``events`` blocks for new ones."""
+``wait_for_finish`` returns when a job finishes, ``events`` blocks for new ones,
+``new_events`` reads several queues at once."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import time
 from sandboxq.backends.base import (
     Backend,
     Claimed,
+    Event,
     FinishAction,
 )
+from sandboxq.errors import BackendError
 from sandboxq.models import JobState
 from tests.support.contract.support import (
     LEASE_S,
@@ -159,6 +162,27 @@ class WaitingContract:
         assert after_added == ["active", "completed"]
         assert list(backend.events(since=events[-1].id)) == []
 
+    def test_new_events_of_several_queues_in_one_read(self, backend: Backend) -> None:
+        """What the dashboard's one reader does for hundreds of queues: each queue's
+        events after its own cursor, at most ``count`` each, through siblings' shared
+        connections."""
+        siblings = [backend.sibling(f"{backend.queue}-sib{i}") for i in range(2)]
+        names = [backend.queue, *(s.queue for s in siblings)]
+        try:
+            mine, theirs = add(backend), [add(siblings[0]), add(siblings[0])]
+            read = backend.new_events(dict.fromkeys(names), 10)
+            assert [(e.kind, e.job_id) for e in _events(read[names[0]])] == [("added", mine)]
+            first, second = _events(read[names[1]])
+            assert [first.job_id, second.job_id] == theirs and read[names[2]] == []
+            after = backend.new_events({names[1]: first.id, names[2]: None}, 10)
+            assert [e.job_id for e in _events(after[names[1]])] == theirs[1:]
+            assert _events(backend.new_events({names[1]: None}, 1)[names[1]]) == [first]
+            assert siblings[0].counts()[JobState.WAITING] == 2
+        finally:
+            for sibling in siblings:
+                sibling.close()
+        assert backend.counts()[JobState.WAITING] == 1  # its connections outlive siblings'
+
     def test_events_block_for_new_ones(self, backend: Backend) -> None:
         start = time.monotonic()
         assert list(backend.events(block_s=0.3)) == []
@@ -174,3 +198,8 @@ class WaitingContract:
             getattr(stream, "close", lambda: None)()  # a generator: end its blocking read
             thread.join(timeout=5.0)
         assert (event.kind, event.job_id) == ("added", added[0])
+
+
+def _events(read: list[Event] | BackendError) -> list[Event]:
+    assert not isinstance(read, BackendError), read
+    return read
