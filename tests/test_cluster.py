@@ -214,6 +214,30 @@ def test_the_index_is_read_whole_while_a_queue_s_slot_moves(
         reader.close()
 
 
+def test_many_queues_events_are_read_while_a_slot_moves(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    """The dashboard's reader sends each node its streams' reads in one write; a stream
+    whose slot left that node (answered MOVED) is read through the client instead."""
+    names = [f"{queue_name}-e{i}" for i in range(4)]
+    reader = RedisBackend(cluster.url, names[0])
+    try:
+        jobs = {}
+        for name in names:
+            with Queue(name, url=cluster.url) as queue:
+                jobs[name] = queue.enqueue(1).id
+        slot = key_slot(names[1].encode())
+        assert reader.new_events(dict.fromkeys(names), 10)  # the slot map is read now
+        cluster.move_slot(slot, next(p for p in cluster.ports if p != cluster.owner(slot)))
+        read = reader.new_events(dict.fromkeys(names), 10)
+        for name in names:
+            got = read[name]
+            assert not isinstance(got, BackendError), got
+            assert [(e.kind, e.job_id) for e in got] == [("added", jobs[name])]
+    finally:
+        reader.close()
+
+
 def test_the_exporter_finds_and_reads_queues_on_a_cluster_unnamed(
     cluster: LocalCluster, queue_name: str
 ) -> None:

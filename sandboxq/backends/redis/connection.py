@@ -26,7 +26,7 @@ Secrets never leave this module in clear: every error names the server by its UR
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -204,16 +204,35 @@ class Connections:
                     self._more[role] = made
         return made
 
-    def node_lane(self, node: Any) -> Lane:
-        """A lane to one node of a Cluster (a read over all of its slots), kept until
-        ``close``."""
-        with self._more_lock:
-            lane = self._node_lanes.get(node.name)
-            if lane is None:
-                cluster: Any = self.main
-                lane = self._node_lanes[node.name] = Lane(cluster.get_redis_connection(node))
-                self._closers.append(lane.close)
-        return lane
+    def on_nodes(self, commands: Sequence[tuple[Any, bytes]]) -> list[Any]:
+        """Packed ``(node, command)`` pairs sent to those Cluster nodes, one write per node
+        on a lane of its own, kept until ``close``: replies in order, an error reply as
+        its exception (``MovedError`` for a slot that left that node since the slot map
+        was read). Many reads of many slots cost a round trip per node, not the client's
+        per-command work each. A connection failure refreshes the slot map, then raises
+        (a failover: the next call goes to the new primary)."""
+        by_node: dict[str, list[int]] = {}
+        nodes: dict[str, Any] = {}
+        for position, (node, _) in enumerate(commands):
+            by_node.setdefault(node.name, []).append(position)
+            nodes[node.name] = node
+        replies: list[Any] = [None] * len(commands)
+        cluster: Any = self.main
+        for name, positions in by_node.items():
+            with self._more_lock:
+                lane = self._node_lanes.get(name)
+                if lane is None:
+                    lane = Lane(cluster.get_redis_connection(nodes[name]))
+                    self._node_lanes[name] = lane
+                    self._closers.append(lane.close)
+            try:
+                got = lane.round_trip([commands[i][1] for i in positions])
+            except (redis.ConnectionError, redis.TimeoutError):
+                cluster.nodes_manager.initialize()
+                raise
+            for position, reply in zip(positions, got, strict=True):
+                replies[position] = reply
+        return replies
 
     def _shared(self, client: Client, lane: Lane) -> tuple[Client, Lane]:
         """A shared client, and its lane where every queue's scripts go to one server; a

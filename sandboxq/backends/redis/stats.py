@@ -39,7 +39,7 @@ from sandboxq.backends.index import (
 from sandboxq.backends.redis import records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import INDEX, QueueKeys, cluster_index, slot_tags
-from sandboxq.backends.redis.scripts import pack_command, run
+from sandboxq.backends.redis.scripts import pack_command, raise_errors
 from sandboxq.errors import DamagedRecord
 from sandboxq.models import AttemptRecord, JobState, stored_int
 
@@ -149,12 +149,9 @@ def _cluster_index_sizes(conns: Connections) -> dict[int, int]:
     then read by key (a pipelined SCARD each, routed by the client)."""
     cluster: Any = conns.main
     sizes, moved = {}, []
-    for node, slots, command in _slots_by_node(cluster.nodes_manager.slots_cache):
-        try:
-            reply = run(conns.node_lane(node), [(None, command)])[0]
-        except (redis.ConnectionError, redis.TimeoutError):
-            cluster.nodes_manager.initialize()  # a failover: the next read asks the new primary
-            raise
+    by_node = _slots_by_node(cluster.nodes_manager.slots_cache)
+    replies = raise_errors(conns.on_nodes([(node, command) for node, _, command in by_node]))
+    for (_, slots, _), reply in zip(by_node, replies, strict=True):
         for position, size in zip(reply[::2], reply[1::2], strict=False):
             if position > 0:
                 sizes[slots[position - 1]] = int(size)
