@@ -46,6 +46,7 @@ SECTIONS = (
     "floors",
     "containment",
     "exporter",
+    "dashboard_queues",
     "waiters",
     "run_cost",
     "redis_cost",
@@ -65,6 +66,7 @@ def _command(section: str, json_path: Path, url: str, quick: bool) -> list[str]:
         "floors": ["floors_bench.py", "--url", url, "--runs", runs],
         "containment": ["containment_bench.py", "all"],
         "exporter": ["exporter_bench.py"],  # a redis-server of its own
+        "dashboard_queues": ["dashboard_queues_bench.py"],  # its own server and Cluster
         "waiters": ["waiters_bench.py", "--url", url],
         "run_cost": ["run_cost_bench.py", "--runs", runs],  # no Redis: the local mode
         "redis_cost": ["redis_cost_bench.py", "--url", url, "--runs", runs],  # FLUSHALLs
