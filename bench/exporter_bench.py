@@ -7,7 +7,8 @@ worker on every tenth), then ``--junk`` keys shaped like queue keys (``sq:{junk-
 and ``sq:{junk-i}:workers``, what a keyspace SCAN took for queues) plus malformed and
 unbacked names added to the queue index by hand. Each scrape is timed end to end
 through ``/metrics`` over HTTP, as Prometheus does, before and after the junk, and the
-series counted: the junk must add none.
+series counted: the junk must add none. Then the same queues on a 3-node Redis Cluster
+(``tests/support/redis_cluster.py``: run from a checkout), without the junk.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def scrapes(address: tuple[str, int], n: int) -> tuple[list[float], int]:
     return [ms for ms, _ in runs], runs[-1][1]
 
 
-def fill(url: str, raw: redis.Redis, queues: int) -> None:
+def fill(url: str, queues: int) -> None:
     for i in range(queues):
         with Queue(f"real-{i}", url=url) as q:
             q.enqueue_many([((j,), {}) for j in range(3)])
@@ -68,6 +69,20 @@ def add_junk(raw: redis.Redis, junk: int) -> None:
     pipe.execute()
 
 
+def cluster_scrapes(queues: int, n: int) -> list[float]:
+    """Scrape times with ``queues`` queues on a throwaway Cluster."""
+    sys.path.insert(0, str(HERE.parent))
+    from tests.support.redis_cluster import LocalCluster
+
+    with LocalCluster() as cluster:
+        fill(cluster.url, queues)
+        exporter = QueueExporter(cluster.url)
+        try:
+            return scrapes(exporter.serve(0), n)[0]
+        finally:
+            exporter.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queues", type=int, default=1000)
@@ -81,7 +96,7 @@ def main() -> None:
     with RedisServer() as server:
         raw = redis.Redis.from_url(server.url)
         started = time.perf_counter()
-        fill(server.url, raw, args.queues)
+        fill(server.url, args.queues)
         fill_s = time.perf_counter() - started
         exporter = QueueExporter(server.url)
         try:
@@ -92,11 +107,19 @@ def main() -> None:
         finally:
             exporter.close()
             raw.close()
+    on_cluster_ms = cluster_scrapes(args.queues, args.scrapes)
     figs = [
         figures.figure(f"scrape, {args.queues} queues", clean_ms, "ms", SCRAPE, digits=1),
         figures.figure(
             f"scrape, {args.queues} queues + {args.junk} junk keys",
             junk_ms,
+            "ms",
+            SCRAPE,
+            digits=1,
+        ),
+        figures.figure(
+            f"scrape, {args.queues} queues on a 3-node Cluster",
+            on_cluster_ms,
             "ms",
             SCRAPE,
             digits=1,

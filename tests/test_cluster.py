@@ -189,29 +189,35 @@ def test_queues_are_found_on_a_cluster_without_naming_them_or_scanning(
         worker_only.close()
 
 
-def test_the_index_is_read_whole_while_a_queue_s_slot_moves(
+def test_the_index_and_numbers_are_read_whole_while_a_queue_s_slot_moves(
     cluster: LocalCluster, queue_name: str
 ) -> None:
     """Each node is asked for the sizes of all its slots' index sets at once (one SCARD per
-    slot through the client cost 0.6 s of CPU a read). A slot that moved after the
-    reader's slot map was read is not that node's any more: it is read by key instead,
-    and the queue is still found."""
+    slot through the client cost 0.6 s of CPU a read), and for the numbers of all the
+    queues its slots hold. A slot that moved after the reader's slot map was read is not
+    that node's any more: it is read by key instead, and the queue is still found, its
+    numbers whole (not taken for a damaged queue)."""
     from sandboxq.backends.redis.connection import Connections
-    from sandboxq.backends.redis.stats import read_index
+    from sandboxq.backends.redis.stats import read_index, read_stats
 
     slot = key_slot(queue_name.encode())  # the index set's slot is the queue's own
     with Queue(queue_name, url=cluster.url) as queue:
         queue.enqueue(1)
-    reader = Connections(cluster.url, 5.0, "sq:{reader}:x")
+    # two readers: the first to meet the move refreshes its slot map
+    reader, counter = (Connections(cluster.url, 5.0, f"sq:{{r{i}}}:x") for i in range(2))
     try:
         before = read_index(reader)
         assert queue_name in before.names
+        assert read_stats(counter, [queue_name])[0].jobs[JobState.WAITING] == 1
         target = next(port for port in cluster.ports if port != cluster.owner(slot))
         cluster.move_slot(slot, target)
         after = read_index(reader)  # its slot map still names the old owner
         assert queue_name in after.names and after.total == before.total
+        (stats,) = read_stats(counter, [queue_name])  # and so does this one's
+        assert stats.damaged is None and stats.jobs[JobState.WAITING] == 1
     finally:
         reader.close()
+        counter.close()
 
 
 def test_many_queues_events_are_read_while_a_slot_moves(

@@ -34,9 +34,10 @@ from sandboxq.backends.redis.connection import Connections, RedisOptions
 from sandboxq.backends.redis.enqueue import enqueue_calls, enqueued
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.lane import Lane
+from sandboxq.backends.redis.pages import recent_durations
 from sandboxq.backends.redis.reads import Reads
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
-from sandboxq.backends.redis.stats import read_index, recent_durations
+from sandboxq.backends.redis.stats import read_index
 from sandboxq.errors import BackendError
 from sandboxq.models import DEFAULT_MAX_INFRA_DEATHS, AttemptRecord, JobState, check_queue_name
 

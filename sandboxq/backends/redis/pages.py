@@ -5,6 +5,7 @@ wait. Each is one round trip of bounded work, whatever the queue's size:
     job_detail        one pipeline: HGETALL job + LRANGE history
     summary           summary.lua: a queue's overview line (counts, the oldest job
                       first in line, live workers, the depth history), bounded work
+    recent_durations  two pipelines: the newest finished ids, then each one's last record
 
 A cursor is ``<score>:<ties>``: the score of the last job shown and how many jobs at
 exactly that score were shown (scores repeat in the finished sets: one per ms).
@@ -25,14 +26,13 @@ from sandboxq.backends.base import (
     JobSummary,
     QueueSummary,
 )
-from sandboxq.backends.index import WORKERS_READ_CAP
+from sandboxq.backends.index import DEPTH_MINUTES, WORKERS_READ_CAP
 from sandboxq.backends.redis import records
-from sandboxq.backends.redis.connection import Lane
+from sandboxq.backends.redis.connection import Connections, Lane
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.scripts import Arg, Library, Script
-from sandboxq.backends.redis.stats import depth_samples
 from sandboxq.errors import ConfigError
-from sandboxq.models import JobInfo, JobState, stored_int
+from sandboxq.models import AttemptRecord, JobInfo, JobState, stored_int
 
 # ARGV 1-4 of every script are retention settings; these scripts only read.
 _UNUSED: list[Arg] = [0, 0, 0, 0, 0]
@@ -126,3 +126,47 @@ def job_detail(info: JobInfo, fields: dict[bytes, bytes]) -> JobDetail:
         progress=progress,
         progress_message=None if message is None else records.text(message),
     )
+
+
+def depth_samples(fields: dict[Any, Any]) -> list[tuple[int, int]]:
+    """depth.lua's hash as (minute start ms, jobs waiting), oldest first; fields that are
+    not two integers (changed by hand) are left out."""
+    out = []
+    for minute, waiting in fields.items():
+        m, w = _int(minute), _int(waiting)
+        if m is not None and w is not None:
+            out.append((m * 60_000, w))
+    return sorted(out)[-DEPTH_MINUTES:]
+
+
+def recent_durations(conns: Connections, keys: QueueKeys, limit: int) -> list[tuple[str, float]]:
+    """The last attempt record of up to ``limit`` recently finished jobs, two round
+    trips: the newest ids of the completed and failed sets, then for each its history's
+    last record and the hash fields that hold a sole attempt (records.sole_attempt)."""
+    with conns.errors("read recent durations"):
+        pipe = conns.main.pipeline(transaction=False)
+        pipe.zrevrange(keys.completed, 0, limit - 1)
+        pipe.zrevrange(keys.failed, 0, limit - 1)
+        completed, failed = pipe.execute()
+        ids = [records.text(i) for i in [*completed, *failed]][:limit]
+        pipe = conns.main.pipeline(transaction=False)
+        sole_fields = [*records.SOLE_ATTEMPT_FIELDS, "outcome"]
+        for job_id in ids:
+            pipe.lindex(keys.history(job_id), -1)
+            pipe.hmget(keys.job(job_id), sole_fields)
+        replies: list[Any] = pipe.execute(raise_on_error=False) if ids else []
+    out = []
+    for listed, held in zip(replies[::2], replies[1::2], strict=True):
+        raw = listed
+        if listed is None and isinstance(held, list):
+            fields = {n: v for n, v in zip(sole_fields, held, strict=True) if v is not None}
+            raw = records.sole_attempt(fields)
+        if not isinstance(raw, bytes) or len(raw) > records.MAX_FIELD_BYTES:
+            continue
+        try:
+            record = AttemptRecord.model_validate_json(raw)
+        except ValueError:  # a record changed by hand: left out of the chart
+            continue
+        if record.started_ms is not None and record.ended_ms is not None:
+            out.append((record.outcome.value, max(0, record.ended_ms - record.started_ms) / 1000))
+    return out

@@ -1,8 +1,9 @@
 -- stats.lua: the numbers of many queues in one call, for the exporter and `sandboxq queues`
 -- (read-only; sent alone, without common.lua: it reads many queues, not one).
--- KEYS: per queue, in the order of keys.py QueueKeys.stats_keys: waiting, delayed, active,
---       completed, failed, cancelled (the six state sets), workers (SET), seq, then two
---       prefixes: job hashes (prefix..id) and worker records (prefix..worker id).
+-- KEYS: per queue (or, with none, ARGV from 3 on: see below), in the order of stats.py
+--       _stats_keys: waiting, delayed, active, completed, failed, cancelled (the six
+--       state sets), workers (SET), seq, then two prefixes: job hashes (prefix..id) and
+--       worker records (prefix..worker id).
 -- ARGV: 1 the number of keys per queue (10); 2 the most registered workers read per queue.
 -- Returns: the server time ms, then per queue either one error text (a key of the wrong
 --          type: that queue alone is damaged) or 10 integers: six counts, the head of
@@ -14,6 +15,15 @@
 -- damaged queue costs only its own row (redis.pcall), never the scrape.
 
 local per, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- On a Cluster the keys come after those two in ARGV instead: declared, keys of several
+-- slots would be refused (CROSSSLOT), while a script without a shebang may read keys of
+-- every slot its node serves. A key of a slot served elsewhere (moved since the caller
+-- read the slot map) fails its queue's row: "... non local key ...".
+local KEYS = KEYS
+if #KEYS == 0 then
+  KEYS = {}
+  for i = 3, #ARGV do KEYS[#KEYS + 1] = ARGV[i] end
+end
 local t = redis.call('TIME')
 local out = {tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
 
