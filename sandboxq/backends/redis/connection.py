@@ -211,6 +211,8 @@ class Connections:
         was read). Many reads of many slots cost a round trip per node, not the client's
         per-command work each. A connection failure refreshes the slot map, then raises
         (a failover: the next call goes to the new primary)."""
+        if self._share is not None:  # a node's lane serves every queue of that node
+            return self._share.on_nodes(commands)
         by_node: dict[str, list[int]] = {}
         nodes: dict[str, Any] = {}
         for position, (node, _) in enumerate(commands):
