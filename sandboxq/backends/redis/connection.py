@@ -35,7 +35,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisClusterException
 
-from sandboxq.backends.redis.lane import ClusterLane, Lane
+from sandboxq.backends.redis.lane import ClusterLane, Lane, NodeRoutedLane
 from sandboxq.backends.redis.urls import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
@@ -162,7 +162,7 @@ class Connections:
                     self.main: Client = self._connect(socket_timeout_s)
                     self.main_lane = self._lane(self.main, slot_key)
                 else:
-                    self.main, self.main_lane = self._shared(share.main, share.main_lane)
+                    self.main, self.main_lane = self._shared(share.main, share.main_lane, True)
         except ValueError as exc:  # a bad port, IPv6 address, query option, path...
             self.close()
             raise ConfigError(f"invalid Redis URL {self.where!r}: {exc}") from None
@@ -219,27 +219,41 @@ class Connections:
             by_node.setdefault(node.name, []).append(position)
             nodes[node.name] = node
         replies: list[Any] = [None] * len(commands)
-        cluster: Any = self.main
         for name, positions in by_node.items():
-            with self._more_lock:
-                lane = self._node_lanes.get(name)
-                if lane is None:
-                    lane = Lane(cluster.get_redis_connection(nodes[name]))
-                    self._node_lanes[name] = lane
-                    self._closers.append(lane.close)
             try:
-                got = lane.round_trip([commands[i][1] for i in positions])
+                got = self.node_lane(nodes[name]).round_trip([commands[i][1] for i in positions])
             except (redis.ConnectionError, redis.TimeoutError):
+                cluster: Any = self.main
                 cluster.nodes_manager.initialize()
                 raise
             for position, reply in zip(positions, got, strict=True):
                 replies[position] = reply
         return replies
 
-    def _shared(self, client: Client, lane: Lane) -> tuple[Client, Lane]:
-        """A shared client, and its lane where every queue's scripts go to one server; a
-        Cluster lane of this queue's own (it follows this queue's slot)."""
-        return client, (self._lane(client, self._slot_key) if self.cluster else lane)
+    def node_lane(self, node: Any) -> Lane:
+        """The lane to one Cluster node (the main client's kind), made at first use and
+        kept until ``close``; a sibling's are its share's."""
+        if self._share is not None:
+            return self._share.node_lane(node)
+        with self._more_lock:
+            lane = self._node_lanes.get(node.name)
+            if lane is None:
+                cluster: Any = self.main
+                lane = self._node_lanes[node.name] = Lane(cluster.get_redis_connection(node))
+                self._closers.append(lane.close)
+        return lane
+
+    def _shared(self, client: Client, lane: Lane, main: bool = False) -> tuple[Client, Lane]:
+        """A shared client, and its lane where every queue's scripts go to one server; on
+        a Cluster a lane of this queue's own, that follows its slot: the main one on the
+        node lanes every queue shares (200 queues held a connection each)."""
+        if not self.cluster:
+            return client, lane
+        if main and isinstance(client, RedisCluster):
+            routed = NodeRoutedLane(client, self._slot_key, self.node_lane)
+            self._closers.append(routed.close)
+            return client, routed
+        return client, self._lane(client, self._slot_key)
 
     def _lane(self, client: Client, slot_key: str) -> Lane:
         lane = ClusterLane(client, slot_key) if isinstance(client, RedisCluster) else Lane(client)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -150,3 +150,24 @@ class ClusterLane(Lane):
             self._stale = True
             raise
         return replies
+
+
+class NodeRoutedLane(ClusterLane):
+    """A ``ClusterLane`` with no connections of its own: each round trip goes on the lane
+    of the node that serves the slot now (``lanes(node)``, shared by every queue of that
+    node), and follows the slot as a ``ClusterLane`` does. A dashboard's hundreds of
+    queues on a Cluster then hold a connection per node, not one each."""
+
+    def __init__(self, cluster: RedisCluster, key: str, lanes: Callable[[Any], Lane]) -> None:
+        super().__init__(cluster, key)
+        self._lanes = lanes
+        self._via = threading.local()  # per calling thread: the node lane it last used
+
+    def _round_trip(self, commands: Sequence[bytes]) -> list[Any]:
+        node = self._cluster.get_node_from_key(self._key)  # type: ignore[no-untyped-call]
+        self._via.lane = lane = self._lanes(node)
+        return lane.round_trip(commands)
+
+    def sent_at(self) -> float:
+        lane: Lane = self._via.lane
+        return lane.sent_at()
