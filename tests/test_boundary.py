@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from sandboxq import Pool
+from sandboxq.errors import AttemptFailed
 from sandboxq.models import Outcome
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.testing.processes import still_running
@@ -303,6 +304,39 @@ def test_an_attempt_that_used_up_every_descriptor_is_swept_and_its_child_replace
         second = pool.submit("open_a_file").result(timeout=30)
         assert second != left["pid"], "the child with no descriptor free took another task"
         assert pool.submit("open_a_file").result(timeout=30) == second  # a sound one is kept
+
+
+# -- the child's process state ---------------------------------------------------------------
+
+S = "tests.support.process_state:call"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "breaker", ["close_stdout", "close_fd_1", "ignore_every_signal", "block_every_signal"]
+)
+def test_an_attempt_that_breaks_its_child_s_stdio_or_signals_breaks_no_other_job(
+    breaker: str,
+) -> None:
+    """A handler closed sys.stdout (or descriptor 1): every later job on that child failed
+    printing. One ignored (or blocked) every signal: the next job got no soft signal and
+    was killed at its hard deadline, its cleanup never run. The child is replaced instead
+    (and one that changed nothing is kept)."""
+
+    def told_to_stop(pool: Pool) -> int:
+        started = time.monotonic()
+        with pytest.raises(AttemptFailed) as failed:
+            pool.submit("print_and_wait_for_soft", 10.0).result(timeout=30)
+        assert failed.value.error_type == "sandboxq.errors.SoftTimeout", failed.value
+        assert time.monotonic() - started < 5.0
+        assert failed.value.pid is not None
+        return failed.value.pid
+
+    with Pool(S, size=1, soft_timeout_s=1.0, hard_timeout_s=20.0) as pool:
+        broken = pool.submit(breaker).result(timeout=10)
+        replaced = told_to_stop(pool)
+        assert replaced != broken
+        assert told_to_stop(pool) == replaced
 
 
 # -- threads ---------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ group sweep does (limits.py), and in the process-tree mode the supervisor does, 
 fork server's children (``server.sweep_escaped``).
 A Python thread the attempt left running cannot be killed: the child marks the attempt
 (``shared[THREADS_LEFT]``) and the parent replaces it before its next task; so too when
-the attempt left no descriptor free (``shared[DESCRIPTORS_FULL]``, descriptors.py).
+the attempt left no descriptor free (``shared[DESCRIPTORS_FULL]``, descriptors.py), and
+when it changed the stdio or the signals the next attempt relies on
+(``shared[STATE_CHANGED]``, baseline.py).
 ``keep_strays`` (a pool setting, off by default) skips both for handlers that keep a
 helper alive across jobs on purpose; the child still sweeps when it exits.
 
@@ -59,7 +61,7 @@ from typing import Any
 
 from sandboxq import codec, tracing
 from sandboxq.errors import SandboxqError, SoftTimeout
-from sandboxq.pool import descriptors, limits, linux, output, pid_namespace, stacks
+from sandboxq.pool import baseline, descriptors, limits, linux, output, pid_namespace, stacks
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
@@ -73,9 +75,10 @@ SIGSOFT = signal.SIGUSR1
 #: started last (written before it runs anything of it), [1] how many tasks the parent
 #: has withdrawn, [2] the task whose reply could not be sent because the child's own code
 #: closed or broke its channel, [3] the task that left threads running (written before
-#: its reply), [4] the task that left no descriptor free, [5:] a ring of the withdrawn
-#: task ids. A withdrawn task is skipped, never run.
-STARTED, WITHDRAWN, CHANNEL_LOST, THREADS_LEFT, DESCRIPTORS_FULL, RING = 0, 1, 2, 3, 4, 5
+#: its reply), [4] the task that left no descriptor free, [5] the task that changed what
+#: the next one relies on (baseline.py), [6:] a ring of the withdrawn task ids. A
+#: withdrawn task is skipped, never run.
+STARTED, WITHDRAWN, CHANNEL_LOST, THREADS_LEFT, DESCRIPTORS_FULL, STATE_CHANGED, RING = range(7)
 WITHDRAWN_RING = 64
 SHARED_SIZE = RING + WITHDRAWN_RING
 
@@ -277,13 +280,8 @@ def run_one(
     if not keep_strays:
         sweep_own_tree()  # before the outcome leaves: nothing the attempt started outlives it
         pid_namespace.sweep_namespace()  # nor what it moved out of our tree (CLONE_PARENT)
-        if shared is not None and threading.active_count() > threads_before:
-            # A thread cannot be killed from outside it: the child is replaced instead,
-            # before its next task (a leftover thread would print into the next attempt's
-            # output, spend its CPU and count against its max_processes).
-            shared[THREADS_LEFT] = run.task_id
-    if shared is not None and descriptors.spare_gone():
-        shared[DESCRIPTORS_FULL] = run.task_id  # the next task would find none free
+    if shared is not None:
+        _mark_leftovers(shared, run.task_id, threads_before, keep_strays)
     try:
         with lock:
             conn.send(reply)
@@ -294,6 +292,19 @@ def run_one(
         if shared is not None:
             shared[CHANNEL_LOST] = run.task_id
         raise
+
+
+def _mark_leftovers(shared: Any, task_id: int, threads_before: int, keep_strays: bool) -> None:
+    """Mark, before the reply, what the attempt left that only a replacement clears: the
+    parent replaces the child before its next task (handles.py)."""
+    if not keep_strays and threading.active_count() > threads_before:
+        # A thread cannot be killed from outside it (a leftover thread would print into
+        # the next attempt's output, spend its CPU and count against its max_processes).
+        shared[THREADS_LEFT] = task_id
+    if descriptors.spare_gone():
+        shared[DESCRIPTORS_FULL] = task_id  # the next task would find none free
+    if baseline.changed() is not None:
+        shared[STATE_CHANGED] = task_id  # its stdio or the pool's signals (baseline.py)
 
 
 def child_main(
@@ -334,6 +345,7 @@ def child_main(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(SIGSOFT, _on_soft_timeout)
     processor = limits.wrap(resolve(processor_path), setup, sweep=not keep_strays)
+    baseline.record((SIGSOFT, stacks.DUMP_SIGNAL))  # imports done: as every attempt finds it
     lock = threading.Lock()
     try:
         conn.send(Ready(os.getpid()))

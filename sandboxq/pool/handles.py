@@ -26,6 +26,7 @@ from sandboxq.pool.child import (
     RING,
     SIGSOFT,
     STARTED,
+    STATE_CHANGED,
     THREADS_LEFT,
     WITHDRAWN,
     WITHDRAWN_RING,
@@ -182,6 +183,9 @@ class Child:
         if self.shared[DESCRIPTORS_FULL] == run.task_id:
             self.recycle = True  # the same, for a full descriptor table (descriptors.py)
             _descriptors_full.warn(self.pid, run.task.job_id)
+        if self.shared[STATE_CHANGED] == run.task_id:
+            self.recycle = True  # and for its stdio or signals changed (baseline.py)
+            _state_changed.warn(self.pid, run.task.job_id)
         if run.task.max_memory_mb is not None or max_growth_mb is not None:
             self.check_after(run, max_growth_mb)
         return now, at_ms
@@ -399,3 +403,6 @@ class _LeftBehindWarning:
 
 _threads_left = _LeftBehindWarning("left Python threads running (keep_strays=True keeps them)")
 _descriptors_full = _LeftBehindWarning("left no file descriptor free")
+_state_changed = _LeftBehindWarning(
+    "changed its process's stdin, stdout, stderr or the signals the pool sends it"
+)
