@@ -15,13 +15,13 @@ one that ignored every signal: the next job got no soft signal and was killed at
 deadline, its cleanup never run. What a module of the handler keeps between jobs (a
 cache, a connection) is the handler's own, as in any pool that reuses its processes.
 
-Cost: 3 us a job in the child, most of it three ``fstat``.
+Cost: 5 us a job in the child, most of it three ``fstat``.
 """
 
 from __future__ import annotations
 
 # The C module: ``signal``'s wrappers turn every handler and signal number into an enum
-# member, which made a check 8 us instead of 3.
+# member, which made a check 8 us instead of 5.
 import _signal  # type: ignore[import-not-found]
 import os
 import sys
