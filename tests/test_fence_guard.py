@@ -346,6 +346,31 @@ def test_the_guard_reads_the_table_the_supervisor_writes() -> None:
 
 
 @pytest.mark.timeout(40)
+def test_a_guard_stopped_while_the_pool_was_idle_is_continued_by_its_next_task() -> None:
+    """With no attempt running no renewal came to look at its beat, so a guard stopped
+    then stayed stopped: a worker stopped right after its next claim left that job
+    unfenced, and another worker ran it at the same time. The next task continues it."""
+    from sandboxq import Pool
+    from sandboxq.models import Outcome
+    from sandboxq.pool.attempt import Task
+    from sandboxq.pool.guard import LATE_S
+
+    with Pool("sandboxq.testing.handlers:sleep_forever", size=1) as pool:
+        guard = pool._supervisor._guard
+        wait_for(guard.ready, 10, "the guard to read its table")
+        pid = guard.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: state(pid) == "stopped", 5, "the guard to stop")
+        header = guard._header
+        wait_for(lambda: time.monotonic() - header.beat / 1e9 > LATE_S, 5, "its beat to age")
+        task = pool.execute(Task(b"[[], {}]", "json"), lambda _: None)
+        wait_for(lambda: state(pid) != "stopped", 2, "the guard to be continued")
+        assert guard.pid == pid, "it was continued, not replaced"
+        pool.kill(task, Outcome.CANCELLED, "the test is over")
+
+
+@pytest.mark.timeout(40)
 def test_a_stopped_guard_is_continued_by_its_pool() -> None:
     """A guard that is SIGSTOPped is alive: its pidfd never fires. Its beat stops moving,
     and the supervisor, woken by the lease renewals of a running attempt, continues it."""

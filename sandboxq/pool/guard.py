@@ -80,9 +80,13 @@ HEADER = 3 * ctypes.sizeof(ctypes.c_int64)
 #: What the pool writes on the liveness pipe before it closes it: EOF without it means the
 #: worker died.
 CLOSING = b"c"
-#: A guard whose beat has not moved for this long is stopped or hung (it beats every
+#: The guard's beat is when it last looked at the table (it looks every
 #: ``guard_process.WATCH_S``, or after a sweep, which waits up to a second for what it
-#: killed): continued, and if that does not help, replaced.
+#: killed). A beat older than LATE_S is looked into: a stopped guard is continued at once
+#: (stopped while the pool was idle and the worker stopped after its next claim, it left
+#: that job unfenced, and another worker ran it at the same time). One older than STALL_S
+#: that is not stopped hangs, and is replaced.
+LATE_S = 0.25
 STALL_S = 5.0
 
 
@@ -101,7 +105,8 @@ class Header(ctypes.Structure):
 def header_of(buffer: mmap.mmap) -> Header:
     """``ready_pid``: the guard that is reading the table (0: none yet); ``used``: slots
     below this index may be in use (the lowest free slot is always taken first); ``beat``:
-    the guard's count of its looks at the table."""
+    when the guard last looked at the table (``time.monotonic_ns()``, one clock for every
+    process of the machine)."""
     return Header.from_buffer(buffer)
 
 
@@ -160,7 +165,7 @@ class Guard:
         self._alive_w: int | None = None
         #: Guards started after the first (the worker's metrics and logs).
         self.restarts = 0
-        self._beat = (-1, 0.0)  # the beat last seen, and when it last moved
+        self._acted = -STALL_S  # when check last continued or replaced the guard
 
     # -- the table -------------------------------------------------------------------------
 
@@ -208,18 +213,19 @@ class Guard:
     def check(self, now: float) -> None:
         """A guard that is alive but no longer looks at the table (someone stopped it, or
         it hangs) is not noticed by its pidfd: its beat says so. Continue it; kill it if
-        it is not stopped (its death then restarts it)."""
-        beat, moved = self._beat
-        if not self.ready() or self._header.beat != beat:
-            self._beat = (self._header.beat, now)
+        it is not stopped and stalls (its death then restarts it). Called with every
+        command (each submit, each lease renewal): a fresh beat costs a read of shared
+        memory, an old one a read of the guard's state."""
+        if not self.ready() or self._process is None:
             return
-        if now - moved < STALL_S or self._process is None:
+        late_s = now - self._header.beat / 1e9
+        if late_s < LATE_S:
             return
-        self._beat = (beat, now)  # one act per stall
         if state(self._process.pid) in (b"T", b"t"):
             log.warning("the pool's fence guard (pid %d) was stopped; continuing it", self.pid)
             os.kill(self._process.pid, signal.SIGCONT)
-        else:
+        elif late_s >= STALL_S and now - self._acted >= STALL_S:  # one kill per stall
+            self._acted = now
             log.error("the pool's fence guard (pid %d) hangs; replacing it", self.pid)
             self._process.kill()
 

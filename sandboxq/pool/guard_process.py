@@ -137,10 +137,11 @@ def main(argv: list[str]) -> int:
     if worker_fd is None or os.getppid() != worker:  # the worker died before we looked
         guard.end_everything(pool_dirs)
         return 0
+    guard.header.beat = time.monotonic_ns()  # first: a ready guard with no beat looks hung
     guard.header.ready_pid = os.getpid()
     watched = [worker_fd, alive_fd]
     while True:
-        guard.header.beat += 1  # the supervisor sees a stopped or hung guard by it
+        guard.header.beat = time.monotonic_ns()  # the supervisor sees a stopped or hung guard by it
         wait_s = guard.next_wait_s(guard.entries(), time.monotonic())
         if ready := readable_among(watched, wait_s):
             # The worker died (its pidfd, or EOF on the pipe without the pool's word: the
