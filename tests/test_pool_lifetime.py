@@ -371,6 +371,45 @@ def test_a_child_s_exit_is_reported_while_its_fork_server_is_stopped() -> None:
     assert "fork server" in out.stderr and "was stopped; continuing it" in out.stderr
 
 
+STOPPED_SERVER_AT_SHUTDOWN = textwrap.dedent(
+    """
+    import os, signal, time
+    import psutil
+    from sandboxq import Pool
+    from sandboxq.testing.waiting import wait_for
+    pool = Pool("sandboxq.testing.handlers:echo", size=2)
+    wait_for(lambda: len(pool.child_states()["idle"]) == 2, 20, "the children to be ready")
+    server = psutil.Process(pool.pids[0]).ppid()
+    os.kill(server, signal.SIGSTOP)  # the subject: the fork server stopped, then a stop
+    try:
+        started = time.monotonic()
+        pool.shutdown()
+        print(f"{time.monotonic() - started:.1f}")
+    finally:
+        os.kill(server, signal.SIGCONT)
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_pool_whose_fork_server_is_stopped_shuts_down() -> None:
+    """Stopped, the fork server reports no child's exit: the pool's shutdown crashed its
+    supervisor ("Cannot close a process while it is still running") and the worker never
+    exited. The pool continues the server before it stops its children."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", STOPPED_SERVER_AT_SHUTDOWN],
+            capture_output=True,
+            text=True,
+            timeout=40,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the pool hung: {exc.stdout!r} {exc.stderr!r}") from exc
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "Exception" not in out.stderr, out.stderr[-3000:]
+    assert float(out.stdout.split()[-1]) < 5.0, out.stdout
+
+
 @pytest.mark.timeout(30)
 def test_a_killed_resource_tracker_leaves_no_zombie_under_an_idle_pool() -> None:
     """The worker process is the resource tracker's parent: killed, the tracker stayed a

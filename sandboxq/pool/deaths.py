@@ -142,7 +142,10 @@ def stop_all(children: list[Child], pending: deque[Attempt]) -> None:
         if child.output is not None:
             child.output.close()
         server.forget(child.process.pid)
-        child.process.close()
+        if child.process.exitcode is not None:
+            child.process.close()
+        else:  # killed, but its exit not reported (its fork server stopped again, or hangs)
+            log.warning("child %d: killed, its exit not reported by its fork server", child.pid)
     server.sweep_orphans()  # kept strays and daemons of children that died on their own
 
 

@@ -291,6 +291,8 @@ class Guard:
         elif self._alive_w is not None:
             with contextlib.suppress(OSError):  # a guard that died reads nothing
                 os.write(self._alive_w, CLOSING)  # not the worker's death: keep the groups
+            if process is not None and state(process.pid) in (b"T", b"t"):  # or never read
+                os.kill(process.pid, signal.SIGCONT)
         if pidfd is not None:
             # Woken the moment it exits: Popen.wait(timeout) polls, its naps doubling up to
             # 50 ms, which cost a pool's shutdown 50-100 ms for a guard gone in a few.

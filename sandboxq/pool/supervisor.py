@@ -502,6 +502,9 @@ class Supervisor:
         server's pidfd, the control groups and the selector."""
         self._on_wake(None)  # commands that raced with close: submits end as interrupted
         commands.cancel_all(self._children, self._pending)
+        # Stopped, the fork server would report no child's exit, and the stop would wait
+        # for each and could not close it (the supervisor crashed, the worker never ended)
+        self._spawner.continue_stopped_server()
         deaths.stop_all(self._children, self._pending)
         self._children.clear()
         if (fd := self._guard.pidfd) is not None:
