@@ -196,6 +196,23 @@ def test_worker_logs_each_outcome_and_sigterm_drains_to_a_clean_exit(
 
 
 @pytest.mark.timeout(60)
+def test_a_sigterm_while_the_worker_starts_drains_to_a_clean_exit(
+    queue: Queue, spawn_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """The handlers came after the pool started: a SIGTERM in between (read the moment
+    the start is logged) killed the worker with no word (-15), its registration left
+    to expire and its control groups to the next pool."""
+    log = tmp_path / "worker.log"
+    proc = spawn_worker(log)
+    wait_for(lambda: log.exists() and "started on queue" in log.read_text(), 20, "the start")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0, log.read_text()
+    text = log.read_text()
+    assert "received SIGTERM: draining" in text and "stopped" in text, text
+    assert queue.backend.workers() == [], "its registration was left behind"
+
+
+@pytest.mark.timeout(60)
 def test_every_outcome_gets_its_own_prefixed_line_when_jobs_end_together(
     queue: Queue, spawn_worker: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:

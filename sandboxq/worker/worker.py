@@ -179,8 +179,11 @@ class SandboxWorker:
         s = self.settings
         quiet_outage_warnings()  # an outage is one line per cause per 10 s, with a count
         # An unreachable backend fails the start before any child exists, and nothing
-        # that failed to start is left running.
+        # that failed to start is left running. The handlers first: a SIGTERM while the
+        # pool started killed the worker with no word, its registration and control
+        # groups left behind; now it drains once started (at once: nothing is held).
         unwatch: Callable[[], None] | None = None
+        restore = self._install_signal_handlers()
         try:
             self._serve_metrics()
             self._register(raise_errors=True)
@@ -192,6 +195,7 @@ class SandboxWorker:
             self._register()
         except BaseException:
             self._disconnect(unwatch)
+            restore()
             raise
         heartbeat = self.heartbeat = Heartbeat(
             self.backend,
@@ -222,7 +226,6 @@ class SandboxWorker:
         )
         if self._metrics is not None:
             self._bind_metrics(self._metrics, pool, heartbeat, reaper)
-        restore = self._install_signal_handlers()
         try:
             for part in parts:
                 part.start()
