@@ -345,6 +345,53 @@ def test_the_guard_reads_the_table_the_supervisor_writes() -> None:
     table.close()
 
 
+PAST_BOTH_DEADLINES = """
+import sys, time
+from sandboxq import Pool
+from sandboxq.pool.attempt import Task
+from sandboxq.testing.waiting import wait_for
+ended = []
+with Pool("sandboxq.testing.handlers:sleep_forever", size=1) as pool:
+    wait_for(pool._supervisor._guard.ready, 10, "the guard to read its table")
+    fence = time.monotonic() + 0.5  # the lease, not renewed: then the hard deadline, 1 s
+    task = Task(b"[[], {}]", "json", hard_timeout_s=1.0, fence_deadline=fence)
+    pool.execute(task, ended.append)
+    wait_for(lambda: pool.child_states()["busy"], 10, "the attempt to start")
+    print(pool.pids[0], time.monotonic() + 1.0, flush=True)  # stopped by the test now
+    sys.stdin.readline()  # continued: past both deadlines
+    wait_for(lambda: ended, 10, "the attempt to end")
+    print(ended[0].outcome.value, ended[0].detail, flush=True)
+"""
+
+
+@pytest.mark.timeout(40)
+def test_a_pool_stopped_past_its_fence_and_hard_deadline_reports_the_lease_lost() -> None:
+    """The guard killed the child at its fence while the worker was stopped; continued
+    past the hard deadline too, the pool reported ``hard_timeout`` (charged, acked on a
+    lease that had run out) instead of the fence's ``lease_lost``, acked by nobody."""
+    with subprocess.Popen(
+        [sys.executable, "-c", PAST_BOTH_DEADLINES],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            child, hard_at = proc.stdout.readline().split()
+            os.kill(proc.pid, signal.SIGSTOP)
+            fenced = lambda: state(int(child)) in ("zombie", "gone")  # noqa: E731
+            wait_for(fenced, 10, "the guard's fence kill")
+            wait_for(lambda: time.monotonic() > float(hard_at), 5, "the hard deadline to pass")
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            outcome = proc.stdout.readline()
+            assert outcome.startswith("lease_lost "), outcome
+            assert proc.wait(20) == 0
+        finally:
+            proc.kill()  # also when stopped
+
+
 @pytest.mark.timeout(40)
 def test_a_guard_stopped_while_the_pool_was_idle_is_continued_by_its_next_task() -> None:
     """With no attempt running no renewal came to look at its beat, so a guard stopped

@@ -76,15 +76,18 @@ def enforce(
         collect(child)
         if child.running is not run:
             continue
-        if run.hard_deadline is not None and now >= run.hard_deadline:
+        # The fence first: past it the lease is gone, whatever else came due while this
+        # process was stopped (the guard killed the child there; a hard_timeout reported
+        # after was charged and acked on a lease another worker may hold).
+        if run.fence_deadline is not None and now >= run.fence_deadline:
+            detail = "the lease could not be renewed in time"
+            tell(run, child.pid, SELF_FENCE, detail)
+            kill_at_deadline(child, Outcome.LEASE_LOST, detail)
+        elif run.hard_deadline is not None and now >= run.hard_deadline:
             hard = run.task.hard_timeout_s
             detail = f"killed at the hard deadline of {hard:g} s"
             tell(run, child.pid, HARD_KILL, detail)
             kill_at_deadline(child, Outcome.HARD_TIMEOUT, detail)
-        elif run.fence_deadline is not None and now >= run.fence_deadline:
-            detail = "the lease could not be renewed in time"
-            tell(run, child.pid, SELF_FENCE, detail)
-            kill_at_deadline(child, Outcome.LEASE_LOST, detail)
         elif run.ending is not None and run.end_kill_at is not None and now >= run.end_kill_at:
             detail = f"{run.end_detail}; killed after a grace of {run.task.end_grace_s:g} s"
             tell(run, child.pid, HARD_KILL, detail)
