@@ -23,6 +23,7 @@ import redis
 
 from sandboxq import JobState, Queue
 from sandboxq.backends.redis import RedisBackend
+from sandboxq.errors import BatchNotFound
 from sandboxq.models import AttemptRecord, Outcome
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
@@ -180,6 +181,47 @@ def test_resume_after_the_first_run_was_killed_writes_each_line_once(
     assert "5 line(s) of batch" in resumed.stderr and ": 2 written before, 2 in " in resumed.stderr
     again = sandboxq_run("--resume", bid, *at, "--output", str(out))  # nothing left to write
     assert again.returncode == 1 and lines_of(out) == rows
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_writes_lines_cancelled_by_anyone_or_lost_as_not_run_saying_which(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """Cancelled with ``sandboxq batch --cancel`` (not this run's Ctrl-C), the lines were
+    written with an outcome ``cancelled`` the README does not list, and counted failed;
+    a member whose record was deleted was ``not_run`` "the batch stopped before this
+    line ran", though whether it ran is not known."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(f'{{"args": [{i}]}}\n' for i in range(3)))
+    at = ["--url", redis_url, "--queue", queue_name]
+    out, err = tmp_path / "out.jsonl", tmp_path / "err"
+    first = start(H + "echo", str(source), *at, "--output", str(out), stderr=err)
+    with Queue(queue_name, url=redis_url) as queue:
+
+        def sent() -> bool:
+            try:
+                return queue.get_batch(batch_id_in(err)).progress().total == 3
+            except (AssertionError, BatchNotFound):
+                return False
+
+        try:  # no worker serves the queue: the lines wait
+            wait_for(sent, 30, "the batch to be sent")
+        finally:
+            first.kill()
+            first.wait()
+        bid = batch_id_in(err)
+        assert queue.get_batch(bid).cancel() == 3
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        raw.delete(f"sq:{{{queue_name}}}:job:{bid}.2")
+    finally:
+        raw.close()
+    resumed = sandboxq_run("--resume", bid, *at, "--output", str(out), timeout=30)
+    rows = sorted(lines_of(out), key=lambda r: r["line"])
+    assert [r["outcome"] for r in rows] == ["not_run"] * 3, rows
+    assert rows[0]["error"] == "the batch stopped before this line ran (cancelled while waiting)"
+    assert "whether it ran is not known" in rows[2]["error"], rows[2]
+    assert resumed.returncode == 1 and "3 line(s) did not run: 1-3" in resumed.stderr
 
 
 @pytest.mark.timeout(120)

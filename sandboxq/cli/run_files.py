@@ -141,12 +141,19 @@ class Output:
         self.stopped(item.line, backend.get(item.job_id))
 
     def stopped(self, line: int, info: JobInfo | None) -> None:
-        """Write input line ``line`` as not run: the batch stopped before it finished."""
-        attempts = info.attempts if info is not None else 0
+        """Write input line ``line`` as not run: the batch stopped before it finished (or
+        its record is gone: then whether it ran is not known, and the line says so)."""
+        if info is None:
+            why = "its job's record is gone (deleted by hand?): whether it ran is not known"
+            self.write(line, NOT_RUN, attempts=0, error=why)
+            return
         why = "the batch stopped before this line ran"
-        if info is not None and info.error:
-            why = f"the batch stopped before this line finished (last attempt: {info.error})"
-        self.write(line, NOT_RUN, attempts=attempts, error=why)
+        if info.attempts:
+            last = f" (last attempt: {info.error})" if info.error else ""
+            why = f"the batch stopped before this line finished{last}"
+        elif info.error:
+            why = f"{why} ({info.error})"
+        self.write(line, NOT_RUN, attempts=info.attempts, error=why)
 
 
 def _where(info: JobInfo) -> dict[str, str]:

@@ -370,7 +370,7 @@ def _stream(
                 line = lines[_index(job_id)]
                 if info is None or not info.state.finished:
                     continue  # retried since: it comes again when it ends again
-                if cancelled and info.state is JobState.CANCELLED:
+                if info.state is JobState.CANCELLED:  # here by Ctrl-C, or by anyone
                     output.stopped(line, info)
                 else:
                     output.finished(line, info, data)
