@@ -147,6 +147,27 @@ def test_results_go_to_stdout_and_retries_apply(
     assert main(["run", H + "succeed_after", str(source)]) == 0
 
 
+@pytest.mark.timeout(60)
+def test_a_run_whose_reader_closes_stdout_stops_as_a_pipeline_s_tools_do(tmp_path: Path) -> None:
+    """``sandboxq run ... | head -1``: the run exited 1 with a traceback (or 'the pool is
+    broken: no child could be started: BrokenPipeError': a child's start flushes stdout)
+    and went on. It stops with one line and 128 + SIGPIPE."""
+    source = write_lines(tmp_path / "in.jsonl", *(f'{{"args": [{i}]}}' for i in range(5000)))
+    with subprocess.Popen(
+        [*CLI, "run", H + "echo", str(source)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert json.loads(proc.stdout.readline())["outcome"] == "ok"
+        proc.stdout.close()  # as head does once it has its line
+        code, err = proc.wait(30), proc.stderr.read()
+    assert code == 141, err
+    assert "the results' reader closed stdout: stopped" in err
+    assert "Traceback" not in err and "broken" not in err, err
+
+
 @pytest.mark.timeout(30)
 def test_a_run_returns_once_its_worker_is_done(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

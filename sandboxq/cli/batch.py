@@ -45,6 +45,7 @@ from sandboxq.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_RESULTS_UNREAD,
     Exit,
     add_setting_flags,
     import_from_cwd,
@@ -115,11 +116,27 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         if not args.output:
             stack.enter_context(stdout_for_results())
-        if args.queue or args.url or args.resume:
-            from sandboxq.cli import run_fleet
+        try:
+            if args.queue or args.url or args.resume:
+                from sandboxq.cli import run_fleet
 
-            return run_fleet.run(args)
-        return _run_here(args)
+                return run_fleet.run(args)
+            return _run_here(args)
+        except BrokenPipeError:
+            return _results_unread(args)
+
+
+def _results_unread(args: argparse.Namespace) -> int:
+    """The reader of the results closed stdout (``sandboxq run ... | head``): the run
+    stopped, as the tools of a pipeline do, with one line on stderr and 128 + SIGPIPE
+    (it printed a traceback and 'the pool is broken'; ``Output.write``)."""
+    where = (
+        ""
+        if not (args.queue or args.url or args.resume)
+        else ("; the batch goes on: re-attach with sandboxq run --resume BATCH_ID --output FILE")
+    )
+    print(f"sandboxq run: the results' reader closed stdout: stopped{where}", file=sys.stderr)
+    return EXIT_RESULTS_UNREAD
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -38,6 +38,7 @@ EXIT_FAILED = 1  # the job(s) failed, or there was nothing to retry / cancel
 EXIT_ERROR = 2  # bad input or settings, unreachable backend, unimportable processor
 EXIT_TIMEOUT = 3  # ``enqueue --wait --timeout-s`` ran out before the job finished
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT, as shells report it)
+EXIT_RESULTS_UNREAD = 141  # ``sandboxq run``'s stdout closed by its reader (128 + SIGPIPE)
 
 
 class Exit(Exception):

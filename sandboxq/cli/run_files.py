@@ -112,8 +112,18 @@ class Output:
         self.written.add(line)
         self.tally.add(outcome, line)
         out = self._file or sys.stdout
-        out.write(json.dumps({"line": line, "outcome": outcome, **fields}) + "\n")
-        out.flush()
+        try:
+            out.write(json.dumps({"line": line, "outcome": outcome, **fields}) + "\n")
+            out.flush()
+        except BrokenPipeError:
+            if out is sys.stdout:
+                # Its reader is gone: whatever flushes stdout from now on writes nowhere,
+                # and the run stops (cli/batch.py). Every flush raised again until then,
+                # a child's start among them (multiprocess flushes stdout before one).
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, out.fileno())
+                os.close(null)
+            raise
 
     def job(self, backend: Backend, item: Item) -> bool:
         """Write ``item``'s result if its job has finished; False if it has not."""
