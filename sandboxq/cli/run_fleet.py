@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import signal
 import sys
 import threading
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         # From the first line sent, a Ctrl-C is the follower's (it cancels what has not
         # run): one that ended the send part-way left its lines waiting for any worker.
         stack.enter_context(_signals_to(stop))
-        batch = _send(queue, outgoing, url)
+        batch = _send(queue, outgoing, url, args.output)
         if file is not None:
             empty_output(file.fileno())
         lines, malformed = outgoing.lines, outgoing.malformed
@@ -212,7 +213,7 @@ def _prepare(maker: JobMaker, args: argparse.Namespace) -> _Outgoing:
     return _Outgoing(batch_id, jobs, label, lines, bad)
 
 
-def _send(queue: Queue, outgoing: _Outgoing, url: str) -> Batch[Job]:
+def _send(queue: Queue, outgoing: _Outgoing, url: str, output: str | None) -> Batch[Job]:
     batch_id, jobs = outgoing.id, outgoing.jobs
     if not jobs:
         return Batch(queue, "", 0)
@@ -228,8 +229,8 @@ def _send(queue: Queue, outgoing: _Outgoing, url: str) -> Batch[Job]:
     where = redact_url(url)
     print(
         f"sandboxq: batch {batch_id}: {len(jobs)} line(s) sent to queue {queue.name}; "
-        f"re-attach with: sandboxq run --resume {batch_id} --url {where} "
-        f"--queue {queue.name} --output OUT.jsonl",
+        f"re-attach with: sandboxq run --resume {batch_id} --url {shlex.quote(where)} "
+        f"--queue {queue.name} --output {shlex.quote(output) if output else 'OUT.jsonl'}",
         file=sys.stderr,
         flush=True,
     )
