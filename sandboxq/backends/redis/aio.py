@@ -301,7 +301,7 @@ class AsyncRedisBackend:
         async def read() -> tuple[str, list[tuple[int, JobState]]]:
             # on the lane, as batch_progress; a raw reply: each entry's fields a flat list
             (reply,) = await self._run([(None, command)])
-            return batches.finished_from(after, batches.entries_of(reply), key)
+            return batches.finished_from(after, follow.entries_of(reply), key)
 
         with redis_errors(self.where, f"read the finished members of batch {batch_id!r}"):
             if block_s is None:

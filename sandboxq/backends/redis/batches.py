@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError
 
 from sandboxq.backends import rules
 from sandboxq.backends.base import BatchAction, NewJob
-from sandboxq.backends.redis import finish_listener, records
+from sandboxq.backends.redis import finish_listener, follow, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.enqueue import ENQUEUE_CHUNK, frame_jobs
 from sandboxq.backends.redis.keys import QueueKeys
@@ -219,24 +219,6 @@ def finished_from(
     return cursor, out
 
 
-def entries_of(raw: Any) -> Any:
-    """A raw XREAD reply, as a lane reads it (a list of [stream, entries] pairs, or a map
-    of them), in the shape redis-py's ``xread`` gives: each entry's fields as a dict."""
-    if not raw:
-        return raw
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    return [
-        [
-            key,
-            [
-                (entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
-                for entry_id, flat in entries
-            ],
-        ]
-        for key, entries in pairs
-    ]
-
-
 def check_then(then: str, queue: str, cluster: bool) -> None:
     """On a Cluster a script reaches only its own slot: the follow-up's queue must share it."""
     if cluster and key_slot(f"{{{then}}}".encode()) != key_slot(f"{{{queue}}}".encode()):
@@ -333,7 +315,7 @@ class Batches:
         def read() -> tuple[str, list[tuple[int, JobState]]]:
             # on the lane, whose connections are bounded, whatever the number of threads
             (reply,) = run(self._conns.main_lane, [(None, command)])
-            return finished_from(after, entries_of(reply), key)
+            return finished_from(after, follow.entries_of(reply), key)
 
         with self._conns.errors(f"read the finished members of batch {batch_id!r}"):
             if block_s is None:

@@ -4,6 +4,7 @@ differ only in how a read is carried out (a blocking call, or an awaited one).
 
     EventCursor    events(): the next Read (catch up, then block), and the events a
                    reply holds
+    entries_of     a raw XREAD reply read on a lane (RESP2 or RESP3) in redis-py's shape
 
 Waiting for a job's finish is the finish listener's (finishes.py), not a read per waiter.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from sandboxq.backends.base import Event
 from sandboxq.backends.redis import records
@@ -62,3 +63,21 @@ class EventCursor:
             self._deadline = None  # something came: the next wait starts afresh
         self.after = records.text(entries[-1][0])
         return [records.event(entry_id, fields) for entry_id, fields in entries]
+
+
+def entries_of(raw: Any) -> Any:
+    """A raw XREAD reply, as a lane reads it (a list of [stream, entries] pairs, or a map
+    of them), in the shape redis-py's ``xread`` gives: each entry's fields as a dict."""
+    if not raw:
+        return raw
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [
+        [
+            key,
+            [
+                (entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+                for entry_id, flat in entries
+            ],
+        ]
+        for key, entries in pairs
+    ]

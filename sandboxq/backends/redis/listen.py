@@ -129,7 +129,10 @@ def _xread_on_nodes(conns: Connections, streams: dict[str, str], count: int) -> 
         )
         for stream, last in streams.items()
     ]
-    replies = [_stream_reply(reply) for reply in conns.on_nodes(commands)]
+    replies = [
+        reply if isinstance(reply, Exception) else follow.entries_of(reply)
+        for reply in conns.on_nodes(commands)
+    ]
     for position, (stream, last) in enumerate(streams.items()):
         if isinstance(replies[position], MovedError | AskError):
             try:
@@ -137,23 +140,6 @@ def _xread_on_nodes(conns: Connections, streams: dict[str, str], count: int) -> 
             except redis.ResponseError as exc:
                 replies[position] = exc
     return replies
-
-
-def _stream_reply(reply: Any) -> Any:
-    """A raw XREAD reply (a map of streams under RESP3, pairs under RESP2; each entry
-    ``[id, [field, value, ...]]``) as redis-py's client gives it."""
-    if not reply or isinstance(reply, Exception):
-        return reply
-    return [
-        [
-            stream,
-            [
-                (entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
-                for entry_id, flat in entries
-            ],
-        ]
-        for stream, entries in (reply.items() if isinstance(reply, dict) else reply)
-    ]
 
 
 def events(
