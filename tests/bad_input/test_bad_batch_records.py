@@ -24,7 +24,7 @@ from sandboxq.backends.redis import RedisBackend
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.rules import MAX_BATCH_MEMBERS
 from sandboxq.batch import Batch, check_batch_calls
-from sandboxq.errors import BackendError, ConfigError
+from sandboxq.errors import BackendError, ConfigError, DamagedRecord
 from sandboxq.models import JobState
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
@@ -42,12 +42,12 @@ def _retype(raw: redis.Redis, key: str) -> None:
 
 
 #: What is done to the batch, and whether it can still tell it is done (None: it cannot
-#: be read; False: its count of completed members is lost with the forged value).
+#: be read, a damaged record: a count that is none costs the batch its counts).
 CORRUPTIONS: dict[str, tuple[Corrupt, bool | None]] = {
-    "a counter holds no integer": (lambda r, k, b: r.hset(k.batch(b), "waiting", "many"), True),
+    "a counter holds no integer": (lambda r, k, b: r.hset(k.batch(b), "waiting", "many"), None),
     "a counter HINCRBY cannot take": (
         lambda r, k, b: r.hset(k.batch(b), "completed", "1e3"),
-        False,
+        None,
     ),
     "the batch key is a string": (lambda r, k, b: _retype(r, k.batch(b)), None),
     "its stream key is a string": (lambda r, k, b: _retype(r, k.batch_done(b)), True),
@@ -92,6 +92,9 @@ def test_a_corrupt_batch_record_costs_its_members_nothing(
     assert queue.counts()[JobState.WAITING] == 0
     if done is not None:  # the last member's finish looked at the batch, and said so
         assert batch.progress().done is done
+    else:
+        with pytest.raises(DamagedRecord):
+            batch.progress()
 
 
 def test_a_batch_whose_time_to_live_is_forged_is_kept_as_long_as_any(
@@ -170,9 +173,37 @@ def test_a_forged_member_count_is_a_damaged_record_not_an_allocation(
     backend = queue.backend
     assert isinstance(backend, RedisBackend)
     raw.hset(backend.keys.batch(batch.id), "total", total)
-    assert batch.progress().total == int(total)
+    if int(total) < 2**53:  # a count: the progress answers
+        assert batch.progress().total == int(total)
     with pytest.raises(BackendError, match="its record is damaged"):
         queue.get_batch(batch.id)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("total", "-5"),
+        ("total", "abc"),
+        ("total", "0"),
+        ("completed", "999999999999999999999999"),
+        ("waiting", "-1"),
+    ],
+)
+def test_a_count_that_is_none_is_a_damaged_record_not_a_zero(
+    queue: Queue, raw: redis.Redis, field: str, value: str
+) -> None:
+    """A total of -5 or abc read as 0: the batch looked empty and done, its results []
+    at once, though its members ran on; a count past 2^53 was shown as read."""
+    batch = queue.batch([([i], {}) for i in range(3)])
+    backend = queue.backend
+    assert isinstance(backend, RedisBackend)
+    raw.hset(backend.keys.batch(batch.id), field, value)
+    damaged = f"its record is damaged \\({field} is "
+    with pytest.raises(DamagedRecord, match=damaged):
+        batch.progress()
+    with pytest.raises(DamagedRecord, match=damaged):
+        queue.get_batch(batch.id)
+    assert backend.list_batches() == []  # the list loses that row, nothing else
 
 
 def test_a_batch_over_the_member_limit_is_refused_before_anything_is_sent() -> None:

@@ -15,6 +15,7 @@ the asyncio client (aio.py), which only carries the same calls out differently.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -37,8 +38,10 @@ from sandboxq.backends.redis.scripts import (
     run,
     send,
 )
-from sandboxq.errors import BackendError, BatchIncomplete, ConfigError
-from sandboxq.models import BatchProgress, JobState
+from sandboxq.errors import BackendError, BatchIncomplete, ConfigError, DamagedRecord
+from sandboxq.models import BatchProgress, JobState, stored_int
+
+log = logging.getLogger(__name__)
 
 #: The batch hash's fields, in the order ``progress_from`` reads them.
 PROGRESS_FIELDS = (
@@ -161,29 +164,39 @@ def enqueue_outcome(batch_id: str, total: int, replies: Sequence[Any]) -> int:
     return enqueued
 
 
-def _count(value: bytes | str | None) -> int:
-    try:
-        return max(0, int(value or 0))
-    except ValueError:
-        return 0
-
-
 def progress_from(
     batch_id: str, queue: str, values: Sequence[bytes | str | None]
 ) -> BatchProgress | None:
-    """A ``BatchProgress`` from the batch hash's ``PROGRESS_FIELDS`` (None: no batch)."""
+    """A ``BatchProgress`` from the batch hash's ``PROGRESS_FIELDS`` (None: no batch);
+    ``DamagedRecord`` naming the field when a count is none (changed by hand): a total
+    of -5 read as 0 made the batch look empty and done, its members never followed."""
     if values[0] is None:
         return None
     f = dict(zip(PROGRESS_FIELDS, values, strict=True))
-    total = _count(f["total"])
-    counts = {s: _count(f[s]) for s in ("waiting", "active", "delayed")}
-    finals = {s: _count(f[s]) for s in ("completed", "failed", "cancelled")}
+
+    def count(name: str, least: int = 0) -> int:
+        raw = f[name]
+        try:
+            value = stored_int(raw) if raw is not None else 0
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise DamagedRecord(
+                f"batch {batch_id!r} of queue {queue!r}: its record is damaged ({name} "
+                f"is {records.text(raw or b'')[:40]!r}, not a count"
+                f"{' of members' if least else ''})"
+            )
+        return value
+
+    total = count("total", least=1)
+    counts = {s: count(s) for s in ("waiting", "active", "delayed")}
+    finals = {s: count(s) for s in ("completed", "failed", "cancelled")}
     then = records.text(f["then"]) if f["then"] else None
     return BatchProgress(
         batch_id=batch_id,
         queue=queue,
         total=total,
-        enqueued=_count(f["enqueued"]),
+        enqueued=count("enqueued"),
         **counts,
         **finals,
         done=f["done_ms"] is not None,
@@ -191,8 +204,8 @@ def progress_from(
         then_sent=None if then is None else f["then_sent"] is not None and not f["then_error"],
         then_error=records.text(f["then_error"]) if f["then_error"] else None,
         label=records.text(f["label"]) if f["label"] is not None else None,
-        created_ms=_count(f["created_ms"]) or None,
-        done_ms=_count(f["done_ms"]) or None,
+        created_ms=count("created_ms") or None,
+        done_ms=count("done_ms") or None,
     )
 
 
@@ -353,11 +366,14 @@ class Batches:
                 pipe.hmget(self.keys.batch(batch_id), PROGRESS_FIELDS)
             # a key of another type in a batch's place (forged) costs the list that one row
             rows = pipe.execute(raise_on_error=False) if ids else []
-        found = [
-            progress_from(batch_id, self.queue, values)
-            for batch_id, values in zip(ids, rows, strict=True)
-            if not isinstance(values, ResponseError)
-        ]
+        found = []
+        for batch_id, values in zip(ids, rows, strict=True):
+            if isinstance(values, ResponseError):
+                continue
+            try:
+                found.append(progress_from(batch_id, self.queue, values))
+            except DamagedRecord as exc:  # costs the list that one row, as above
+                log.debug("%s", exc)
         return [p for p in found if p is not None]
 
     def forget_batch(self, batch_id: str) -> bool:
