@@ -73,8 +73,7 @@ def failures(
         for job_id, found in zip(chunk, backend.outcomes(chunk), strict=True):
             if found is None or found[0] not in (JobState.FAILED, JobState.CANCELLED):
                 continue  # retried (or forgotten) since its entry was read
-            state, ended_as = found
-            outcome = ended_as.value if ended_as else state.value
+            outcome = found.outcome.value if found.outcome else found.state.value
             group = groups.setdefault(outcome, FailureGroup(outcome))
             group.count += 1
             if len(group.job_ids) < examples:

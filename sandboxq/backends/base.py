@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex
 from sandboxq.errors import BackendError
@@ -42,6 +42,17 @@ from sandboxq.models import (
 )
 
 FinishAction = Literal["complete", "retry", "fail", "requeue"]
+
+
+class JobStanding(NamedTuple):
+    """Where a job stands (``Backend.outcomes``): its state, the outcome of its last
+    attempt (None: none yet), and the attempts it was charged."""
+
+    state: JobState
+    outcome: Outcome | None
+    attempts: int
+
+
 BatchAction = Literal["cancel", "cancel_unstarted", "retry"]
 
 
@@ -304,10 +315,11 @@ class Backend(Protocol):
         for a result over the cap, as ``get_result``."""
         ...
 
-    def outcomes(self, job_ids: Sequence[str]) -> list[tuple[JobState, Outcome | None] | None]:
-        """Each job's state and outcome, in order, in one round trip (None: no such job, or
-        a record that does not say): one light read a job, for when the whole record is
-        not needed (a batch's failures grouped by outcome look at every failed member)."""
+    def outcomes(self, job_ids: Sequence[str]) -> list[JobStanding | None]:
+        """Each job's state, outcome and attempts, in order, in one round trip (None: no
+        such job, or a record that does not say): one light read a job, for when the
+        whole record is not needed (a batch's failures grouped by outcome look at every
+        failed member; a stopped run, at every line it did not write)."""
         ...
 
     def get_arguments(self, job_id: str) -> bytes | None:

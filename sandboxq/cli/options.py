@@ -231,8 +231,14 @@ def add_setting_flags(
         elif kind in (int, float):
             keywords = {"type": kind, **keywords}
         repeatable = keywords.get("action") == "append"
+        # a --no- flag says what it turns off, not what it does (it read backwards)
+        off = "turn off: " if keywords.get("action") == "store_false" else ""
         parser.add_argument(
-            option, dest=name, default=None, help=flag_help(name, field, repeatable), **keywords
+            option,
+            dest=name,
+            default=None,
+            help=off + flag_help(name, field, repeatable),
+            **keywords,
         )
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sandboxq import codec, text
-from sandboxq.backends.base import Backend
+from sandboxq.backends.base import Backend, JobStanding
 from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, Tally
 from sandboxq.cli.options import json_type
 from sandboxq.errors import ConfigError, SerializationError
@@ -150,20 +150,22 @@ class Output:
     def not_run(self, backend: Backend, item: Item) -> None:
         self.stopped(item.line, backend.get(item.job_id))
 
-    def stopped(self, line: int, info: JobInfo | None) -> None:
+    def stopped(self, line: int, job: JobInfo | JobStanding | None) -> None:
         """Write input line ``line`` as not run: the batch stopped before it finished (or
-        its record is gone: then whether it ran is not known, and the line says so)."""
-        if info is None:
+        its record is gone: then whether it ran is not known, and the line says so).
+        ``job``: its record, or where it stands (``Backend.outcomes``, a lighter read)."""
+        if job is None:
             why = "its job's record is gone (deleted by hand?): whether it ran is not known"
             self.write(line, NOT_RUN, attempts=0, error=why)
             return
-        why = "the batch stopped before this line ran"
-        if info.attempts:
-            last = f" (last attempt: {info.error})" if info.error else ""
-            why = f"the batch stopped before this line finished{last}"
-        elif info.error:
-            why = f"{why} ({info.error})"
-        self.write(line, NOT_RUN, attempts=info.attempts, error=why)
+        if job.attempts:
+            last = getattr(job, "error", None) or (job.outcome.value if job.outcome else None)
+            why = "the batch stopped before this line finished"
+            why += f" (last attempt: {last})" if last else ""
+        else:
+            why = "the batch stopped before this line ran"
+            why += " (cancelled while waiting)" if job.state is JobState.CANCELLED else ""
+        self.write(line, NOT_RUN, attempts=job.attempts, error=why)
 
 
 def _where(info: JobInfo) -> dict[str, str]:

@@ -381,16 +381,27 @@ def _stream(
 def _not_run(queue: Queue, batch: Batch[Job], lines: list[int], output: Output) -> None:
     """What the stream did not deliver (a second Ctrl-C stops reading it): a member that
     finished before the cancel is written as it ended (a user who runs the not_run lines
-    again must not run it twice), the others as not run."""
+    again must not run it twice), the others as not run. Where each stands is read
+    first, and only the finished ones whole: reading every member whole took 30 s after
+    a second Ctrl-C on a run of 200,000 lines (146 us a member, against 23)."""
+    backend = queue.backend
     todo = [member_id(batch.id, n) for n, line in enumerate(lines) if line not in output.written]
     for start in range(0, len(todo), RESULTS_CHUNK):
         chunk = todo[start : start + RESULTS_CHUNK]
-        for job_id, (info, data) in zip(chunk, queue.backend.get_many(chunk), strict=True):
+        standings = backend.outcomes(chunk)
+        ended = [
+            job_id
+            for job_id, at in zip(chunk, standings, strict=True)
+            if at is not None and at.state.finished and at.state is not JobState.CANCELLED
+        ]
+        read = dict(zip(ended, backend.get_many(ended), strict=True)) if ended else {}
+        for job_id, at in zip(chunk, standings, strict=True):
             line = lines[_index(job_id)]
+            info, data = read.get(job_id, (None, None))
             if info is not None and info.state.finished and info.state is not JobState.CANCELLED:
                 output.finished(line, info, data)
             else:
-                output.stopped(line, info)
+                output.stopped(line, at)
 
 
 def _index(job_id: str) -> int:

@@ -21,12 +21,13 @@ from sandboxq.backends.base import (
     Event,
     JobDetail,
     JobPage,
+    JobStanding,
     JobSummary,
 )
 from sandboxq.backends.memory.store import ACTIVE, COMPLETED, WAITING, Job, Store
 from sandboxq.errors import ConfigError
 from sandboxq.finished import Trims
-from sandboxq.models import JobInfo, JobState, Outcome, RunningAttempt
+from sandboxq.models import JobInfo, JobState, RunningAttempt
 
 
 class Reads:
@@ -96,10 +97,15 @@ class Reads:
                 for job in found
             ]
 
-    def outcomes(self, job_ids: Sequence[str]) -> list[tuple[JobState, Outcome | None] | None]:
+    def outcomes(self, job_ids: Sequence[str]) -> list[JobStanding | None]:
         with self._store.cond:
             found = [self._store.jobs.get(job_id) for job_id in job_ids]
-            return [None if job is None else (job.state, job.outcome) for job in found]
+            return [
+                None
+                if job is None
+                else JobStanding(job.state, job.outcome, job.attempts - job.uncharged)
+                for job in found
+            ]
 
     def counts(self) -> dict[JobState, int]:
         with self._store.cond:

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sandboxq.backends.base import JobDetail, JobPage, QueueSummary
+from sandboxq.backends.base import JobDetail, JobPage, JobStanding, QueueSummary
 from sandboxq.backends.redis import pages, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
@@ -23,7 +23,7 @@ from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run
 from sandboxq.codec import DEFAULT_MAX_BYTES as MAX_RESULT_BYTES
 from sandboxq.errors import DamagedRecord, SerializationError
 from sandboxq.finished import Trims
-from sandboxq.models import JobInfo, JobState, Outcome
+from sandboxq.models import JobInfo, JobState
 
 
 class Reads:
@@ -81,14 +81,14 @@ class Reads:
             replies = run(self._conns.main_lane, calls) if calls else []
         return [completed_from_reply(job_id, r) for job_id, r in zip(job_ids, replies, strict=True)]
 
-    def outcomes(self, job_ids: Sequence[str]) -> list[tuple[JobState, Outcome | None] | None]:
+    def outcomes(self, job_ids: Sequence[str]) -> list[JobStanding | None]:
         with self._conns.errors(f"read the outcomes of {len(job_ids)} jobs"):
             pipe = self._conns.main.pipeline(transaction=False)
             for job_id in job_ids:
-                pipe.hmget(self.keys.job(job_id), ["state", "outcome"])
+                pipe.hmget(self.keys.job(job_id), ["state", "outcome", "attempts"])
             # a key of another type (written by hand) costs that job its answer alone
             rows = pipe.execute(raise_on_error=False) if job_ids else []
-        return [records.state_and_outcome(row) for row in rows]
+        return [records.standing(row) for row in rows]
 
     def counts(self) -> dict[JobState, int]:
         with self._conns.errors("count jobs"):

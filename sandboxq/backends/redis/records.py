@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from sandboxq.backends import rules
-from sandboxq.backends.base import Claimed, Event
+from sandboxq.backends.base import Claimed, Event, JobStanding
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.rules import brief
 from sandboxq.codec import DEFAULT_MAX_BYTES
@@ -112,10 +112,11 @@ def text(value: bytes | str) -> str:
     return value if isinstance(value, str) else value.decode("utf-8", errors="replace")
 
 
-def state_and_outcome(row: object) -> tuple[JobState, Outcome | None] | None:
-    """A job's ``HMGET state outcome`` read: None for no such job or a state that is none
-    (written by hand); an outcome that is none reads as absent."""
-    if not isinstance(row, list) or len(row) != 2 or not isinstance(row[0], bytes):
+def standing(row: object) -> JobStanding | None:
+    """A job's ``HMGET state outcome attempts`` read: None for no such job or a state that
+    is none (written by hand); an outcome that is none reads as absent, attempts that
+    are no count as 0."""
+    if not isinstance(row, list) or len(row) != 3 or not isinstance(row[0], bytes):
         return None
     try:
         state = JobState(text(row[0]))
@@ -125,7 +126,11 @@ def state_and_outcome(row: object) -> tuple[JobState, Outcome | None] | None:
         outcome = Outcome(text(row[1])) if isinstance(row[1], bytes) else None
     except ValueError:
         outcome = None
-    return state, outcome
+    try:
+        attempts = max(0, stored_int(row[2])) if isinstance(row[2], bytes) else 0
+    except ValueError:
+        attempts = 0
+    return JobStanding(state, outcome, attempts)
 
 
 def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, str | None]]:

@@ -61,18 +61,20 @@ class AdminContract:
         ]
         assert backend.completed_results([]) == []
 
-    def test_outcomes_reads_each_jobs_state_and_outcome_in_order(self, backend: Backend) -> None:
+    def test_outcomes_reads_each_jobs_state_outcome_and_attempts_in_order(
+        self, backend: Backend
+    ) -> None:
         completed, failed, cancelled = add(backend), add(backend), add(backend)
         finish(backend, claim_one(backend))
         finish(backend, claim_one(backend), "fail", error="boom")
         backend.cancel(cancelled)
         waiting = add(backend)
         assert backend.outcomes([waiting, "nope", failed, cancelled, completed]) == [
-            (JobState.WAITING, None),
+            (JobState.WAITING, None, 0),
             None,
-            (JobState.FAILED, Outcome.ERROR),
-            (JobState.CANCELLED, Outcome.CANCELLED),
-            (JobState.COMPLETED, Outcome.OK),
+            (JobState.FAILED, Outcome.ERROR, 1),
+            (JobState.CANCELLED, Outcome.CANCELLED, 0),
+            (JobState.COMPLETED, Outcome.OK, 1),
         ]
         assert backend.outcomes([]) == []
 
