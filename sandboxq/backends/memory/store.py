@@ -367,12 +367,12 @@ class Store:
             assert job is not None  # the index holds more than the cap
             oldest.append(job)
             heapq.heappop(self.finished[state])
-        capped = [job for job in oldest if not job.fenced(now)]
+        capped: list[Job] = []  # those removed: a member its batch keeps is not counted
         for job in oldest:  # one still fenced stays (common.lua's trim_finished)
             if job.fenced(now):
                 heapq.heappush(self.finished[state], (job.finished_ms or 0, job.id))
-            else:
-                self._unindex(job)
+            elif self._unindex(job):
+                capped.append(job)
         if capped:
             self._count_trims(f"{state}_capped", len(capped))
             self.trims[f"{state}_capped_newest_ms"] = capped[-1].finished_ms or 0
@@ -397,8 +397,7 @@ class Store:
                     job.expires_ms = job.fenced_until_ms + 1
                     heapq.heappush(self.expiry, (job.expires_ms, job_id))
                     continue
-                self._unindex(job)
-                expired += 1
+                expired += self._unindex(job)
             else:
                 break
         if expired:
@@ -410,14 +409,15 @@ class Store:
         job = self.jobs.get(job_id)
         return job is not None and job.expires_ms == expires_ms
 
-    def _unindex(self, job: Job) -> None:
-        """Retention takes ``job``: gone, or, a member of a batch, only out of its state's
-        index (its batch keeps it: batches.py)."""
+    def _unindex(self, job: Job) -> bool:
+        """Retention takes ``job``: gone (True), or, a member of a batch, only out of its
+        state's index (its batch keeps it: batches.py; False, not counted as removed)."""
         job.expires_ms = None
         if job.batch is None:
             self.delete(job.id)
-        else:
-            del self.by_state[job.state][job.id]
+            return True
+        del self.by_state[job.state][job.id]
+        return False
 
     def _count_trims(self, name: str, n: int) -> None:
         self.trims[name] = self.trims.get(name, 0) + n

@@ -199,6 +199,24 @@ class BatchContract:
         assert all(backend.get(member_id("b1", i)) is None for i in range(4))
         assert backend.forget_batch("b1") is False
 
+    def test_retention_counts_what_it_removed_not_the_members_it_kept(
+        self, make_backend: MakeBackend
+    ) -> None:
+        """Members left the completed index under the cap, and were counted as removed
+        (JobNotFound said 95 jobs trimmed by the cap, every one of them still kept)."""
+        backend = make_backend(retain_completed=1, retain_s=0)
+        backend.enqueue_batch("b1", members("b1", 5))
+        for _ in range(5):
+            finish(backend, claim_one(backend))
+        time.sleep(0.01)  # past their time to live too: kept all the same
+        others = [add(backend) for _ in range(3)]
+        for _ in others:
+            finish(backend, claim_one(backend))
+        assert all(backend.get(member_id("b1", i)) is not None for i in range(5))
+        trims = backend.retention_trims()
+        removed = sum(backend.get(job_id) is None for job_id in others)
+        assert trims.capped.get("completed", 0) + trims.expired == removed, trims
+
     def test_a_done_batch_goes_batch_ttl_s_later(self, make_backend: MakeBackend) -> None:
         backend = make_backend(batch_ttl_s=0)
         backend.enqueue_batch("b1", members("b1", 2))

@@ -404,14 +404,17 @@ local function batch_after(id, from, now)
 end
 
 -- Retention (trim_finished) takes a member out of its finished set's index, never its
--- record: the batch keeps it until the batch goes (sweep_batch).
+-- record: the batch keeps it until the batch goes (sweep_batch). Returns 1 if the job
+-- went, 0 for a member kept: retention counts only what it removed (JobNotFound and the
+-- trimmed metric said 95 jobs removed by the cap when every one of them was kept).
 local function drop_unless_member(id)
   -- Only an id shaped like a member's (models.member_id: "<batch id>.<index>") is looked
   -- up: trimming runs on every finish past the limit, and most jobs are not members.
   if string.match(id, '^[%w_%-]+%.%d+$') and redis.pcall('HEXISTS', PREFIX .. id, 'batch') == 1 then
-    return
+    return 0
   end
   drop_job(id)
+  return 1
 end
 
 -- Job `id` was cancelled while running and its fence still stands (rules.fence_lifted):
@@ -574,15 +577,15 @@ end
 -- A job past its time goes, hash and history (a batch member's stay with its batch), from
 -- every index. `state`: the state its hash holds; an index entry is only trusted while the
 -- job is still finished (never an id enqueued again since: purge and retry take their
--- entries out, this is the second guard). Returns 1 if the job went, else 0.
+-- entries out, this is the second guard). Returns 1 if the job went, else 0 (a member
+-- its batch keeps).
 local function expire_job(id, state)
   redis.call('ZREM', EXPIRY, id)
   redis.call('ZREM', COMPLETED, id)
   redis.call('ZREM', FAILED, id)
   redis.call('ZREM', CANCELLED, id)
   if state == 'completed' or state == 'failed' or state == 'cancelled' then
-    drop_unless_member(id)
-    return 1
+    return drop_unless_member(id)
   end
   return 0
 end
@@ -656,8 +659,7 @@ local function age_out(zset, now, budget)
       -- state (the guard of expire_job)
       redis.call('ZREM', zset, id)
       if f and f[1] == r.state then
-        drop_unless_member(id)
-        expired = expired + 1
+        expired = expired + drop_unless_member(id)
       end
     end
   end
@@ -711,10 +713,9 @@ local function retain(zset, keep, now, jobs)
       -- a job still fenced stays (as in expire_due: design invariant 12), over the cap
       -- for as long as its fence stands
       if not fenced(ids[i], now) then
-        drop_unless_member(ids[i])
+        if drop_unless_member(ids[i]) == 1 then capped, newest = capped + 1, ids[i + 1] end
         redis.call('ZREM', EXPIRY, ids[i])
         redis.call('ZREM', zset, ids[i])
-        capped, newest = capped + 1, ids[i + 1]
       end
     end
     if capped > 0 then
