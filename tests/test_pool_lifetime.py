@@ -453,6 +453,34 @@ def _run_script(script: str, timeout_s: float = 50) -> str:
 
 
 @pytest.mark.timeout(60)
+def test_a_stopped_resource_tracker_does_not_outlive_the_process(tmp_path: Path) -> None:
+    """Stopped, the tracker never saw its pipe end when the worker exited: it stayed
+    behind under init, stopped, for good. The pool that ends continues it."""
+    script = """
+        import os, signal
+        from sandboxq import Pool
+        from sandboxq.pool.tracker import tracker_pid
+        from sandboxq.testing.waiting import wait_for
+        with Pool("sandboxq.testing.handlers:echo", size=1) as pool:
+            assert pool.submit(1).result(timeout=10) == 1
+            tracker = tracker_pid()
+            os.kill(tracker, signal.SIGSTOP)
+        print(tracker)
+        """
+    argv = [sys.executable, "-c", textwrap.dedent(script)]
+    printed = tmp_path / "out"
+    with open(printed, "w") as out:  # a file: a stopped tracker holds a pipe open
+        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=40).returncode
+    assert code == 0, printed.read_text()[-3000:]
+    tracker = int(printed.read_text().split()[-1])
+    try:
+        wait_for(lambda: not still_running([tracker]), 10, "the tracker to end")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(tracker, signal.SIGCONT)  # the old code's leftover, let go
+
+
+@pytest.mark.timeout(60)
 def test_resource_trackers_killed_while_children_are_replaced_break_nothing() -> None:
     """A tracker can be replaced (at a child's start) before its death is seen: the pool
     used to close its pidfd still in the select, and the next descriptor given that

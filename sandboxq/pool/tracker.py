@@ -14,13 +14,16 @@ to multiprocess, which does so the next time anything registers with it:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 import weakref
 from collections.abc import Callable
 
 from multiprocess import resource_tracker
 
+from sandboxq.pool.kill import state
 from sandboxq.pool.server import watch
 from sandboxq.pool.waits import readable
 from sandboxq.text import guarded_logger
@@ -111,7 +114,12 @@ class TrackerWatch:
 
     def retire(self) -> None:
         """Close, and leave the pools woken on a new tracker: this one's supervisor is
-        ending, and its wake pipe closes after it."""
+        ending, and its wake pipe closes after it. A tracker someone stopped is continued
+        first: stopped, it would never see its pipe end when the worker exits, and would
+        stay behind, stopped, under init."""
+        if self.fd is not None and self.pid is not None and state(self.pid) in (b"T", b"t"):
+            with contextlib.suppress(OSError):  # through its pidfd: never a reused pid
+                signal.pidfd_send_signal(self.fd, signal.SIGCONT)
         self.close()
         with _watches_lock:
             _watches.discard(self)
