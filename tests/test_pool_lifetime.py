@@ -452,6 +452,55 @@ def _run_script(script: str, timeout_s: float = 50) -> str:
     return out.stderr
 
 
+SLOW_IMPORT = """
+import os, time
+with open(os.path.join(os.path.dirname(__file__), f"importing-{os.getpid()}"), "w"):
+    pass
+time.sleep(2.0)  # an import of seconds (numpy and friends)
+def echo(x):
+    return x
+"""
+
+INTERRUPTED_START = """
+import signal
+from sandboxq import Pool
+signal.signal(signal.SIGINT, lambda *_: print("SIGINT here", flush=True))
+with Pool("slow_import:echo", size=1) as pool:
+    print(pool.submit(7).result(timeout=30), flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_while_the_fork_server_imports_breaks_nothing(tmp_path: Path) -> None:
+    """A Ctrl-C (SIGINT to the process group) while the fork server imported the
+    processor printed a KeyboardInterrupt traceback from it. The pool's helpers start
+    with SIGINT blocked (the children unblock it)."""
+    (tmp_path / "slow_import.py").write_text(SLOW_IMPORT)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    with subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED_START],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+
+        def importing() -> bool:  # a process of the pool's, not this one, imports it
+            return any(p.name != f"importing-{proc.pid}" for p in tmp_path.glob("importing-*"))
+
+        try:
+            wait_for(importing, 20, "the fork server to import the processor")
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=40)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert out.split() == ["SIGINT", "here", "7"], out + err
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
+
+
 @pytest.mark.timeout(60)
 def test_a_stopped_resource_tracker_does_not_outlive_the_process(tmp_path: Path) -> None:
     """Stopped, the tracker never saw its pipe end when the worker exited: it stayed

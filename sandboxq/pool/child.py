@@ -341,8 +341,10 @@ def child_main(
     # server died alone) or the pool's guard (the worker died with it) to kill all of it.
     if not linux.die_with_parent(signal.SIGSTOP):
         os._exit(1)
-    # The fork server's parent-death handler is inherited: a child must not run it.
+    # The fork server's parent-death handler is inherited: a child must not run it. Nor
+    # its blocked SIGINT (supervisor.py): a handler's KeyboardInterrupt is its own.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(SIGSOFT, _on_soft_timeout)
     processor = limits.wrap(resolve(processor_path), setup, sweep=not keep_strays)
     baseline.record((SIGSOFT, stacks.DUMP_SIGNAL))  # imports done: as every attempt finds it

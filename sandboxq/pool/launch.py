@@ -10,12 +10,13 @@ main-module keys for launches so marked and leaves every other multiprocess user
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import warnings
 from typing import Any
 
-from multiprocess import spawn
+from multiprocess import resource_tracker, spawn
 
 from sandboxq.text import guarded_logger
 
@@ -54,6 +55,13 @@ def start_retrying(process: Any, tries: int) -> None:
             # recovery working, logged here, never an error of the calling thread.
             with warnings.catch_warnings(record=True) as said:
                 warnings.simplefilter("always")
+                # The supervisor thread keeps SIGINT blocked (supervisor.py), so that a
+                # fork server this start makes inherits it: a Ctrl-C meant for the run
+                # broke its import of the processor with a traceback. multiprocess
+                # unblocks it in this thread when it starts a resource tracker: the
+                # tracker first, then the block again.
+                resource_tracker.ensure_running()
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
                 start(process)
             for warning in said:
                 guarded_logger("sandboxq.pool").warning("starting a child: %s", warning.message)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import selectors
+import signal
 import threading
 import time
 from collections import deque
@@ -248,6 +249,12 @@ class Supervisor:
     # -- the supervisor thread ----------------------------------------------------------
 
     def _main(self) -> None:
+        # What this thread starts inherits its signal mask: the fork server, importing
+        # the processor (seconds, for numpy and friends), printed a KeyboardInterrupt
+        # traceback at a Ctrl-C meant for the run; it ignores SIGINT once it serves, and
+        # the guard never wants it. The children unblock it (child.py). Signals still
+        # reach this process: its other threads take them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         self._selector.register(self._mail.fd, selectors.EVENT_READ, self._on_wake)
         self._start_guard()
         try:
