@@ -1,21 +1,32 @@
-"""What a child's next attempt relies on, as the child was set up: checked after every
-attempt, so that one attempt's changes to its process reach no other job.
+"""What a child's next attempt relies on, as the child was set up: put back or checked
+after every attempt, so that one attempt's changes to its process reach no other job.
 
-    child start ── record(): the descriptors 0, 1 and 2 (which file each is), the
-                   ``sys.std*`` objects, and the signals the parent sends (their handler,
-                   and that they are not blocked)
-    each attempt's end ── changed(): what differs, or None ──► the child is replaced
+    child start ── record(): the descriptors 1 and 2 (which file each is, their
+                   flags), the ``sys.std*`` objects and encodings, the handlers of the
+                   signals the parent sends and of SIGCHLD and SIGPIPE, the rlimits
+    each attempt's end ── restore(): what the pool can set back, set back (interval
+                   timers off, the pool's signal handlers installed again, the stdio
+                   flags, the wakeup fd, SIGCHLD and SIGPIPE)
+                       ── changed(): what it cannot, or None ──► the child is replaced
                           before its next task (child.py: ``shared[STATE_CHANGED]``)
 
-Why replace, not restore: a process reused for the next job is only worth its start
-time saved while it is as it was, and an attempt can change it in more ways than a
-restore would know (a stream replaced, a descriptor closed and its number reused). Found
-by a handler that closed ``sys.stdout``: every later job on that child failed printing;
-one that ignored every signal: the next job got no soft signal and was killed at its hard
-deadline, its cleanup never run. What a module of the handler keeps between jobs (a
-cache, a connection) is the handler's own, as in any pool that reuses its processes.
+Why these: each was a handler's change that broke the next job on its child. Closed
+``sys.stdout``: every later job failed printing. Ignored, blocked, or (through ctypes,
+``siginterrupt``, ``faulthandler.unregister``) quietly changed the soft signal: the next
+job got no ``SoftTimeout`` and was killed at its hard deadline, its cleanup never run,
+or died of the dump signal. A pending ``alarm`` or ``setitimer``: the next job was killed
+by SIGALRM, SIGVTALRM or SIGPROF and reported ``crashed``. A lowered RLIMIT_CPU: the next
+job failed ``cpu_limit``. Stdout made non-blocking: the next job's output was lost. A
+wakeup fd set on the channel: the next job's reply was garbage. SIGCHLD ignored: a
+later job's ``subprocess.run`` returned 0 for an exit code of 3.
 
-Cost: 5 us a job in the child, most of it three ``fstat``.
+What cannot be set back is checked instead (a hard limit lowered cannot be raised by a
+child without privileges; a stream object replaced is the handler's), and replacing the
+child is the answer: it is only worth its start time saved while it is as it was. What a
+handler's modules keep between jobs (a cache, a connection, an environment variable) is
+its own, as in any pool that reuses its processes.
+
+Cost: about 10 us a job in the child, a few system calls each.
 """
 
 from __future__ import annotations
@@ -23,21 +34,45 @@ from __future__ import annotations
 # The C module: ``signal``'s wrappers turn every handler and signal number into an enum
 # member, which made a check 8 us instead of 5.
 import _signal  # type: ignore[import-not-found]
+import _thread
+import fcntl
 import os
+import resource
+import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
-#: Per descriptor 0-2: (device, inode) of its file, or None when it was closed.
+#: Per descriptor 1 and 2: (device, inode) of its file, or None when it was closed.
 _Files = tuple[tuple[int, int] | None, ...]
 
+#: The limits the pool sets (limits.py) or a handler could lower for the next attempt.
+_LIMITS = (
+    resource.RLIMIT_CPU,
+    resource.RLIMIT_AS,
+    resource.RLIMIT_NOFILE,
+    resource.RLIMIT_FSIZE,
+    resource.RLIMIT_NPROC,
+)
+_TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+#: Signals whose handlers are put back (not the pool's, but a change breaks the next job).
+_PUT_BACK = (signal.SIGCHLD, signal.SIGPIPE)
+
 _files: _Files = ()
+_file_flags: tuple[int | None, ...] = ()
 _streams: tuple[Any, ...] = ()
+_encodings: tuple[Any, ...] = ()
 _handlers: dict[int, Any] = {}
+_put_back: dict[int, Any] = {}
+_limits: dict[int, tuple[int, int]] = {}
+_cpu_budget = False
+_python_threads = 0
+_rearm: Callable[[], None] | None = None
 
 
 def _open_files() -> _Files:
     found: list[tuple[int, int] | None] = []
-    for fd in (0, 1, 2):
+    for fd in (1, 2):
         try:
             st = os.fstat(fd)
         except OSError:
@@ -47,26 +82,85 @@ def _open_files() -> _Files:
     return tuple(found)
 
 
-def record(signals: tuple[int, ...]) -> None:
-    """In the child, once set up: what ``changed`` compares with. ``signals``: those the
-    parent sends it (the soft timeout, the stack dump)."""
-    global _files, _streams, _handlers
+def _flags(fd: int) -> int | None:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return None
+
+
+def _stream_encodings() -> tuple[Any, ...]:
+    return tuple(
+        (getattr(s, "encoding", None), getattr(s, "errors", None))
+        for s in (sys.stdin, sys.stdout, sys.stderr)
+    )
+
+
+def record(signals: tuple[int, ...], rearm: Callable[[], None], cpu_budget: bool) -> None:
+    """In the child, once set up: what ``restore`` and ``changed`` go by. ``signals``:
+    those the parent sends it (the soft timeout, the stack dump); ``rearm`` installs
+    their handlers again; ``cpu_budget``: the pool sets RLIMIT_CPU's soft limit before
+    each attempt (``cpu_time_s``), so that one is not compared."""
+    global _files, _streams, _encodings, _handlers, _put_back, _limits, _cpu_budget, _rearm
+    global _python_threads, _file_flags
+    _python_threads = _thread._count()
     _files = _open_files()
+    _file_flags = (_flags(1), _flags(2))
     _streams = (sys.stdin, sys.stdout, sys.stderr)
+    _encodings = _stream_encodings()
     _handlers = {int(sig): _signal.getsignal(sig) for sig in signals}
+    _put_back = {int(sig): _signal.getsignal(sig) for sig in _PUT_BACK}
+    _limits = {limit: resource.getrlimit(limit) for limit in _LIMITS}
+    _cpu_budget, _rearm = cpu_budget, rearm
+
+
+def python_threads() -> int:
+    """The Python threads the child had once set up (its imports may start some)."""
+    return _python_threads
+
+
+def restore() -> None:
+    """Set back what an attempt may have changed and the pool can set back (after the
+    attempt's sweep, before ``changed``)."""
+    for timer in _TIMERS:  # a pending alarm would kill or interrupt the next job
+        signal.setitimer(timer, 0)
+    _signal.set_wakeup_fd(-1)  # the child sets none; a handler's could be the channel
+    for fd, was in zip((1, 2), _file_flags, strict=True):
+        now = _flags(fd)
+        if was is not None and now is not None and now != was:
+            fcntl.fcntl(fd, fcntl.F_SETFL, was)  # O_NONBLOCK had lost the next output
+    for sig, handler in _put_back.items():
+        if _signal.getsignal(sig) is not handler:
+            _signal.signal(sig, handler)
 
 
 def changed() -> str | None:
-    """What the attempt changed of the recorded state, in a few words; None if nothing."""
+    """What the attempt changed that cannot be set back, in a few words; None if nothing.
+    Called after ``restore``; then the pool's own signals are armed again (a change to
+    them made below Python's view, with ctypes or ``siginterrupt``, is undone so)."""
+    why = _why_changed()
+    if why is None and _rearm is not None:
+        _rearm()
+    return why
+
+
+def _why_changed() -> str | None:
     if _open_files() != _files:
-        return "closed or replaced its stdin, stdout or stderr descriptor"
+        return "closed or replaced its stdout or stderr descriptor"
     stdin, stdout, stderr = _streams
     if not (sys.stdin is stdin and sys.stdout is stdout and sys.stderr is stderr) or any(
         getattr(stream, "closed", False) for stream in _streams
     ):
         return "closed or replaced sys.stdin, sys.stdout or sys.stderr"
+    if _stream_encodings() != _encodings:
+        return "reconfigured the encoding of sys.stdin, sys.stdout or sys.stderr"
     blocked = _signal.pthread_sigmask(_signal.SIG_BLOCK, [])
     for sig, handler in _handlers.items():
         if sig in blocked or _signal.getsignal(sig) is not handler:
             return f"blocked signal {sig} or changed its handler"
+    for limit, (soft, hard) in _limits.items():
+        now_soft, now_hard = resource.getrlimit(limit)
+        managed = limit == resource.RLIMIT_CPU and _cpu_budget
+        if now_hard != hard or (now_soft != soft and not managed):
+            return f"changed its resource limit {limit} (resource.RLIMIT_*)"
     return None

@@ -47,6 +47,7 @@ its parent are doing.
 
 from __future__ import annotations
 
+import _thread
 import math
 import numbers
 import os
@@ -55,6 +56,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from types import FrameType, TracebackType
 from typing import Any
@@ -244,7 +246,7 @@ def run_one(
         if shared[WITHDRAWN] and run.task_id in shared[RING:]:
             return  # withdrawn while it waited in our channel: never started, no reply
     job = _current = JobContext(conn, lock, run)
-    threads_before = threading.active_count()  # 0.2 us; a set of idents costs 1 us
+    threads_before = _threads()
     reply: Finished | Failed
     try:
         args, kwargs = codec.decode_call(run.codec, run.payload)
@@ -294,17 +296,54 @@ def run_one(
         raise
 
 
+def _arm_signals(stack_fd: int | None) -> None:
+    """The handlers of the signals the parent sends: at the start, and after each
+    attempt again (a change made with ctypes or ``siginterrupt`` is not seen)."""
+    signal.signal(SIGSOFT, _on_soft_timeout)
+    if stack_fd is not None:
+        stacks.rearm(stack_fd)
+
+
+#: How long an attempt's end waits for a thread it just started to count itself.
+THREAD_START_WAIT_S = 0.05
+
+
+def _threads() -> int:
+    """The threads of the process, as the kernel counts them (a stat, 1.5 us): it sees
+    one the moment it exists, before a Python thread has counted itself."""
+    return os.stat("/proc/self/task").st_nlink
+
+
+def _python_threads_left(before: int, idle: int) -> bool:
+    """Whether the attempt left Python threads running: more than the child had when it
+    was set up (``idle``; one that counted itself late is still caught an attempt
+    later). ``_thread._count`` counts threads started with ``_thread`` too (threading's
+    count missed those, and such a thread read a later job's arguments from its frames).
+    A thread of C code (OpenBLAS's pool, made at first use) is not the attempt's to keep
+    or lose: the kernel's count grew, but no Python thread came of it."""
+    if _thread._count() > idle:
+        return True
+    deadline = time.monotonic() + THREAD_START_WAIT_S
+    # a thread started just now counts itself once it holds the GIL: give it the GIL
+    while _threads() > before and time.monotonic() < deadline:
+        time.sleep(0.001)
+        if _thread._count() > idle:
+            return True
+    return False
+
+
 def _mark_leftovers(shared: Any, task_id: int, threads_before: int, keep_strays: bool) -> None:
     """Mark, before the reply, what the attempt left that only a replacement clears: the
     parent replaces the child before its next task (handles.py)."""
-    if not keep_strays and threading.active_count() > threads_before:
+    if not keep_strays and _python_threads_left(threads_before, baseline.python_threads()):
         # A thread cannot be killed from outside it (a leftover thread would print into
         # the next attempt's output, spend its CPU and count against its max_processes).
         shared[THREADS_LEFT] = task_id
     if descriptors.spare_gone():
         shared[DESCRIPTORS_FULL] = task_id  # the next task would find none free
+    baseline.restore()  # timers, the wakeup fd, stdio flags, SIGCHLD and SIGPIPE
     if baseline.changed() is not None:
-        shared[STATE_CHANGED] = task_id  # its stdio or the pool's signals (baseline.py)
+        shared[STATE_CHANGED] = task_id  # what cannot be set back (baseline.py)
 
 
 def child_main(
@@ -345,9 +384,14 @@ def child_main(
     # its blocked SIGINT (supervisor.py): a handler's KeyboardInterrupt is its own.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(SIGSOFT, _on_soft_timeout)
+    _arm_signals(None)  # the dump signal is armed above, with the file
     processor = limits.wrap(resolve(processor_path), setup, sweep=not keep_strays)
-    baseline.record((SIGSOFT, stacks.DUMP_SIGNAL))  # imports done: as every attempt finds it
+    # imports done: as every attempt finds the child
+    baseline.record(
+        (SIGSOFT, stacks.DUMP_SIGNAL),
+        lambda: _arm_signals(stack_fd),
+        cpu_budget=setup.cpu_time_s is not None,
+    )
     lock = threading.Lock()
     try:
         conn.send(Ready(os.getpid()))

@@ -123,6 +123,16 @@ def arm(fd: int) -> None:
     os.register_at_fork(after_in_child=_disarm)
 
 
+def rearm(fd: int) -> None:
+    """In the child, after an attempt: the dump signal's and the fatal signals' handlers
+    as ``arm`` set them, whatever the attempt did to them below Python's view
+    (``faulthandler.unregister``: the next job died of the dump signal at its soft
+    timeout; ``signal.siginterrupt``)."""
+    faulthandler.enable(file=fd, all_threads=True)
+    faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True)
+    signal.siginterrupt(DUMP_SIGNAL, True)
+
+
 def _disarm() -> None:
     faulthandler.unregister(DUMP_SIGNAL)
     faulthandler.disable()
