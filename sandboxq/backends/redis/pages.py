@@ -97,7 +97,7 @@ class Pages:
         return JobPage(jobs, next_cursor, int(scanned))
 
     def summary(self) -> QueueSummary:
-        reply: Any = self._summary([PRIORITY_BANDS, WORKERS_READ_CAP])
+        reply: Any = self._summary([PRIORITY_BANDS, WORKERS_READ_CAP, DEPTH_MINUTES])
         counts = dict(zip(JobState, map(int, reply[:6]), strict=True))
         oldest, live, capped, depth_read, *depth = reply[6:]
         return QueueSummary(

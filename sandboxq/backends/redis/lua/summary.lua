@@ -2,12 +2,13 @@
 -- KEYS: the standard list (common.lua); reads the six state sets, the jobs first in line
 --       and their hashes, the worker registry (sq:{q}:workers) and its records, and the
 --       depth history (sq:{q}:depth, written by depth.lua).
--- ARGV: 1-4 standard (unused); 5 most priorities to look at; 6 most workers to read.
+-- ARGV: 1-4 standard (unused); 5 most priorities to look at; 6 most workers to read; 7
+--       the minutes of depth history kept (DEPTH_MINUTES).
 -- Returns: the six counts (waiting, delayed, active, completed, failed, cancelled); the
 --          oldest created_ms among the jobs first in line at each priority (false: none
 --          waits); live workers among those read; 1 if the registry holds more than were
---          read, else 0; 1 if the depth history could be read (a hash), else 0; then its
---          fields and values, flat.
+--          read, else 0; 1 if the depth history could be read (a hash of at most twice
+--          ARGV[7] fields), else 0; then its fields and values, flat.
 -- Upholds: bounded work whatever the queue holds: a ZCARD per state, one ZRANGEBYSCORE
 -- of one entry per priority (within a priority the queue is FIFO, so its first job has
 -- waited longest), at most ARGV[6] workers with an EXISTS each, and a hash of about an
@@ -41,8 +42,16 @@ end
 out[#out + 1] = live
 out[#out + 1] = (scan[1] ~= '0' or #members > cap) and 1 or 0
 
--- a depth history of the wrong type (changed by hand) costs only the chart
-local depth = redis.pcall('HGETALL', QUEUE_BASE .. 'depth')
-out[#out + 1] = depth.err and 0 or 1
-for _, value in ipairs(depth.err and {} or depth) do out[#out + 1] = value end
+-- a depth history of the wrong type, or padded by hand past what depth.lua keeps (an
+-- hour's minutes and a few: a million fields held the server 1.8 s a page), costs only
+-- the chart
+local key = QUEUE_BASE .. 'depth'
+local fields = redis.pcall('HLEN', key)
+local depth = (type(fields) == 'number' and fields <= 2 * ARGV[7]) and redis.pcall('HGETALL', key) or nil
+if depth == nil or depth.err then
+  out[#out + 1] = 0
+else
+  out[#out + 1] = 1
+  for _, value in ipairs(depth) do out[#out + 1] = value end
+end
 return out
