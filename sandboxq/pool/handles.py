@@ -183,9 +183,6 @@ class Child:
         if self.shared[DESCRIPTORS_FULL] == run.task_id:
             self.recycle = True  # the same, for a full descriptor table (descriptors.py)
             _descriptors_full.warn(self.pid, run.task.job_id)
-        if self.shared[STATE_CHANGED] == run.task_id:
-            self.recycle = True  # and for its stdio or signals changed (baseline.py)
-            _state_changed.warn(self.pid, run.task.job_id)
         if run.task.max_memory_mb is not None or max_growth_mb is not None:
             self.check_after(run, max_growth_mb)
         return now, at_ms
@@ -238,6 +235,13 @@ class Child:
     def started(self, run: Attempt) -> bool:
         """Whether the child started ``run`` (read once it is dead or stopped)."""
         return bool(self.shared[STARTED] == run.task_id)
+
+    def warn_if_retired_itself(self) -> None:
+        """Once it is dead: when it ended itself after its last task's reply, having
+        changed what the next task relies on (child.py), say so (once a minute)."""
+        last = self.shared[STATE_CHANGED]
+        if last and last == self.shared[STARTED]:
+            _state_changed.warn(self.pid, None)
 
     def lost_channel(self, run: Attempt) -> bool:
         """Whether ``run``'s reply could not be sent: the handler closed or broke the
@@ -404,5 +408,6 @@ class _LeftBehindWarning:
 _threads_left = _LeftBehindWarning("left Python threads running (keep_strays=True keeps them)")
 _descriptors_full = _LeftBehindWarning("left no file descriptor free")
 _state_changed = _LeftBehindWarning(
-    "changed its process's stdin, stdout, stderr or the signals the pool sends it"
+    "changed its process past setting back (its stdio, the pool's signals, its limits, "
+    "or a thread left running)"
 )

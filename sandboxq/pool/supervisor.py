@@ -485,6 +485,7 @@ class Supervisor:
         if child in self._idle:
             self._idle.remove(child)
         deaths.bury(child, exitcode, self._pending, self._contain)
+        child.warn_if_retired_itself()
         self._guard.remove(child.fence)
         if not child.ready and not child.retiring and not child.server_died:
             self._start_failures += 1
