@@ -34,6 +34,9 @@ from sandboxq.backends.redis.scripts import Arg, Library, Script
 from sandboxq.errors import ConfigError
 from sandboxq.models import AttemptRecord, JobInfo, JobState, stored_int
 
+#: The most jobs at one score a cursor may say were shown (scores repeat one per ms).
+MAX_TIES = 2**31
+
 # ARGV 1-4 of every script are retention settings; these scripts only read.
 _UNUSED: list[Arg] = [0, 0, 0, 0, 0]
 
@@ -43,7 +46,10 @@ def _cursor(cursor: str | None, desc: bool) -> tuple[str, int]:
         return ("+inf" if desc else "-inf"), 0
     score, _, ties = cursor.rpartition(":")
     try:
-        float(score)
+        # what page.lua can take: a score that is a number, a count Lua holds exactly
+        # (a tie count past 2^63 failed the script, and the page said Redis was down)
+        if math.isnan(float(score)) or not 0 <= int(ties) <= MAX_TIES:
+            raise ValueError(ties)
         return score, int(ties)
     except ValueError:
         raise ConfigError(f"invalid page cursor {cursor!r}") from None
