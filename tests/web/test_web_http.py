@@ -354,12 +354,19 @@ def test_throughput_counts_each_ended_attempt_once_by_outcome() -> None:
         Event(f"{now - 9 * 60_000}-0", "failed", "e", {"outcome": "crashed"}),
         Event(f"{now - 30 * 60_000}-0", "failed", "f", {"outcome": "crashed"}),  # too old
         Event(f"{now - 1000}-1", "progress", "a", {"fraction": "0.5"}),
+        # forged: an outcome no attempt can have (a megabyte each bloated every overview)
+        *(Event(f"{now - 1000}-{9 + i}", "failed", "z", {"outcome": "x" * i}) for i in (5, 6)),
     ]
     throughput = Throughput()
     for event in events:
         if (outcome := outcome_of(event)) is not None:
             throughput.add("q", outcome, event_ms(event) or 0)
-    assert throughput.recent("q", now, 1) == {"ok": 1, "hard_timeout": 1, "lease_lost": 2}
+    assert throughput.recent("q", now, 1) == {
+        "ok": 1,
+        "hard_timeout": 1,
+        "lease_lost": 2,
+        "other": 2,
+    }
     assert throughput.recent("q", now, 15)["crashed"] == 1
     assert throughput.recent("other", now, 15) == {}
 
