@@ -28,6 +28,7 @@ from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.child import SIGSOFT
 from sandboxq.pool.output import TAIL_BYTES
 from sandboxq.text import MAX_TRACEBACK_BYTES, bounded_traceback
+from tests.support import where
 
 pytestmark = pytest.mark.alone  # kills within 0.25 s of their deadline
 
@@ -288,6 +289,26 @@ def test_a_handler_that_closes_every_descriptor(then: str, outcome: Outcome) -> 
         if outcome is Outcome.HARD_TIMEOUT:
             _killed_on_time(result)
         assert result.traceback is None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("then", "outcome"), [("spin", Outcome.HARD_TIMEOUT), ("segfault", Outcome.CRASHED)]
+)
+def test_a_stack_one_attempt_wrote_into_the_dump_file_is_not_the_next_ones(
+    then: str, outcome: Outcome
+) -> None:
+    """A handler holds its child's dump file: what it wrote there (a stack of its own
+    making) showed as the traceback of the next job on that child, killed or crashed."""
+    with Pool(W + "forge_a_stack_or", size=1, hard_timeout_s=HARD, containment=TREE) as pool:
+        forger = attempt(pool, "forge")
+        assert forger.outcome is Outcome.OK and pickle.loads(forger.result or b"") == "forged"
+        result = attempt(pool, then)
+    assert result.pid == forger.pid  # the same child
+    assert result.outcome is outcome, result.cause
+    tb = result.traceback
+    assert tb is not None and where.FORGED_FRAME not in tb, tb
+    assert "in spin_in_pure_python" in tb or "in segfault_here" in tb, tb
 
 
 # -- what the attempt wrote ------------------------------------------------------------------

@@ -243,6 +243,7 @@ def run_one(
     global _current
     if shared is not None:
         output.wait_drained()  # what the last attempt wrote is read as its own (output.py)
+        stacks.clear()  # and what is in its dump file, as this one's stack (stacks.py)
         # First "started", then the check: the parent withdraws a task only while this
         # process is stopped (SIGSTOP), so it either sees it started or we see the mark.
         shared[STARTED] = run.task_id

@@ -6,6 +6,7 @@
               ▼
     child:  arm(fd) ── faulthandler.register(DUMP_SIGNAL) and faulthandler.enable(): both
                        write to fd, O_APPEND
+            clear() as each attempt starts: the file holds that attempt's dumps alone
     parent: ask(pid) at the soft signal, and DUMP_EARLY_S before the hard kill
               └► the child's C signal handler writes the stack of every thread (no GIL
                  needed: it works while the handler sits in a C call that holds it)
@@ -59,13 +60,19 @@ MAX_DUMP_BYTES = 1024 * 1024
 _DUMP_STARTS = ("Fatal Python error: ", "Current thread 0x", "Thread 0x", "Stack (most recent")
 
 
+#: In the child: its dump file (``arm``), or None when it has none.
+_armed_fd: int | None = None
+
+
 class StackFile:
     """One child's dump file, as its parent holds it (supervisor thread only)."""
 
     __slots__ = ("fd",)
 
     def __init__(self) -> None:
-        self.fd = os.memfd_create("sandboxq-stack", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create("sandboxq-stack", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        # A mark no file of a handler's bears: ``clear`` checks it before it empties one.
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL)
 
     def for_child(self) -> descriptors.ToChild:
         """A picklable handle for the child's launch arguments."""
@@ -94,6 +101,21 @@ class StackFile:
             self.fd = -1
 
 
+def clear() -> None:
+    """In the child, as each attempt starts (before it is marked started, so before the
+    parent may ask for its stack): empty the dump file. The handler holds it, as every
+    descriptor of its process: a stack of its own making written there was read as the
+    next job's, killed or crashed on the same child. A descriptor of that number that is
+    not the file (closed, then reused by the handler) is left alone."""
+    if _armed_fd is None:
+        return
+    try:
+        if fcntl.fcntl(_armed_fd, fcntl.F_GET_SEALS) == fcntl.F_SEAL_SEAL:
+            os.ftruncate(_armed_fd, 0)
+    except OSError:
+        pass  # closed, or not a sealable file: not the dump file
+
+
 def ask(pid: int) -> None:
     """Ask child ``pid`` for its stack (it may have died meanwhile)."""
     with contextlib.suppress(ProcessLookupError):
@@ -104,6 +126,8 @@ def arm(fd: int) -> None:
     """In the child, before any of the handler's code: dump every thread's stack to ``fd``
     on ``DUMP_SIGNAL`` and on a fatal signal. Appending: the parent empties the file
     between dumps, and the next one starts at its beginning."""
+    global _armed_fd
+    _armed_fd = fd
     os.set_inheritable(fd, False)
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
     faulthandler.enable(file=fd, all_threads=True)

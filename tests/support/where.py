@@ -3,6 +3,7 @@ function with a name of its own, so the captured traceback can be checked for it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -114,6 +115,30 @@ def close_every_descriptor_then(then: str) -> str:
         segfault_here()
     spin_in_pure_python()
     return "unreachable"
+
+
+#: What ``forge_a_stack_or`` writes into its dump file: a stack of a frame never run.
+FORGED_FRAME = "forged_frame"
+
+
+def forge_a_stack_or(then: str) -> str:
+    """``"forge"``: writes a dump of its own making into the file the pool's stack dumps
+    go to, and returns; else ``then`` as ``close_every_descriptor_then`` takes it."""
+    if then != "forge":
+        if then == "segfault":
+            segfault_here()
+        spin_in_pure_python()
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:sandboxq-stack"):
+                forged = (
+                    "Fatal Python error: Segmentation fault\n\n"
+                    "Current thread 0x00000000deadbeef (most recent call first):\n"
+                    f'  File "forged.py", line 1 in {FORGED_FRAME}\n'
+                )
+                os.write(fd, forged.encode())
+                return "forged"
+    return "no dump file found"
 
 
 def print_and_return(text: str, repeat: int = 1, err_text: str = "") -> str:
