@@ -86,9 +86,15 @@ def _flags(fd: int) -> int | None:
 
 
 def _stream_encodings() -> tuple[Any, ...]:
-    return tuple(
-        (getattr(s, "encoding", None), getattr(s, "errors", None))
-        for s in (sys.stdin, sys.stdout, sys.stderr)
+    # Spelled out: a generator over the three made this check 1.4 us instead of 0.5.
+    i, o, e = sys.stdin, sys.stdout, sys.stderr
+    return (
+        getattr(i, "encoding", None),
+        getattr(i, "errors", None),
+        getattr(o, "encoding", None),
+        getattr(o, "errors", None),
+        getattr(e, "encoding", None),
+        getattr(e, "errors", None),
     )
 
 
@@ -144,8 +150,13 @@ def _why_changed() -> str | None:
     if _open_files() != _files:
         return "closed or replaced its stdout or stderr descriptor"
     stdin, stdout, stderr = _streams
-    if not (sys.stdin is stdin and sys.stdout is stdout and sys.stderr is stderr) or any(
-        getattr(stream, "closed", False) for stream in _streams
+    if (
+        sys.stdin is not stdin
+        or sys.stdout is not stdout
+        or sys.stderr is not stderr
+        or getattr(stdin, "closed", False)
+        or getattr(stdout, "closed", False)
+        or getattr(stderr, "closed", False)
     ):
         return "closed or replaced sys.stdin, sys.stdout or sys.stderr"
     if _stream_encodings() != _encodings:

@@ -250,7 +250,6 @@ def run_one(
         if shared[WITHDRAWN] and run.task_id in shared[RING:]:
             return  # withdrawn while it waited in our channel: never started, no reply
     job = _current = JobContext(conn, lock, run)
-    threads_before = _threads()
     reply: Finished | Failed
     try:
         args, kwargs = codec.decode_call(run.codec, run.payload)
@@ -299,7 +298,7 @@ def run_one(
             shared[CHANNEL_LOST] = run.task_id
         raise
     if shared is not None:
-        _after_reply(shared, run.task_id, threads_before, keep_strays)
+        _after_reply(shared, run.task_id, keep_strays)
 
 
 def _arm_signals(stack_fd: int | None) -> None:
@@ -320,21 +319,29 @@ def _threads() -> int:
     return os.stat("/proc/self/task").st_nlink
 
 
-def _python_threads_left(before: int, idle: int) -> bool:
+#: The kernel's count at the last attempt's end (``_threads``), threads of C code
+#: included: one stat an attempt, not two (one at each end, 3 us of a no-op job's 60).
+_threads_seen = 0
+
+
+def _python_threads_left(idle: int) -> bool:
     """Whether the attempt left Python threads running: more than the child had when it
     was set up (``idle``; one that counted itself late is still caught an attempt
     later). ``_thread._count`` counts threads started with ``_thread`` too (threading's
     count missed those, and such a thread read a later job's arguments from its frames).
     A thread of C code (OpenBLAS's pool, made at first use) is not the attempt's to keep
-    or lose: the kernel's count grew, but no Python thread came of it."""
+    or lose: the kernel's count grew, but no Python thread came of it, and that count is
+    the next attempt's to compare with."""
+    global _threads_seen
     if _thread._count() > idle:
         return True
     deadline = time.monotonic() + THREAD_START_WAIT_S
     # a thread started just now counts itself once it holds the GIL: give it the GIL
-    while _threads() > before and time.monotonic() < deadline:
+    while (now := _threads()) > _threads_seen and time.monotonic() < deadline:
         time.sleep(0.001)
         if _thread._count() > idle:
             return True
+    _threads_seen = now
     return False
 
 
@@ -354,16 +361,14 @@ class _Retire(Exception):
     """The child changed in a way only a replacement clears: it ends (child_main)."""
 
 
-def _after_reply(shared: Any, task_id: int, threads_before: int, keep_strays: bool) -> None:
+def _after_reply(shared: Any, task_id: int, keep_strays: bool) -> None:
     """After the reply, off the job's path (the checks cost some 20 us, a sequential
     job's round trip grew 15 % with them before it): set back what the attempt changed
     and the pool can (baseline.py); when it changed what cannot be set back, or left a
     thread that had not counted itself by the reply, mark it and end the child before it
     reads another task (the parent puts that task back in line, uncharged)."""
     baseline.restore()  # timers, the wakeup fd, stdio flags, SIGCHLD and SIGPIPE
-    late_thread = not keep_strays and _python_threads_left(
-        threads_before, baseline.python_threads()
-    )
+    late_thread = not keep_strays and _python_threads_left(baseline.python_threads())
     if baseline.changed() is not None or late_thread:
         shared[STATE_CHANGED] = task_id
         raise _Retire
@@ -380,7 +385,7 @@ def child_main(
     output_fds: tuple[int, int] | None = None,
 ) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
-    global _soft_task_id
+    global _soft_task_id, _threads_seen
     if output_fds is not None:
         output.attach(*output_fds)  # stdout and stderr: pipes to the parent (output.py)
     # First, before any of the user's code: nothing of the fork server, the resource
@@ -410,6 +415,7 @@ def child_main(
     _arm_signals(None)  # the dump signal is armed above, with the file
     processor = limits.wrap(resolve(processor_path), setup, sweep=not keep_strays)
     # imports done: as every attempt finds the child
+    _threads_seen = _threads()
     baseline.record(
         (SIGSOFT, stacks.DUMP_SIGNAL),
         lambda: _arm_signals(stack_fd),
