@@ -264,6 +264,103 @@ def test_the_index_read_costs_one_look_a_slot_after_a_move_and_a_forged_set_its_
         reader.close()
 
 
+def test_a_flood_of_ghost_names_cannot_hide_a_cluster_s_queues_for_good(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    """Names added by hand to the slots' index sets, well-formed but with no queue behind
+    them, were never pruned on a Cluster: a look reads the slots in order up to its cap,
+    so 5,000 of them in the slots before a real queue's filled every look and hid that
+    queue for good. A look now removes the entries it read that no queue is behind (from
+    their own slot's set), as on one server, so the next looks reach the real queues."""
+    from sandboxq.backends.index import QUEUES_READ_CAP
+    from sandboxq.backends.redis.connection import Connections
+    from sandboxq.backends.redis.keys import cluster_index
+    from sandboxq.backends.redis.stats import read_index
+
+    names = (f"{queue_name}-real{i}" for i in range(100_000))
+    real = next(n for n in names if key_slot(n.encode()) > 16_000)  # after the ghosts
+    ghosts: list[str] = []
+    for i in range(100_000):
+        ghost = f"{queue_name}-ghost{i}"
+        if key_slot(ghost.encode()) < key_slot(real.encode()):
+            ghosts.append(ghost)
+        if len(ghosts) == 5 * QUEUES_READ_CAP // 2:
+            break
+    junk = ["bad name!", "x" * 300]  # not queue names at all, in the first slot's set
+    with Queue(real, url=cluster.url) as queue:
+        queue.enqueue(1)
+    reader = Connections(cluster.url, 5.0, "sq:{reader}:x")
+    raw: Any = reader.main
+    pipe = raw.pipeline()
+    for ghost in ghosts:
+        pipe.sadd(cluster_index(key_slot(ghost.encode())), ghost)
+    pipe.sadd(cluster_index(0), *junk)
+    pipe.execute()
+    try:
+        looks = [read_index(reader) for _ in range(5)]  # 2,000 entries read a look
+        found = [real in look.names for look in looks]
+        assert found[-2:] == [True, True], (
+            f"found {found}, index sizes {[look.total for look in looks]}"
+        )
+        listed = {name for look in looks for name in look.names}
+        assert not listed & set(ghosts)
+        assert looks[-1].total <= looks[0].total - len(ghosts) - len(junk)
+        pipe = raw.pipeline()
+        for ghost in ghosts:
+            pipe.sismember(cluster_index(key_slot(ghost.encode())), ghost)
+        assert not any(pipe.execute()), "ghosts were left in their slots' sets"
+        assert not any(raw.smismember(cluster_index(0), junk))
+    finally:
+        pipe = raw.pipeline()
+        for ghost in ghosts:
+            pipe.srem(cluster_index(key_slot(ghost.encode())), ghost)
+        pipe.srem(cluster_index(0), *junk)
+        pipe.execute()
+        reader.close()
+
+
+def test_a_cluster_reader_that_may_not_write_the_index_still_ignores_ghost_names(
+    cluster: LocalCluster, queue_name: str
+) -> None:
+    """Pruning is best effort: a reader whose ACL refuses SREM (on every node) reads the
+    index as any other, the names no queue is behind left in it but not listed."""
+    from sandboxq.backends.redis.connection import Connections
+    from sandboxq.backends.redis.keys import cluster_index
+    from sandboxq.backends.redis.stats import read_index
+
+    real, ghost = f"{queue_name}-real", f"{queue_name}-ghost"
+    with Queue(real, url=cluster.url) as queue:
+        queue.enqueue(1)
+    user = f"ro-{queue_name}"
+    clients = node_clients(cluster)
+    for client in clients:
+        client.acl_setuser(
+            user,
+            enabled=True,
+            passwords=["+pw"],
+            keys=["~*"],
+            channels=["*"],
+            commands=["+@all", "-srem"],
+        )
+    hosts = ",".join(f"127.0.0.1:{port}" for port in cluster.ports)
+    reader = Connections(f"redis+cluster://{user}:pw@{hosts}", 5.0, "sq:{reader}:x")
+    index = cluster_index(key_slot(ghost.encode()))
+    try:
+        reader.main.sadd(index, ghost)  # SADD is allowed: the ghost is this user's own
+        for _ in range(2):
+            found = read_index(reader)
+            assert real in found.names and ghost not in found.names
+            assert found.unbacked >= 1
+        assert reader.main.sismember(index, ghost)
+    finally:
+        reader.close()
+        with redis.Redis(port=cluster.owner(key_slot(ghost.encode()))) as owner:
+            owner.srem(index, ghost)
+        for client in clients:
+            client.acl_deluser(user)
+            client.close()
+
+
 def test_many_queues_events_are_read_while_a_slot_moves(
     cluster: LocalCluster, queue_name: str
 ) -> None:
