@@ -35,6 +35,12 @@ is passed over, not the whole round.
 At start it reads back the last ``WINDOW_MIN`` minutes (a Redis stream id is the entry's
 time in ms), so the throughput figures are whole at once; those old events are counted,
 and only those since the hub started are sent to browsers.
+
+An id is a time only while nobody forges one: stream ids only increase, so after an
+entry added by hand at a time in the future every entry the scripts add carries that
+time too. An event read as it comes is counted no later than when it was read; one read
+back at start with an id past ``SKEW_MS`` ahead cannot be dated and is not counted. The
+queue's stream is then noted as damaged (``Throughput.damage``), and the overview says so.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ BLOCK_S = 1.0  # longest blocking read on a single queue's stream
 EVENTS_READ = 1000  # most events of one queue read in one round of several queues
 ROUND_S = 5.0  # re-read the list of queues at least this often
 ERROR_PAUSE_S = 2.0  # after a failed read (Redis down), before trying again
+#: How far ahead of this host's clock an entry's id may be and still date it: the Redis
+#: server's clock may run a little ahead of the dashboard's, a forged id runs far ahead.
+SKEW_MS = 5 * 60_000
 
 #: The backend's state, told to every stream: unreadable, readable again.
 OUTAGE, RECOVERED = "outage", "recovered"
@@ -77,6 +86,13 @@ def event_ms(event: Event) -> int | None:
     """When a Redis stream entry was added (its id is ``<ms>-<n>``); None for memory://."""
     head, dash, _ = event.id.partition("-")
     return int(head) if dash and head.isdigit() else None
+
+
+def forged_ms(event: Event, now: int) -> int | None:
+    """The time an entry's id claims when it is past ``SKEW_MS`` ahead of ``now`` (added
+    by hand, or after an entry that was), else None."""
+    at_ms = event_ms(event)
+    return at_ms if at_ms is not None and at_ms > now + SKEW_MS else None
 
 
 def outcome_of(event: Event) -> str | None:
@@ -100,10 +116,24 @@ class Throughput:
 
     def __init__(self) -> None:
         self._minutes: dict[str, dict[int, Counter[str]]] = {}
+        self._damage: dict[str, str] = {}
         self._lock = threading.Lock()
 
+    def damaged(self, queue: str, why: str) -> None:
+        """Note why ``queue``'s figures cannot be whole (for as long as this process runs:
+        its place in the stream stays past a forged entry)."""
+        with self._lock:
+            self._damage[queue] = why
+
+    def damage(self, queue: str) -> str | None:
+        """Why ``queue``'s figures are not whole, in one line; None when they are."""
+        with self._lock:
+            return self._damage.get(queue)
+
     def add(self, queue: str, outcome: str, at_ms: int) -> None:
-        minute = at_ms // 60_000
+        """Count an attempt that ended at ``at_ms``: never in the future (the minutes kept
+        run back from the newest, so one far ahead would drop every real one)."""
+        minute = min(at_ms, now_ms()) // 60_000
         with self._lock:
             minutes = self._minutes.setdefault(queue, {})
             if minute not in minutes:
@@ -121,11 +151,12 @@ class Throughput:
 
     def recent(self, queue: str, now_ms: int, minutes: int) -> Counter[str]:
         """Outcomes of the attempts that ended in the last ``minutes`` (this one included)."""
-        first = now_ms // 60_000 - minutes + 1
+        last = now_ms // 60_000
+        first = last - minutes + 1
         total: Counter[str] = Counter()
         with self._lock:
             for minute, counter in self._minutes.get(queue, {}).items():
-                if minute >= first:
+                if first <= minute <= last:
                     total.update(counter)
         return total
 
@@ -368,11 +399,33 @@ class Hub:
         return news
 
     def _take(self, queue: str, event: Event) -> None:
-        """Count a new event and send it on."""
+        """Count a new event and send it on. It ended no later than now, whatever its id
+        says: read as it comes, an entry after a forged one is still counted when read."""
         self._after[queue] = event.id
+        now = now_ms()
+        if (forged := forged_ms(event, now)) is not None:
+            self._damaged(queue, forged, undated=0)
         if (outcome := outcome_of(event)) is not None:
-            self.throughput.add(queue, outcome, event_ms(event) or now_ms())
+            self.throughput.add(queue, outcome, min(event_ms(event) or now, now))
         self._publish(queue, event)
+
+    def _damaged(self, queue: str, forged: int, undated: int) -> None:
+        """Note that ``queue``'s stream holds ids dated ``forged`` (ms, in the future);
+        ``undated``: ended attempts read back at start that are not counted for it."""
+        if undated == 0 and self.throughput.damage(queue) is not None:
+            return  # already noted: what the backfill said still holds
+        when = time.strftime("%Y-%m-%d", time.gmtime(min(forged // 1000, 253402300799)))
+        why = (
+            f"events stream sq:{{{queue}}}:events holds entries dated {when}, in the future "
+            "(one added by hand, and every one after it): each is counted when read"
+        )
+        if undated:
+            why += f"; {undated} ended attempts after it could not be dated and are not counted"
+        # new entries are dated again once the key is gone; this reader's place in the
+        # stream is past them until the dashboard restarts
+        why += "; deleting that key and restarting the dashboard repairs it"
+        log.warning("dashboard: %s", why)
+        self.throughput.damaged(queue, why)
 
     def _backfill(self, queue: str, backend: Backend) -> None:
         """Count the retained events of the last WINDOW_MIN minutes; send on those that
@@ -383,15 +436,22 @@ class Hub:
         probe = next(iter(backend.events(None, None)), None)
         if probe is not None and event_ms(probe) is not None:
             after = f"{since_ms}-0"  # Redis: start at the window, not at the oldest entry
-        last = after
+        last, forged, undated = after, None, 0
         for event in backend.events(after, None):
             last = event.id
             at_ms = event_ms(event)
-            if at_ms is not None and at_ms >= since_ms and (outcome := outcome_of(event)):
+            outcome = outcome_of(event)
+            if (future := forged_ms(event, now)) is not None:
+                # an id past any clock's skew: when this attempt ended is unknown
+                forged, undated = future, undated + (outcome is not None)
+                continue
+            if at_ms is not None and at_ms >= since_ms and outcome:
                 self.throughput.add(queue, outcome, at_ms)
             if at_ms is not None and at_ms >= self.started_ms:
                 self._publish(queue, event)
         self._after[queue] = last
+        if forged is not None:
+            self._damaged(queue, forged, undated)
 
 
 def _state(kind: str, error: str | None) -> dict[str, Any]:

@@ -69,6 +69,7 @@ def overview(
     rows: list[list[object]] = []
     details: list[Safe] = []
     failed: list[BackendError] = []
+    damaged: list[str] = []  # queues whose throughput figures are not whole, and why
     columns = ["queue", *STATES, "oldest waiting", "workers", "ended 1 min", "5 min", "15 min"]
     for name, backend in queues:
         q = href(ctx.root, "/queue", name=name)
@@ -91,6 +92,8 @@ def overview(
         last = [throughput.recent(name, ctx.now, m) for m in (1, 5, 15)]
         cells += [sum(c.values()) for c in last]
         rows.append(cells)
+        if (damage := throughput.damage(name)) is not None:
+            damaged.append(damage)
         outcomes = sorted(set().union(*last))
         per_outcome = [[o, *(c[o] for c in last)] for o in outcomes]
         finished = charts.finished_chart(
@@ -119,6 +122,8 @@ def overview(
     )
     if note:  # a read cap was hit or junk was ignored: never silent
         empty += f'<p class="notice" id="index-note">{esc(note)}</p>'
+    for why in damaged:  # nor is a count that cannot be whole
+        empty += f'<p class="notice">{esc(why)}</p>'
     return Safe(
         f"<h1>Queues</h1>{empty}{table(columns, rows, 'overview')}"
         f'<div class="grid">{"".join(details)}</div>'

@@ -16,7 +16,8 @@ from sandboxq import Queue
 from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.stats import INDEX
 from sandboxq.cli import main
-from sandboxq.models import Outcome
+from sandboxq.models import Outcome, now_ms
+from sandboxq.testing.waiting import wait_for
 from sandboxq.web import create_app
 from tests.support.contract import claim_one, record
 
@@ -155,3 +156,44 @@ def test_a_damaged_queue_index_costs_discovery_only(
         raw.delete(INDEX)
         if saved:
             raw.sadd(INDEX, *saved)
+
+
+def ended(app: object, queue: str) -> tuple[int, int, int]:
+    """What the overview counts for ``queue``: attempts ended in the last 5 and 15 minutes,
+    and in the chart's last two minutes (two: a test may cross a minute's end)."""
+    throughput = app.state.dashboard.hub.throughput  # type: ignore[attr-defined]
+    now = now_ms()
+    chart = throughput.per_minute(queue, now, 2)
+    return (
+        sum(throughput.recent(queue, now, 5).values()),
+        sum(throughput.recent(queue, now, 15).values()),
+        sum(sum(minute.values()) for minute in chart),
+    )
+
+
+def test_an_event_dated_in_the_future_costs_the_throughput_nothing(
+    q: Queue, raw: redis.Redis, redis_url: str
+) -> None:
+    """Stream ids only increase: after one entry added by hand at 99999999999999-0, every
+    XADD of the scripts is dated then too. Those were counted in a minute 3,000 years
+    ahead, which no chart shows, which never ages out, and whose arrival dropped every
+    real minute (the window was kept from the newest minute back)."""
+    before = [failed(q) for _ in range(2)]
+    app = create_app(redis_url, queues=[q.name], token=TOKEN)
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        one_line_page(http.get("/"), 200)  # starts the reader
+        wait_for(lambda: ended(app, q.name) == (2, 2, 2), 10, "the two read back")
+        raw.xadd(QueueKeys(q.name).events, {"kind": "progress", "job": "x"}, id="99999999999999-0")
+        after = [failed(q) for _ in range(3)]
+        wait_for(lambda: ended(app, q.name) == (5, 5, 5), 10, "five counted as they came")
+        page = one_line_page(http.get("/"), 200)
+        assert f"sq:{{{q.name}}}:events" in page and "in the future" in page
+    # a dashboard started now reads the stream back: the three after the forged entry
+    # cannot be dated, and are not counted in any minute
+    app = create_app(redis_url, queues=[q.name], token=TOKEN)
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        one_line_page(http.get("/"), 200)
+        wait_for(lambda: ended(app, q.name) == (2, 2, 2), 10, "the two dated ones read back")
+        page = one_line_page(http.get("/"), 200)
+        assert "3 ended attempts after it could not be dated" in page, page
+    assert len(set(before + after)) == 5
