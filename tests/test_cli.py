@@ -19,8 +19,11 @@ from typing import Any
 
 import psutil
 import pytest
+import redis
 
 from sandboxq import Queue
+from sandboxq.backends.index import WORKERS_READ_CAP
+from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.cli import main
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState, now_ms
@@ -440,6 +443,45 @@ def test_info_on_an_idle_queue(sq: Run, at: str) -> None:
     assert code == 0 and "no live workers" in out
     code, out, _ = sq(f"info {at} --json")
     assert json.loads(out)["workers"] == [] and code == 0
+
+
+@pytest.mark.timeout(60)
+def test_info_finds_the_live_worker_of_a_registry_padded_by_hand(
+    sq: Run, at: str, queue: Queue, raw: redis.Redis
+) -> None:
+    """100,000 names added to the registry, no record behind any: info read one SSCAN's
+    thousand, showed "no live workers" while one ran, and did not say it stopped there."""
+    workers = QueueKeys(queue.name).workers
+    for start in range(0, 100_000, 10_000):
+        raw.sadd(workers, *[f"junk-{i}" for i in range(start, start + 10_000)])
+    queue.backend.register_worker("live:1:abc", {"host": "here", "lease_s": 10.0}, ttl_s=30)
+    started = time.monotonic()
+    code, out, err = sq(f"info {at}")
+    assert code == 0, err
+    assert "live workers (1)" in out and "live:1:abc" in out, out
+    assert time.monotonic() - started < 10  # bounded: one pass over the registry at most
+    # the dead names were forgotten as they were read: the next look reads one member
+    assert raw.smembers(workers) == {b"live:1:abc"}
+    (shown,) = json.loads(sq(f"info {at} --json")[1])["workers"]
+    assert shown["worker_id"] == "live:1:abc"
+
+
+@pytest.mark.timeout(60)
+def test_info_says_when_more_workers_are_registered_than_one_look_reads(
+    sq: Run, at: str, queue: Queue, raw: redis.Redis
+) -> None:
+    keys = QueueKeys(queue.name)
+    pipe = raw.pipeline(transaction=False)
+    for i in range(WORKERS_READ_CAP + 200):
+        pipe.set(keys.worker(f"w{i}"), json.dumps({"worker_id": f"w{i}", "host": "h"}), ex=60)
+        pipe.sadd(keys.workers, f"w{i}")
+    pipe.execute()
+    code, out, err = sq(f"info {at}")
+    assert code == 0, err
+    assert f"the first {WORKERS_READ_CAP} registered workers were read" in out, out
+    data = json.loads(sq(f"info {at} --json")[1])
+    assert len(data["workers"]) == WORKERS_READ_CAP
+    assert f"the first {WORKERS_READ_CAP} registered workers" in data["workers_note"]
 
 
 @pytest.fixture

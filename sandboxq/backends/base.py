@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
-from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex
+from sandboxq.backends.index import QUEUES_READ_CAP, QueueIndex, WorkerRegistry
 from sandboxq.errors import BackendError
 from sandboxq.finished import Trims
 from sandboxq.models import (
@@ -396,7 +396,15 @@ class Backend(Protocol):
     def unregister_worker(self, worker_id: str) -> None: ...
 
     def workers(self) -> list[dict[str, Any]]:
-        """Descriptions of the live workers (each includes its ``worker_id``)."""
+        """Descriptions of the live workers (each includes its ``worker_id``): those of
+        ``worker_registry()``."""
+        ...
+
+    def worker_registry(self) -> WorkerRegistry:
+        """The live workers as ``workers()``, and whether a read cap left entries of the
+        registry unread (``WorkerRegistry.note`` says so). Bounded work however many names
+        the registry holds; entries with no live worker behind them never hide one
+        within ``WORKERS_SCAN_CAP``."""
         ...
 
     def recent_durations(self, limit: int) -> list[tuple[str, float]]:

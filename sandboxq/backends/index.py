@@ -7,12 +7,17 @@
 The index is written by anyone who may enqueue, so a reader trusts none of it: an entry
 that is not a well-formed queue name is ignored (and counted), and at most ``limit``
 entries are read per look, however many were added (the cap is reported, never silent).
+
+A queue's worker registry is read the same way (``WorkerRegistry``): at most
+``WORKERS_READ_CAP`` live workers and ``WORKERS_SCAN_CAP`` registry entries per look, and
+a look that stopped short says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sandboxq.errors import ConfigError
 from sandboxq.models import check_queue_name
@@ -21,6 +26,10 @@ from sandboxq.models import check_queue_name
 QUEUES_READ_CAP = 2000
 #: Registered workers of one queue read at most per look.
 WORKERS_READ_CAP = 1000
+#: Registry entries one look examines at most, live or not: names added by hand with no
+#: worker behind them must not hide a live one (100,000 hid it), nor cost a look without
+#: bound. A reader that may write forgets the dead ones it reads, so the next look is cheap.
+WORKERS_SCAN_CAP = 200 * WORKERS_READ_CAP
 #: Minutes of waiting-depth samples a queue keeps (QueueSummary.depth, depth.lua).
 DEPTH_MINUTES = 60
 
@@ -56,6 +65,25 @@ class QueueIndex:
         if self.unbacked:
             parts.append(f"{self.unbacked} names with no queue behind them were ignored")
         return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRegistry:
+    """What one look at a queue's worker registry found."""
+
+    live: list[dict[str, Any]]  # the live workers' records, by worker id
+    capped: bool  # entries were left unread: the look stopped at a cap
+
+    def note(self) -> str:
+        """One line on what was left out ("" when nothing was)."""
+        if not self.capped:
+            return ""
+        if len(self.live) >= WORKERS_READ_CAP:
+            return f"the first {WORKERS_READ_CAP} registered workers were read; there may be more"
+        return (
+            f"the worker registry holds more than the {WORKERS_SCAN_CAP} entries one look "
+            f"reads; {len(self.live)} live workers were found among them, there may be more"
+        )
 
 
 def valid_names(entries: Iterable[bytes | str]) -> tuple[list[str], int]:

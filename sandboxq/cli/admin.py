@@ -83,7 +83,8 @@ def info_data(backend: Backend) -> dict[str, Any]:
     counts = backend.counts()
     now = now_ms()
     workers = []
-    for record in backend.workers():
+    registry = backend.worker_registry()
+    for record in registry.live:
         lease_s = float(record.get("lease_s") or 0)
         # How old the record is: the lease ages were true when it was written. By the
         # backend's clock (age_ms) where it says: registered_ms is the worker's own clock,
@@ -122,6 +123,7 @@ def info_data(backend: Backend) -> dict[str, Any]:
         "queue": backend.queue,
         "counts": {state.value: n for state, n in counts.items()},
         "workers": workers,
+        "workers_note": registry.note(),  # a read cap was hit: "" when none was
     }
 
 
@@ -135,6 +137,8 @@ def info(args: argparse.Namespace) -> int:
     counts = data["counts"]
     out.print(render.table(f"queue {data['queue']}", list(counts), [list(counts.values())]))
     workers = data["workers"]
+    if data["workers_note"]:  # never silent: a worker left unread may be the one sought
+        out.print(f"note: {data['workers_note']}")
     if not workers:
         out.print("no live workers")
         return EXIT_OK

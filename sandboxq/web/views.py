@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandboxq.backends.base import Backend, JobPage
-from sandboxq.backends.index import WORKERS_READ_CAP
 from sandboxq.errors import BackendError
 from sandboxq.models import JobState, Outcome
 from sandboxq.web import charts
@@ -225,17 +224,14 @@ def workers_page(ctx: Ctx, queues: list[tuple[str, Backend]]) -> Safe:
     failed: list[BackendError] = []
     for name, backend in queues:
         try:
-            records = backend.workers()
+            registry = backend.worker_registry()
         except BackendError as exc:  # a damaged queue (as on the overview): only its own
             failed.append(exc)
             sections.append(f'<p class="notice">Queue {esc(name)} unavailable: {esc(exc)}</p>')
             continue
-        if len(records) >= WORKERS_READ_CAP:  # a cap hit is said, never silent
-            sections.append(
-                f'<p class="notice">Queue {esc(name)}: the first {WORKERS_READ_CAP} registered '
-                "workers were read; there may be more.</p>"
-            )
-        for record in records:
+        if note := registry.note():  # a cap hit is said, never silent
+            sections.append(f'<p class="notice">Queue {esc(name)}: {esc(note)}.</p>')
+        for record in registry.live:
             lease_s = float(record.get("lease_s") or 0)
             registered = record.get("registered_ms")
             age_s = max(0, ctx.now - int(registered)) / 1000 if registered is not None else None

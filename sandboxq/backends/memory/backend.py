@@ -23,6 +23,7 @@ from sandboxq.backends.index import (
     QUEUES_READ_CAP,
     WORKERS_READ_CAP,
     QueueIndex,
+    WorkerRegistry,
     valid_names,
 )
 from sandboxq.backends.memory.batches import Batches
@@ -275,6 +276,9 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
                 {**record, "age_ms": max(0, now - (until - record["ttl_ms"]))}
                 for record, until in (self._workers[w] for w in sorted(self._workers))
             ]
+
+    def worker_registry(self) -> WorkerRegistry:
+        return WorkerRegistry(self.workers(), capped=False)  # one process's: no cap to hit
 
     def _register(self) -> None:
         with MemoryBackend._registry_lock:

@@ -23,11 +23,9 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import redis
-
 from sandboxq.backends import rules
 from sandboxq.backends.base import Ack, Backend, Claimed, Event, NewJob
-from sandboxq.backends.index import DEPTH_MINUTES, QUEUES_READ_CAP, WORKERS_READ_CAP, QueueIndex
+from sandboxq.backends.index import DEPTH_MINUTES, QUEUES_READ_CAP, QueueIndex, WorkerRegistry
 from sandboxq.backends.redis import finish_listener, listen, records
 from sandboxq.backends.redis.batches import Batches
 from sandboxq.backends.redis.connection import Connections, RedisOptions
@@ -36,6 +34,7 @@ from sandboxq.backends.redis.keys import QueueKeys
 from sandboxq.backends.redis.lane import Lane
 from sandboxq.backends.redis.pages import recent_durations
 from sandboxq.backends.redis.reads import Reads
+from sandboxq.backends.redis.registry import read_workers
 from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, script_settings
 from sandboxq.backends.redis.stats import read_index
 from sandboxq.errors import BackendError
@@ -370,27 +369,10 @@ class RedisBackend(Reads, Batches, Backend):
             pipe.execute()
 
     def workers(self) -> list[dict[str, Any]]:
-        main = self._conns.main
-        with self._conns.errors("list workers"):
-            # at most WORKERS_READ_CAP: a registry padded by hand must not stall a page
-            _, members = main.sscan(self.keys.workers, 0, count=WORKERS_READ_CAP)
-            ids = sorted({records.text(w) for w in members})[:WORKERS_READ_CAP]
-            values = main.mget([self.keys.worker(w) for w in ids]) if ids else []
-            pipe = main.pipeline(transaction=False)
-            for w in ids:  # each record's age, by the server's clock: its time to live left
-                pipe.pttl(self.keys.worker(w))
-            ttls_left = pipe.execute() if ids else []
-            gone = [w for w, value in zip(ids, values, strict=True) if value is None]
-        if gone:  # their TTL ran out: forget them (a read-only ACL user may not: fine)
-            try:
-                main.srem(self.keys.workers, *gone)
-            except redis.RedisError as exc:
-                log.debug("could not forget expired workers of %r: %s", self.queue, exc)
-        return [
-            records.worker_record(worker_id, value, ttl_left)
-            for worker_id, value, ttl_left in zip(ids, values, ttls_left, strict=True)
-            if value is not None
-        ]
+        return self.worker_registry().live
+
+    def worker_registry(self) -> WorkerRegistry:
+        return read_workers(self._conns, self.keys)
 
     def queue_index(self, limit: int = QUEUES_READ_CAP) -> QueueIndex:
         return read_index(self._conns, limit)

@@ -186,6 +186,8 @@ class AdminContract:
         assert (live["w1"]["host"], live["w1"]["pid"]) == ("h1", 123)
         time.sleep(0.3 + SLACK_S)
         assert [w["worker_id"] for w in backend.workers()] == ["w2"]
+        registry = backend.worker_registry()  # the same workers, and no cap hit
+        assert ([w["worker_id"] for w in registry.live], registry.note()) == (["w2"], "")
         backend.register_worker("w2", {"host": "h2-new"}, 5.0)
         assert [w["host"] for w in backend.workers()] == ["h2-new"]
         backend.unregister_worker("w2")
