@@ -1,5 +1,6 @@
 """The exporter against what breaks it in the field (real redis-servers): Redis going away
-and coming back, keys shaped like queues that are not, a padded worker registry."""
+and coming back, keys shaped like queues that are not, a padded worker registry, clients
+that connect and send nothing."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import logging
 import re
 import socket
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -17,6 +20,7 @@ from sandboxq import Queue
 from sandboxq.backends.index import WORKERS_READ_CAP
 from sandboxq.backends.redis.keys import INDEX, QueueKeys
 from sandboxq.observe.exporter import QueueExporter
+from sandboxq.observe.exposition import MAX_WAITING, READ_S
 from sandboxq.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -157,6 +161,37 @@ def test_junk_keys_and_junk_index_entries_add_no_series(own_redis: RedisServer) 
     finally:
         exporter.close()
         raw.close()
+
+
+def test_idle_connections_cost_no_thread_and_never_stall_a_scrape(own_redis: RedisServer) -> None:
+    """A client that opens connections and sends nothing (slowloris) had a thread of the
+    exporter's each, for as long as it kept them open: 200 made 200 threads, without
+    bound. Now a connection waits for its request without a thread, for at most READ_S."""
+    exporter = QueueExporter(own_redis.url)
+    idle: list[socket.socket] = []
+    try:
+        address = exporter.serve(0)
+        before = threading.active_count()
+        idle = [socket.create_connection(address, timeout=5) for _ in range(200)]
+        started = time.monotonic()
+        status, text = scrape(address)  # accepted after all 200: they are the server's now
+        assert status == 200 and "sandboxq_exporter_redis_up 1.0" in text
+        assert time.monotonic() - started < 2.0
+        threads = threading.active_count() - before
+        assert threads <= 2, f"{threads} threads for 200 idle connections"
+        # an idle connection is closed by the server, not held until the client goes
+        idle[0].settimeout(READ_S + 5)
+        assert idle[0].recv(1) == b""
+        # past MAX_WAITING silent ones, the one waiting longest is closed at once
+        idle += [socket.create_connection(address, timeout=5) for _ in range(MAX_WAITING + 10)]
+        assert scrape(address)[0] == 200
+        idle[200].settimeout(1.0)  # well before its READ_S
+        assert idle[200].recv(1) == b""
+        assert threading.active_count() - before <= 2
+    finally:
+        for sock in idle:
+            sock.close()
+        exporter.close()
 
 
 def _generate(exporter: QueueExporter) -> str:
