@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -189,6 +190,27 @@ def test_two_workers_in_one_process_do_not_collide() -> None:
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.timeout(30)
+def test_idle_connections_to_a_workers_metrics_port_cost_the_worker_no_thread() -> None:
+    """A client that opens connections to a worker's metrics port and sends nothing had
+    a thread of the worker's process each, without bound (prometheus_client's server):
+    threads that count against the worker's own process limit, where its children are
+    started. The worker's port is served as the exporter's is (observe/exposition.py)."""
+    metrics = WorkerMetrics("q")
+    idle: list[socket.socket] = []
+    try:
+        address = metrics.serve(0)
+        before = threading.active_count()
+        idle = [socket.create_connection(address, timeout=5) for _ in range(200)]
+        assert "sandboxq_attempts_total" in scrape(address)  # after all 200: they are accepted
+        threads = threading.active_count() - before
+        assert threads <= 2, f"{threads} threads for 200 idle connections"
+    finally:
+        for sock in idle:
+            sock.close()
+        metrics.close()
 
 
 def test_every_declared_worker_series_is_served() -> None:

@@ -8,7 +8,9 @@
 
 The exporter writes its few gauge families itself (exporter.py ``exposition``): with
 1,000 queues, prometheus_client's formatting of 8,000 samples one by one (label
-validation, escaping) cost as much as reading Redis. Any other path is 404.
+validation, escaping) cost as much as reading Redis. A worker's metrics port is served
+here too, with prometheus_client's text of its registry (metrics.py). Any other path is
+404.
 
 A connection gets a thread only once its request has started to arrive: on
 ``ThreadingHTTPServer`` a client that opened connections and sent nothing (slowloris) had

@@ -33,7 +33,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -44,6 +44,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sandboxq.models import Outcome
+from sandboxq.observe.exposition import TextServer
 
 if TYPE_CHECKING:
     from sandboxq.backends.base import Ack, Claimed
@@ -136,7 +137,7 @@ class WorkerMetrics:
         self.overshoots: dict[str, _Histogram] = {}
         self.stale = 0
         self._sources: dict[str, Callable[..., Any]] = {}
-        self._http: MetricsServer | None = None
+        self._http: TextServer | None = None
         #: (host, port) the metrics are served on, once ``serve`` has run.
         self.address: tuple[str, int] | None = None
         self.registry.register(_Collector(self))
@@ -208,7 +209,10 @@ class WorkerMetrics:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> tuple[str, int]:
         """Serve ``/metrics`` on ``host:port`` (0: a free port) on a daemon thread."""
-        self._http = MetricsServer(self.registry, port, host)
+        # Not prometheus_client's server: a thread per connection, for as long as a client
+        # that sends nothing keeps it open, counted against the worker's own process limit.
+        registry = self.registry
+        self._http = TextServer(lambda: generate_latest(registry), port, host)
         self.address = self._http.address
         return self.address
 
@@ -216,21 +220,6 @@ class WorkerMetrics:
         if self._http is not None:
             self._http.close()
             self._http = None
-
-
-class MetricsServer:
-    """``/metrics`` of one registry on ``host:port`` (0: a free port), served by
-    prometheus_client on a daemon thread: a worker's metrics and the exporter's gauges."""
-
-    def __init__(self, registry: CollectorRegistry, port: int, host: str) -> None:
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
-        bound = self._server.server_address
-        self.address = (str(bound[0]), int(bound[1]))
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
 
 
 class _Collector(Collector):
