@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,11 +70,15 @@ def test_children_outgrowing_the_budget_lose_their_newest_attempt(containment: s
 @needs_cgroups
 @pytest.mark.timeout(90)
 def test_a_worker_requeues_memory_pressure_uncharged(
-    workers: BackgroundWorkers, redis_url: str, queue_name: str
+    workers: BackgroundWorkers, redis_url: str, queue_name: str, tmp_path: Path
 ) -> None:
+    # The pool starts each attempt once a child is ready and its job claimed: on a loaded
+    # machine that can be far enough apart for one attempt to end before the last starts,
+    # and the budget is never short. So all four wait for each other before growing.
+    together = str(tmp_path / "together")
     with Queue(queue_name, redis_url) as q:
         workers.start(q, H + "grow_to", concurrency=4, pool_memory_mb=400, containment="cgroup")
-        jobs = [q.options(retries=0).enqueue(150, 5, 0.02, 0.3) for _ in range(4)]
+        jobs = [q.options(retries=0).enqueue(150, 5, 0.02, 0.3, together, 4) for _ in range(4)]
         assert [j.result(timeout_s=60) for j in jobs] == [150] * 4
         infos = [j.info() for j in jobs]
         assert all(i.state is JobState.COMPLETED and i.attempts == 1 for i in infos)

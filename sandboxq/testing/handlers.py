@@ -55,7 +55,8 @@ reported (``f`` is an optional pid file, ``then`` how the attempt ends: "return"
 | progress_every(n, s)      | ok, however short the watchdog, if it is above ``s``   |
 | exit_once(f, code)        | exit ``code`` once, then ok                            |
 | use_memory(mb, s)         | ok under a limit above ``mb``, else memory_limit       |
-| grow_to(mb, ...)          | ok; several outgrow ``pool_memory_mb``: memory_pressure |
+| grow_to(mb, ..., f, n)    | ok; several outgrow ``pool_memory_mb``: memory_pressure |
+|                           | (with ``f``, ``n`` of them start growing together)     |
 
 Handlers that start processes take an optional ``pid_file``: they append each pid they
 start to it, so a test can check that nothing outlived the kill.
@@ -650,10 +651,25 @@ def use_memory_and_mark(mb: int, marker: str, hold_s: float = 0.5) -> int:
     return mb
 
 
-def grow_to(mb: int, step_mb: int = 5, pause_s: float = 0.02, hold_s: float = 1.0) -> int:
+def grow_to(
+    mb: int,
+    step_mb: int = 5,
+    pause_s: float = 0.02,
+    hold_s: float = 1.0,
+    together: str | None = None,
+    count: int = 0,
+) -> int:
     """Grows by ``step_mb`` every ``pause_s`` up to ``mb`` MB, holds it ``hold_s``, returns
     ``mb`` (ok): several of them together outgrow a pool's ``pool_memory_mb``, and the
-    newest ones end as ``memory_pressure``."""
+    newest ones end as ``memory_pressure``.
+
+    With ``together`` (a file), it first appends its pid there and waits until the file
+    holds ``count`` lines: ``count`` attempts grow at once however far apart their
+    children started them (a retry finds the lines already there and grows at once)."""
+    if together is not None:
+        with open(together, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        _wait_lines(together, count)
     blocks = []
     for _ in range(mb // step_mb):
         blocks.append(bytearray(step_mb * 1024 * 1024))
