@@ -386,16 +386,17 @@ class AttemptRecord(_Frozen):
 
     @classmethod
     def refused(
-        cls, attempt: int, worker_id: str, cause: str, started_ms: int | None = None
+        cls, attempt: int, worker_id: str, cause: str, ended_ms: int | None = None
     ) -> AttemptRecord:
         """A job that could not run at all (a malformed record, options or codec this
-        worker cannot take): the attempt fails with ``cause``, nothing was started."""
+        worker cannot take): the attempt fails with ``cause`` at ``ended_ms``, nothing was
+        started (no ``started_ms``)."""
         return cls(
             attempt=attempt,
             outcome=Outcome.ERROR,
             action=Action.FAIL,
             worker_id=worker_id,
-            started_ms=started_ms,
+            ended_ms=ended_ms,
             error=cause,
         )
 

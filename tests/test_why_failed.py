@@ -221,6 +221,43 @@ def test_a_lease_lost_attempt_keeps_its_childs_pid_after_its_worker_is_killed(
     queue.close()
 
 
+@pytest.mark.timeout(90)
+def test_a_lease_lost_attempt_claimed_ahead_and_never_started_has_no_start(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A job the killed worker had claimed ahead (``prefetch``) waited there for its one
+    child, busy with the job before it: recovered, its lease_lost attempt says it never
+    started (no start, no pid), where the job before it keeps both, and ``sandboxq job``
+    shows it as not started."""
+    queue = Queue(queue_name, url=redis_url)
+    first, ahead = queue.enqueue(), queue.enqueue()
+    proc = workers.spawn(
+        queue_name,
+        H + "sleep_forever",
+        *("--concurrency", "1", "--lease-s", "3", "--prefetch", "1"),
+        url=redis_url,
+        log=tmp_path / "worker.log",
+        new_session=True,
+    )
+    pid = wait_for(lambda: _running_pid(queue, first.id), 30, "the first job's child")
+    held = ahead.info().running  # claimed, waiting in the worker for that child
+    assert held is not None and held.pid is None
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    wait_for(lambda: child_pid(queue, first.id) is None, 20, "the dead worker's record to expire")
+    # a reaper only: the recovered jobs stay waiting, their histories as recovered
+    queue.backend.recover_stalled()
+    [ran] = wait_for(lambda: first.info().history, 30, "the first job to be recovered")
+    [waited] = wait_for(lambda: ahead.info().history, 30, "the job ahead to be recovered")
+    assert (ran.outcome, ran.pid) == (Outcome.LEASE_LOST, pid) and ran.started_ms is not None
+    assert (waited.outcome, waited.worker_id) == (Outcome.LEASE_LOST, held.worker_id)
+    assert (waited.pid, waited.started_ms) == (None, None)
+    code, out, _ = sq(capsys, "job", queue_name, ahead.id, "--url", redis_url)
+    assert code == 0 and "not started" in out, out
+    queue.close()
+
+
 @pytest.mark.timeout(60)
 def test_a_lease_lost_attempt_keeps_its_childs_pid_on_memory(
     queue_name: str, workers: BackgroundWorkers

@@ -268,7 +268,8 @@ class Backend(Protocol):
         expiry first (then by id), ``rules.RECOVER_LIMIT`` at most: clear owner and token
         (late acks and renewals are then rejected), stalls + 1 and infra_deaths + 1 (the
         worker holding it died, or stopped renewing), the attempt recorded (outcome
-        ``lease_lost``, with its start and the child pid its worker last published); over
+        ``lease_lost``, with the child pid its worker last published and, with a pid, its
+        start: ``rules.attempt_start``); over
         the job's ``max_stalls`` → ``failed`` with a stated cause (``rules.STALL_FAIL_TEXT``),
         else at ``max_infra_deaths`` → ``failed`` as ``poison`` (``rules.POISON_TEXT``,
         naming ``rules.WORKER_DEATH_TEXT``), else back to ``waiting`` at its old place in
@@ -285,7 +286,7 @@ class Backend(Protocol):
 
         A job cancelled while active keeps a *fence*: its old owner and token, and the old
         lease's expiry. The cancelled attempt is appended to the history (outcome
-        ``cancelled``)."""
+        ``cancelled``; its pid and start as ``recover_stalled`` records them)."""
         ...
 
     def confirm_dead(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:

@@ -242,6 +242,14 @@ def child_pids(info: dict[str, Any]) -> list[tuple[str, int, int]]:
     ]
 
 
+def attempt_start(claimed_ms: int | None, pid: int | None) -> int | None:
+    """When an attempt that ends without its worker (cancelled, lease lost) started: its
+    claim, once a child ran it (its ``pid`` is known); else None. A job claimed ahead
+    (``prefetch``) waits in its worker for a child it may never get: its claim was no
+    start (common.lua's running_attempt)."""
+    return claimed_ms if pid is not None else None
+
+
 # -- checks and texts ---------------------------------------------------------------------
 
 

@@ -159,7 +159,7 @@ def _history_row(a: dict[str, Any]) -> tuple[Any, ...]:
         a["worker_id"],
         a["pid"],
         _ended_by(a),
-        text.when(a["started_ms"], date=False),
+        text.started(a["started_ms"], date=False),
         _took(a),
         a["error"],
     )

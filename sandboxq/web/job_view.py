@@ -15,6 +15,7 @@ from sandboxq.codec import decode_stored, reader_codecs
 from sandboxq.errors import CodecRefused, SerializationError
 from sandboxq.models import JobInfo, JobState
 from sandboxq.text import attempts as attempts_text
+from sandboxq.text import started as started_text
 from sandboxq.web.html import (
     PREVIEW_CHARS,
     Safe,
@@ -111,7 +112,7 @@ def job_page(ctx: Ctx, name: str, detail: JobDetail, full: bool) -> Safe:
             a.outcome.value,
             a.action.value if a.action else "",
             _ended_by(a.exitcode, a.signal),
-            when(a.started_ms),
+            started_text(a.started_ms),
             duration((a.ended_ms - a.started_ms) / 1000) if a.started_ms and a.ended_ms else "",
             clip(a.error, 200),
             _memory(a.memory_limit_mb, a.peak_memory_mb),

@@ -77,13 +77,14 @@ class Management:
             cause = rules.STALL_RETRY_TEXT % (job.stalls, limit)
         # The owner is gone and its late finish will be rejected: this is the only
         # record of the attempt, so "why did my job die" still has an answer.
+        pid = self.attempt_pid(job)
         attempt = AttemptRecord(
             attempt=job.attempts,
             outcome=outcome,
             action=Action.FAIL if state is FAILED else Action.RETRY,
             worker_id=job.owner,
-            pid=self.attempt_pid(job),
-            started_ms=job.claimed_ms,
+            pid=pid,
+            started_ms=rules.attempt_start(job.claimed_ms, pid),
             ended_ms=now,
             error=cause,
         )

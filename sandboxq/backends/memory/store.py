@@ -283,7 +283,7 @@ class Store:
                 outcome=Outcome.CANCELLED,
                 worker_id=job.owner,
                 pid=pid,
-                started_ms=job.claimed_ms,
+                started_ms=rules.attempt_start(job.claimed_ms, pid),
                 ended_ms=now,
                 error=cause,
             )

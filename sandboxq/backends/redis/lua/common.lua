@@ -847,7 +847,8 @@ end
 -- record last noted it on the job (child_pids.lua): a dead owner's record expires with its
 -- lease, before the lease is found lost. For the record of an attempt that ends without
 -- its worker (cancelled, lease lost). A record that does not decode is skipped: it is
--- another process's word.
+-- another process's word. No pid, no start (nil, nil): a job claimed ahead (prefetch) waits
+-- in its worker, lease running, for a child it may never get, and its claim was no start.
 local function running_attempt(key, id, owner)
   local f = redis.call('HMGET', key, 'claimed_ms', 'child_pid')
   local started, pid = tonumber(f[1]), count_or(f[2], nil)
@@ -866,6 +867,7 @@ local function running_attempt(key, id, owner)
       end
     end
   end
+  if pid == nil then return nil, nil end
   return started, pid
 end
 
