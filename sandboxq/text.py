@@ -30,12 +30,13 @@ def when(ms: int | None, *, date: bool = True) -> str:
 #: (it waited in its worker, claimed ahead, until it was handed back, cancelled or its
 #: lease was lost; it was refused, or out of its budgets; or its worker was killed before
 #: it published the child's pid: README, "A cancelled or lease-lost attempt").
-NOT_STARTED = "not started"
+START_UNKNOWN = "not known"
 
 
 def started(ms: int | None, *, date: bool = True) -> str:
-    """An ended attempt's start as local time (``when``), or ``NOT_STARTED`` without one."""
-    return NOT_STARTED if ms is None else when(ms, date=date)
+    """An ended attempt's start as local time (``when``), or ``START_UNKNOWN`` without
+    one (no child is known to have run it)."""
+    return START_UNKNOWN if ms is None else when(ms, date=date)
 
 
 def duration(seconds: float | None) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sandboxq import Queue
+from sandboxq import Queue, text
 from sandboxq.cli import main
 from sandboxq.errors import JobFailed
 from sandboxq.models import JobState, Outcome
@@ -229,7 +229,7 @@ def test_a_lease_lost_attempt_claimed_ahead_and_never_started_has_no_start(
     """A job the killed worker had claimed ahead (``prefetch``) waited there for its one
     child, busy with the job before it: recovered, its lease_lost attempt says it never
     started (no start, no pid), where the job before it keeps both, and ``sandboxq job``
-    shows it as not started."""
+    shows its start as not known."""
     queue = Queue(queue_name, url=redis_url)
     first, ahead = queue.enqueue(), queue.enqueue()
     proc = workers.spawn(
@@ -254,7 +254,7 @@ def test_a_lease_lost_attempt_claimed_ahead_and_never_started_has_no_start(
     assert (waited.outcome, waited.worker_id) == (Outcome.LEASE_LOST, held.worker_id)
     assert (waited.pid, waited.started_ms) == (None, None)
     code, out, _ = sq(capsys, "job", queue_name, ahead.id, "--url", redis_url)
-    assert code == 0 and "not started" in out, out
+    assert code == 0 and text.START_UNKNOWN in out, out
     queue.close()
 
 
