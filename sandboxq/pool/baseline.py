@@ -36,7 +36,6 @@ from __future__ import annotations
 # The C module: ``signal``'s wrappers turn every handler and signal number into an enum
 # member, which made a check 8 us instead of 5.
 import _signal  # type: ignore[import-not-found]
-import _thread
 import fcntl
 import os
 import resource
@@ -62,7 +61,6 @@ _handlers: dict[int, Any] = {}
 _put_back: dict[int, Any] = {}
 _limits: dict[int, tuple[int, int]] = {}
 _cpu_budget = False
-_python_threads = 0
 _rearm: Callable[[], None] | None = None
 
 
@@ -104,8 +102,7 @@ def record(signals: tuple[int, ...], rearm: Callable[[], None], cpu_budget: bool
     their handlers again; ``cpu_budget``: the pool sets RLIMIT_CPU's soft limit before
     each attempt (``cpu_time_s``), so that one is not compared."""
     global _files, _streams, _encodings, _handlers, _put_back, _limits, _cpu_budget, _rearm
-    global _python_threads, _file_flags
-    _python_threads = _thread._count()
+    global _file_flags
     _files = _open_files()
     _file_flags = (_flags(1), _flags(2))
     _streams = (sys.stdin, sys.stdout, sys.stderr)
@@ -114,11 +111,6 @@ def record(signals: tuple[int, ...], rearm: Callable[[], None], cpu_budget: bool
     _put_back = {int(sig): _signal.getsignal(sig) for sig in _PUT_BACK}
     _limits = {limit: resource.getrlimit(limit) for limit in _LIMITS}
     _cpu_budget, _rearm = cpu_budget, rearm
-
-
-def python_threads() -> int:
-    """The Python threads the child had once set up (its imports may start some)."""
-    return _python_threads
 
 
 def restore() -> None:

@@ -22,8 +22,8 @@ A process started with ``clone(CLONE_PARENT)`` is its parent's child instead: in
 namespace the child kills it too (``pid_namespace.sweep_namespace``), in a cgroup mode the
 group sweep does (limits.py), and in the process-tree mode the supervisor does, among the
 fork server's children (``server.sweep_escaped``).
-A Python thread the attempt left running cannot be killed: the child marks the attempt
-(``shared[THREADS_LEFT]``) and the parent replaces it before its next task; so too when
+A Python thread the attempt left running cannot be killed (threads.py): the child marks
+the attempt (``shared[THREADS_LEFT]``) and the parent replaces it before its next task; so too when
 the attempt left no descriptor free (``shared[DESCRIPTORS_FULL]``, descriptors.py).
 After the reply, off the job's path, the child sets back what the attempt changed of
 its process (timers, signal handlers, stdio flags: baseline.py); when it changed what
@@ -50,7 +50,6 @@ its parent are doing.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]
-import _thread
 import math
 import numbers
 import os
@@ -59,14 +58,22 @@ import signal
 import socket
 import sys
 import threading
-import time
 import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
 from sandboxq import codec, tracing
 from sandboxq.errors import SandboxqError, SoftTimeout
-from sandboxq.pool import baseline, descriptors, limits, linux, output, pid_namespace, stacks
+from sandboxq.pool import (
+    baseline,
+    descriptors,
+    limits,
+    linux,
+    output,
+    pid_namespace,
+    stacks,
+    threads,
+)
 from sandboxq.pool.channel import Channel
 from sandboxq.pool.kill import sweep_own_tree
 from sandboxq.pool.messages import Failed, Finished, Progress, Ready, RemoteError, Run
@@ -286,7 +293,7 @@ def run_one(
         sweep_own_tree()  # before the outcome leaves: nothing the attempt started outlives it
         pid_namespace.sweep_namespace()  # nor what it moved out of our tree (CLONE_PARENT)
     if shared is not None:
-        _mark_leftovers(shared, run.task_id, baseline.python_threads(), keep_strays)
+        _mark_leftovers(shared, run.task_id, keep_strays)
     try:
         with lock:
             conn.send(reply)
@@ -309,47 +316,11 @@ def _arm_signals(stack_fd: int | None) -> None:
         stacks.rearm(stack_fd)
 
 
-#: How long an attempt's end waits for a thread it just started to count itself.
-THREAD_START_WAIT_S = 0.05
-
-
-def _threads() -> int:
-    """The threads of the process, as the kernel counts them (a stat, 1.5 us): it sees
-    one the moment it exists, before a Python thread has counted itself."""
-    return os.stat("/proc/self/task").st_nlink
-
-
-#: The kernel's count at the last attempt's end (``_threads``), threads of C code
-#: included: one stat an attempt, not two (one at each end, 3 us of a no-op job's 60).
-_threads_seen = 0
-
-
-def _python_threads_left(idle: int) -> bool:
-    """Whether the attempt left Python threads running: more than the child had when it
-    was set up (``idle``; one that counted itself late is still caught an attempt
-    later). ``_thread._count`` counts threads started with ``_thread`` too (threading's
-    count missed those, and such a thread read a later job's arguments from its frames).
-    A thread of C code (OpenBLAS's pool, made at first use) is not the attempt's to keep
-    or lose: the kernel's count grew, but no Python thread came of it, and that count is
-    the next attempt's to compare with."""
-    global _threads_seen
-    if _thread._count() > idle:
-        return True
-    deadline = time.monotonic() + THREAD_START_WAIT_S
-    # a thread started just now counts itself once it holds the GIL: give it the GIL
-    while (now := _threads()) > _threads_seen and time.monotonic() < deadline:
-        time.sleep(0.001)
-        if _thread._count() > idle:
-            return True
-    _threads_seen = now
-    return False
-
-
-def _mark_leftovers(shared: Any, task_id: int, idle_threads: int, keep_strays: bool) -> None:
+def _mark_leftovers(shared: Any, task_id: int, keep_strays: bool) -> None:
     """Mark, before the reply, what the attempt left that only a replacement clears and
     a look of a microsecond sees: the parent replaces the child before its next task
     (handles.py)."""
-    if not keep_strays and _thread._count() > idle_threads:
+    if not keep_strays and threads.started_left():
         # A thread cannot be killed from outside it (a leftover thread would print into
         # the next attempt's output, spend its CPU and count against its max_processes).
         shared[THREADS_LEFT] = task_id
@@ -368,7 +339,7 @@ def _after_reply(shared: Any, task_id: int, keep_strays: bool) -> None:
     thread that had not counted itself by the reply, mark it and end the child before it
     reads another task (the parent puts that task back in line, uncharged)."""
     baseline.restore()  # timers, the wakeup fd, stdio flags, SIGCHLD and SIGPIPE
-    late_thread = not keep_strays and _python_threads_left(baseline.python_threads())
+    late_thread = not keep_strays and threads.left_running()
     if baseline.changed() is not None or late_thread:
         shared[STATE_CHANGED] = task_id
         raise _Retire
@@ -385,7 +356,7 @@ def child_main(
     output_fds: tuple[int, int] | None = None,
 ) -> None:
     """Entry point of a pool child (the target of its multiprocess.Process)."""
-    global _soft_task_id, _threads_seen
+    global _soft_task_id
     if output_fds is not None:
         output.attach(*output_fds)  # stdout and stderr: pipes to the parent (output.py)
     # First, before any of the user's code: nothing of the fork server, the resource
@@ -415,7 +386,7 @@ def child_main(
     _arm_signals(None)  # the dump signal is armed above, with the file
     processor = limits.wrap(resolve(processor_path), setup, sweep=not keep_strays)
     # imports done: as every attempt finds the child
-    _threads_seen = _threads()
+    threads.record()
     baseline.record(
         (SIGSOFT, stacks.DUMP_SIGNAL),
         lambda: _arm_signals(stack_fd),
