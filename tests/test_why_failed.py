@@ -177,6 +177,21 @@ def test_attempt_numbers_keep_counting_across_retry_requeue_and_cancel(
     assert cancelled.started_ms <= (cancelled.ended_ms or 0)
 
 
+def _sleeping_worker(
+    workers: BackgroundWorkers, queue_name: str, url: str, tmp_path: Path, prefetch: int
+) -> subprocess.Popen[bytes]:
+    """A ``sandboxq worker`` of one child whose jobs sleep, in a session of its own (a
+    ``killpg`` takes it whole), holding ``prefetch`` jobs ahead with 3 s leases."""
+    return workers.spawn(
+        queue_name,
+        H + "sleep_forever",
+        *("--concurrency", "1", "--lease-s", "3", "--prefetch", str(prefetch)),
+        url=url,
+        log=tmp_path / "worker.log",
+        new_session=True,
+    )
+
+
 def _running_pid(queue: Queue, job_id: str) -> int | None:
     info = queue.backend.get(job_id)
     running = info.running if info is not None else None
@@ -197,14 +212,7 @@ def test_a_lease_lost_attempt_keeps_its_childs_pid_after_its_worker_is_killed(
     record)."""
     queue = Queue(queue_name, url=redis_url)
     job = queue.enqueue()
-    proc = workers.spawn(
-        queue_name,
-        H + "sleep_forever",
-        *("--concurrency", "1", "--lease-s", "3", "--prefetch", "0"),
-        url=redis_url,
-        log=tmp_path / "worker.log",
-        new_session=True,
-    )
+    proc = _sleeping_worker(workers, queue_name, redis_url, tmp_path, prefetch=0)
     pid = wait_for(lambda: _running_pid(queue, job.id), 30, "the child's pid")
     running = job.info().running
     assert running is not None and running.started_ms is not None
@@ -232,14 +240,7 @@ def test_a_lease_lost_attempt_claimed_ahead_and_never_started_has_no_start(
     shows its start as not known."""
     queue = Queue(queue_name, url=redis_url)
     first, ahead = queue.enqueue(), queue.enqueue()
-    proc = workers.spawn(
-        queue_name,
-        H + "sleep_forever",
-        *("--concurrency", "1", "--lease-s", "3", "--prefetch", "1"),
-        url=redis_url,
-        log=tmp_path / "worker.log",
-        new_session=True,
-    )
+    proc = _sleeping_worker(workers, queue_name, redis_url, tmp_path, prefetch=1)
     pid = wait_for(lambda: _running_pid(queue, first.id), 30, "the first job's child")
     held = ahead.info().running  # claimed, waiting in the worker for that child
     assert held is not None and held.pid is None
