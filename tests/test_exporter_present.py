@@ -20,8 +20,9 @@ from sandboxq import Queue
 from sandboxq.backends.index import WORKERS_READ_CAP
 from sandboxq.backends.redis.keys import INDEX, QueueKeys
 from sandboxq.observe.exporter import QueueExporter
-from sandboxq.observe.exposition import MAX_WAITING, READ_S
+from sandboxq.observe.exposition import MAX_HANDLERS, MAX_WAITING, READ_S
 from sandboxq.testing.redis_server import RedisServer
+from sandboxq.testing.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -161,6 +162,54 @@ def test_junk_keys_and_junk_index_entries_add_no_series(own_redis: RedisServer) 
     finally:
         exporter.close()
         raw.close()
+
+
+def test_requests_sent_a_byte_at_a_time_cannot_hold_every_slot(own_redis: RedisServer) -> None:
+    """MAX_HANDLERS clients that send their request a byte at a time, each byte within
+    the read timeout, held every answering slot for as long as they kept sending: every
+    scrape was closed unanswered. A request now has READ_S in all to arrive."""
+    exporter = QueueExporter(own_redis.url)
+    stop = threading.Event()
+    trickles: list[threading.Thread] = []
+    try:
+        address = exporter.serve(0)
+
+        held = threading.Event()  # every slot is theirs: a scrape was refused
+
+        def trickle() -> None:
+            while not stop.is_set():
+                with socket.create_connection(address, timeout=5) as sock:
+                    for byte in b"GET /metrics HTTP/1.0\r\n" + b"X" * 10_000:
+                        try:
+                            sock.send(bytes([byte]))
+                        except OSError:
+                            break  # closed by the server
+                        if stop.wait(0.2):
+                            return
+                if held.is_set():
+                    return  # closed after READ_S, as it should be: no second try
+                # refused while a scrape held a slot: until all hold one, try again
+
+        trickles = [threading.Thread(target=trickle) for _ in range(MAX_HANDLERS)]
+        for thread in trickles:
+            thread.start()
+
+        def answered() -> bool:
+            try:
+                return scrape(address)[0] == 200
+            except OSError:
+                return False
+
+        wait_for(lambda: not answered(), 10, "the trickling clients to hold every slot")
+        held.set()
+        started = time.monotonic()
+        wait_for(answered, READ_S + 5, "a scrape answered beside the trickling clients")
+        assert time.monotonic() - started < READ_S + 5
+    finally:
+        stop.set()
+        for thread in trickles:
+            thread.join(10)
+        exporter.close()
 
 
 def test_idle_connections_cost_no_thread_and_never_stall_a_scrape(own_redis: RedisServer) -> None:

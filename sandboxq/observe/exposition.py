@@ -18,9 +18,13 @@ a thread per connection, without bound, for as long as it kept them open. Now a 
 connection costs a descriptor in the loop's selector, for at most ``READ_S``, and at most
 ``MAX_WAITING`` of them are kept (past it the one waiting longest is closed: a scrape
 sends its request at once, so it is never that one). A connection whose request arrives
-while ``MAX_HANDLERS`` are being answered is closed at once, not queued; a handler's
-reads time out after ``READ_S`` too. Prometheus sends one request per connection
-(HTTP/1.0 here: the server closes after the answer), so none of this slows a scrape.
+while ``MAX_HANDLERS`` are being answered is closed at once, not queued. The whole request
+must have arrived ``READ_S`` after the accept, or its handler's connection is shut: a
+client sending a byte at a time, each within a read's timeout, held a slot for good, and
+``MAX_HANDLERS`` of them every slot. (One that reconnects as often can still crowd out a
+scrape: the port is for Prometheus, bound to 127.0.0.1 unless asked otherwise.)
+Prometheus sends one request per connection (HTTP/1.0 here: the server closes after the
+answer), so none of this slows a scrape.
 """
 
 from __future__ import annotations
@@ -50,8 +54,15 @@ class TextServer:
     """Serves ``render()`` at ``/metrics`` on ``host:port`` (0: a free port)."""
 
     def __init__(self, render: Callable[[], bytes], port: int, host: str) -> None:
+        server = self
+
         class Handler(BaseHTTPRequestHandler):
             timeout = READ_S  # each read of the request, once it has started to arrive
+
+            def parse_request(self) -> bool:
+                parsed = super().parse_request()
+                server._request_read(self.connection)  # the request's deadline is met
+                return parsed
 
             def do_GET(self) -> None:
                 if self.path.split("?", 1)[0] not in ("/metrics", "/"):
@@ -74,7 +85,9 @@ class TextServer:
         self._slots = threading.BoundedSemaphore(MAX_HANDLERS)
         # each silent connection: (when it is dropped, monotonic; its peer)
         self._waiting: dict[socket.socket, tuple[float, tuple[str, int]]] = {}
-        self._answering: dict[socket.socket, threading.Thread] = {}
+        # each connection answered: (its thread, when its request must have arrived, or
+        # None once it has: a client sending a byte at a time held a slot for good)
+        self._answering: dict[socket.socket, tuple[threading.Thread, float | None]] = {}
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = socket.socketpair()
         self._thread = threading.Thread(
@@ -89,7 +102,7 @@ class TextServer:
             answering = dict(self._answering)
         for conn in answering:  # a handler blocked in a read ends now, not after READ_S
             _shut(conn)
-        for thread in answering.values():
+        for thread, _ in answering.values():
             thread.join(READ_S)
         self._server.server_close()
         self._wake_r.close()
@@ -112,7 +125,9 @@ class TextServer:
     def _step(self, selector: selectors.BaseSelector) -> bool:
         """Wait for a connection, a request or the nearest deadline; False on close."""
         now = time.monotonic()
-        deadline = min((d for d, _ in self._waiting.values()), default=None)
+        with self._lock:
+            reading = [d for _, d in self._answering.values() if d is not None]
+        deadline = min([d for d, _ in self._waiting.values()] + reading, default=None)
         for key, _ in selector.select(None if deadline is None else max(0.0, deadline - now)):
             if key.fileobj is self._wake_r:
                 return False
@@ -122,11 +137,17 @@ class TextServer:
                 conn = key.fileobj
                 assert isinstance(conn, socket.socket)
                 selector.unregister(conn)
-                _, address = self._waiting.pop(conn)
-                self._answer(conn, address)
+                due, address = self._waiting.pop(conn)
+                self._answer(conn, address, due)
         now = time.monotonic()
         for conn in [c for c, (d, _) in self._waiting.items() if d <= now]:
             self._drop(selector, conn)  # silent for READ_S: not a scrape
+        with self._lock:  # as it is now: a request may have come in during the select
+            late = [c for c, (_, d) in self._answering.items() if d is not None and d <= now]
+            for conn in late:
+                self._answering[conn] = (self._answering[conn][0], None)
+        for conn in late:  # its request still not in after READ_S: its handler ends
+            _shut(conn)
         return True
 
     def _accept(self, selector: selectors.BaseSelector) -> None:
@@ -140,7 +161,7 @@ class TextServer:
         if len(self._waiting) >= MAX_WAITING:
             oldest = min(self._waiting, key=lambda c: self._waiting[c][0])
             self._drop(selector, oldest)
-        conn.settimeout(READ_S)
+        conn.settimeout(READ_S)  # a read (the deadline below bounds the whole request)
         self._waiting[conn] = (time.monotonic() + READ_S, address)
         selector.register(conn, selectors.EVENT_READ)
 
@@ -149,8 +170,9 @@ class TextServer:
         del self._waiting[conn]
         conn.close()
 
-    def _answer(self, conn: socket.socket, address: tuple[str, int]) -> None:
-        """Answer on a thread of its own, or close at once when every slot is taken."""
+    def _answer(self, conn: socket.socket, address: tuple[str, int], due: float) -> None:
+        """Answer on a thread of its own, or close at once when every slot is taken.
+        ``due``: when the whole request must have arrived (READ_S after the accept)."""
         if not self._slots.acquire(blocking=False):
             conn.close()
             return
@@ -158,8 +180,13 @@ class TextServer:
             target=self._handle, args=(conn, address), name="sandboxq-exporter-request", daemon=True
         )
         with self._lock:
-            self._answering[conn] = thread
+            self._answering[conn] = (thread, due)
         thread.start()
+
+    def _request_read(self, conn: socket.socket) -> None:
+        with self._lock:
+            if conn in self._answering:
+                self._answering[conn] = (self._answering[conn][0], None)
 
     def _handle(self, conn: socket.socket, address: tuple[str, int]) -> None:
         try:
