@@ -159,7 +159,9 @@ class Child:
             )
         elif isinstance(msg, Finished):
             outcome = run.soft_outcome if run.soft_sent else Outcome.OK
-            stack = (stack or run.soft_stack) if outcome is not Outcome.OK else None
+            stack = (
+                stacks.with_soft_stack(stack, run.soft_stack) if outcome is not Outcome.OK else None
+            )
             why = soft_cause(run) if run.soft_sent else None
             done = {"result": msg.result, "traceback": stack, "detail": why}
             run.settle(outcome, self.pid, now, at_ms, **done, **told)
@@ -169,7 +171,7 @@ class Child:
             # raise after the soft signal keeps every thread's stack at the signal too (a
             # thread that did the waiting is not in the raise's traceback), after it: with
             # a dump in it, the cut keeps the beginning (text.bounded_traceback).
-            dumped = (stack or run.soft_stack) if run.soft_sent else None
+            dumped = stacks.with_soft_stack(stack, run.soft_stack) if run.soft_sent else None
             both = f"{msg.error.traceback}\n{dumped}" if dumped else msg.error.traceback
             tb = bounded_traceback(both)
             why = soft_cause(run) if run.soft_sent else None
@@ -218,9 +220,9 @@ class Child:
 
     def stack_at_death(self, run: Attempt) -> str | None:
         """Once the child is dead: the stack it dumped last (asked before the hard kill,
-        or written as it crashed), else the one of its soft signal."""
+        or written as it crashed), then the one of its soft signal."""
         stack = self.stacks.take() if self.stacks is not None else None
-        return stack if stack is not None else run.soft_stack
+        return stacks.with_soft_stack(stack, run.soft_stack)
 
     def check_after(self, run: Attempt, max_growth_mb: float | None) -> None:
         """After ``run``: a child over that attempt's limit, or grown by more than

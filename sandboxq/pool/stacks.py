@@ -38,7 +38,7 @@ import os
 import signal
 
 from sandboxq.pool import descriptors
-from sandboxq.text import bounded_traceback
+from sandboxq.text import MAX_TRACEBACK_BYTES, bounded_traceback
 
 #: The signal that makes a child dump its stack.
 DUMP_SIGNAL: int = signal.SIGRTMAX - 2
@@ -99,6 +99,26 @@ class StackFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+#: Between the stack dumped last (before the hard kill, or at a crash) and the one at the
+#: soft signal before it, when an attempt has both.
+SOFT_STACK_HEADER = "\nEarlier, at the soft signal:\n"
+_HALF_BYTES = (MAX_TRACEBACK_BYTES - len(SOFT_STACK_HEADER)) // 2
+
+
+def with_soft_stack(last: str | None, at_soft: str | None) -> str | None:
+    """The stack dumped last, then the one at the soft signal: where the attempt was when
+    told to stop is kept beside where it was when it ended (a handler that caught its
+    ``SoftTimeout`` and went on elsewhere lost the first). Each bounded to half the room
+    when both are there."""
+    if last is None or at_soft is None:
+        return last if last is not None else at_soft
+    return (
+        bounded_traceback(last, _HALF_BYTES)
+        + SOFT_STACK_HEADER
+        + bounded_traceback(at_soft, _HALF_BYTES)
+    )
 
 
 def clear() -> None:

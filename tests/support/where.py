@@ -156,7 +156,7 @@ def print_then_spin(text: str) -> None:
 
 def swallow_soft_timeout_then(then: str, signum: int = 0) -> str:
     """Spins until its soft timeout, catches it, then: ``return``, or blocks ``signum``
-    (the stack-dump signal) and spins on elsewhere until it is killed."""
+    (the stack-dump signal; 0: none) and spins on elsewhere until it is killed."""
     from sandboxq.errors import SoftTimeout
 
     try:
@@ -164,7 +164,8 @@ def swallow_soft_timeout_then(then: str, signum: int = 0) -> str:
     except SoftTimeout:
         if then == "return":
             return "swallowed"
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+        if signum:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
         spin_after_the_soft_timeout()
     return "unreachable"
 
