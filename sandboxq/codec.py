@@ -261,7 +261,8 @@ def _scalar_problem(value: Any) -> str | None:
         if kind.__module__ == "builtins"
         else f"{kind.__module__}.{kind.__qualname__}"
     )
-    return f"is a {name} ({_short(value)}): JSON carries only {_JSON_TYPES}"
+    article = "an" if name[:1].lower() in "aeiou" else "a"  # "an object", "a set"
+    return f"is {article} {name} ({_short(value)}): JSON carries only {_JSON_TYPES}"
 
 
 def _short(value: Any) -> str:

@@ -339,7 +339,9 @@ class ContainmentSettings(_Settings):
         None, "run children with this group (name or gid)", none="the user's, else the worker's"
     )
     network: NetworkSwitch = setting_field(
-        True, "off: children run in a network namespace with loopback only (root)"
+        True,
+        "children use the worker's network (off: each runs in a network namespace with "
+        "loopback only; root)",
     )
     pid_namespace: Switch = setting_field(
         False,

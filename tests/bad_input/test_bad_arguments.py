@@ -171,6 +171,14 @@ def test_unencodable_arguments_are_refused_at_enqueue_naming_where(
     assert queue.counts() == before  # nothing was enqueued
 
 
+def test_a_refusal_names_the_type_in_words(queue: Queue) -> None:
+    """ "is a object" read as a slip of the product's, not as the handler's value."""
+    for value, words in ((object(), "is an object ("), ({1, 2}, "is a set (")):
+        with pytest.raises(SerializationError) as refused:
+            queue.enqueue(value)
+        assert f"args[0] {words}" in str(refused.value), refused.value
+
+
 def test_a_dict_with_a_non_string_key_is_refused_instead_of_silently_changed(
     queue: Queue,
 ) -> None:
