@@ -75,9 +75,11 @@ FINISHED_EVENTS = ("completed", "failed", "cancelled")
 def add_parser(verbs: Any) -> None:
     r = verbs.add_parser(
         "run",
-        help="run a JSONL file of jobs through the sandboxed pool, locally (no Redis)",
+        help="run a JSONL file of jobs through the sandboxed pool: here (no Redis), or "
+        "as one batch on a queue's workers (--queue)",
         description="Run every line of INPUT (a JSON object per line, "
         f"e.g. {EXAMPLE}; both keys optional) through PROCESSOR in sandboxed children, "
+        "here (no Redis) or, with --queue, on the workers of that queue (see below), "
         "with a progress bar. Each output line is a JSON object: the input line number, "
         "the outcome (ok, error, hard_timeout, ..., malformed, not_run), the attempts, "
         "and the result or the error. Ctrl-C lets running jobs finish; a second one "
