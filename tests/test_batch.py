@@ -413,10 +413,83 @@ def test_a_second_ctrl_c_kills_running_lines_at_once(tmp_path: Path) -> None:
     assert took < 15  # not the 600 s the jobs wanted, nor the 30 s drain
     assert "stopping now: running jobs are killed" in text
     rows = results(tmp_path / "out.jsonl")
-    assert {n: r["outcome"] for n, r in rows.items()} == {1: "not_run", 2: "not_run", 3: "not_run"}
-    assert "3 line(s) did not run: 1-3" in text
+    ran = sorted(int(key[1:]) for _, key in started(tmp_path / "runs"))
+    [waited] = sorted({1, 2, 3} - set(ran))
+    # the two that ran were killed running: said so, not "never ran"
+    assert {n: r["outcome"] for n, r in rows.items()} == {
+        **dict.fromkeys(ran, "interrupted"),
+        waited: "not_run",
+    }
+    assert f"1 line(s) did not run: {waited}" in text
+    assert f"2 line(s) were stopped while they ran: {number_ranges(ran)}" in text
     for pid in children:
         assert ended(pid)
+
+
+def stop_a_hung_line(tmp_path: Path, *flags: str, presses: int) -> tuple[int, str, int]:
+    """Run two lines that sleep an hour, one at a time; once the first has started, press
+    Ctrl-C ``presses`` times, each once the run has shown the one before. Returns the exit
+    status, stderr, and the line that ran."""
+    log, err = tmp_path / "runs", tmp_path / "err"
+    jobs = [json.dumps({"args": [str(log), f"k{i}", 3600]}) for i in (1, 2)]
+    write_lines(tmp_path / "in.jsonl", *jobs)
+    argv = [H + "recorded_sleep", "in.jsonl", "--output", "out.jsonl", "--concurrency", "1"]
+    with open(err, "wb") as stderr:
+        proc = start_in_session(tmp_path, *argv, *flags, stderr=stderr)
+    try:
+        [(_, key)] = wait_for(lambda: started(log), 30, "a line to start")
+        for n in range(presses):
+            os.killpg(proc.pid, signal.SIGINT)
+            shown = "stopping now" if n else "stopping: running jobs may finish"
+            wait_for(lambda s=shown: s in err.read_text(), 30, f"the run to show {shown!r}")
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert len(started(log)) == 1  # the other line never started
+    return proc.returncode, err.read_text(), int(key[1:])
+
+
+@pytest.mark.timeout(120)
+def test_a_line_killed_running_by_a_second_ctrl_c_is_written_interrupted_not_as_never_run(
+    tmp_path: Path,
+) -> None:
+    """A line that had run for seconds when a second Ctrl-C killed it was written
+    ``not_run``, ``attempts: 0``, "the batch stopped before this line ran", and listed
+    among the lines that did not run: the one line that could say where it hung said it
+    never started."""
+    code, text, ran = stop_a_hung_line(tmp_path, presses=2)
+    assert code == 130, text
+    rows = results(tmp_path / "out.jsonl")
+    [other] = {1, 2} - {ran}
+    killed, waited = rows[ran], rows[other]
+    assert killed["outcome"] == "interrupted" and killed["attempts"] == 1, killed
+    assert killed["error"].startswith("the batch was stopped while this line ran"), killed
+    assert killed["ran_s"] > 0, killed
+    assert waited == {
+        "line": other,
+        "outcome": "not_run",
+        "attempts": 0,
+        "error": "the batch stopped before this line ran",
+    }
+    assert f"1 line(s) did not run: {other}" in text
+    assert f"1 line(s) were stopped while they ran: {ran}" in text
+    assert "Traceback" not in text
+
+
+@pytest.mark.timeout(120)
+def test_a_line_stopped_at_the_end_of_the_drain_keeps_where_it_was(tmp_path: Path) -> None:
+    """One Ctrl-C, and a line that does not finish within --stop-timeout-s: the pool sends
+    it the soft signal, with a dump of its stack, then kills it. It was written as never
+    run, without the stack that says where it was."""
+    code, text, ran = stop_a_hung_line(tmp_path, "--stop-timeout-s", "1", presses=1)
+    assert code == 130, text
+    rows = results(tmp_path / "out.jsonl")
+    killed = rows[ran]
+    assert (killed["outcome"], killed["attempts"]) == ("interrupted", 1), killed
+    assert "in recorded_sleep" in killed["traceback"], killed  # where it slept
+    assert f"1 line(s) were stopped while they ran: {ran}" in text
 
 
 @pytest.mark.timeout(60)

@@ -23,9 +23,10 @@ import redis
 
 from sandboxq import JobState, Queue
 from sandboxq.backends.redis import RedisBackend
-from sandboxq.models import AttemptRecord, Outcome
+from sandboxq.models import AttemptRecord, Outcome, member_id
 from sandboxq.testing.waiting import wait_for
-from sandboxq.testing.workers import BackgroundWorkers
+from sandboxq.testing.workers import BackgroundWorkers, child_pid
+from sandboxq.text import number_ranges
 
 H = "sandboxq.testing.handlers:"
 GATES = "tests.support.gates:"
@@ -132,6 +133,87 @@ def test_ctrl_c_cancels_what_has_not_run_and_exits_130(
         assert (progress.cancelled, progress.completed, progress.done) == (2, 1, True)
         assert q.counts()[JobState.ACTIVE] == 0
     assert log.read_text().count("start") == 1  # the other two never started
+
+
+def started_keys(log: Path) -> list[str]:
+    """The key of every ``recorded_sleep`` that started (its log: "start pid key time")."""
+    rows = log.read_text().splitlines() if log.exists() else []
+    return [row.split()[2] for row in rows if row.startswith("start ")]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop", ["batch --cancel", "two Ctrl-C"])
+def test_lines_cancelled_while_they_ran_are_written_cancelled_not_as_never_run(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path, stop: str
+) -> None:
+    """Two lines running on a worker (a real process) for as long as it took to cancel
+    them, by ``sandboxq batch QUEUE ID --cancel`` or by two Ctrl-C: they were written
+    ``not_run`` and the summary listed them among the lines that "did not run"."""
+    log, out, err = tmp_path / "log", tmp_path / "out", tmp_path / "err"
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        "".join(json.dumps({"args": [str(log), f"k{i}", 3600]}) + "\n" for i in range(1, 5))
+    )
+    at = ["--url", redis_url, "--queue", queue_name]
+    # --prefetch 0: the two it holds are the two running, the others wait in the queue;
+    # --lease-s 3: its registry, which tells Redis their children's pids, every second
+    workers.spawn(
+        queue_name,
+        H + "recorded_sleep",
+        "--concurrency",
+        "2",
+        "--prefetch",
+        "0",
+        "--lease-s",
+        "3",
+        url=redis_url,
+    )
+    proc = start(H + "recorded_sleep", str(source), *at, "--output", str(out), stderr=err)
+    try:
+        wait_for(lambda: len(started_keys(log)) == 2, 60, "two lines to start")
+        # Redis learns that a claimed member started from its worker's registry (every
+        # lease_s / 3): until then a cancel cannot tell it from one claimed ahead
+        bid = batch_id_in(err)
+        running = [member_id(bid, int(key[1:]) - 1) for key in started_keys(log)]
+        with Queue(queue_name, redis_url) as q:
+            wait_for(lambda: all(child_pid(q, job) for job in running), 30, "their pids noted")
+        if stop == "batch --cancel":
+            cancel = subprocess.run(
+                [sys.executable, "-m", "sandboxq", "batch", queue_name, bid,
+                 "--cancel", "--url", redis_url],
+                capture_output=True, text=True, timeout=30, cwd=ROOT,
+            )  # fmt: skip
+            assert cancel.returncode == 0, cancel.stderr
+            expected = 1  # a line did not end ok
+        else:
+            proc.send_signal(signal.SIGINT)
+            wait_for(lambda: "stopping:" in err.read_text(), 30, "the first Ctrl-C shown")
+            proc.send_signal(signal.SIGINT)
+            expected = 130
+        assert proc.wait(60) == expected, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ran = sorted(int(key[1:]) for key in started_keys(log))
+    waited = sorted({1, 2, 3, 4} - set(ran))
+    rows = {r["line"]: r for r in lines_of(out)}
+    assert sorted(rows) == [1, 2, 3, 4]
+    for line in ran:
+        row = rows[line]
+        assert (row["outcome"], row["attempts"]) == ("cancelled", 1), row
+        assert row["error"].startswith("the batch was stopped while this line ran"), row
+        assert row["ran_s"] > 0, row
+    for line in waited:
+        assert rows[line] == {
+            "line": line,
+            "outcome": "not_run",
+            "attempts": 0,
+            "error": "the batch stopped before this line ran (cancelled while waiting)",
+        }
+    text = err.read_text()
+    assert f"2 line(s) did not run: {number_ranges(waited)}" in text, text
+    assert f"2 line(s) were stopped while they ran: {number_ranges(ran)}" in text, text
 
 
 @pytest.mark.timeout(120)

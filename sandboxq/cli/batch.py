@@ -12,9 +12,11 @@
 
 The worker is the production one (leases, exit policy, retries, timeouts, kills), on the
 in-memory backend. The main thread keeps the signals: the first Ctrl-C (or SIGTERM)
-drains, letting running jobs finish; a second one kills them. Lines that did not finish
-are written as ``not_run`` and listed, so nothing is silently lost; the exit status is
-then a shell's for the first signal (130 for Ctrl-C, 143 for SIGTERM).
+drains, letting running jobs finish; a second one kills them. A line killed while it ran
+is written as that attempt ended (``interrupted``, with how long it ran and any stack the
+pool took), and lines that never started as ``not_run``; both are listed, so nothing is
+silently lost; the exit status is then a shell's for the first signal (130 for Ctrl-C,
+143 for SIGTERM).
 
 Malformed lines are reported (with their line numbers) before anything runs and then
 written as ``malformed``, and the rest of the batch runs: one bad line among thousands
@@ -81,8 +83,8 @@ def add_parser(verbs: Any) -> None:
         f"e.g. {EXAMPLE}; both keys optional) through PROCESSOR in sandboxed children, "
         "here (no Redis) or, with --queue, on the workers of that queue (see below), "
         "with a progress bar. Each output line is a JSON object: the input line number, "
-        "the outcome (ok, error, hard_timeout, ..., malformed, not_run), the attempts, "
-        "and the result or the error. Ctrl-C lets running jobs finish; a second one "
+        "the outcome (ok, error, hard_timeout, ..., interrupted, malformed, not_run), the "
+        "attempts, and the result or the error. Ctrl-C lets running jobs finish; a second one "
         "stops at once. Worker settings also come from SANDBOXQ_<SETTING> variables.",
     )
     r.add_argument("processor", nargs="?", help="the handler, as package.module:function")

@@ -34,6 +34,9 @@ TIMEOUTS = {Outcome.SOFT_TIMEOUT.value, Outcome.HARD_TIMEOUT.value}
 #: Outcomes a line can end with beyond the attempts' own (models.Outcome).
 MALFORMED = "malformed"
 NOT_RUN = "not_run"
+#: The outcomes of a line whose attempt the batch's stop killed while it ran: interrupted
+#: (the local run's worker stopped), cancelled (a fleet run's members, or anyone's cancel).
+STOPPED_RUNNING = frozenset((Outcome.INTERRUPTED.value, Outcome.CANCELLED.value))
 _OK = Outcome.OK.value
 _DID_NOT_RUN = frozenset((MALFORMED, NOT_RUN))
 
@@ -177,6 +180,15 @@ class BatchView:
             self.console.print(
                 f"[yellow]{len(not_run)} line(s) did not run: "
                 f"{text.clip(text.number_ranges(not_run), 200)}[/]"
+            )
+        # Apart from those: they ran, and their lines say for how long and where they were.
+        killed = [
+            n for outcome in sorted(STOPPED_RUNNING) for n in self.tally.lines.get(outcome, ())
+        ]
+        if killed:
+            self.console.print(
+                f"[yellow]{len(killed)} line(s) were stopped while they ran: "
+                f"{text.clip(text.number_ranges(killed), 200)}[/]"
             )
 
 

@@ -27,10 +27,10 @@ from typing import IO, Any
 
 from sandboxq import codec, text
 from sandboxq.backends.base import Backend, JobStanding
-from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, Tally
+from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, STOPPED_RUNNING, Tally
 from sandboxq.cli.options import json_type
 from sandboxq.errors import ConfigError, SerializationError
-from sandboxq.models import JobInfo, JobState
+from sandboxq.models import Action, AttemptRecord, JobInfo, JobState
 
 #: What an input line may hold, and an example of one for the errors that say so.
 _KEYS = ("args", "kwargs")
@@ -151,9 +151,14 @@ class Output:
         self.stopped(item.line, backend.get(item.job_id))
 
     def stopped(self, line: int, job: JobInfo | JobStanding | None) -> None:
-        """Write input line ``line`` as not run: the batch stopped before it finished (or
-        its record is gone: then whether it ran is not known, and the line says so).
-        ``job``: its record, or where it stands (``Backend.outcomes``, a lighter read)."""
+        """Write input line ``line``, which the batch's stop (or a cancel) left unfinished:
+        as that attempt ended when the stop killed it while it ran, else as not run (its
+        record gone: then whether it ran is not known, and the line says so). ``job``: its
+        record, or where it stands (``Backend.outcomes``, a lighter read: it cannot tell a
+        start, so a caller reads whole the jobs that had an attempt)."""
+        if isinstance(job, JobInfo) and (killed := stopped_while_running(job)) is not None:
+            self._stopped_running(line, job, killed)
+            return
         if job is None:
             why = "its job's record is gone (deleted by hand?): whether it ran is not known"
             self.write(line, NOT_RUN, attempts=0, error=why)
@@ -166,6 +171,39 @@ class Output:
             why = "the batch stopped before this line ran"
             why += " (cancelled while waiting)" if job.state is JobState.CANCELLED else ""
         self.write(line, NOT_RUN, attempts=job.attempts, error=why)
+
+    def _stopped_running(self, line: int, job: JobInfo, last: AttemptRecord) -> None:
+        """Write ``line`` as its attempt ``last`` ended, killed running by a stop or a
+        cancel: with how long it ran and, where the pool dumped one, its stack. Written as
+        "never ran" it hid that it ran, and where it was stuck."""
+        # A stop's interrupt is handed back uncharged (it is not the job's fault), yet
+        # the attempt ran: it is counted here, as the line's other attempts are.
+        uncharged = last.action is Action.RETRY_UNCHARGED
+        why = "the batch was stopped while this line ran"
+        why += f" ({last.error})" if last.error else ""
+        ran = {} if last.ended_ms is None else {"ran_s": ran_s(last)}
+        self.write(
+            line,
+            last.outcome.value,
+            attempts=job.attempts + uncharged,
+            error=why,
+            **ran,
+            **_where(job),
+        )
+
+
+def stopped_while_running(job: JobInfo) -> AttemptRecord | None:
+    """``job``'s last attempt when a stop or a cancel killed it while it ran (it has a
+    start: one claimed ahead and ended before a child took it never started); else None."""
+    last = job.history[-1] if job.history else None
+    if last is None or last.started_ms is None or last.outcome.value not in STOPPED_RUNNING:
+        return None
+    return last
+
+
+def ran_s(attempt: AttemptRecord) -> float:
+    """How long ``attempt`` ran, in seconds (to the millisecond its record keeps)."""
+    return max(0, (attempt.ended_ms or 0) - (attempt.started_ms or 0)) / 1000
 
 
 def _where(info: JobInfo) -> dict[str, str]:

@@ -26,7 +26,9 @@ Ctrl-C, as in the local mode, cancels what has not started (``Batch.cancel(runni
 those members never run) and lets the running ones finish (Redis knows a member claimed,
 not started: one a worker prefetched counts as running), writes what was cancelled as
 ``not_run`` once the cancellations are final, and exits 130; a second Ctrl-C cancels the
-running ones too (the fenced hand-over) and stops at once. A Ctrl-C while the lines are
+running ones too (the fenced hand-over), written as ``cancelled`` with how long they ran
+(a member whose worker had not yet noted its child's pid, every ``lease_s`` / 3, cannot be
+told from one claimed ahead: ``not_run``), and stops at once. A Ctrl-C while the lines are
 being sent is acted on the same way once they are all in the queue (a send cut short would
 leave its part waiting for any worker, with no one to write it).
 
@@ -55,7 +57,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from sandboxq import text, tracing
-from sandboxq.backends.base import NewJob
+from sandboxq.backends.base import JobStanding, NewJob
 from sandboxq.batch import RESULTS_CHUNK, Batch, StreamReader, check_batch_calls, new_batch_id
 from sandboxq.cli.batch import FOLLOW_TICK_S, StopRequests, checked_worker_settings
 from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
@@ -381,27 +383,33 @@ def _stream(
 def _not_run(queue: Queue, batch: Batch[Job], lines: list[int], output: Output) -> None:
     """What the stream did not deliver (a second Ctrl-C stops reading it): a member that
     finished before the cancel is written as it ended (a user who runs the not_run lines
-    again must not run it twice), the others as not run. Where each stands is read
-    first, and only the finished ones whole: reading every member whole took 30 s after
-    a second Ctrl-C on a run of 200,000 lines (146 us a member, against 23)."""
+    again must not run it twice), one the cancel killed running as cancelled, the others
+    as not run. Where each stands is read first, and only those whole (``_read_whole``):
+    reading every member whole took 30 s after a second Ctrl-C on a run of 200,000 lines
+    (146 us a member, against 23)."""
     backend = queue.backend
     todo = [member_id(batch.id, n) for n, line in enumerate(lines) if line not in output.written]
     for start in range(0, len(todo), RESULTS_CHUNK):
         chunk = todo[start : start + RESULTS_CHUNK]
         standings = backend.outcomes(chunk)
-        ended = [
-            job_id
-            for job_id, at in zip(chunk, standings, strict=True)
-            if at is not None and at.state.finished and at.state is not JobState.CANCELLED
-        ]
-        read = dict(zip(ended, backend.get_many(ended), strict=True)) if ended else {}
+        whole = [job_id for job_id, at in zip(chunk, standings, strict=True) if _read_whole(at)]
+        read = dict(zip(whole, backend.get_many(whole), strict=True)) if whole else {}
         for job_id, at in zip(chunk, standings, strict=True):
             line = lines[_index(job_id)]
             info, data = read.get(job_id, (None, None))
             if info is not None and info.state.finished and info.state is not JobState.CANCELLED:
                 output.finished(line, info, data)
             else:
-                output.stopped(line, at)
+                output.stopped(line, info or at)
+
+
+def _read_whole(at: JobStanding | None) -> bool:
+    """Whether a member the stream did not deliver is read whole: one that finished before
+    the cancel (its result), and one cancelled with an attempt charged (its history says
+    whether that attempt ran when the cancel killed it: a few, those the fleet held)."""
+    if at is None or not at.state.finished:
+        return False
+    return at.state is not JobState.CANCELLED or at.attempts > 0
 
 
 def _index(job_id: str) -> int:
