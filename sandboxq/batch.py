@@ -342,7 +342,8 @@ class Batch(_Handle[J]):
     def results(self, timeout_s: float | None = None) -> list[Any]:
         """Every member's result in input order, once all are final: a failed or cancelled
         member's slot holds its ``JobFailed`` (a member gone: its ``JobNotFound``), never
-        raised, so one failure does not hide the other results."""
+        raised, so one failure does not hide the other results. ``BatchNotFound`` if the
+        batch is gone or expires (past ``batch_ttl_s``) before the last member is read."""
         self.wait(timeout_s)
         q = self.queue
         out: list[Any] = []
@@ -351,6 +352,9 @@ class Batch(_Handle[J]):
             rest = not_completed(ids, completed)
             others = dict(zip(rest, q.backend.get_many(rest) if rest else [], strict=True))
             out += member_values(q.name, ids, completed, others, q.allowed_codecs)
+        # Still kept after the reads, so none of them raced retention's sweep: an expired
+        # batch is deleted a few members at a time, and its slots would be JobNotFound.
+        self.progress()
         return out
 
     def cancel(self, *, running: bool = True) -> int:
@@ -423,6 +427,7 @@ class AsyncBatch(_Handle[J]):
             found = await q.backend.get_many(rest) if rest else []
             others = dict(zip(rest, found, strict=True))
             out += member_values(q.name, ids, completed, others, q.allowed_codecs)
+        await self.progress()  # as in Batch.results: still kept after the reads
         return out
 
     async def cancel(self, *, running: bool = True) -> int:

@@ -132,10 +132,13 @@ class JobNotFound(SandboxqError):
 
 
 class BatchNotFound(SandboxqError):
-    """The batch does not exist: never made, forgotten, or past its ``batch_ttl_s``."""
+    """The batch does not exist: never made, forgotten, or past its ``batch_ttl_s``
+    (``expired_ms``: when it expired, when that is known; retention may still be deleting
+    what is left of it)."""
 
-    _fields = ("batch_id",)
+    _fields = ("batch_id", "expired_ms")
     batch_id: str
+    expired_ms: int | None
 
 
 class BatchIncomplete(SandboxqError):

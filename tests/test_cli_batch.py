@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import redis
 
 from sandboxq import Queue
+from sandboxq.backends.rules import TRIM_BUDGET
+from sandboxq.batch_failures import failures
 from sandboxq.cli import main
+from sandboxq.errors import BatchNotFound
 from sandboxq.testing.workers import BackgroundWorkers
 
 H = "sandboxq.testing.handlers:"
@@ -88,3 +94,52 @@ def test_cancel_and_the_errors_of_a_batch_that_does_not_exist(
     assert code == 2 and err.startswith("sandboxq: error: batch id") and "Traceback" not in err
     code, out, err = sq(f"batch {q.name} {batch.id} --url {redis_url} --cancel --retry-failed")
     assert code == 2 and "not allowed with" in err
+
+
+@pytest.mark.timeout(90)
+def test_an_expired_batch_half_deleted_by_retention_is_gone_for_every_reader(
+    sq: Run, redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path
+) -> None:
+    """Retention deletes an expired batch TRIM_BUDGET members per finish (or stalled
+    recovery) on its queue, so on a quiet queue it stays half-deleted: it was read as done
+    with every count, results() held JobNotFound slots, as_completed streamed every
+    member, `sandboxq batch` grouped fewer failures than it counted, and --resume wrote
+    the deleted members' lines as not_run "deleted by hand?"."""
+    with Queue(queue_name, redis_url, batch_ttl_s=1) as q:
+        total = TRIM_BUDGET + 50
+        calls = [(["x"], {}) if i % 10 == 0 else ([0, i], {}) for i in range(total)]
+        batch = q.batch(calls, label="expiring")
+        workers.start(q, H + "succeed_after", concurrency=2)
+        assert batch.wait(timeout_s=60).failed == total // 10
+        workers.stop_all()  # a quiet queue: nothing sweeps but the call below
+        time.sleep(1.2)
+        q.backend.recover_stalled()  # one sweep round: TRIM_BUDGET members go
+        r = redis.Redis.from_url(redis_url)
+        member = f"sq:{{{queue_name}}}:job:{batch.id}."
+        assert not r.exists(member + "0") and r.exists(member + str(total - 1)), "not half-swept"
+        readers = {
+            "get_batch": lambda: q.get_batch(batch.id),
+            "progress": batch.progress,
+            "results": batch.results,
+            "as_completed": lambda: list(batch.as_completed(timeout_s=5)),
+            "wait": lambda: batch.wait(timeout_s=5),
+            "retry_failed": batch.retry_failed,
+            "failures": lambda: failures(q.backend, batch.id),
+        }
+        leaked: dict[str, str] = {}
+        for name, read in readers.items():
+            try:
+                leaked[name] = repr(read())[:160]
+            except BatchNotFound as exc:
+                assert "expired at" in str(exc) and "batch_ttl_s 1 s" in str(exc), exc
+        assert not leaked, f"read from a half-deleted batch: {leaked}"
+        assert batch.id not in [b.batch_id for b in q.backend.list_batches()]
+    for form in ("", " --json", " --retry-failed"):
+        code, out, err = sq(f"batch {queue_name} {batch.id} --url {redis_url}{form}")
+        assert (code, out) == (1, "") and "expired at" in err and "batch_ttl_s 1 s" in err, err
+    out_file = tmp_path / "out.jsonl"
+    code, out, err = sq(
+        f"run --resume {batch.id} --url {redis_url} --queue {queue_name} --output {out_file}"
+    )
+    assert code == 1 and "expired at" in err, err
+    assert not out_file.exists() or "not_run" not in out_file.read_text()

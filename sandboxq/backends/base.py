@@ -461,7 +461,11 @@ class Backend(Protocol):
         ...
 
     def batch_progress(self, batch_id: str) -> BatchProgress | None:
-        """The batch's counts in one O(1) read; None if there is no such batch."""
+        """The batch's counts in one O(1) read; None if there is no such batch.
+        ``BatchNotFound`` (with ``expired_ms``) once it is past its ``batch_ttl_s``, swept
+        or not: retention deletes it a few members at a time, and no reader may see a
+        batch it has begun on (the same for ``batch_finished`` and ``batch_each``, in the
+        same atomic read; ``list_batches`` leaves it out)."""
         ...
 
     def batch_finished(

@@ -20,10 +20,11 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, get_args
 
 from sandboxq.backends.base import FinishAction, NewJob
-from sandboxq.errors import ConfigError, JobNotFound
+from sandboxq.errors import BatchNotFound, ConfigError, JobNotFound
 from sandboxq.models import (
     FAILURE_TTL_S,
     MAX_PRIORITY,
@@ -283,6 +284,22 @@ def purgeable(state: JobState | str) -> JobState:
 def job_not_found(queue: str, job_id: str) -> JobNotFound:
     """What a waiter gets for a job that is not there (never enqueued, trimmed, purged)."""
     return JobNotFound(f"job {job_id!r} of queue {queue!r} does not exist", job_id=job_id)
+
+
+def batch_expired(queue: str, batch_id: str, expired_ms: int, ttl_ms: int) -> BatchNotFound:
+    """What every reader of a batch past its ``batch_ttl_s`` gets, whatever retention has
+    deleted of it yet (it goes a few members per finish on the queue)."""
+    try:
+        at = datetime.fromtimestamp(expired_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):  # a stored number no clock reaches
+        at = f"{expired_ms} ms"
+    return BatchNotFound(
+        f"batch {batch_id!r} of queue {queue!r} does not exist any more: it expired at {at} "
+        f"(batch_ttl_s {ttl_ms / 1000:g} s after it was done), and retention deletes "
+        "what is left of it",
+        batch_id=batch_id,
+        expired_ms=expired_ms,
+    )
 
 
 def clip_error(error: str, limit: int) -> str:

@@ -48,11 +48,19 @@ def open_batch(queue: Queue, batch_id: str) -> Batch[Job]:
     check_batch_id(batch_id)
     try:
         return queue.get_batch(batch_id)
-    except BatchNotFound:
-        raise Exit(
-            f"no batch {batch_id!r} in queue {queue.name!r} "
-            "(unknown, forgotten, or removed batch_ttl_s after it was done)"
-        ) from None
+    except BatchNotFound as exc:
+        raise gone(queue, batch_id, exc) from None
+
+
+def gone(queue: Queue, batch_id: str, exc: BatchNotFound) -> Exit:
+    """One line for a batch that is not there; one that expired says when (retention may
+    still be deleting it: nothing of it is shown)."""
+    if exc.expired_ms is not None:
+        return Exit(str(exc))
+    return Exit(
+        f"no batch {batch_id!r} in queue {queue.name!r} "
+        "(unknown, forgotten, or removed batch_ttl_s after it was done)"
+    )
 
 
 def batch_data(batch: Batch[Job]) -> dict[str, Any]:
@@ -91,9 +99,12 @@ def progress_data(progress: BatchProgress) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     with open_queue(args) as queue:
         batch = open_batch(queue, args.id)
-        if args.retry_failed or args.cancel:
-            return act(batch, "retry" if args.retry_failed else "cancel", args.json)
-        data = batch_data(batch)
+        try:  # it may expire, or be forgotten, between the reads
+            if args.retry_failed or args.cancel:
+                return act(batch, "retry" if args.retry_failed else "cancel", args.json)
+            data = batch_data(batch)
+        except BatchNotFound as exc:
+            raise gone(queue, args.id, exc) from None
     if args.json:
         render.print_json(data)
         return EXIT_OK

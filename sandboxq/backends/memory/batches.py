@@ -7,6 +7,8 @@ batch_*.lua), step by step.
                      (``then_sent``) under the store's lock, into ``Store.outbox``
     the calling method, lock released ── send_follow_ups ──► the ``then`` queue's enqueue
     Store.trim ── sweep_batches ──► a batch ``batch_ttl_s`` past done goes, members too
+    every read of a batch ── kept ──► BatchNotFound once it is past its ``batch_ttl_s``
+                     (``expired_at``), swept yet or not (a member's fence holds the sweep)
 
 Everything but ``send_follow_ups`` runs with ``Store.cond`` held.
 """
@@ -105,14 +107,28 @@ def progress(store: Store, batch_id: str, batch: BatchRecord) -> BatchProgress:
     )
 
 
+def expired_at(batch: BatchRecord, now: int) -> int | None:
+    """When ``batch`` expired (ms), or None while it is kept: the one test of expiry, for
+    the sweep and every reader (common.lua's batch_expired)."""
+    if batch.done_ms is None or batch.done_ms + batch.ttl_ms > now:
+        return None
+    return batch.done_ms + batch.ttl_ms
+
+
+def kept(store: Store, batch_id: str, now: int) -> BatchRecord | None:
+    """Batch ``batch_id`` (None: no such batch); ``BatchNotFound`` saying when it expired
+    once it is past its ttl, whether the sweep has dropped it yet or not (a member's fence
+    holds it), as batch_read.lua refuses it on Redis."""
+    batch = store.batches.get(batch_id)
+    if batch is not None and (at := expired_at(batch, now)) is not None:
+        raise rules.batch_expired(store.queue, batch_id, at, batch.ttl_ms)
+    return batch
+
+
 def sweep_batches(store: Store, now: int) -> None:
     """Drop the batches past their ttl with their members (common.lua's sweep_batches),
     but not while a member's fence stands (``fenced_until``)."""
-    gone = [
-        bid
-        for bid, b in store.batches.items()
-        if b.done_ms is not None and b.done_ms + b.ttl_ms <= now
-    ]
+    gone = [bid for bid, b in store.batches.items() if expired_at(b, now) is not None]
     for bid in gone:
         if fenced_until(store, bid, now) is None:
             drop_batch(store, bid)
@@ -211,7 +227,7 @@ class Batches:
     def batch_progress(self, batch_id: str) -> BatchProgress | None:
         store = self._store
         with store.cond:
-            batch = store.batches.get(batch_id)
+            batch = kept(store, batch_id, now_ms())
             return None if batch is None else progress(store, batch_id, batch)
 
     def batch_finished(
@@ -222,7 +238,7 @@ class Batches:
         deadline = time.monotonic() + (block_s or 0.0)
         with store.cond:
             while True:
-                batch = store.batches.get(batch_id)
+                batch = kept(store, batch_id, now_ms())
                 rows = [] if batch is None else batch.finished[start : start + 1000]
                 left = deadline - time.monotonic()
                 if rows or block_s is None or left <= 0:
@@ -235,7 +251,7 @@ class Batches:
         that member instead of starting it (``Store.claim``), counted here."""
         store = self._store
         with store.cond:
-            batch = store.batches.get(batch_id)
+            batch = kept(store, batch_id, now_ms())  # an expired one: no retry reopens it
             if batch is None:
                 return None
             last = max(batch.total, batch.enqueued)
@@ -262,7 +278,9 @@ class Batches:
     def list_batches(self, limit: int = 50) -> list[BatchProgress]:
         store = self._store
         with store.cond:
-            newest = list(reversed(store.batches.items()))[: max(0, limit)]
+            now = now_ms()
+            live = [(bid, b) for bid, b in store.batches.items() if expired_at(b, now) is None]
+            newest = list(reversed(live))[: max(0, limit)]
             return [progress(store, bid, batch) for bid, batch in newest]
 
     def forget_batch(self, batch_id: str) -> bool:

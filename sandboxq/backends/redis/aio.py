@@ -48,7 +48,7 @@ from sandboxq.backends.redis.enqueue import (
     pack_enqueue,
 )
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Script, Scripts, pack_command, script_settings
+from sandboxq.backends.redis.scripts import Script, Scripts, script_settings
 from sandboxq.backends.redis.urls import check_plain
 from sandboxq.backends.rules import lease_ms
 from sandboxq.errors import BackendError, ConfigError
@@ -286,22 +286,23 @@ class AsyncRedisBackend:
 
     async def batch_progress(self, batch_id: str) -> BatchProgress | None:
         # on the lane (one connection, coalesced): any number of streams check at once
-        command = pack_command("HMGET", self.keys.batch(batch_id), *batches.PROGRESS_FIELDS)
+        args = batches.progress_args(batch_id)
         with redis_errors(self.where, f"read batch {batch_id!r}"):
-            (values,) = await self._run([(None, command)])
+            reply = await self._script(self._scripts.batch_read, args)
+        values = batches.kept(self.queue, batch_id, reply)
         return batches.progress_from(batch_id, self.queue, values)
 
     async def batch_finished(
         self, batch_id: str, after: str, block_s: float | None = None
     ) -> tuple[str, list[tuple[int, JobState]]]:
         key = self.keys.batch_done(batch_id)
-
-        command = pack_command("XREAD", "COUNT", batches.FINISHED_READ, "STREAMS", key, after)
+        args = batches.finished_args(batch_id, after)
 
         async def read() -> tuple[str, list[tuple[int, JobState]]]:
             # on the lane, as batch_progress; a raw reply: each entry's fields a flat list
-            (reply,) = await self._run([(None, command)])
-            return batches.finished_from(after, follow.entries_of(reply), key)
+            reply = await self._script(self._scripts.batch_read, args)
+            entries = batches.kept(self.queue, batch_id, reply)
+            return batches.finished_from(after, follow.entries_of(entries), key)
 
         with redis_errors(self.where, f"read the finished members of batch {batch_id!r}"):
             if block_s is None:
@@ -316,9 +317,10 @@ class AsyncRedisBackend:
             while start < last:
                 args = [batch_id, action, start, rules.BATCH_CHUNK, self.keys.cancel_channel]
                 reply = await self._script(self._scripts.batch_each, args)
-                if int(reply[1]) < 0:
+                done, count = batches.each_answer(self.queue, batch_id, reply)
+                if count < 0:
                     return None
-                acted, last = acted + int(reply[0]), int(reply[1])
+                acted, last = acted + done, count
                 start += rules.BATCH_CHUNK
         return acted
 

@@ -5,8 +5,10 @@ move its members, and one stream of the members that reached a final state.
                      trip) ──► sq:{q}:batch:<bid> (counters, sealed by the last chunk)
     every script that moves a member ── common.lua batch_move ──► counters; a final state
                      also XADDs to sq:{q}:bdone:<bid>, and the last one sends ``then``
-    batch_progress ── HMGET of the batch hash (O(1), whatever its size)
-    batch_finished ── XREAD of sq:{q}:bdone:<bid> from a cursor ("0": from the start)
+    batch_progress ── batch_read.lua: HMGET of the batch hash (O(1), whatever its size)
+    batch_finished ── batch_read.lua: XREAD of sq:{q}:bdone:<bid> from a cursor ("0": from
+                     the start)
+    (both refuse a batch past its batch_ttl_s, in the same call: ``kept``)
     batch_each / forget_batch ── batch_each.lua / batch_forget.lua, BATCH_CHUNK members a call
 
 What a reply means (``progress_from``, ``finished_from``, ``enqueue_error``) is shared with
@@ -33,12 +35,17 @@ from sandboxq.backends.redis.scripts import (
     Arg,
     Script,
     Scripts,
-    pack_command,
     raise_errors,
     run,
     send,
 )
-from sandboxq.errors import BackendError, BatchIncomplete, ConfigError, DamagedRecord
+from sandboxq.errors import (
+    BackendError,
+    BatchIncomplete,
+    BatchNotFound,
+    ConfigError,
+    DamagedRecord,
+)
 from sandboxq.models import BatchProgress, JobState, stored_int
 
 log = logging.getLogger(__name__)
@@ -162,6 +169,34 @@ def enqueue_outcome(batch_id: str, total: int, replies: Sequence[Any]) -> int:
             )
         enqueued = int(reply)
     return enqueued
+
+
+def progress_args(batch_id: str) -> list[Arg]:
+    """batch_read.lua's arguments for the batch's ``PROGRESS_FIELDS``."""
+    return [batch_id, "progress", *PROGRESS_FIELDS]
+
+
+def finished_args(batch_id: str, after: str) -> list[Arg]:
+    """batch_read.lua's arguments for the batch's finished members after ``after``."""
+    return [batch_id, "finished", after, FINISHED_READ]
+
+
+def kept(queue: str, batch_id: str, reply: Sequence[Any]) -> Any:
+    """What batch_read.lua read of a batch; ``BatchNotFound`` saying when it expired when
+    it is past its ``batch_ttl_s``, whatever retention has deleted of it yet (a
+    half-deleted batch was read as done with every count, its results short of members)."""
+    expired_ms, read = reply
+    if expired_ms is not None:
+        raise rules.batch_expired(queue, batch_id, int(expired_ms), int(read))
+    return read
+
+
+def each_answer(queue: str, batch_id: str, reply: Sequence[Any]) -> tuple[int, int]:
+    """batch_each.lua's members acted on and the batch's member count (negative: no such
+    batch); ``BatchNotFound`` for an expired one, which no call may reopen."""
+    if int(reply[1]) == -4:
+        raise rules.batch_expired(queue, batch_id, int(reply[2]), int(reply[3]))
+    return int(reply[0]), int(reply[1])
 
 
 def progress_from(
@@ -313,22 +348,23 @@ class Batches:
         return enqueue_outcome(batch_id, total, replies)
 
     def batch_progress(self, batch_id: str) -> BatchProgress | None:
-        command = pack_command("HMGET", self.keys.batch(batch_id), *PROGRESS_FIELDS)
+        script = self._scripts.batch_read
         with self._conns.errors(f"read batch {batch_id!r}"):
-            (values,) = run(self._conns.main_lane, [(None, command)])
-        return progress_from(batch_id, self.queue, values)
+            (reply,) = run(self._conns.main_lane, [(script, script.pack(progress_args(batch_id)))])
+        return progress_from(batch_id, self.queue, kept(self.queue, batch_id, reply))
 
     def batch_finished(
         self, batch_id: str, after: str, block_s: float | None = None
     ) -> tuple[str, list[tuple[int, JobState]]]:
         key = self.keys.batch_done(batch_id)
-
-        command = pack_command("XREAD", "COUNT", FINISHED_READ, "STREAMS", key, after)
+        script = self._scripts.batch_read
+        command = script.pack(finished_args(batch_id, after))
 
         def read() -> tuple[str, list[tuple[int, JobState]]]:
             # on the lane, whose connections are bounded, whatever the number of threads
-            (reply,) = run(self._conns.main_lane, [(None, command)])
-            return finished_from(after, follow.entries_of(reply), key)
+            (reply,) = run(self._conns.main_lane, [(script, command)])
+            entries = kept(self.queue, batch_id, reply)
+            return finished_from(after, follow.entries_of(entries), key)
 
         with self._conns.errors(f"read the finished members of batch {batch_id!r}"):
             if block_s is None:
@@ -351,9 +387,10 @@ class Batches:
                     self.keys.cancel_channel,
                 ]
                 reply = raise_errors([self._scripts.batch_each(args)])[0]
-                if int(reply[1]) < 0:
+                done, count = each_answer(self.queue, batch_id, reply)
+                if count < 0:
                     return None
-                acted, last = acted + int(reply[0]), int(reply[1])
+                acted, last = acted + done, count
                 start += rules.BATCH_CHUNK
         return acted
 
@@ -361,18 +398,17 @@ class Batches:
         with self._conns.errors("list batches"):
             raw_ids = self._conns.main.zrevrange(self.keys.batch_index, 0, max(0, limit) - 1)
             ids = [records.text(raw) for raw in raw_ids if isinstance(raw, bytes | str)]
-            pipe = self._conns.main.pipeline(transaction=False)
-            for batch_id in ids:
-                pipe.hmget(self.keys.batch(batch_id), PROGRESS_FIELDS)
+            script = self._scripts.batch_read
+            calls = [(script, script.pack(progress_args(batch_id))) for batch_id in ids]
             # a key of another type in a batch's place (forged) costs the list that one row
-            rows = pipe.execute(raise_on_error=False) if ids else []
+            rows = send(self._conns.main_lane, calls) if ids else []
         found = []
-        for batch_id, values in zip(ids, rows, strict=True):
-            if isinstance(values, ResponseError):
+        for batch_id, reply in zip(ids, rows, strict=True):
+            if isinstance(reply, ResponseError):
                 continue
             try:
-                found.append(progress_from(batch_id, self.queue, values))
-            except DamagedRecord as exc:  # costs the list that one row, as above
+                found.append(progress_from(batch_id, self.queue, kept(self.queue, batch_id, reply)))
+            except (DamagedRecord, BatchNotFound) as exc:  # that row alone; expired: gone
                 log.debug("%s", exc)
         return [p for p in found if p is not None]
 

@@ -73,6 +73,7 @@ def _read(name: str) -> str:
 #: queue's keys (common.lua's guard_queue_keys), so a damaged one stops it before it
 #: writes anything.
 UNGUARDED = (
+    "batch_read",
     "child_pids",
     "depth",
     "page",
@@ -317,6 +318,7 @@ class Scripts:
         self.batch_enqueue = bind("batch_enqueue")
         self.batch_each = bind("batch_each")
         self.batch_forget = bind("batch_forget")
+        self.batch_read = bind("batch_read")
         self.depth = bind("depth")
         self.child_pids = bind("child_pids")
         # Readers (read-only): bounded reads of one job for Job.info and Job.result.

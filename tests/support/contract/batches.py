@@ -11,7 +11,8 @@ import time
 import pytest
 
 from sandboxq.backends.base import Backend, Claimed, NewJob
-from sandboxq.errors import ConfigError
+from sandboxq.backends.rules import TRIM_BUDGET
+from sandboxq.errors import BatchNotFound, ConfigError
 from sandboxq.models import BatchProgress, JobState, member_id
 from sandboxq.testing.waiting import wait_for
 from tests.support.contract.support import (
@@ -227,6 +228,47 @@ class BatchContract:
         finish(backend, claim_one(backend))  # entering a finished state sweeps
         assert backend.batch_progress("b1") is None
         assert backend.get(member_id("b1", 0)) is None
+
+    def test_an_expired_batch_is_gone_for_every_reader_at_once(
+        self, make_backend: MakeBackend
+    ) -> None:
+        """Past its batch_ttl_s a batch is deleted TRIM_BUDGET members per finish on the
+        queue, and a quiet queue leaves it half-deleted for a long time: it was read as done
+        with every count, its whole stream, and a retry reopened it. Expired, it is gone for
+        every reader, before the sweep, half-way through it and after it."""
+        backend = make_backend(batch_ttl_s=0.3)
+        total = TRIM_BUDGET + 50  # one sweep round leaves 50 members behind on Redis
+        backend.enqueue_batch("b1", members("b1", total))
+        for _ in range(total):
+            finish(backend, claim_one(backend), "fail", error="boom")
+        done = backend.batch_progress("b1")
+        assert done is not None and done.done and done.failed == total
+        time.sleep(0.3 + SLACK_S)
+        for reader in (
+            lambda: backend.batch_progress("b1"),
+            lambda: backend.batch_finished("b1", "0"),
+            lambda: backend.batch_each("b1", "retry"),
+        ):
+            with pytest.raises(BatchNotFound, match=r"expired at .*batch_ttl_s 0\.3 s"):
+                reader()
+        assert [p.batch_id for p in backend.list_batches()] == []
+        add(backend)
+        finish(backend, claim_one(backend))  # entering a finished state sweeps one round
+        for reader in (
+            lambda: backend.batch_progress("b1"),
+            lambda: backend.batch_finished("b1", "0")[1] or None,
+            lambda: backend.batch_each("b1", "retry"),
+        ):
+            try:
+                answer = reader()
+            except BatchNotFound as exc:
+                assert "expired" in str(exc)
+            else:
+                assert answer is None, "a half-deleted batch was read"
+        assert [p.batch_id for p in backend.list_batches()] == []
+        backend.forget_batch("b1")  # what is left of it goes at once (memory: gone already)
+        assert backend.batch_progress("b1") is None
+        assert all(backend.get(member_id("b1", i)) is None for i in range(total))
 
     def test_forget_is_refused_while_a_member_may_run(self, backend: Backend) -> None:
         backend.enqueue_batch("b1", members("b1", 2))

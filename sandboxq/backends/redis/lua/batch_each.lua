@@ -4,7 +4,8 @@
 --       or 'retry', 7 first index, 8 how many
 --       members (rules.BATCH_CHUNK), 9 the cancel channel (PUBLISH target).
 -- Returns: {members acted on (a cancel's last call adds those its claims cancelled for it,
---          claim_jobs), the batch's member count} (-1 as the count: no such batch).
+--          claim_jobs), the batch's member count} (-1 as the count: no such batch; -4: it
+--          expired, then {0, -4, when it expired, its ttl ms}: batch_expired).
 -- Upholds: what cancel.lua and retry_failed.lua uphold, member by member (a running
 -- member's lease is revoked and fenced; a waiting one never starts); the batch's counters
 -- follow every move of the call at its end, in the same atomic call (batch_members_moved).
@@ -15,6 +16,9 @@ local f = redis.call('HMGET', BATCH .. bid, 'total', 'enqueued')
 if not f[1] then return {0, -1} end
 local last = math.max(count_or(f[1], 0), count_or(f[2], 0))
 local now = now_ms() -- one instant for the whole call, as for an atomic move
+-- an expired batch is being deleted: a retry would reopen what is left of it
+local expired_ms, ttl_ms = batch_expired(bid, now)
+if expired_ms then return {0, -4, expired_ms, ttl_ms} end
 -- A cancel goes in calls of BATCH_CHUNK members, and a worker claims between two of them:
 -- the batch is marked from the first call on ('cancelling': how many members claims have
 -- cancelled meanwhile), and a claim cancels its members instead of starting them (a

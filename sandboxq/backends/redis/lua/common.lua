@@ -339,6 +339,23 @@ local function batch_check_done(bid, now)
   return nil
 end
 
+-- When batch `bid` expired (ms) and its ttl (ms), or nil while it is kept: the one test of
+-- expiry, for every script that reads or acts on a batch. It is due for retention's sweep
+-- (sweep_batches) from its score in BATCHES on (done_ms + ttl_ms), and once a sweep started
+-- on it (`swept`) it stays expired, whatever a member's fence has done to that score since.
+-- Readers must not see it past that instant: the sweep deletes it TRIM_BUDGET members per
+-- finish, and on a quiet queue a half-deleted batch was read as done with every count.
+local function batch_expired(bid, now)
+  local f = redis.pcall('HMGET', BATCH .. bid, 'done_ms', 'ttl_ms', 'swept')
+  if f.err or not f[1] then return nil end -- forged, or not done: not expiring
+  local due = tonumber(redis.call('ZSCORE', BATCHES, bid))
+  if not (f[3] or (due and due <= now)) then return nil end
+  local ttl = count_or(f[2], BATCH_TTL_MS)
+  local at = count_or(f[1], 0) + ttl
+  if at > now then at = due or now end -- a score set by hand: the sweep's instant, then
+  return int(math.min(at, now)), int(ttl)
+end
+
 -- Member `id` of batch `bid` went from state `from` to state `to`. Returns why the
 -- batch's follow-up could not be sent, when this move made it done and it could not.
 -- (pcall: a stream key of another type, forged, costs the batch its stream, never the
