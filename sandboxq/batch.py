@@ -256,11 +256,33 @@ def not_completed(ids: list[str], completed: list[tuple[str, bytes | None] | Non
     return [job_id for job_id, done in zip(ids, completed, strict=True) if done is None]
 
 
+#: A member's record as ``results`` reads it: ``Backend.get_many``'s answer, or the
+#: ``DamagedRecord`` its own read raised.
+Record = tuple[JobInfo | None, bytes | None] | DamagedRecord
+
+
+def member_records(backend: Backend, ids: list[str]) -> dict[str, Record]:
+    """The records of ``ids`` (``Backend.get_many``); when one is damaged, each is read
+    alone, so it costs its own slot (its ``DamagedRecord``), not the whole results."""
+    if not ids:
+        return {}
+    try:
+        return dict(zip(ids, backend.get_many(ids), strict=True))
+    except DamagedRecord:
+        out: dict[str, Record] = {}
+        for job_id in ids:
+            try:
+                (out[job_id],) = backend.get_many([job_id])
+            except DamagedRecord as exc:
+                out[job_id] = exc
+        return out
+
+
 def member_values(
     queue: str,
     ids: list[str],
     completed: list[tuple[str, bytes | None] | None],
-    others: dict[str, tuple[JobInfo | None, bytes | None]],
+    others: dict[str, Record],
     allowed: Collection[str],
 ) -> list[Any]:
     """Each member's slot in ``results``: its value (``completed``: its codec and result),
@@ -271,7 +293,11 @@ def member_values(
             if done is not None:
                 out.append(result_value(job_id, *done, allowed))
                 continue
-            info, data = others[job_id]
+            record = others[job_id]
+            if isinstance(record, DamagedRecord):
+                out.append(record)
+                continue
+            info, data = record
             if info is None:
                 out.append(no_such_job(queue, job_id))
                 continue
@@ -341,16 +367,16 @@ class Batch(_Handle[J]):
 
     def results(self, timeout_s: float | None = None) -> list[Any]:
         """Every member's result in input order, once all are final: a failed or cancelled
-        member's slot holds its ``JobFailed`` (a member gone: its ``JobNotFound``), never
-        raised, so one failure does not hide the other results. ``BatchNotFound`` if the
+        member's slot holds its ``JobFailed`` (a member whose record is gone: its
+        ``JobNotFound``; damaged: its ``DamagedRecord``), never raised, so one failure does
+        not hide the other results. ``BatchNotFound`` if the
         batch is gone or expires (past ``batch_ttl_s``) before the last member is read."""
         self.wait(timeout_s)
         q = self.queue
         out: list[Any] = []
         for ids in result_chunks(self.id, self.total):
             completed = q.backend.completed_results(ids)
-            rest = not_completed(ids, completed)
-            others = dict(zip(rest, q.backend.get_many(rest) if rest else [], strict=True))
+            others = member_records(q.backend, not_completed(ids, completed))
             out += member_values(q.name, ids, completed, others, q.allowed_codecs)
         # Still kept after the reads, so none of them raced retention's sweep: an expired
         # batch is deleted a few members at a time, and its slots would be JobNotFound.
@@ -423,12 +449,26 @@ class AsyncBatch(_Handle[J]):
         out: list[Any] = []
         for ids in result_chunks(self.id, self.total):
             completed = await q.backend.completed_results(ids)
-            rest = not_completed(ids, completed)
-            found = await q.backend.get_many(rest) if rest else []
-            others = dict(zip(rest, found, strict=True))
+            others = await self._records(not_completed(ids, completed))
             out += member_values(q.name, ids, completed, others, q.allowed_codecs)
         await self.progress()  # as in Batch.results: still kept after the reads
         return out
+
+    async def _records(self, ids: list[str]) -> dict[str, Record]:
+        """As ``member_records``, awaited."""
+        backend = self.queue.backend
+        if not ids:
+            return {}
+        try:
+            return dict(zip(ids, await backend.get_many(ids), strict=True))
+        except DamagedRecord:
+            out: dict[str, Record] = {}
+            for job_id in ids:
+                try:
+                    (out[job_id],) = await backend.get_many([job_id])
+                except DamagedRecord as exc:
+                    out[job_id] = exc
+            return out
 
     async def cancel(self, *, running: bool = True) -> int:
         """As ``Batch.cancel``."""

@@ -5,21 +5,31 @@ the dashboard's batch page show.
     where it is) ──► the state and outcome of those that ended failed or cancelled
     (Backend.outcomes), a chunk a round trip ──► groups by outcome, the most first,
     with a few job ids each
+
+A member whose record is gone (deleted by hand: a kept batch's members are never
+removed) or damaged (a state that is none) is counted in a group of its own, ``MISSING``
+or ``DAMAGED``, so the groups always add up to the batch's failed and cancelled counts:
+left out, ``failed 4`` stood above groups adding up to 3, and nothing said why.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sandboxq.backends.base import Backend
-from sandboxq.models import JobState, member_id
+from sandboxq.backends.base import Backend, JobStanding
+from sandboxq.batch import batch_not_found
+from sandboxq.errors import DamagedRecord
+from sandboxq.models import JobInfo, JobState, member_id
 
-__all__ = ["FailureGroup", "Failures", "failures"]
+__all__ = ["DAMAGED", "MISSING", "FailureGroup", "Failures", "failures"]
 
 #: Job ids shown per outcome.
 EXAMPLES = 5
 #: Members whose outcome one round trip reads (two fields each).
 OUTCOMES_CHUNK = 2000
+#: The groups of members whose record cannot say how they ended.
+MISSING = "record missing"
+DAMAGED = "record damaged"
 
 
 @dataclass(slots=True)
@@ -71,12 +81,34 @@ def failures(
     for start in range(0, len(ids), OUTCOMES_CHUNK):
         chunk = ids[start : start + OUTCOMES_CHUNK]
         for job_id, found in zip(chunk, backend.outcomes(chunk), strict=True):
-            if found is None or found[0] not in (JobState.FAILED, JobState.CANCELLED):
-                continue  # retried (or forgotten) since its entry was read
-            outcome = found.outcome.value if found.outcome else found.state.value
+            outcome = ended_as(found) if found is not None else unreadable(backend, job_id)
+            if outcome is None:
+                continue  # retried since its entry was read
             group = groups.setdefault(outcome, FailureGroup(outcome))
             group.count += 1
             if len(group.job_ids) < examples:
                 group.job_ids.append(job_id)
+    # Records gone because the batch went (forgotten) are no members to count as missing.
+    if ids and backend.batch_progress(batch_id) is None:
+        raise batch_not_found(backend.queue, batch_id)
     ordered = sorted(groups.values(), key=lambda g: (-g.count, g.outcome))
     return Failures(ordered, len(ids), read, complete)
+
+
+def ended_as(found: JobStanding | JobInfo) -> str | None:
+    """The group of a member that ended failed or cancelled: its outcome (its state when
+    it has none); None when it is not final that way (retried since)."""
+    if found.state not in (JobState.FAILED, JobState.CANCELLED):
+        return None
+    return found.outcome.value if found.outcome else found.state.value
+
+
+def unreadable(backend: Backend, job_id: str) -> str | None:
+    """The group of a member whose outcome could not be read (``Backend.outcomes`` says
+    None for a record that is gone and for one whose state is none alike): its whole
+    record tells which, ``MISSING`` or ``DAMAGED``. Rare, so read one at a time."""
+    try:
+        info = backend.get(job_id)
+    except DamagedRecord:
+        return DAMAGED
+    return MISSING if info is None else ended_as(info)

@@ -18,7 +18,7 @@ from sandboxq import Queue
 from sandboxq.backends.rules import TRIM_BUDGET
 from sandboxq.batch_failures import failures
 from sandboxq.cli import main
-from sandboxq.errors import BatchNotFound
+from sandboxq.errors import BatchNotFound, DamagedRecord, JobFailed, JobNotFound
 from sandboxq.testing.workers import BackgroundWorkers
 
 H = "sandboxq.testing.handlers:"
@@ -143,3 +143,38 @@ def test_an_expired_batch_half_deleted_by_retention_is_gone_for_every_reader(
     )
     assert code == 1 and "expired at" in err, err
     assert not out_file.exists() or "not_run" not in out_file.read_text()
+
+
+@pytest.mark.timeout(60)
+def test_failures_add_up_when_a_members_record_is_missing_or_damaged(
+    sq: Run, q: Queue, redis_url: str, workers: BackgroundWorkers
+) -> None:
+    """A failed member whose record was deleted, or whose state is no state, was left out
+    of the groups (failed 4, groups adding up to error 2) with nothing saying why, and the
+    damaged one made results() raise for the whole batch."""
+    calls = [(["x"], {}) if i % 3 == 0 else ([0, i], {}) for i in range(12)]  # 0, 3, 6, 9 fail
+    batch = q.batch(calls)
+    workers.start(q, H + "succeed_after", concurrency=2)
+    assert batch.wait(timeout_s=40).failed == 4
+    r = redis.Redis.from_url(redis_url)
+    job = f"sq:{{{q.name}}}:job:{batch.id}."
+    r.delete(job + "0")
+    r.hset(job + "3", "state", "bogus")
+    code, out, _ = sq(f"batch {q.name} {batch.id} --url {redis_url} --json")
+    data = json.loads(out)
+    groups = {g["outcome"]: g for g in data["failures"]}
+    assert code == 0 and sum(g["count"] for g in groups.values()) == data["failed"] == 4
+    assert groups["record missing"]["job_ids"] == [f"{batch.id}.0"]
+    assert groups["record damaged"]["job_ids"] == [f"{batch.id}.3"]
+    assert groups["error"]["count"] == 2
+    code, out, _ = sq(f"batch {q.name} {batch.id} --url {redis_url}")
+    assert code == 0 and "record missing" in out and "record damaged" in out
+    found = failures(q.backend, batch.id)
+    assert {g.outcome: g.count for g in found.groups} == {
+        "error": 2,
+        "record missing": 1,
+        "record damaged": 1,
+    }
+    results = batch.results()  # one damaged member costs its own slot, not the others
+    assert isinstance(results[0], JobNotFound) and isinstance(results[3], DamagedRecord)
+    assert isinstance(results[6], JobFailed) and results[1] == 1
