@@ -333,11 +333,11 @@ class _Retire(Exception):
 
 
 def _after_reply(shared: Any, task_id: int, keep_strays: bool) -> None:
-    """After the reply, off the job's path (the checks cost some 20 us, a sequential
-    job's round trip grew 15 % with them before it): set back what the attempt changed
-    and the pool can (baseline.py); when it changed what cannot be set back, or left a
-    thread that had not counted itself by the reply, mark it and end the child before it
-    reads another task (the parent puts that task back in line, uncharged)."""
+    """After the reply, off the job's path (the checks cost some 14 us: baseline.py):
+    set back what the attempt changed and the pool can; when it changed what cannot be
+    set back, or left a thread that had not counted itself by the reply (threads.py),
+    mark it and end the child before it reads another task (the parent puts that task
+    back in line, uncharged)."""
     baseline.restore()  # timers, the wakeup fd, stdio flags, SIGCHLD and SIGPIPE
     late_thread = not keep_strays and threads.left_running()
     if baseline.changed() is not None or late_thread:
