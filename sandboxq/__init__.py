@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sandboxq.errors import (
     AttemptFailed,
     BackendError,
+    BackendUnreachable,
     CodecRefused,
     ConfigError,
     DamagedRecord,
@@ -55,6 +56,7 @@ __all__ = [
     "Action",
     "AttemptFailed",
     "BackendError",
+    "BackendUnreachable",
     "CodecRefused",
     "ConfigError",
     "DamagedRecord",

@@ -34,8 +34,15 @@ from sandboxq.batch import (
     new_batch_id,
 )
 from sandboxq.client import Call, Producer, call_pair, check_since
-from sandboxq.errors import ConfigError, JobNotFound, SandboxqError
-from sandboxq.finished import Trims, check_seconds, finished_value, no_such_job, result_value
+from sandboxq.errors import BackendUnreachable, ConfigError, JobNotFound, SandboxqError
+from sandboxq.finished import (
+    Outage,
+    Trims,
+    check_seconds,
+    finished_value,
+    no_such_job,
+    result_value,
+)
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_batch_id, check_job_id
 
 __all__ = ["AsyncBatch", "AsyncJob", "Queue"]
@@ -196,32 +203,46 @@ class AsyncJob:
         On Redis, any number of concurrent waits on this queue in one event loop use two
         connections in all: the loop's finish listener (``backends/redis/aio_finishes.py``)
         and the queue's script connection, which their reads share. Cancelling a wait
-        leaves nothing behind."""
+        leaves nothing behind. While Redis is unreachable (a restart, a Sentinel
+        failover) the wait goes on until ``timeout_s`` (``finished.Outage``)."""
         check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        backend = self.queue.backend
+        outage = Outage(self.id, deadline)
         while True:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"job {self.id!r} did not finish within {timeout_s} s")
             try:
-                state = await backend.wait_for_finish(self.id, min(left, 3600.0))
-            except JobNotFound:
-                raise await self.not_found() from None
-            if state is None:
+                finished, value = await self._finished(min(left, 3600.0))
+            except BackendUnreachable as exc:
+                await asyncio.sleep(outage.pause_s(exc))
                 continue
-            if state is JobState.COMPLETED:  # its codec and result: one light read
-                (done,) = await backend.completed_results([self.id])
-                if done is not None:
-                    return result_value(self.id, *done, self.queue.allowed_codecs)
-            # the record and the result in one round trip: a woken waiter returns sooner
-            ((info, data),) = await backend.get_many([self.id])
-            if info is None:
-                raise await self.not_found()
-            if info.state.finished:  # else woken by a finish older than the wait: wait on
-                break
+            outage.over()
+            if finished:
+                return value
+
+    async def _finished(self, wait_s: float) -> tuple[bool, Any]:
+        """One wait of at most ``wait_s``, then a read: (True, its value) once the job has
+        finished (``JobFailed`` raised for a failed one), else (False, None)."""
+        backend = self.queue.backend
+        try:
+            state = await backend.wait_for_finish(self.id, wait_s)
+        except JobNotFound:
+            raise await self.not_found() from None
+        if state is None:
+            return False, None
+        if state is JobState.COMPLETED:  # its codec and result: one light read
+            (done,) = await backend.completed_results([self.id])
+            if done is not None:
+                return True, result_value(self.id, *done, self.queue.allowed_codecs)
+        # the record and the result in one round trip: a woken waiter returns sooner
+        ((info, data),) = await backend.get_many([self.id])
+        if info is None:
+            raise await self.not_found()
+        if not info.state.finished:  # woken by a finish older than the wait: wait on
+            return False, None
         data = data if info.state is JobState.COMPLETED else None
-        return finished_value(self.id, info, data, self.queue.allowed_codecs)
+        return True, finished_value(self.id, info, data, self.queue.allowed_codecs)
 
     async def cancel(self) -> bool:
         """Cancel the job; a running job's child is killed. False if it had already finished."""

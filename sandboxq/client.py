@@ -24,8 +24,15 @@ from sandboxq import tracing
 from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
 from sandboxq.batch import Batch, batch_total, check_batch_calls, new_batch_id
-from sandboxq.errors import ConfigError, JobNotFound, SandboxqError, SerializationError
+from sandboxq.errors import (
+    BackendUnreachable,
+    ConfigError,
+    JobNotFound,
+    SandboxqError,
+    SerializationError,
+)
 from sandboxq.finished import (
+    Outage,
     check_seconds,
     decode_result,
     finished_value,
@@ -88,32 +95,46 @@ class Job:
         this queue, in any number of threads, is woken by one finish listener on one
         connection (``backends/redis/finish_listener.py``); their reads share the queue's
         lane, at most 16 connections. The listener reconnects after a Redis restart, and
-        the wait goes on until ``timeout_s``.
+        the wait goes on until ``timeout_s`` while Redis is unreachable (a restart, a
+        Sentinel failover; ``finished.Outage``: 60 s in a row without a timeout).
         """
         check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        outage = Outage(self.id, deadline)
         while True:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"job {self.id!r} did not finish within {timeout_s} s")
             try:
-                state = self.queue.backend.wait_for_finish(self.id, min(left, 3600.0))
-            except JobNotFound:
-                raise self.not_found() from None
-            if state is None:
+                finished, value = self._finished(min(left, 3600.0))
+            except BackendUnreachable as exc:
+                time.sleep(outage.pause_s(exc))
                 continue
-            if state is JobState.COMPLETED:  # its codec and result: one light read
-                (done,) = self.queue.backend.completed_results([self.id])
-                if done is not None:
-                    return result_value(self.id, *done, self.queue.allowed_codecs)
-            # the record and the result in one round trip: a woken waiter returns sooner
-            ((info, data),) = self.queue.backend.get_many([self.id])
-            if info is None:
-                raise self.not_found()
-            if info.state.finished:  # else woken by a finish older than the wait: wait on
-                break
+            outage.over()
+            if finished:
+                return value
+
+    def _finished(self, wait_s: float) -> tuple[bool, Any]:
+        """One wait of at most ``wait_s``, then a read: (True, its value) once the job has
+        finished (``JobFailed`` raised for a failed one), else (False, None)."""
+        try:
+            state = self.queue.backend.wait_for_finish(self.id, wait_s)
+        except JobNotFound:
+            raise self.not_found() from None
+        if state is None:
+            return False, None
+        if state is JobState.COMPLETED:  # its codec and result: one light read
+            (done,) = self.queue.backend.completed_results([self.id])
+            if done is not None:
+                return True, result_value(self.id, *done, self.queue.allowed_codecs)
+        # the record and the result in one round trip: a woken waiter returns sooner
+        ((info, data),) = self.queue.backend.get_many([self.id])
+        if info is None:
+            raise self.not_found()
+        if not info.state.finished:  # woken by a finish older than the wait: wait on
+            return False, None
         data = data if info.state is JobState.COMPLETED else None
-        return finished_value(self.id, info, data, self.queue.allowed_codecs)
+        return True, finished_value(self.id, info, data, self.queue.allowed_codecs)
 
     def cancel(self) -> bool:
         """Cancel the job; a running job's child is killed. False if it had already finished."""

@@ -21,6 +21,8 @@ Python would raise (``current_job().progress(2)``: ValueError; ``Pool.submit`` a
     ├── PoolBroken             the pool cannot serve: children die before they are ready, its
     │                          fork server keeps dying, or its supervisor thread crashed
     └── BackendError           the backend is unreachable or answered something unexpected
+        ├── BackendUnreachable no answer: refused, timed out, the connection lost, no master
+        │                      known (a failover); a wait for a result tries again
         └── DamagedRecord      the server answered, but a key or record in it is not what
                                sandboxq writes (changed by hand, forged): only its readers fail
 
@@ -164,6 +166,12 @@ class PoolBroken(SandboxqError):
 
 class BackendError(SandboxqError):
     """The backend could not be reached or returned something it should not have."""
+
+
+class BackendUnreachable(BackendError):
+    """The backend did not answer: the connection was refused, timed out or was lost, or
+    no master is known (a Sentinel failover in progress). A wait for a job's result tries
+    again until its timeout (``finished.Outage``); other calls raise it at once."""
 
 
 class DamagedRecord(BackendError):

@@ -1,17 +1,20 @@
-"""What a finished job means to a reader: its decoded result, or ``JobFailed``; and the
-checks of a wait's arguments. No I/O: the sync and asyncio clients and ``Batch`` share them.
+"""What a finished job means to a reader: its decoded result, or ``JobFailed``; the checks
+of a wait's arguments, and its patience with an unreachable backend (``Outage``). No I/O:
+the sync and asyncio clients and ``Batch`` share them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sandboxq import codec as codecs
-from sandboxq.errors import ConfigError, JobFailed, JobNotFound
+from sandboxq.errors import BackendUnreachable, ConfigError, JobFailed, JobNotFound
 from sandboxq.models import JobInfo, JobState
 
 
@@ -26,6 +29,43 @@ def result_value(job_id: str, codec: str, data: bytes | None, allowed: Collectio
 def decode_result(info: JobInfo, data: bytes | None, allowed: Collection[str]) -> Any:
     """``result_value`` of the completed job ``info``."""
     return result_value(info.id, info.codec, data, allowed)
+
+
+log = logging.getLogger(__name__)
+
+#: How long a wait with no timeout goes on while the backend stays unreachable, in a row.
+UNREACHABLE_WAIT_S = 60.0
+#: Between its tries (a Sentinel failover takes a few seconds; a restart, about one).
+UNREACHABLE_RETRY_S = 0.2
+
+
+class Outage:
+    """A wait's patience with an unreachable backend: a failover ("no master found" for a
+    moment), a restart. The wait tries again until its deadline, or, without one, until
+    ``UNREACHABLE_WAIT_S`` in a row have passed; then the last error is raised."""
+
+    __slots__ = ("_deadline", "_job_id", "_since")
+
+    def __init__(self, job_id: str, deadline: float | None) -> None:
+        self._job_id, self._deadline = job_id, deadline
+        self._since: float | None = None
+
+    def pause_s(self, error: BackendUnreachable) -> float:
+        """How long to wait before the next try; raises ``error`` once the time is up."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+            log.info(
+                "waiting for job %r: %s; trying again until the wait ends", self._job_id, error
+            )
+        end = self._deadline if self._deadline is not None else self._since + UNREACHABLE_WAIT_S
+        if now + UNREACHABLE_RETRY_S >= end:
+            raise error
+        return UNREACHABLE_RETRY_S
+
+    def over(self) -> None:
+        """The backend answered again."""
+        self._since = None
 
 
 #: The finished states retention trims, by the names of their fields in ``Trims``.

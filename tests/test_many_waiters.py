@@ -8,6 +8,9 @@ A waiter that held a blocking connection of its own made 200 coroutines awaiting
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from sandboxq import Queue, aio
 from sandboxq.backends.redis import aio_finishes, finishes, lane
 from sandboxq.backends.redis.aio_lane import SLICE
 from sandboxq.models import JobState
+from sandboxq.testing.redis_server import RedisServer
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
 
@@ -497,3 +501,48 @@ def test_a_stale_finish_read_late_does_not_end_a_wait_for_the_jobs_next_run(
         thread.join(15)
         assert out == [6]
         keeping.join(15)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("side", ["threads", "asyncio"])
+def test_a_wait_goes_on_while_redis_is_unreachable(
+    side: str, queue_name: str, workers: BackgroundWorkers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Sentinel failover ("no master found" for a moment) or a restart while a producer
+    waits: the wait's first read failed with BackendError at once, although ``result``
+    promises to wait until its timeout. Forced: the server is stopped (SIGSTOP) before the
+    wait begins, and continued once the wait has found it unreachable."""
+    caplog.set_level(logging.INFO, logger="sandboxq.finished")
+    with RedisServer() as server:
+        assert server.process is not None
+        with Queue(queue_name, url=server.url, socket_timeout_s=0.5) as q:
+            job = q.enqueue("back")
+            got: list[Any] = []
+
+            def wait() -> None:
+                try:
+                    if side == "threads":
+                        got.append(job.result(timeout_s=30))
+                    else:
+
+                        async def main() -> Any:
+                            async with aio.Queue(
+                                queue_name, server.url, socket_timeout_s=0.5
+                            ) as aq:
+                                return await aq.job(job.id).result(timeout_s=30)
+
+                        got.append(asyncio.run(main()))
+                except Exception as exc:  # the failure the old code had, for the assert
+                    got.append(exc)
+
+            os.kill(server.process.pid, signal.SIGSTOP)
+            waiter = threading.Thread(target=wait)
+            try:
+                waiter.start()
+                wait_for(lambda: "unreachable" in caplog.text or got, 20, "the wait to meet it")
+            finally:
+                os.kill(server.process.pid, signal.SIGCONT)
+            worker = workers.start(q, H + "echo", concurrency=1)
+            waiter.join(30)
+            assert got == ["back"], got
+            workers.stop(worker)

@@ -17,6 +17,7 @@ PUBLIC = {
     "Action",
     "AttemptFailed",
     "BackendError",
+    "BackendUnreachable",
     "CodecRefused",
     "ConfigError",
     "DamagedRecord",

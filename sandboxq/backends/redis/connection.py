@@ -44,7 +44,7 @@ from sandboxq.backends.redis.urls import (
     retry,
 )
 from sandboxq.backends.rules import Retention
-from sandboxq.errors import BackendError, ConfigError, DamagedRecord
+from sandboxq.errors import BackendError, BackendUnreachable, ConfigError, DamagedRecord
 from sandboxq.redaction import redact_url as redact
 
 __all__ = [
@@ -113,7 +113,9 @@ def backend_error(
     """The ``BackendError`` for a Redis failure: a TLS failure, an ACL refusal, or a
     queue key of the wrong type (``wrong_types`` names it) say what to do about it."""
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-        return BackendError(f"Redis at {where} is unreachable ({doing}): {exc}{tls_hint(str(exc))}")
+        return BackendUnreachable(
+            f"Redis at {where} is unreachable ({doing}): {exc}{tls_hint(str(exc))}"
+        )
     if isinstance(exc, NoPermissionError):
         return BackendError(
             f"Redis at {where} refused to {doing}: permission denied by the "
