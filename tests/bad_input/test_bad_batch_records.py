@@ -213,3 +213,15 @@ def test_a_batch_over_the_member_limit_is_refused_before_anything_is_sent() -> N
 
     with pytest.raises(ConfigError, match="at most 10,000,000 calls"):
         check_batch_calls(Calls([NewJob(b"[[], {}]")]), None, None)
+
+
+def test_counts_past_the_batch_s_total_are_a_damaged_record(queue: Queue, raw: redis.Redis) -> None:
+    """A forged 'failed 99999' on a batch of 12 was shown as it was, by ``progress()``,
+    ``sandboxq batch`` and ``--json``: no count of members that ended can pass the total."""
+    batch = queue.batch([([i], {}) for i in range(12)])
+    backend = queue.backend
+    assert isinstance(backend, RedisBackend)
+    raw.hset(backend.keys.batch(batch.id), "failed", 99999)
+    with pytest.raises(DamagedRecord, match="failed") as damaged:
+        batch.progress()
+    assert "12" in str(damaged.value), damaged.value

@@ -204,7 +204,8 @@ def progress_from(
 ) -> BatchProgress | None:
     """A ``BatchProgress`` from the batch hash's ``PROGRESS_FIELDS`` (None: no batch);
     ``DamagedRecord`` naming the field when a count is none (changed by hand): a total
-    of -5 read as 0 made the batch look empty and done, its members never followed."""
+    of -5 read as 0 made the batch look empty and done, its members never followed; and
+    when more members ended than the batch has."""
     if values[0] is None:
         return None
     f = dict(zip(PROGRESS_FIELDS, values, strict=True))
@@ -226,6 +227,12 @@ def progress_from(
     total = count("total", least=1)
     counts = {s: count(s) for s in ("waiting", "active", "delayed")}
     finals = {s: count(s) for s in ("completed", "failed", "cancelled")}
+    if sum(finals.values()) > total:  # a member ends once: forged ("failed 99999" of 12)
+        shown = ", ".join(f"{s} {n}" for s, n in finals.items())
+        raise DamagedRecord(
+            f"batch {batch_id!r} of queue {queue!r}: its record is damaged ({shown}: more "
+            f"members ended than its {total})"
+        )
     then = records.text(f["then"]) if f["then"] else None
     return BatchProgress(
         batch_id=batch_id,
