@@ -16,7 +16,7 @@ import redis
 
 from sandboxq import Queue
 from sandboxq.backends.rules import TRIM_BUDGET
-from sandboxq.batch_failures import failures
+from sandboxq.batch_failures import Failures, failures
 from sandboxq.cli import main
 from sandboxq.errors import BatchNotFound, DamagedRecord, JobFailed, JobNotFound
 from sandboxq.testing.workers import BackgroundWorkers
@@ -156,10 +156,10 @@ def test_failures_add_up_when_a_members_record_is_missing_or_damaged(
     batch = q.batch(calls)
     workers.start(q, H + "succeed_after", concurrency=2)
     assert batch.wait(timeout_s=40).failed == 4
-    r = redis.Redis.from_url(redis_url)
     job = f"sq:{{{q.name}}}:job:{batch.id}."
-    r.delete(job + "0")
-    r.hset(job + "3", "state", "bogus")
+    with redis.Redis.from_url(redis_url) as r:  # closed here: a socket left to the collector
+        r.delete(job + "0")  # failed whichever later test collected it
+        r.hset(job + "3", "state", "bogus")
     code, out, _ = sq(f"batch {q.name} {batch.id} --url {redis_url} --json")
     data = json.loads(out)
     groups = {g["outcome"]: g for g in data["failures"]}
@@ -178,3 +178,82 @@ def test_failures_add_up_when_a_members_record_is_missing_or_damaged(
     results = batch.results()  # one damaged member costs its own slot, not the others
     assert isinstance(results[0], JobNotFound) and isinstance(results[3], DamagedRecord)
     assert isinstance(results[6], JobFailed) and results[1] == 1
+
+
+@pytest.mark.timeout(60)
+def test_failures_of_an_outcome_are_grouped_by_the_type_the_handler_raised(
+    sq: Run, q: Queue, redis_url: str, workers: BackgroundWorkers
+) -> None:
+    """ValueError, KeyError and TypeError all read "error 6": which members raised what
+    took opening each job."""
+    calls = [(["use_memory", -1], {}) for _ in range(3)]  # ValueError: negative count
+    calls += [(["no_such_handler"], {}) for _ in range(2)]  # KeyError
+    calls += [(["succeed_after", "x"], {})]  # TypeError
+    calls += [(["os_exit", 3], {}), (["succeed_after", 0, 1], {})]  # exit, ok
+    batch = q.batch(calls)
+    workers.start(q, H + "call", concurrency=2)
+    assert batch.wait(timeout_s=40).failed == 7
+    code, out, _ = sq(f"batch {q.name} {batch.id} --url {redis_url} --json")
+    data = json.loads(out)
+    groups = {g["outcome"]: g for g in data["failures"]}
+    assert code == 0 and set(groups) == {"error", "exit"} and groups["error"]["count"] == 6
+    kinds = [(k["kind"], k["count"], set(k["job_ids"])) for k in groups["error"]["kinds"]]
+    member = [f"{batch.id}.{i}" for i in range(len(calls))]
+    assert (
+        kinds
+        == [  # ids in the order they finished
+            ("ValueError", 3, set(member[:3])),
+            ("KeyError", 2, set(member[3:5])),
+            ("TypeError", 1, set(member[5:6])),
+        ]
+    )
+    assert groups["exit"]["kinds"] == [{"kind": "exit", "count": 1, "job_ids": [member[6]]}]
+    assert len(groups["error"]["job_ids"]) == 5  # the fields readers had stay as they were
+    code, out, _ = sq(f"batch {q.name} {batch.id} --url {redis_url}")
+    lines = out.splitlines()
+    assert code == 0 and "failures by outcome and kind" in out
+    assert any("error" in ln and "ValueError" in ln and " 3 " in ln for ln in lines), out
+    assert any("KeyError" in ln and " 2 " in ln and member[3] in ln for ln in lines), out
+    assert any("exit" in ln and member[6] in ln for ln in lines), out
+    found = failures(q.backend, batch.id)
+    assert [(k.kind, k.count) for k in found.groups[0].kinds] == [
+        ("ValueError", 3),
+        ("KeyError", 2),
+        ("TypeError", 1),
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_a_forged_error_costs_a_bounded_read_and_leaves_the_groups_whole(
+    sq: Run, q: Queue, redis_url: str, workers: BackgroundWorkers
+) -> None:
+    """The kind is read from a text anyone with access to Redis can write: a 1 MB error is
+    not read (nor sent), bytes that are not UTF-8 name no type, and the groups still add
+    up to the failed count."""
+    batch = q.batch([(["use_memory", -1], {}) for _ in range(5)])
+    workers.start(q, H + "call", concurrency=2)
+    assert batch.wait(timeout_s=40).failed == 5
+    with redis.Redis.from_url(redis_url) as r:
+        sent, found = forge_then_group(r, q, batch.id)
+    assert sent < 64 * 1024, sent  # the 1 MB error stayed in Redis
+    assert [(g.outcome, g.count) for g in found.groups] == [("error", 5)]
+    assert [(k.kind, k.count, set(k.job_ids)) for k in found.groups[0].kinds] == [
+        ("other", 3, {f"{batch.id}.{i}" for i in (0, 1, 3)}),
+        ("KeyError", 1, {f"{batch.id}.2"}),
+        ("ValueError", 1, {f"{batch.id}.4"}),
+    ]
+    code, out, _ = sq(f"batch {q.name} {batch.id} --url {redis_url} --json")
+    data = json.loads(out)
+    assert code == 0 and sum(k["count"] for k in data["failures"][0]["kinds"]) == 5
+
+
+def forge_then_group(r: redis.Redis, q: Queue, batch_id: str) -> tuple[int, Failures]:
+    """Writes four members' errors by hand, then groups: the bytes Redis sent meanwhile."""
+    job = f"sq:{{{q.name}}}:job:{batch_id}."
+    r.hset(job + "0", "error", b"builtins.KeyError: " + b"k" * (1 << 20))
+    r.hset(job + "1", "error", b"\xff\xfeValueError: not UTF-8")
+    r.hset(job + "2", "error", b"builtins.KeyError: \xff\xfe message not UTF-8")
+    r.hset(job + "3", "error", b"Value\xc3\x28Error: broken UTF-8 in the name")
+    before = int(r.info("stats")["total_net_output_bytes"])
+    found = failures(q.backend, batch_id)
+    return int(r.info("stats")["total_net_output_bytes"]) - before, found

@@ -46,11 +46,14 @@ FinishAction = Literal["complete", "retry", "fail", "requeue"]
 
 class JobStanding(NamedTuple):
     """Where a job stands (``Backend.outcomes``): its state, the outcome of its last
-    attempt (None: none yet), and the attempts it was charged."""
+    attempt (None: none yet), the attempts it was charged, and for an outcome of
+    ``error`` the kind of error its record names (``rules.error_kind``: the type the
+    handler raised, ``ValueError``, or ``other``; None for any other outcome)."""
 
     state: JobState
     outcome: Outcome | None
     attempts: int
+    error_kind: str | None = None
 
 
 BatchAction = Literal["cancel", "cancel_unstarted", "retry"]
@@ -317,10 +320,13 @@ class Backend(Protocol):
         ...
 
     def outcomes(self, job_ids: Sequence[str]) -> list[JobStanding | None]:
-        """Each job's state, outcome and attempts, in order, in one round trip (None: no
-        such job, or a record that does not say): one light read a job, for when the
-        whole record is not needed (a batch's failures grouped by outcome look at every
-        failed member; a stopped run, at every line it did not write)."""
+        """Each job's state, outcome, attempts and kind of error (``JobStanding``), in
+        order, in one round trip (None: no such job, or a record that does not say): one
+        light read a job, for when the whole record is not needed (a batch's failures
+        grouped by outcome and kind look at every failed member; a stopped run, at every
+        line it did not write). The kind is taken where the error is stored, from its
+        first ``rules.ERROR_KIND_HEAD`` bytes (none of an error over
+        ``rules.ERROR_KIND_READ_CAP``): the error itself is never sent."""
         ...
 
     def get_arguments(self, job_id: str) -> bytes | None:

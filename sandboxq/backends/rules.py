@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -308,6 +309,36 @@ def clip_error(error: str, limit: int) -> str:
     return error.encode()[:limit].decode("utf-8", errors="replace")
 
 
+#: A failed attempt's error is ``<module>.<qualname>: <message>`` (pool/attempt.py), its
+#: message at most 16 KiB (text.MAX_TRACEBACK_BYTES): an error over this many bytes was
+#: written by hand, and its kind is ``OTHER_KIND`` without reading it.
+ERROR_KIND_READ_CAP = 32 * 1024
+#: The bytes of an error its kind is read from.
+ERROR_KIND_HEAD = 200
+#: The kind of an error whose first ``ERROR_KIND_HEAD`` bytes name no type.
+OTHER_KIND = "other"
+_KIND = re.compile(rb"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):")
+
+
+def error_kind(error: str | None) -> str:
+    """The kind of an error an attempt that raised left: the type it names before its first
+    ``:``, ``ValueError`` for ``builtins.ValueError: bad size``, ``pkg.mod.Bad`` for
+    ``pkg.mod.Bad: ...``; ``OTHER_KIND`` unless its first ``ERROR_KIND_HEAD`` bytes start
+    with a dotted name of ASCII identifiers and a colon, or when it is over
+    ``ERROR_KIND_READ_CAP`` bytes. read_outcome.lua does the same, where the error is:
+    the record is anyone's to write, so the work is bounded and the answer is a name."""
+    if not error or len(error) > ERROR_KIND_READ_CAP:
+        return OTHER_KIND
+    if len(error) * 4 > ERROR_KIND_READ_CAP and len(error.encode(errors="replace")) > (
+        ERROR_KIND_READ_CAP
+    ):
+        return OTHER_KIND
+    found = _KIND.match(error[:ERROR_KIND_HEAD].encode(errors="replace")[:ERROR_KIND_HEAD])
+    if found is None:
+        return OTHER_KIND
+    return found.group(1).decode("ascii").removeprefix("builtins.")
+
+
 def brief(exc: BaseException, limit: int = 300) -> str:
     """One line of an exception's text, short enough for an error field or event."""
     text = " ".join(str(exc).split())
@@ -347,6 +378,9 @@ def lua_constants() -> str:
         "WORKER_DEATH_TEXT": WORKER_DEATH_TEXT,
         "EXPIRED_TEXT": EXPIRED_TEXT,
         "DEADLINE_TEXT": DEADLINE_TEXT,
+        "ERROR_KIND_READ_CAP": ERROR_KIND_READ_CAP,
+        "ERROR_KIND_HEAD": ERROR_KIND_HEAD,
+        "OTHER_KIND": OTHER_KIND,
     }
     lines = ["-- generated from sandboxq/backends/rules.py: do not edit here"]
     lines += [f"local {name} = {_lua(value)}" for name, value in values.items()]

@@ -1,9 +1,10 @@
-"""``sandboxq batch QUEUE ID``: one batch's progress and its failures grouped by outcome;
-``--retry-failed`` and ``--cancel`` act on every member at once.
+"""``sandboxq batch QUEUE ID``: one batch's progress and its failures grouped by outcome
+and kind; ``--retry-failed`` and ``--cancel`` act on every member at once.
 
     Queue.get_batch(ID) ─► progress() (one O(1) read) ┐
-                        └► batch.failures(): the batch's stream of finished members, then the
-                           failed and cancelled members' records ─► groups by outcome
+                        └► batch_failures.failures(): the batch's stream of finished
+                           members, then where each failed and cancelled member stands
+                           ─► groups by outcome, each by kind (the type of error raised)
                                                      ├─► --json: one dict, printed as it is
                                                      └─► otherwise: two tables (render.py)
 
@@ -28,7 +29,10 @@ from sandboxq.models import BatchProgress, check_batch_id
 
 
 def add_parser(verbs: Any) -> None:
-    about = "one batch: progress, failures grouped by outcome; retry or cancel its members"
+    about = (
+        "one batch: progress, failures grouped by outcome and kind of error; "
+        "retry or cancel its members"
+    )
     parser: argparse.ArgumentParser = verbs.add_parser("batch", help=about, description=about)
     parser.add_argument("queue")
     parser.add_argument("id", help="the batch id (Batch.id, or the id sandboxq run --url printed)")
@@ -69,7 +73,15 @@ def batch_data(batch: Batch[Job]) -> dict[str, Any]:
     return {
         **progress_data(progress),
         "failures": [
-            {"outcome": g.outcome, "count": g.count, "job_ids": g.job_ids} for g in found.groups
+            {
+                "outcome": g.outcome,
+                "count": g.count,
+                "job_ids": g.job_ids,
+                "kinds": [
+                    {"kind": k.kind, "count": k.count, "job_ids": k.job_ids} for k in g.kinds
+                ],
+            }
+            for g in found.groups
         ],
     }
 
@@ -155,11 +167,12 @@ def show(data: dict[str, Any]) -> None:
     rows = [
         (
             g["outcome"],
-            g["count"],
-            ", ".join(g["job_ids"]) + (" ..." if g["count"] > len(g["job_ids"]) else ""),
+            k["kind"],
+            k["count"],
+            ", ".join(k["job_ids"]) + (" ..." if k["count"] > len(k["job_ids"]) else ""),
         )
         for g in groups
+        for k in g["kinds"]
     ]
-    out.print(
-        render.table("failures by outcome", ["outcome", "members", "e.g."], rows, wrap="e.g.")
-    )
+    columns = ["outcome", "kind", "members", "e.g."]
+    out.print(render.table("failures by outcome and kind", columns, rows, wrap="e.g."))

@@ -1,9 +1,10 @@
 """The batch pages: a queue's batches, and one batch.
 
     batches  Backend.list_batches: the newest BATCHES_SHOWN, each one O(1) read of counters
-    batch    Backend.batch_progress (one read) and batch.failures: the batch's stream of
-             finished members (at most FAILURES_STREAM_LIMIT entries a view) and the failed
-             and cancelled members' records, grouped by outcome with links to the jobs
+    batch    Backend.batch_progress (one read) and batch_failures.failures: the batch's
+             stream of finished members (at most FAILURES_STREAM_LIMIT entries a view) and
+             where each failed and cancelled member stands, grouped by outcome and kind
+             (the type of error raised) with links to the jobs
 
 Both pages follow the queue's events (the hub's coalesced queue-wide stream: at most a
 message a second), so the progress bar and the counts move while the batch runs. A batch
@@ -93,15 +94,17 @@ def batch_page(ctx: Ctx, name: str, backend: Backend, progress: BatchProgress) -
     rows = [
         [
             g.outcome,
-            g.count,
+            k.kind,
+            k.count,
             Safe(
                 " ".join(
                     link(href(ctx.root, "/job", queue=name, id=job_id), job_id, "job-id")
-                    for job_id in g.job_ids
+                    for job_id in k.job_ids
                 )
             ),
         ]
         for g in found.groups
+        for k in g.kinds
     ]
     partial = (
         "" if found.complete else f"<p>Grouped from the first {found.read} members to finish.</p>"
@@ -129,6 +132,7 @@ def batch_page(ctx: Ctx, name: str, backend: Backend, progress: BatchProgress) -
         f"<p>{batches}</p>"
         f'<div class="actions">{"".join(actions)}</div>'
         f'<section id="batch-progress">{bar(progress)}</section>{counts}{record}'
-        f"<h2>failures by outcome</h2>{table(['outcome', 'members', 'e.g.'], rows, 'failures')}"
+        "<h2>failures by outcome and kind</h2>"
+        f"{table(['outcome', 'kind', 'members', 'e.g.'], rows, 'failures')}"
         f"{partial}{unread}"
     )

@@ -57,7 +57,7 @@ def test_a_batch_page_shows_progress_and_failures_and_acts_behind_the_checks(
         assert f'href="/batches?queue={q.name}"' in queue_page.text
         page = http.get("/batch", params={"queue": q.name, "id": batch.id})
         assert page.status_code == 200
-        assert "4 of 5 finished" in page.text and ">error</td><td>2</td>" in page.text
+        assert "4 of 5 finished" in page.text and ">error</td><td>other</td><td>2</td>" in page.text
         for job_id in (*failed, timed_out):
             assert f'href="/job?queue={q.name}&amp;id={job_id}"' in page.text
         assert "hard_timeout" in page.text
@@ -124,3 +124,21 @@ def test_a_batch_whose_stream_is_damaged_still_shows_its_page(
         page = http.get("/batch", params={"queue": q.name, "id": batch.id})
     assert page.status_code == 200, page.text[:500]
     assert "damaged stream" in page.text and "Its finished members cannot be read" in page.text
+
+
+def test_a_batch_page_shows_each_outcome_by_the_kind_of_error(redis_url: str, q: Queue) -> None:
+    """The page said "error 3" for a ValueError, a KeyError and another ValueError."""
+    q.batch([([i], {}) for i in range(4)])
+    values = [end_one(q.backend, "fail", Outcome.ERROR, "builtins.ValueError: bad") for _ in "ab"]
+    keyed = end_one(q.backend, "fail", Outcome.ERROR, "builtins.KeyError: 'k'")
+    crashed = end_one(q.backend, "fail", Outcome.CRASHED, "crashed: SIGSEGV")
+    app = create_app(redis_url, queues=[q.name], token=TOKEN)
+    batch_id = values[0].rpartition(".")[0]
+    with serve(app) as base, httpx.Client(base_url=base) as http:
+        page = http.get("/batch", params={"queue": q.name, "id": batch_id}).text
+    assert "<h2>failures by outcome and kind</h2>" in page
+    assert "<td>error</td><td>ValueError</td><td>2</td>" in page
+    assert "<td>error</td><td>KeyError</td><td>1</td>" in page
+    assert "<td>crashed</td><td>crashed</td><td>1</td>" in page
+    for job_id in (*values, keyed, crashed):
+        assert f'href="/job?queue={q.name}&amp;id={job_id}"' in page

@@ -27,7 +27,7 @@ from sandboxq.backends.base import (
 from sandboxq.backends.memory.store import ACTIVE, COMPLETED, WAITING, Job, Store
 from sandboxq.errors import ConfigError
 from sandboxq.finished import Trims
-from sandboxq.models import JobInfo, JobState, RunningAttempt
+from sandboxq.models import JobInfo, JobState, Outcome, RunningAttempt
 
 
 class Reads:
@@ -103,7 +103,12 @@ class Reads:
             return [
                 None
                 if job is None
-                else JobStanding(job.state, job.outcome, job.attempts - job.uncharged)
+                else JobStanding(
+                    job.state,
+                    job.outcome,
+                    job.attempts - job.uncharged,
+                    rules.error_kind(job.error) if job.outcome is Outcome.ERROR else None,
+                )
                 for job in found
             ]
 

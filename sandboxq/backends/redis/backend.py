@@ -6,8 +6,9 @@
     reaper   ── recover_stalled.lua ──► waiting, or failed after max_stalls
     user     ── cancel.lua ──► cancelled + PUBLISH ──► the owner's watch_cancellations
     every script ── XADD ──► events STREAM ──► events(), wait_for_finish()
-    reader   ── read_job.lua, read_result.lua, read_state.lua ──► get(), get_result(),
-                wait_for_finish(): bounded, one round trip each (reads.py)
+    reader   ── read_job.lua, read_result.lua, read_state.lua, read_outcome.lua ──► get(),
+                get_result(), wait_for_finish(), outcomes(): bounded, one round trip each
+                (reads.py)
 
 The scripts (``lua/*.lua``) hold the rules, with the constants and texts of
 ``backends.rules``; this class turns arguments into script arguments (enqueue.py frames new

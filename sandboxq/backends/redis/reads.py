@@ -19,7 +19,7 @@ from sandboxq.backends.base import JobDetail, JobPage, JobStanding, QueueSummary
 from sandboxq.backends.redis import pages, records
 from sandboxq.backends.redis.connection import Connections
 from sandboxq.backends.redis.keys import QueueKeys
-from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run
+from sandboxq.backends.redis.scripts import Arg, Script, Scripts, run, send
 from sandboxq.codec import DEFAULT_MAX_BYTES as MAX_RESULT_BYTES
 from sandboxq.errors import DamagedRecord, SerializationError
 from sandboxq.finished import Trims
@@ -82,12 +82,14 @@ class Reads:
         return [completed_from_reply(job_id, r) for job_id, r in zip(job_ids, replies, strict=True)]
 
     def outcomes(self, job_ids: Sequence[str]) -> list[JobStanding | None]:
+        read_outcome = self._scripts.read_outcome
+        calls: list[tuple[Script | None, bytes]] = [
+            (read_outcome, read_outcome.pack([job_id])) for job_id in job_ids
+        ]
         with self._conns.errors(f"read the outcomes of {len(job_ids)} jobs"):
-            pipe = self._conns.main.pipeline(transaction=False)
-            for job_id in job_ids:
-                pipe.hmget(self.keys.job(job_id), ["state", "outcome", "attempts"])
-            # a key of another type (written by hand) costs that job its answer alone
-            rows = pipe.execute(raise_on_error=False) if job_ids else []
+            # an error reply costs that job its answer alone (the script reads no key of
+            # another type: a job key written as one reads as no job)
+            rows = send(self._conns.main_lane, calls) if calls else []
         return [records.standing(row) for row in rows]
 
     def counts(self) -> dict[JobState, int]:

@@ -113,10 +113,10 @@ def text(value: bytes | str) -> str:
 
 
 def standing(row: object) -> JobStanding | None:
-    """A job's ``HMGET state outcome attempts`` read: None for no such job or a state that
-    is none (written by hand); an outcome that is none reads as absent, attempts that
-    are no count as 0."""
-    if not isinstance(row, list) or len(row) != 3 or not isinstance(row[0], bytes):
+    """A job's read_outcome.lua reply ``{state, outcome, attempts, kind}``: None for no
+    such job or a state that is none (written by hand); an outcome that is none reads as
+    absent, attempts that are no count as 0; the kind, a name the script checked."""
+    if not isinstance(row, list) or len(row) != 4 or not isinstance(row[0], bytes):
         return None
     try:
         state = JobState(text(row[0]))
@@ -130,7 +130,8 @@ def standing(row: object) -> JobStanding | None:
         attempts = max(0, stored_int(row[2])) if isinstance(row[2], bytes) else 0
     except ValueError:
         attempts = 0
-    return JobStanding(state, outcome, attempts)
+    kind = text(row[3][: rules.ERROR_KIND_HEAD]) if isinstance(row[3], bytes) else None
+    return JobStanding(state, outcome, attempts, kind)
 
 
 def claimed_rows(flat: Sequence[Any], claimed_at: float) -> list[tuple[Claimed, str | None]]:

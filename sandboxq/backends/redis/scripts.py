@@ -78,6 +78,7 @@ UNGUARDED = (
     "depth",
     "page",
     "read_job",
+    "read_outcome",
     "read_result",
     "read_state",
     "summary",
@@ -321,7 +322,9 @@ class Scripts:
         self.batch_read = bind("batch_read")
         self.depth = bind("depth")
         self.child_pids = bind("child_pids")
-        # Readers (read-only): bounded reads of one job for Job.info and Job.result.
+        # Readers (read-only): bounded reads of one job for Job.info and Job.result, and
+        # where it stands (outcomes).
         self.read_job = bind("read_job")
         self.read_result = bind("read_result")
+        self.read_outcome = bind("read_outcome")
         self.read_state = bind("read_state")

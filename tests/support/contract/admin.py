@@ -70,11 +70,11 @@ class AdminContract:
         backend.cancel(cancelled)
         waiting = add(backend)
         assert backend.outcomes([waiting, "nope", failed, cancelled, completed]) == [
-            (JobState.WAITING, None, 0),
+            (JobState.WAITING, None, 0, None),
             None,
-            (JobState.FAILED, Outcome.ERROR, 1),
-            (JobState.CANCELLED, Outcome.CANCELLED, 0),
-            (JobState.COMPLETED, Outcome.OK, 1),
+            (JobState.FAILED, Outcome.ERROR, 1, "other"),  # "boom" names no type
+            (JobState.CANCELLED, Outcome.CANCELLED, 0, None),
+            (JobState.COMPLETED, Outcome.OK, 1, None),
         ]
         assert backend.outcomes([]) == []
 

@@ -12,8 +12,9 @@ import pytest
 
 from sandboxq.backends.base import Backend, Claimed, NewJob
 from sandboxq.backends.rules import TRIM_BUDGET
+from sandboxq.batch_failures import failures
 from sandboxq.errors import BatchNotFound, ConfigError
-from sandboxq.models import BatchProgress, JobState, member_id
+from sandboxq.models import BatchProgress, JobState, Outcome, member_id
 from sandboxq.testing.waiting import wait_for
 from tests.support.contract.support import (
     LEASE_S,
@@ -24,6 +25,7 @@ from tests.support.contract.support import (
     finish,
     info,
     new_job,
+    record,
 )
 
 
@@ -368,3 +370,74 @@ class BatchContract:
             backend.enqueue_batch("b2", members("b2", 3))
         assert backend.batch_progress("b2") is None
         assert backend.get(member_id("b2", 0)) is None
+
+    def test_failures_group_each_outcome_by_the_kind_of_error(self, backend: Backend) -> None:
+        """An outcome alone put ValueError, KeyError and a SerializationError in one "error"
+        group: the type an ``error`` record names is its kind, read from the error's first
+        ``ERROR_KIND_HEAD`` bytes, ``OTHER`` when they name none (or the error is over
+        ``ERROR_KIND_READ_CAP``: not read); any other outcome is its own kind."""
+        errors = [
+            "builtins.ValueError: bad size",
+            "builtins.ValueError: bad size: 3",
+            "builtins.KeyError: 'k'",
+            "sandboxq.errors.SerializationError: cannot encode the result",
+            "builtins.ValueError: " + "x" * (1 << 17),  # over the read cap: not read
+            "A" * 250 + ": a name past the first 200 bytes",
+            "no type named here",
+            "1abc: not an identifier",
+            "a..b: not a dotted name",
+            "ValueÉrror: not ASCII",
+            "builtins.KeyError:",
+        ]
+        n = len(errors) + 3
+        backend.enqueue_batch("b5", members("b5", n))
+        kind_of: dict[str, str] = {}
+        for error in errors:
+            claimed = claim_one(backend)
+            finish(backend, claimed, "fail", error=error)
+            kind_of[claimed.id] = error
+        killed = claim_one(backend)
+        attempt = record(killed, Outcome.HARD_TIMEOUT, error="builtins.ValueError: cleanup")
+        backend.finish("w1", killed.id, killed.token, "fail", attempt, error=attempt.error)
+        finish(backend, claim_one(backend))
+        cancelled = member_id("b5", n - 1)
+        assert backend.cancel(cancelled)
+        standings = backend.outcomes([*kind_of, killed.id, cancelled])
+        assert [s.error_kind if s else "?" for s in standings] == [
+            "ValueError",
+            "ValueError",
+            "KeyError",
+            "sandboxq.errors.SerializationError",
+            *["other"] * 6,
+            "KeyError",
+            None,  # not an error: its kind is its outcome
+            None,
+        ]
+        found = failures(backend, "b5", examples=2)
+        assert [(g.outcome, g.count) for g in found.groups] == [
+            ("error", len(errors)),
+            ("cancelled", 1),
+            ("hard_timeout", 1),
+        ]
+        error, cancel, timeout = found.groups
+        assert [(k.kind, k.count) for k in error.kinds] == [
+            ("other", 6),
+            ("KeyError", 2),
+            ("ValueError", 2),
+            ("sandboxq.errors.SerializationError", 1),
+        ]
+        assert sum(k.count for k in error.kinds) == error.count
+        ids = list(kind_of)
+        assert error.kinds[2].job_ids == ids[:2] and error.kinds[1].job_ids == [ids[2], ids[10]]
+        assert error.kinds[0].job_ids == ids[4:6]  # examples=2
+        assert [(k.kind, k.count, k.job_ids) for k in cancel.kinds] == [
+            ("cancelled", 1, [cancelled])
+        ]
+        assert [(k.kind, k.count, k.job_ids) for k in timeout.kinds] == [
+            ("hard_timeout", 1, [killed.id])
+        ]
+        few = failures(backend, "b5", kinds=2)  # the rest fold into other
+        assert [(k.kind, k.count) for k in few.groups[0].kinds] == [
+            ("other", 9),
+            ("KeyError", 2),
+        ]
