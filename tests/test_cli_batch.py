@@ -114,9 +114,10 @@ def test_an_expired_batch_half_deleted_by_retention_is_gone_for_every_reader(
         workers.stop_all()  # a quiet queue: nothing sweeps but the call below
         time.sleep(1.2)
         q.backend.recover_stalled()  # one sweep round: TRIM_BUDGET members go
-        r = redis.Redis.from_url(redis_url)
         member = f"sq:{{{queue_name}}}:job:{batch.id}."
-        assert not r.exists(member + "0") and r.exists(member + str(total - 1)), "not half-swept"
+        with redis.Redis.from_url(redis_url) as r:  # closed: not a socket for the collector
+            swept = not r.exists(member + "0") and r.exists(member + str(total - 1))
+        assert swept, "not half-swept"
         readers = {
             "get_batch": lambda: q.get_batch(batch.id),
             "progress": batch.progress,
