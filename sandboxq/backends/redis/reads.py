@@ -25,6 +25,11 @@ from sandboxq.errors import DamagedRecord, SerializationError
 from sandboxq.finished import Trims
 from sandboxq.models import JobInfo, JobState
 
+#: Jobs whose outcome one read_outcome.lua call reads: a call a job made the grouping of
+#: 100,000 cancelled members take 4.6 s instead of 3.4 through HMGETs; a call holds the
+#: server a millisecond or so for these.
+OUTCOMES_PER_CALL = 250
+
 
 class Reads:
     queue: str
@@ -83,14 +88,21 @@ class Reads:
 
     def outcomes(self, job_ids: Sequence[str]) -> list[JobStanding | None]:
         read_outcome = self._scripts.read_outcome
+        chunks = [
+            job_ids[i : i + OUTCOMES_PER_CALL] for i in range(0, len(job_ids), OUTCOMES_PER_CALL)
+        ]
         calls: list[tuple[Script | None, bytes]] = [
-            (read_outcome, read_outcome.pack([job_id])) for job_id in job_ids
+            (read_outcome, read_outcome.pack(list(chunk))) for chunk in chunks
         ]
         with self._conns.errors(f"read the outcomes of {len(job_ids)} jobs"):
-            # an error reply costs that job its answer alone (the script reads no key of
-            # another type: a job key written as one reads as no job)
-            rows = send(self._conns.main_lane, calls) if calls else []
-        return [records.standing(row) for row in rows]
+            # an error reply costs its chunk's jobs their answers alone (the script reads
+            # no key of another type: a job key written as one reads as no job)
+            replies = send(self._conns.main_lane, calls) if calls else []
+        standings: list[JobStanding | None] = []
+        for chunk, reply in zip(chunks, replies, strict=True):
+            rows = reply if isinstance(reply, list) and len(reply) == len(chunk) else []
+            standings += [records.standing(row) for row in rows] or [None] * len(chunk)
+        return standings
 
     def counts(self) -> dict[JobState, int]:
         with self._conns.errors("count jobs"):
