@@ -189,11 +189,9 @@ def test_a_raise_at_the_soft_signal_keeps_every_threads_stack_beside_its_traceba
     assert len(tb.encode()) <= MAX_TRACEBACK_BYTES
 
 
-@pytest.mark.timeout(30)
-def test_a_hard_kill_keeps_the_stack_at_the_soft_signal_too() -> None:
-    """The README promises the stacks at the soft signal and again before the hard kill;
-    a handler that went on elsewhere after its soft signal kept the second alone, and
-    where it was when told to stop was lost."""
+def _swallowed_then_killed(then: str, signum: int) -> AttemptResult:
+    """An attempt that caught its SoftTimeout and spun on (``then``, blocking ``signum``)
+    until its hard kill, on time."""
     with Pool(
         W + "swallow_soft_timeout_then",
         1,
@@ -201,8 +199,17 @@ def test_a_hard_kill_keeps_the_stack_at_the_soft_signal_too() -> None:
         hard_timeout_s=HARD,
         containment=TREE,
     ) as pool:
-        result = attempt(pool, "spin", 0)
+        result = attempt(pool, then, signum)
     _killed_on_time(result)
+    return result
+
+
+@pytest.mark.timeout(30)
+def test_a_hard_kill_keeps_the_stack_at_the_soft_signal_too() -> None:
+    """The README promises the stacks at the soft signal and again before the hard kill;
+    a handler that went on elsewhere after its soft signal kept the second alone, and
+    where it was when told to stop was lost."""
+    result = _swallowed_then_killed("spin", 0)
     tb = result.traceback or ""
     assert "in spin_after_the_soft_timeout" in _innermost(tb, 1), tb  # at the kill, first
     at_soft = tb.split(stacks.SOFT_STACK_HEADER, 1)
@@ -212,15 +219,7 @@ def test_a_hard_kill_keeps_the_stack_at_the_soft_signal_too() -> None:
 
 @pytest.mark.timeout(30)
 def test_the_soft_stack_stays_when_the_hard_dump_is_blocked() -> None:
-    with Pool(
-        W + "swallow_soft_timeout_then",
-        1,
-        soft_timeout_s=0.3,
-        hard_timeout_s=HARD,
-        containment=TREE,
-    ) as pool:
-        result = attempt(pool, "block", stacks.DUMP_SIGNAL)
-    _killed_on_time(result)
+    result = _swallowed_then_killed("block", stacks.DUMP_SIGNAL)
     assert result.traceback is not None
     assert "in spin_in_pure_python" in result.traceback
     assert "spin_after_the_soft_timeout" not in result.traceback
