@@ -37,7 +37,7 @@ EXAMPLES = 5
 #: Kinds shown per outcome (the rest fold into ``OTHER_KIND``): forged errors could make
 #: every member a kind of its own.
 KINDS = 10
-#: Members whose outcome one round trip reads (two fields each).
+#: Members whose outcome one round trip reads (read_outcome.lua, 250 a script call).
 OUTCOMES_CHUNK = 2000
 #: The groups of members whose record cannot say how they ended.
 MISSING = "record missing"
