@@ -122,7 +122,8 @@ def test_a_mixed_file_gives_each_line_its_outcome(
     assert "8 line(s) of" in err
     summary = {line.split()[0]: line.split()[1:] for line in err.splitlines() if line.strip()}
     assert summary["ok"] == ["2", "1-2"] and summary["malformed"] == ["3", "6-8"]
-    assert summary["error"] == ["2", "5,", "9"] and summary["hard_timeout"] == ["1", "4"]
+    assert summary["error"] == ["TypeError", "2", "5,", "9"]  # by the kind of error raised
+    assert summary["hard_timeout"] == ["1", "4"]
 
 
 @pytest.mark.timeout(60)
@@ -602,3 +603,24 @@ def test_following_a_finished_worker_reads_what_is_left_without_waiting_a_tick(
     assert time.monotonic() - began < 5.0  # the worker was done: no tick to wait out
     assert lines == []  # its one job never finished: nothing to write
     backend.close()
+
+
+@pytest.mark.timeout(30)
+def test_the_summary_splits_the_errors_by_the_kind_raised(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ "error 66" said nothing of why: its lines are split by the type each raised, as
+    ``sandboxq batch`` splits a batch's failures; an error that names none is ``other``."""
+    tally = Tally()
+    errors = {1: "builtins.ValueError: x", 2: "builtins.KeyError: 3", 3: "builtins.ValueError: y"}
+    for line, error in {**errors, 4: "names no type"}.items():
+        tally.add("error", line, error)
+    tally.add("ok", 5)
+    BatchView(5, tally, redirect_stdout=False).summary("in.jsonl", interrupted=False)
+    err = capsys.readouterr().err
+    rows = [line.split() for line in err.splitlines() if line.split()[:1] == ["error"]]
+    assert rows == [
+        ["error", "ValueError", "2", "1,", "3"],
+        ["error", "KeyError", "1", "2"],
+        ["error", "other", "1", "4"],
+    ], err

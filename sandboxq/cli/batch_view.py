@@ -27,6 +27,7 @@ from rich.progress import (
 from rich.text import Text
 
 from sandboxq import text
+from sandboxq.backends.rules import error_kind
 from sandboxq.cli import render
 from sandboxq.models import Outcome
 
@@ -38,6 +39,7 @@ NOT_RUN = "not_run"
 #: (the local run's worker stopped), cancelled (a fleet run's members, or anyone's cancel).
 STOPPED_RUNNING = frozenset((Outcome.INTERRUPTED.value, Outcome.CANCELLED.value))
 _OK = Outcome.OK.value
+_ERROR = Outcome.ERROR.value
 _DID_NOT_RUN = frozenset((MALFORMED, NOT_RUN))
 
 
@@ -50,12 +52,17 @@ class Tally:
 
     def __init__(self) -> None:
         self.lines: dict[str, list[int]] = defaultdict(list)
+        #: The lines that ended ``error``, by the kind of error raised (rules.error_kind):
+        #: "why did these fail" at a glance, as ``sandboxq batch`` groups a batch's.
+        self.error_kinds: dict[str, list[int]] = defaultdict(list)
         self.ok = 0
         self.timed_out = 0
         self._ran = 0  # lines that ran: neither malformed nor not run
 
-    def add(self, outcome: str, line: int) -> None:
+    def add(self, outcome: str, line: int, error: str | None = None) -> None:
         self.lines[outcome].append(line)
+        if outcome == _ERROR:
+            self.error_kinds[error_kind(error)].append(line)
         if outcome == _OK:
             self.ok += 1
         elif outcome in TIMEOUTS:
@@ -169,12 +176,14 @@ class BatchView:
         if interrupted:
             title += " (stopped early)"
         rows = [
-            (outcome, len(lines), text.clip(text.number_ranges(lines), 60))
+            (outcome, kind, len(lines), text.clip(text.number_ranges(lines), 60))
             for outcome, lines in sorted(self.tally.lines.items(), key=_order)
             if lines
+            for kind, lines in self._kinds(outcome, lines)
         ]
         self.console.print(f"[bold]{title}[/]")
-        self.console.print(render.table(None, ["outcome", "lines", "line numbers"], rows))
+        columns = ["outcome", "kind", "lines", "line numbers"]
+        self.console.print(render.table(None, columns, rows))
         not_run = self.tally.lines.get(NOT_RUN)
         if not_run:
             self.console.print(
@@ -190,6 +199,13 @@ class BatchView:
                 f"[yellow]{len(killed)} line(s) were stopped while they ran: "
                 f"{text.clip(text.number_ranges(killed), 200)}[/]"
             )
+
+    def _kinds(self, outcome: str, lines: list[int]) -> list[tuple[str, list[int]]]:
+        """The rows of ``outcome``: one per kind of error for ``error``, the most first."""
+        if outcome != _ERROR:
+            return [("", lines)]
+        kinds = self.tally.error_kinds
+        return sorted(kinds.items(), key=lambda kind: (-len(kind[1]), kind[0]))
 
 
 def _order(item: tuple[str, list[int]]) -> tuple[int, str]:

@@ -110,7 +110,7 @@ class Output:
         if line in self.written:
             return
         self.written.add(line)
-        self.tally.add(outcome, line)
+        self.tally.add(outcome, line, fields.get("error"))
         out = self._file or sys.stdout
         try:
             out.write(json.dumps({"line": line, "outcome": outcome, **fields}) + "\n")
