@@ -1,6 +1,7 @@
 """What a finished job means to a reader: its decoded result, or ``JobFailed``; the checks
-of a wait's arguments, and its patience with an unreachable backend (``Outage``). No I/O:
-the sync and asyncio clients and ``Batch`` share them.
+of a wait's arguments, and its patience with an unreachable backend (``Outage``, which
+logs one line an outage). No backend I/O: the sync and asyncio clients and ``Batch``
+share them.
 """
 
 from __future__ import annotations
