@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from sandboxq.pool import stacks
 from sandboxq.pool.attempt import AttemptResult
 from sandboxq.pool.child import SIGSOFT
 from sandboxq.pool.output import TAIL_BYTES
+from sandboxq.testing.waiting import wait_for
 from sandboxq.text import MAX_TRACEBACK_BYTES, bounded_traceback
 from tests.support import where
 
@@ -293,6 +295,71 @@ def test_a_handler_that_resets_the_dump_signal_ends_as_the_hard_timeout_it_was_d
     assert result.runtime_s is not None and result.runtime_s < HARD + KILL_MARGIN_S
     if result.runtime_s < HARD:
         assert "reset that signal to its default action" in result.cause
+
+
+# -- a stop's kill: the stack first ---------------------------------------------------------
+
+
+def _signal_mask(pid: int, field: str) -> int:
+    """The ``field`` signal mask (``SigBlk``, ``SigCgt``) of process ``pid``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def _dump_bit(pid: int, field: str) -> bool:
+    return bool(_signal_mask(pid, field) >> (stacks.DUMP_SIGNAL - 1) & 1)
+
+
+def _stop_with_stack_first(
+    handler: str, ready: Callable[[int], bool], *args: object
+) -> tuple[AttemptResult, float]:
+    """Run ``handler`` (spinning) until ``ready(pid)``, then kill it as a worker's stop
+    does. Returns its result and how long the kill took from being asked."""
+    with Pool(W + handler, size=1, containment=TREE) as pool:
+        done: Future[AttemptResult] = Future()
+        task_id = pool.new_task_id()
+        pool.execute(pool.make_task(*args), done.set_result, task_id=task_id)
+        pid = wait_for(lambda: pool.running_pids().get(task_id), 10, "the attempt to start")
+        wait_for(lambda: ready(pid), 10, "the handler to be where the test needs it")
+        asked = time.monotonic()
+        pool.kill(task_id, Outcome.INTERRUPTED, "the worker stopped", stack_first=True)
+        result = done.result(timeout=30)
+        return result, time.monotonic() - asked
+
+
+@pytest.mark.timeout(30)
+def test_a_stops_kill_asks_for_the_stack_first() -> None:
+    """A second Ctrl-C (``stop(now=True)``) killed a hung line at once: its line said it
+    was interrupted, not where. The kill asks for the stack first, as a hard timeout's."""
+    result, took_s = _stop_with_stack_first("spin_in_pure_python", lambda pid: True)
+    assert result.outcome is Outcome.INTERRUPTED, result.cause
+    assert result.traceback is not None and "in spin_in_pure_python" in result.traceback
+    assert took_s < stacks.DUMP_EARLY_S + KILL_MARGIN_S, took_s
+
+
+@pytest.mark.timeout(30)
+def test_a_stops_kill_comes_on_time_when_the_handler_blocks_the_dump() -> None:
+    result, took_s = _stop_with_stack_first(
+        "block_the_dump_signal", lambda pid: _dump_bit(pid, "SigBlk"), stacks.DUMP_SIGNAL
+    )
+    assert result.outcome is Outcome.INTERRUPTED, result.cause
+    assert result.traceback is None
+    assert stacks.DUMP_EARLY_S <= took_s < stacks.DUMP_EARLY_S + KILL_MARGIN_S, took_s
+
+
+@pytest.mark.timeout(30)
+def test_a_handler_that_resets_the_dump_signal_ends_as_the_stop_it_was_due() -> None:
+    """Asked for its stack, it dies of the dump signal: the stop's kill, not a hard
+    timeout (the only other kill that asks first)."""
+    result, _took_s = _stop_with_stack_first(
+        "default_action_for_the_dump_signal",
+        lambda pid: not _dump_bit(pid, "SigCgt"),
+        stacks.DUMP_SIGNAL,
+    )
+    assert result.outcome is Outcome.INTERRUPTED, result.cause
+    assert "reset that signal to its default action" in result.cause, result.cause
 
 
 @pytest.mark.timeout(30)

@@ -459,7 +459,8 @@ def test_a_line_killed_running_by_a_second_ctrl_c_is_written_interrupted_not_as_
     """A line that had run for seconds when a second Ctrl-C killed it was written
     ``not_run``, ``attempts: 0``, "the batch stopped before this line ran", and listed
     among the lines that did not run: the one line that could say where it hung said it
-    never started."""
+    never started. It has the stack the line was killed in, too: the kill asks for it
+    first, as a hard timeout's does ("where was it stuck")."""
     code, text, ran = stop_a_hung_line(tmp_path, presses=2)
     assert code == 130, text
     rows = results(tmp_path / "out.jsonl")
@@ -468,6 +469,7 @@ def test_a_line_killed_running_by_a_second_ctrl_c_is_written_interrupted_not_as_
     assert killed["outcome"] == "interrupted" and killed["attempts"] == 1, killed
     assert killed["error"].startswith("the batch was stopped while this line ran"), killed
     assert killed["ran_s"] > 0, killed
+    assert "in recorded_sleep" in killed.get("traceback", ""), killed
     assert waited == {
         "line": other,
         "outcome": "not_run",

@@ -27,8 +27,9 @@ those members never run) and lets the running ones finish (Redis knows a member 
 not started: one a worker prefetched counts as running), writes what was cancelled as
 ``not_run`` once the cancellations are final, and exits 130; a second Ctrl-C cancels the
 running ones too (the fenced hand-over), written as ``cancelled`` with how long they ran
-(a member whose worker had not yet noted its child's pid, every ``lease_s`` / 3, cannot be
-told from one claimed ahead: ``not_run``), and stops at once. A Ctrl-C while the lines are
+(a member whose worker had not yet published its child's pid, 0.2 to 0.5 s after the
+start (``RegistryRefresh``), cannot be told from one claimed ahead: ``not_run``), and
+stops at once. A Ctrl-C while the lines are
 being sent is acted on the same way once they are all in the queue (a send cut short would
 leave its part waiting for any worker, with no one to write it).
 

@@ -5,7 +5,8 @@ attempt wherever it is: pending (not yet sent), queued in a busy child's channel
     Kill(task_id, outcome)      pending → settled now; queued → withdrawn (never starts) and
                                 settled, or, if the child started it meanwhile, killed once
                                 the parent sees it running; running → its child's tree is
-                                killed, the death settles it
+                                killed, the death settles it (``stack_first``: asked for
+                                its stack, killed ``DUMP_EARLY_S`` later by deadlines.py)
     Fence(task_id, deadline)    moves the fence deadline (and the running child's guard),
                                 unless it has come while the attempt runs
     Soft(task_id)               the soft signal now; however it ends, it is ``interrupted``
@@ -35,7 +36,8 @@ from typing import Any
 from sandboxq.models import Outcome
 from sandboxq.pool.guard import fence_came
 from sandboxq.pool.handles import Child
-from sandboxq.pool.running import Attempt
+from sandboxq.pool.running import Attempt, DueKill
+from sandboxq.pool.stacks import DUMP_EARLY_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +56,12 @@ class _ForTask:
 
 @dataclass(frozen=True, slots=True)
 class Kill(_ForTask):
-    """End the attempt now with ``outcome`` (``Pool.kill``)."""
+    """End the attempt now with ``outcome`` (``Pool.kill``); with ``stack_first``, a running
+    one is asked for its stack and killed ``DUMP_EARLY_S`` later."""
 
     outcome: Outcome
     detail: str
+    stack_first: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +199,8 @@ def _act_on(
     collect: Callable[[Child], Any],
 ) -> None:
     match command:
-        case Kill(_, outcome, detail):
-            kill(attempt, pending, collect, outcome, detail)
+        case Kill(_, outcome, detail, stack_first):
+            kill(attempt, pending, collect, outcome, detail, stack_first)
         case Fence(_, deadline):
             extend_fence(attempt, deadline)
         case Soft():
@@ -209,6 +213,7 @@ def kill(
     collect: Callable[[Child], Any],
     outcome: Outcome,
     detail: str,
+    stack_first: bool = False,
 ) -> None:
     child = attempt.child
     if child is None:
@@ -216,7 +221,16 @@ def kill(
         attempt.settle(outcome, None, detail=detail)
     elif child.running is attempt:
         collect(child)
-        if child.running is attempt and attempt.kill_outcome is None:
+        if child.running is not attempt or attempt.kill_outcome is not None:
+            return
+        if stack_first and child.stacks is not None:
+            # Where it was when stopped, as a hard timeout's kill has it (deadlines.py
+            # kills at ``at``); a later kill without the wait still kills at once.
+            if not attempt.hard_stack_asked:
+                child.ask_stack_before_kill(attempt)
+            if attempt.kill_due is None:
+                attempt.kill_due = DueKill(time.monotonic() + DUMP_EARLY_S, outcome, detail)
+        else:
             child.kill(outcome, detail)
     elif child.withdraw(attempt):
         child.queued.remove(attempt)

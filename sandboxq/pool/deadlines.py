@@ -1,11 +1,12 @@
 """Deadline enforcement: how long the supervisor's select may wait, and what is due when
 it wakes.
 
-A running attempt has up to five times (``Attempt.next_event``): its soft deadline (the
+A running attempt has up to six times (``Attempt.next_event``): its soft deadline (the
 soft signal), ``DUMP_EARLY_S`` before its hard deadline (asked for its stack, stacks.py,
 and its tree walked once, ``Child.look_before_kill``), its hard deadline (a tree kill,
 whatever the dump did), its fence deadline (a tree kill: the lease was not renewed in
-time) and, where memory is sampled, its next sample. A policy
+time), a kill asked with its stack first (``Attempt.kill_due``: a stop's) and, where
+memory is sampled, its next sample. A policy
 may end it too, as a hard timeout does (the soft signal, then a tree kill ``end_grace_s``
 later): its job's ``deadline_s`` and the progress watchdog (``Attempt.ending_due``). The
 select waits until the nearest of them over every child, so nothing polls and a kill lands
@@ -83,6 +84,8 @@ def enforce(
             detail = "the lease could not be renewed in time"
             tell(run, child.pid, SELF_FENCE, detail)
             kill_at_deadline(child, Outcome.LEASE_LOST, detail)
+        elif run.kill_due is not None and now >= run.kill_due.at:
+            kill_at_deadline(child, run.kill_due.outcome, run.kill_due.detail)
         elif run.hard_deadline is not None and now >= run.hard_deadline:
             hard = run.task.hard_timeout_s
             detail = f"killed at the hard deadline of {hard:g} s"

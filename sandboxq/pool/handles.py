@@ -342,9 +342,12 @@ class Child:
         if run.kill_outcome is None and self.process.exitcode == -stacks.DUMP_SIGNAL:
             # Its handler reset the dump signal to its default action (terminate), and
             # our request for its stack ended it: the kill we were about to make.
-            hard = run.hard_stack_asked
-            run.kill_outcome = Outcome.HARD_TIMEOUT if hard else run.soft_outcome
-            when = "just before its hard deadline" if hard else "at its soft timeout"
+            if run.kill_due is not None:  # a stop's kill, which asks first
+                run.kill_outcome, when = run.kill_due.outcome, f"as {run.kill_due.detail}"
+            elif run.hard_stack_asked:
+                run.kill_outcome, when = Outcome.HARD_TIMEOUT, "just before its hard deadline"
+            else:
+                run.kill_outcome, when = run.soft_outcome, "at its soft timeout"
             run.kill_detail = (
                 f"asked for its stack {when}, it died of {stacks.DUMP_SIGNAL_NAME}: its "
                 "handler had reset that signal to its default action"

@@ -268,9 +268,13 @@ class Pool:
         done when the attempt comes (a kill then ends it unstarted)."""
         return self._supervisor.new_task_id()
 
-    def kill(self, task_id: int, outcome: Outcome, detail: str) -> None:
-        """End attempt ``task_id`` now with ``outcome``; kills its child's tree if it runs."""
-        self._supervisor.command(Kill(task_id, outcome, detail))
+    def kill(
+        self, task_id: int, outcome: Outcome, detail: str, *, stack_first: bool = False
+    ) -> None:
+        """End attempt ``task_id`` now with ``outcome``; kills its child's tree if it runs.
+        With ``stack_first``, a running child is asked for its stack (the attempt's
+        traceback) and killed ``stacks.DUMP_EARLY_S`` (50 ms) later, whatever the dump did."""
+        self._supervisor.command(Kill(task_id, outcome, detail, stack_first))
 
     def extend_fence(self, task_id: int, deadline: float) -> None:
         """Move attempt ``task_id``'s fence deadline to ``deadline`` (``time.monotonic()``)."""

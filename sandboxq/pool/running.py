@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
 
@@ -43,6 +43,16 @@ def tell(run: Attempt, pid: int | None, event: str, detail: str) -> None:
         call(run.task.on_event, event, detail, pid)
 
 
+class DueKill(NamedTuple):
+    """A kill asked with the stack first (``Pool.kill(..., stack_first=True)``): the child
+    is asked for its stack now and killed at ``at``, ``DUMP_EARLY_S`` later, as a hard
+    timeout's kill is; the attempt then ends with ``outcome``."""
+
+    at: float
+    outcome: Outcome
+    detail: str
+
+
 class Attempt:
     """One submitted attempt: pending, then sent to a child: running at once if the child
     was idle, else queued in its channel until the one before it ends (deadlines in
@@ -63,6 +73,7 @@ class Attempt:
         "hard_stack_asked",
         "infra_death",
         "kill_detail",
+        "kill_due",
         "kill_outcome",
         "live",
         "memory_check_at",
@@ -102,6 +113,7 @@ class Attempt:
         self.soft_outcome = Outcome.SOFT_TIMEOUT  # what ending after the soft signal means
         self.kill_outcome: Outcome | None = None
         self.kill_detail: str | None = None
+        self.kill_due: DueKill | None = None  # a kill that asked for the stack first
         self.infra_death: str | None = None  # a helper of the pool died while it ran: what
         self.tree: list[psutil.Process] = []  # descendants seen while sampling memory
         self.rss_base = 0  # the child's resident memory when this attempt started
@@ -195,6 +207,8 @@ class Attempt:
         if self.kill_outcome is not None:
             return None  # killed; waiting for the sentinel
         times = [self.hard_deadline, self.memory_check_at, self.fence_deadline]
+        if self.kill_due is not None:
+            times.append(self.kill_due.at)
         if not self.soft_sent:
             times.append(self.soft_deadline)
         kill_at = self.kill_at()

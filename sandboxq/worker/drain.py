@@ -4,7 +4,8 @@
           ─► until a grace before stop_timeout_s: running jobs may finish normally
           ─► then: each gets its soft signal (SoftTimeout raised in the handler)
           ─► at stop_timeout_s: killed (the grace: half of it, at most MAX_SOFT_GRACE_S)
-    stop(now=True), or a second SIGTERM/SIGINT, at any point: killed at once.
+    stop(now=True), or a second SIGTERM/SIGINT, at any point: killed at once (asked for
+          its stack first, killed 50 ms later: pool.kill's stack_first).
 
 Every attempt that ends `interrupted` is requeued without charging an attempt
 (outcomes.py). ``StopRequest`` is what every part of the worker reads of the stop: whether
@@ -98,7 +99,10 @@ class Drain:
         now = time.monotonic()
         if self._stop_now.is_set() or now >= self._kill_at:
             for held in self._held():
-                self._pool.kill(held.lease.task_id, Outcome.INTERRUPTED, "the worker stopped")
+                # with its stack: where a job was when a stop cut it short
+                self._pool.kill(
+                    held.lease.task_id, Outcome.INTERRUPTED, "the worker stopped", stack_first=True
+                )
         elif now >= self._soft_at:
             for held in self._held():
                 self._pool.soft_stop(held.lease.task_id)
