@@ -327,6 +327,9 @@ BREAKERS = {
     "pending_cpu_timer": False,
     "nonblocking_stdout": False,
     "ignore_sigchld": False,
+    "chdir_elsewhere": False,
+    "umask_everything": False,
+    "pin_to_one_cpu": False,
 }
 
 
@@ -339,7 +342,9 @@ def test_an_attempt_that_changes_its_child_changes_no_other_job(breaker: str) ->
     cleanup never run. A pending alarm killed the next job (``crashed``); a lowered CPU
     limit failed it (``cpu_limit``); stdout left non-blocking lost its output; SIGCHLD
     ignored made its ``subprocess.run`` return 0; a thread started with ``_thread`` read
-    its arguments. What can be set back is, else the child is replaced."""
+    its arguments. A working directory, umask, priority or CPU affinity changed moved the
+    next job's relative paths, made its files unreadable, slowed it, or pinned it to one
+    core. What can be set back is, else the child is replaced."""
 
     def told_to_stop(pool: Pool) -> int:
         started = time.monotonic()
@@ -357,6 +362,18 @@ def test_an_attempt_that_changes_its_child_changes_no_other_job(breaker: str) ->
         child = told_to_stop(pool)
         assert (child != broken) is BREAKERS[breaker], (broken, child)
         assert told_to_stop(pool) == child
+
+
+@pytest.mark.timeout(60)
+def test_a_nice_value_raised_by_an_attempt_does_not_slow_the_next_job() -> None:
+    """Set back where the child may lower it (CAP_SYS_NICE), else the child is replaced:
+    a new one has the fork server's."""
+    with Pool(S, size=1) as pool:
+        clean = pool.submit("probe").result(timeout=10)
+        broken, may_lower = pool.submit("renice").result(timeout=10)
+        assert pool.submit("probe").result(timeout=10) == clean
+        replaced = pool.submit("pid").result(timeout=10) != broken
+        assert replaced is not may_lower, (broken, may_lower)
 
 
 # -- threads ---------------------------------------------------------------------------------

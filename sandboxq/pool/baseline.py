@@ -3,10 +3,12 @@ after every attempt, so that one attempt's changes to its process reach no other
 
     child start ── record(): the descriptors 1 and 2 (which file each is, their
                    flags), the ``sys.std*`` objects and encodings, the handlers of the
-                   signals the parent sends and of SIGCHLD and SIGPIPE, the rlimits
+                   signals the parent sends and of SIGCHLD and SIGPIPE, the rlimits, the
+                   working directory, umask, nice value and CPU affinity
     each attempt's end ── restore(): what the pool can set back, set back (interval
                    timers off, the pool's signal handlers installed again, the stdio
-                   flags, the wakeup fd, SIGCHLD and SIGPIPE)
+                   flags, the wakeup fd, SIGCHLD and SIGPIPE, the working directory, the
+                   umask, the CPU affinity, the nice value where privileged)
                        ── changed(): what it cannot, or None ──► the child is replaced
                           before its next task (child.py: ``shared[STATE_CHANGED]``)
 
@@ -18,7 +20,9 @@ or died of the dump signal. A pending ``alarm`` or ``setitimer``: the next job w
 by SIGALRM, SIGVTALRM or SIGPROF and reported ``crashed``. A lowered RLIMIT_CPU: the next
 job failed ``cpu_limit``. Stdout made non-blocking: the next job's output was lost. A
 wakeup fd set on the channel: the next job's reply was garbage. SIGCHLD ignored: a
-later job's ``subprocess.run`` returned 0 for an exit code of 3.
+later job's ``subprocess.run`` returned 0 for an exit code of 3. ``os.chdir``: the next
+job's relative paths named other files; ``os.umask(0o777)``: its files were unreadable;
+``os.nice``: it ran slower; ``os.sched_setaffinity``: it ran on one core.
 
 What cannot be set back is checked instead (a hard limit lowered cannot be raised by a
 child without privileges; a stream object replaced is the handler's), and replacing the
@@ -26,11 +30,13 @@ child is the answer: it is only worth its start time saved while it is as it was
 handler's modules keep between jobs (a cache, a connection, an environment variable) is
 its own, as in any pool that reuses its processes.
 
-Cost: about 14 us a job in the child (some twenty system calls; the two ``fstat`` of the
-descriptors, 3.5 us, are the most), after its reply: off the job's own path, not off the
-next one's. A no-op job is where it shows: with two children on two cores, 15,400
-against 17,500 jobs a second before these checks (medians of 5 alternated runs); with
-one child, 12,500 against 15,500. A job of 10 ms pays 0.1 %.
+Cost: about 16 us a job in the child (some twenty-five system calls; the two ``fstat`` of
+the descriptors, 3.5 us, are the most; the working directory, umask, nice value and
+affinity add 2.0-2.7 us of it, best of 30 runs), after its reply: off the job's own path,
+not off the next one's. A no-op job is where it shows: with two children on two cores,
+15,400 against 17,500 jobs a second before any of these checks, measured before the last
+four (medians of 5 alternated runs); with one child, 12,500 against 15,500. A job of 10 ms
+pays 0.1 %.
 """
 
 from __future__ import annotations
@@ -64,6 +70,11 @@ _put_back: dict[int, Any] = {}
 _limits: dict[int, tuple[int, int]] = {}
 _cpu_budget = False
 _rearm: Callable[[], None] | None = None
+_cwd = ""
+_umask = 0
+_priority = 0
+_affinity: set[int] = set()
+_not_restored: str | None = None  # what restore() could not set back
 
 
 def _open_files() -> _Files:
@@ -104,7 +115,7 @@ def record(signals: tuple[int, ...], rearm: Callable[[], None], cpu_budget: bool
     their handlers again; ``cpu_budget``: the pool sets RLIMIT_CPU's soft limit before
     each attempt (``cpu_time_s``), so that one is not compared."""
     global _files, _streams, _encodings, _handlers, _put_back, _limits, _cpu_budget, _rearm
-    global _file_flags
+    global _file_flags, _cwd, _umask, _priority, _affinity
     _files = _open_files()
     _file_flags = (_flags(1), _flags(2))
     _streams = (sys.stdin, sys.stdout, sys.stderr)
@@ -113,11 +124,17 @@ def record(signals: tuple[int, ...], rearm: Callable[[], None], cpu_budget: bool
     _put_back = {int(sig): _signal.getsignal(sig) for sig in _PUT_BACK}
     _limits = {limit: resource.getrlimit(limit) for limit in _LIMITS}
     _cpu_budget, _rearm = cpu_budget, rearm
+    _cwd = os.getcwd()
+    _umask = os.umask(0o022)
+    os.umask(_umask)
+    _priority = os.getpriority(os.PRIO_PROCESS, 0)
+    _affinity = os.sched_getaffinity(0)
 
 
 def restore() -> None:
     """Set back what an attempt may have changed and the pool can set back (after the
     attempt's sweep, before ``changed``)."""
+    global _not_restored
     for timer in _TIMERS:  # a pending alarm would kill or interrupt the next job
         signal.setitimer(timer, 0)
     _signal.set_wakeup_fd(-1)  # the child sets none; a handler's could be the channel
@@ -128,6 +145,29 @@ def restore() -> None:
     for sig, handler in _put_back.items():
         if _signal.getsignal(sig) is not handler:
             _signal.signal(sig, handler)
+    os.umask(_umask)  # 0o777 had made every file the next job wrote unreadable
+    _not_restored = _restore_place()
+
+
+def _restore_place() -> str | None:
+    """The working directory, nice value and CPU affinity set back; what could not be, or
+    None."""
+    if os.getpriority(os.PRIO_PROCESS, 0) != _priority:  # the next job ran slower
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, _priority)
+        except OSError:  # a raised nice value: only a privileged process may lower it
+            return "raised its nice value (os.nice, os.setpriority)"
+    try:  # a relative path of the next job's would have named another file
+        if os.getcwd() != _cwd:
+            os.chdir(_cwd)
+    except OSError:
+        return "left a working directory the pool could not enter again"
+    if os.sched_getaffinity(0) != _affinity:  # pinned to one core, the next job too
+        try:
+            os.sched_setaffinity(0, _affinity)
+        except OSError:  # a CPU taken from the pool meanwhile (cpuset)
+            return "changed its CPU affinity beyond what the pool could set back"
+    return None
 
 
 def changed() -> str | None:
@@ -164,4 +204,4 @@ def _why_changed() -> str | None:
         managed = limit == resource.RLIMIT_CPU and _cpu_budget
         if now_hard != hard or (now_soft != soft and not managed):
             return f"changed its resource limit {limit} (resource.RLIMIT_*)"
-    return None
+    return _not_restored

@@ -96,9 +96,50 @@ def raw_thread() -> int:
     return os.getpid()
 
 
+def chdir_elsewhere() -> int:
+    os.chdir("/")
+    return os.getpid()
+
+
+def umask_everything() -> int:
+    os.umask(0o777)  # the next job's files would be created unreadable
+    return os.getpid()
+
+
+#: CAP_SYS_NICE's bit in /proc's capability masks: who holds it may lower a nice value.
+CAP_SYS_NICE = 23
+
+
+def renice() -> tuple[int, bool]:
+    """Raises its nice value; returns its pid and whether it may lower it again."""
+    os.nice(5)
+    with open("/proc/self/status") as status:
+        caps = next(int(line.split()[1], 16) for line in status if line.startswith("CapEff:"))
+    return os.getpid(), bool(caps >> CAP_SYS_NICE & 1)
+
+
+def pin_to_one_cpu() -> int:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    return os.getpid()
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def _umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
 def probe() -> dict[str, object]:
     """What the next job finds: what each breaker above changes."""
     return {
+        "cwd": os.getcwd(),
+        "umask": _umask(),
+        "priority": os.getpriority(os.PRIO_PROCESS, 0),
+        "affinity": sorted(os.sched_getaffinity(0)),
         "stdout blocking": os.get_blocking(1),
         "stdout encoding": sys.stdout.encoding,
         "SIGCHLD": str(signal.getsignal(signal.SIGCHLD)),
