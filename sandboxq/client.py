@@ -100,7 +100,7 @@ class Job:
         """
         check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        outage = Outage(self.id, deadline)
+        outage = Outage(f"job {self.id!r}", deadline)
         while True:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:

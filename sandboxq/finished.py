@@ -43,12 +43,13 @@ UNREACHABLE_RETRY_S = 0.2
 class Outage:
     """A wait's patience with an unreachable backend: a failover ("no master found" for a
     moment), a restart. The wait tries again until its deadline, or, without one, until
-    ``UNREACHABLE_WAIT_S`` in a row have passed; then the last error is raised."""
+    ``UNREACHABLE_WAIT_S`` in a row have passed; then the last error is raised. ``waited``
+    names what is waited for in the log line ("job 'x'", "batch 'y'")."""
 
-    __slots__ = ("_deadline", "_job_id", "_since")
+    __slots__ = ("_deadline", "_since", "_waited")
 
-    def __init__(self, job_id: str, deadline: float | None) -> None:
-        self._job_id, self._deadline = job_id, deadline
+    def __init__(self, waited: str, deadline: float | None) -> None:
+        self._waited, self._deadline = waited, deadline
         self._since: float | None = None
 
     def pause_s(self, error: BackendUnreachable) -> float:
@@ -56,9 +57,7 @@ class Outage:
         now = time.monotonic()
         if self._since is None:
             self._since = now
-            log.info(
-                "waiting for job %r: %s; trying again until the wait ends", self._job_id, error
-            )
+            log.info("waiting for %s: %s; trying again until the wait ends", self._waited, error)
         end = self._deadline if self._deadline is not None else self._since + UNREACHABLE_WAIT_S
         if now + UNREACHABLE_RETRY_S >= end:
             raise error
