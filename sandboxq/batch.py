@@ -12,6 +12,10 @@ them as one.
                             (``Backend.get_many``: what a JobFailed says), member_values
     cancel / retry_failed / forget ── Backend.batch_each / forget_batch
 
+The waits (as_completed, wait, results) ride out an unreachable backend as ``Job.result``
+does: each read is tried again (``patiently``) while ``finished.Outage`` allows, and the
+stream's cursor is kept across it. Every other call raises ``BackendUnreachable`` at once.
+
 A member's id is ``<batch id>.<index>`` (``models.member_id``), so a batch needs no list
 of its members and any process can name them. ``Batch`` belongs to the sync ``Queue``
 (client.py), ``AsyncBatch`` to ``sandboxq.aio.Queue``: the same steps, the one awaiting
@@ -21,20 +25,28 @@ slot holds) is decided here once, for both.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from sandboxq.backends.base import Backend, BatchAction, NewJob
 from sandboxq.backends.rules import MAX_BATCH_MEMBERS, MAX_LABEL_BYTES
 from sandboxq.errors import (
+    BackendUnreachable,
     BatchNotFound,
     ConfigError,
     DamagedRecord,
     SandboxqError,
 )
-from sandboxq.finished import check_seconds, finished_value, no_such_job, result_value
+from sandboxq.finished import (
+    Outage,
+    check_seconds,
+    finished_value,
+    no_such_job,
+    result_value,
+)
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name, member_id
 
 __all__ = [
@@ -244,6 +256,38 @@ class StreamReader:
         return [member_id(self.batch_id, index) for index in new]
 
 
+def _patience(batch_id: str, total: int, timeout_s: float | None) -> tuple[StreamReader, Outage]:
+    """A wait's reader of the batch's stream, and its patience with an unreachable backend
+    (until the same deadline), shared by the reads that follow it (``results``)."""
+    reader = StreamReader(batch_id, total, timeout_s)
+    return reader, Outage(f"batch {batch_id!r}", reader.deadline)
+
+
+def patiently(outage: Outage, read: Callable[[], T]) -> T:
+    """``read()``, tried again while the backend is unreachable, for as long as ``outage``
+    allows. ``read`` must change nothing it would not change again on its next try."""
+    while True:
+        try:
+            answer = read()
+        except BackendUnreachable as exc:
+            time.sleep(outage.pause_s(exc))
+            continue
+        outage.over()
+        return answer
+
+
+async def patiently_async(outage: Outage, read: Callable[[], Awaitable[T]]) -> T:
+    """As ``patiently``, awaited."""
+    while True:
+        try:
+            answer = await read()
+        except BackendUnreachable as exc:
+            await asyncio.sleep(outage.pause_s(exc))
+            continue
+        outage.over()
+        return answer
+
+
 def result_chunks(batch_id: str, total: int) -> Iterator[list[str]]:
     """The members' ids in input order, ``RESULTS_CHUNK`` a read."""
     for start in range(0, total, RESULTS_CHUNK):
@@ -343,44 +387,68 @@ class Batch(_Handle[J]):
         (another process, after a restart) streams the same members. A member retried
         meanwhile (``retry_failed``) is yielded when it ends again; the iteration ends when
         every member is final, that is when the batch is done. ``TimeoutError`` when
-        ``timeout_s`` passes first, ``BatchNotFound`` if the batch is (or becomes) gone."""
+        ``timeout_s`` passes first, ``BatchNotFound`` if the batch is (or becomes) gone.
+        While the backend is unreachable (a restart, a Sentinel failover) the wait goes on
+        as ``Job.result``'s does (``finished.Outage``), from where the stream was read:
+        no member is yielded twice or skipped; ``BackendUnreachable`` if it still is when
+        ``timeout_s`` passes (without one, after 60 s in a row)."""
         reader = StreamReader(self.id, self.total, timeout_s)
-        self.progress()  # BatchNotFound at once, not after a read times out
+        yield from self._members(reader, Outage(f"batch {self.id!r}", reader.deadline))
+
+    def _members(self, reader: StreamReader, outage: Outage) -> Iterator[J]:
+        """``as_completed`` with its reader and its patience with the backend."""
+        patiently(outage, self.progress)  # BatchNotFound at once, not after a read times out
         backend, job = self.queue.backend, self.queue.job
-        while True:
+
+        def read() -> tuple[float | None, str, list[tuple[int, JobState]]]:
             block_s = reader.block_s()
             cursor, rows = backend.batch_finished(self.id, reader.cursor, block_s)
+            if not rows and block_s is not None:
+                self.progress()  # still there?
+            return block_s, cursor, rows
+
+        while True:
+            block_s, cursor, rows = patiently(outage, read)
             if reader.done(rows):
                 return
-            if not rows:
-                if block_s is None:
-                    raise reader.timed_out()
-                self.progress()  # still there?
+            if not rows and block_s is None:
+                raise reader.timed_out()
             for job_id in reader.took(cursor, rows):
                 yield job(job_id)
 
     def wait(self, timeout_s: float | None = None) -> BatchProgress:
-        """Block until every member is final; the batch's progress then."""
-        for _job in self.as_completed(timeout_s):
+        """Block until every member is final; the batch's progress then. While the backend
+        is unreachable, as ``as_completed``."""
+        return self._wait(*_patience(self.id, self.total, timeout_s))
+
+    def _wait(self, reader: StreamReader, outage: Outage) -> BatchProgress:
+        for _job in self._members(reader, outage):
             pass
-        return self.progress()
+        return patiently(outage, self.progress)
 
     def results(self, timeout_s: float | None = None) -> list[Any]:
         """Every member's result in input order, once all are final: a failed or cancelled
         member's slot holds its ``JobFailed`` (a member whose record is gone: its
         ``JobNotFound``; damaged: its ``DamagedRecord``), never raised, so one failure does
         not hide the other results. ``BatchNotFound`` if the
-        batch is gone or expires (past ``batch_ttl_s``) before the last member is read."""
-        self.wait(timeout_s)
+        batch is gone or expires (past ``batch_ttl_s``) before the last member is read.
+        While the backend is unreachable, the wait and the reads go on as ``as_completed``
+        (``BackendUnreachable`` once ``timeout_s`` has passed)."""
+        reader, outage = _patience(self.id, self.total, timeout_s)
+        self._wait(reader, outage)
         q = self.queue
         out: list[Any] = []
         for ids in result_chunks(self.id, self.total):
-            completed = q.backend.completed_results(ids)
-            others = member_records(q.backend, not_completed(ids, completed))
-            out += member_values(q.name, ids, completed, others, q.allowed_codecs)
+
+            def chunk(ids: list[str] = ids) -> list[Any]:
+                completed = q.backend.completed_results(ids)
+                others = member_records(q.backend, not_completed(ids, completed))
+                return member_values(q.name, ids, completed, others, q.allowed_codecs)
+
+            out += patiently(outage, chunk)
         # Still kept after the reads, so none of them raced retention's sweep: an expired
         # batch is deleted a few members at a time, and its slots would be JobNotFound.
-        self.progress()
+        patiently(outage, self.progress)
         return out
 
     def cancel(self, *, running: bool = True) -> int:
@@ -422,36 +490,54 @@ class AsyncBatch(_Handle[J]):
         """As ``Batch.as_completed``; each read is an awaited blocking read, so the event
         loop runs on while the batch does."""
         reader = StreamReader(self.id, self.total, timeout_s)
-        await self.progress()
+        async for job in self._members(reader, Outage(f"batch {self.id!r}", reader.deadline)):
+            yield job
+
+    async def _members(self, reader: StreamReader, outage: Outage) -> AsyncIterator[J]:
+        """As ``Batch._members``."""
+        await patiently_async(outage, self.progress)
         backend, job = self.queue.backend, self.queue.job
-        while True:
+
+        async def read() -> tuple[float | None, str, list[tuple[int, JobState]]]:
             block_s = reader.block_s()
             cursor, rows = await backend.batch_finished(self.id, reader.cursor, block_s)
+            if not rows and block_s is not None:
+                await self.progress()
+            return block_s, cursor, rows
+
+        while True:
+            block_s, cursor, rows = await patiently_async(outage, read)
             if reader.done(rows):
                 return
-            if not rows:
-                if block_s is None:
-                    raise reader.timed_out()
-                await self.progress()
+            if not rows and block_s is None:
+                raise reader.timed_out()
             for job_id in reader.took(cursor, rows):
                 yield job(job_id)
 
     async def wait(self, timeout_s: float | None = None) -> BatchProgress:
         """As ``Batch.wait``."""
-        async for _job in self.as_completed(timeout_s):
+        return await self._wait(*_patience(self.id, self.total, timeout_s))
+
+    async def _wait(self, reader: StreamReader, outage: Outage) -> BatchProgress:
+        async for _job in self._members(reader, outage):
             pass
-        return await self.progress()
+        return await patiently_async(outage, self.progress)
 
     async def results(self, timeout_s: float | None = None) -> list[Any]:
         """As ``Batch.results``."""
-        await self.wait(timeout_s)
+        reader, outage = _patience(self.id, self.total, timeout_s)
+        await self._wait(reader, outage)
         q = self.queue
         out: list[Any] = []
         for ids in result_chunks(self.id, self.total):
-            completed = await q.backend.completed_results(ids)
-            others = await self._records(not_completed(ids, completed))
-            out += member_values(q.name, ids, completed, others, q.allowed_codecs)
-        await self.progress()  # as in Batch.results: still kept after the reads
+
+            async def chunk(ids: list[str] = ids) -> list[Any]:
+                completed = await q.backend.completed_results(ids)
+                others = await self._records(not_completed(ids, completed))
+                return member_values(q.name, ids, completed, others, q.allowed_codecs)
+
+            out += await patiently_async(outage, chunk)
+        await patiently_async(outage, self.progress)  # as in Batch.results: still kept
         return out
 
     async def _records(self, ids: list[str]) -> dict[str, Record]:

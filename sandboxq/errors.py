@@ -22,7 +22,7 @@ Python would raise (``current_job().progress(2)``: ValueError; ``Pool.submit`` a
     │                          fork server keeps dying, or its supervisor thread crashed
     └── BackendError           the backend is unreachable or answered something unexpected
         ├── BackendUnreachable no answer: refused, timed out, the connection lost, no master
-        │                      known (a failover); a wait for a result tries again
+        │                      known (a failover); a wait (a result, a batch) tries again
         └── DamagedRecord      the server answered, but a key or record in it is not what
                                sandboxq writes (changed by hand, forged): only its readers fail
 
@@ -170,8 +170,9 @@ class BackendError(SandboxqError):
 
 class BackendUnreachable(BackendError):
     """The backend did not answer: the connection was refused, timed out or was lost, or
-    no master is known (a Sentinel failover in progress). A wait for a job's result tries
-    again until its timeout (``finished.Outage``); other calls raise it at once."""
+    no master is known (a Sentinel failover in progress). A wait for a job's result or a
+    batch's members tries again until its timeout (``finished.Outage``); other calls raise
+    it at once."""
 
 
 class DamagedRecord(BackendError):
