@@ -28,6 +28,7 @@ from sandboxq.errors import BackendError, ConfigError, DamagedRecord
 from sandboxq.models import JobState
 from sandboxq.testing.waiting import wait_for
 from sandboxq.testing.workers import BackgroundWorkers
+from tests.support.contract.support import claim_one, finish
 
 from .support import H
 
@@ -168,13 +169,15 @@ def test_a_forged_member_count_is_a_damaged_record_not_an_allocation(
 ) -> None:
     """A handle keeps a byte per member while it streams them: a forged count made
     ``as_completed`` raise OverflowError, or allocate gigabytes. The handle is refused,
-    naming the damage; the progress, one read of the counters, still answers."""
+    naming the damage; so is the progress: the batch was sealed with its one member
+    enqueued, which no total but 1 allows."""
     batch = queue.batch([([1], {})])
     backend = queue.backend
     assert isinstance(backend, RedisBackend)
     raw.hset(backend.keys.batch(batch.id), "total", total)
-    if int(total) < 2**53:  # a count: the progress answers
-        assert batch.progress().total == int(total)
+    if int(total) < 2**53:  # a count: the progress names it
+        with pytest.raises(DamagedRecord, match=f"1 of its {total} members enqueued"):
+            batch.progress()
     with pytest.raises(BackendError, match="its record is damaged"):
         queue.get_batch(batch.id)
 
@@ -225,3 +228,37 @@ def test_counts_past_the_batch_s_total_are_a_damaged_record(queue: Queue, raw: r
     with pytest.raises(DamagedRecord, match="failed") as damaged:
         batch.progress()
     assert "12" in str(damaged.value), damaged.value
+
+
+@pytest.mark.parametrize(
+    ("forged", "named"),
+    [
+        ({"total": 20}, "12 of its 20"),
+        ({"total": 20, "enqueued": 20}, "12 members counted"),
+        ({"enqueued": 13}, "13 members enqueued: more than its 12"),
+    ],
+    ids=["its total", "its total and enqueued", "enqueued past its total"],
+)
+def test_a_total_past_the_batch_s_members_is_a_damaged_record_not_a_timeout(
+    queue: Queue, raw: redis.Redis, forged: dict[str, int], named: str
+) -> None:
+    """A forged total of 20 on a batch of 12 ended members: ``results()`` waited for 8
+    members that never end, until its timeout (``TimeoutError``, or never without one).
+    A sealed batch has every member of its total enqueued and counted in some state, so
+    such counters are a ``DamagedRecord`` naming them, from every read of the batch."""
+    batch = queue.batch([([i], {}) for i in range(12)])
+    backend = queue.backend
+    assert isinstance(backend, RedisBackend)
+    for _ in range(12):
+        finish(backend, claim_one(backend), result=b"0")
+    raw.hset(backend.keys.batch(batch.id), mapping=forged)
+    reads: list[Callable[[], object]] = [  # a handle made now, and the maker's of 12
+        lambda: queue.get_batch(batch.id).results(timeout_s=3),
+        lambda: batch.results(timeout_s=3),
+        lambda: batch.wait(timeout_s=3),
+        batch.progress,
+    ]
+    for read in reads:
+        with pytest.raises(DamagedRecord, match="damaged") as damaged:
+            read()
+        assert named in str(damaged.value), damaged.value

@@ -204,8 +204,9 @@ def progress_from(
 ) -> BatchProgress | None:
     """A ``BatchProgress`` from the batch hash's ``PROGRESS_FIELDS`` (None: no batch);
     ``DamagedRecord`` naming the field when a count is none (changed by hand): a total
-    of -5 read as 0 made the batch look empty and done, its members never followed; and
-    when more members ended than the batch has."""
+    of -5 read as 0 made the batch look empty and done, its members never followed; when
+    more members ended than the batch has; and when members it counts do not exist
+    (``members_missing``)."""
     if values[0] is None:
         return None
     f = dict(zip(PROGRESS_FIELDS, values, strict=True))
@@ -233,12 +234,18 @@ def progress_from(
             f"batch {batch_id!r} of queue {queue!r}: its record is damaged ({shown}: more "
             f"members ended than its {total})"
         )
+    enqueued = count("enqueued")
+    missing = members_missing(total, enqueued, f["sealed"] is not None, counts, finals)
+    if missing:
+        raise DamagedRecord(
+            f"batch {batch_id!r} of queue {queue!r}: its record is damaged ({missing})"
+        )
     then = records.text(f["then"]) if f["then"] else None
     return BatchProgress(
         batch_id=batch_id,
         queue=queue,
         total=total,
-        enqueued=count("enqueued"),
+        enqueued=enqueued,
         **counts,
         **finals,
         done=f["done_ms"] is not None,
@@ -249,6 +256,31 @@ def progress_from(
         created_ms=count("created_ms") or None,
         done_ms=count("done_ms") or None,
     )
+
+
+def members_missing(
+    total: int, enqueued: int, sealed: bool, counts: dict[str, int], finals: dict[str, int]
+) -> str | None:
+    """Why the batch's counters say members it counts in ``total`` do not exist (a forged
+    total: "20" on a batch of 12, whose waits then waited for 8 members that never end),
+    or None. The chunk that brings ``enqueued`` to the total seals the batch, and every
+    member is counted in one state from its enqueue on, so a sealed batch has ``enqueued``
+    and its counts summed equal to its total. An unsealed one (its enqueue under way, or
+    stopped part-way: ``BatchIncomplete``) cannot be told from a forged one: not judged."""
+    if enqueued > total:
+        return f"{enqueued} members enqueued: more than its {total}"
+    if not sealed:
+        return None
+    if enqueued != total:
+        return f"sealed with {enqueued} of its {total} members enqueued: sealed means all were"
+    counted = sum(counts.values()) + sum(finals.values())
+    if counted != total:
+        return (
+            f"{counted} members counted in any state ("
+            + ", ".join(f"{s} {n}" for s, n in {**counts, **finals}.items())
+            + f") of its {total}"
+        )
+    return None
 
 
 def finished_from(
