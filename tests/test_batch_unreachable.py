@@ -44,14 +44,24 @@ def server() -> Iterator[RedisServer]:
             os.kill(started.process.pid, signal.SIGCONT)  # however the test ended
 
 
+class OutageMet(threading.Event):
+    """Set when a wait logs that the backend is unreachable (``Outage``'s one line);
+    ``lines``: those lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+
 @pytest.fixture
-def outage_met() -> Iterator[threading.Event]:
-    """Set when a wait logs that the backend is unreachable (``Outage``'s one line)."""
-    met = threading.Event()
+def outage_met() -> Iterator[OutageMet]:
+    """An ``OutageMet`` for the test's waits."""
+    met = OutageMet()
 
     class Seen(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             if "unreachable" in record.getMessage():
+                met.lines.append(record.getMessage())
                 met.set()
 
     logger = logging.getLogger("sandboxq.finished")
@@ -98,7 +108,7 @@ def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("side", ["threads", "asyncio"])
 def test_as_completed_goes_on_from_its_cursor_while_redis_is_unreachable(
-    side: str, server: RedisServer, queue_name: str, outage_met: threading.Event
+    side: str, server: RedisServer, queue_name: str, outage_met: OutageMet
 ) -> None:
     """Two members are yielded, the server stops, the iteration meets it, the server goes
     on and the last two end: each member is yielded once, none is skipped (the stream's
@@ -144,13 +154,16 @@ def test_as_completed_goes_on_from_its_cursor_while_redis_is_unreachable(
         ended += [finish_next(q, i) for i in range(2, 4)]
         thread.join(30)
         assert got == [ended], got
+        # one line for the one outage, naming the batch waited for
+        assert len(outage_met.lines) == 1, outage_met.lines
+        assert outage_met.lines[0].startswith(f"waiting for batch {batch.id!r}: ")
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("call", ["wait", "results"])
 @pytest.mark.parametrize("side", ["threads", "asyncio"])
 def test_a_batch_wait_goes_on_while_redis_is_unreachable(
-    side: str, call: str, server: RedisServer, queue_name: str, outage_met: threading.Event
+    side: str, call: str, server: RedisServer, queue_name: str, outage_met: OutageMet
 ) -> None:
     """The server is stopped before the wait begins and continued once the wait has met
     it; then the members end, and the wait returns as if nothing had happened."""
