@@ -34,13 +34,14 @@ from sandboxq.batch import (
     new_batch_id,
 )
 from sandboxq.client import Call, Producer, call_pair, check_since
-from sandboxq.errors import BackendUnreachable, ConfigError, JobNotFound, SandboxqError
+from sandboxq.errors import ConfigError, JobNotFound, SandboxqError
 from sandboxq.finished import (
     Outage,
     Trims,
     check_seconds,
     finished_value,
     no_such_job,
+    patiently_async,
     result_value,
 )
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_batch_id, check_job_id
@@ -208,16 +209,15 @@ class AsyncJob:
         check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         outage = Outage(f"job {self.id!r}", deadline)
-        while True:
+
+        async def one_wait() -> tuple[bool, Any]:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"job {self.id!r} did not finish within {timeout_s} s")
-            try:
-                finished, value = await self._finished(min(left, 3600.0))
-            except BackendUnreachable as exc:
-                await asyncio.sleep(outage.pause_s(exc))
-                continue
-            outage.over()
+            return await self._finished(min(left, 3600.0))
+
+        while True:
+            finished, value = await patiently_async(outage, one_wait)
             if finished:
                 return value
 

@@ -25,16 +25,14 @@ slot holds) is decided here once, for both.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from sandboxq.backends.base import Backend, BatchAction, NewJob
 from sandboxq.backends.rules import MAX_BATCH_MEMBERS, MAX_LABEL_BYTES
 from sandboxq.errors import (
-    BackendUnreachable,
     BatchNotFound,
     ConfigError,
     DamagedRecord,
@@ -45,6 +43,8 @@ from sandboxq.finished import (
     check_seconds,
     finished_value,
     no_such_job,
+    patiently,
+    patiently_async,
     result_value,
 )
 from sandboxq.models import BatchProgress, JobInfo, JobState, check_queue_name, member_id
@@ -261,31 +261,6 @@ def _patience(batch_id: str, total: int, timeout_s: float | None) -> tuple[Strea
     (until the same deadline), shared by the reads that follow it (``results``)."""
     reader = StreamReader(batch_id, total, timeout_s)
     return reader, Outage(f"batch {batch_id!r}", reader.deadline)
-
-
-def patiently(outage: Outage, read: Callable[[], T]) -> T:
-    """``read()``, tried again while the backend is unreachable, for as long as ``outage``
-    allows. ``read`` must change nothing it would not change again on its next try."""
-    while True:
-        try:
-            answer = read()
-        except BackendUnreachable as exc:
-            time.sleep(outage.pause_s(exc))
-            continue
-        outage.over()
-        return answer
-
-
-async def patiently_async(outage: Outage, read: Callable[[], Awaitable[T]]) -> T:
-    """As ``patiently``, awaited."""
-    while True:
-        try:
-            answer = await read()
-        except BackendUnreachable as exc:
-            await asyncio.sleep(outage.pause_s(exc))
-            continue
-        outage.over()
-        return answer
 
 
 def result_chunks(batch_id: str, total: int) -> Iterator[list[str]]:

@@ -25,7 +25,6 @@ from sandboxq.backends import open_backend
 from sandboxq.backends.base import Backend, Event, NewJob
 from sandboxq.batch import Batch, batch_total, check_batch_calls, new_batch_id
 from sandboxq.errors import (
-    BackendUnreachable,
     ConfigError,
     JobNotFound,
     SandboxqError,
@@ -37,6 +36,7 @@ from sandboxq.finished import (
     decode_result,
     finished_value,
     no_such_job,
+    patiently,
     result_value,
 )
 from sandboxq.models import (
@@ -101,16 +101,15 @@ class Job:
         check_seconds("timeout_s", timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         outage = Outage(f"job {self.id!r}", deadline)
-        while True:
+
+        def one_wait() -> tuple[bool, Any]:
             left = 3600.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"job {self.id!r} did not finish within {timeout_s} s")
-            try:
-                finished, value = self._finished(min(left, 3600.0))
-            except BackendUnreachable as exc:
-                time.sleep(outage.pause_s(exc))
-                continue
-            outage.over()
+            return self._finished(min(left, 3600.0))
+
+        while True:
+            finished, value = patiently(outage, one_wait)
             if finished:
                 return value
 

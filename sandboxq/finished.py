@@ -1,18 +1,19 @@
 """What a finished job means to a reader: its decoded result, or ``JobFailed``; the checks
 of a wait's arguments, and its patience with an unreachable backend (``Outage``, which
-logs one line an outage). No backend I/O: the sync and asyncio clients and ``Batch``
-share them.
+logs one line an outage; ``patiently``, which tries a read again while it allows). No
+backend I/O of its own: the sync and asyncio clients and ``Batch`` share them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sandboxq import codec as codecs
 from sandboxq.errors import BackendUnreachable, ConfigError, JobFailed, JobNotFound
@@ -33,6 +34,7 @@ def decode_result(info: JobInfo, data: bytes | None, allowed: Collection[str]) -
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: How long a wait with no timeout goes on while the backend stays unreachable, in a row.
 UNREACHABLE_WAIT_S = 60.0
@@ -66,6 +68,31 @@ class Outage:
     def over(self) -> None:
         """The backend answered again."""
         self._since = None
+
+
+def patiently(outage: Outage, read: Callable[[], T]) -> T:
+    """``read()``, tried again while the backend is unreachable, for as long as ``outage``
+    allows. ``read`` must change nothing it would not change again on its next try."""
+    while True:
+        try:
+            answer = read()
+        except BackendUnreachable as exc:
+            time.sleep(outage.pause_s(exc))
+            continue
+        outage.over()
+        return answer
+
+
+async def patiently_async(outage: Outage, read: Callable[[], Awaitable[T]]) -> T:
+    """As ``patiently``, awaited."""
+    while True:
+        try:
+            answer = await read()
+        except BackendUnreachable as exc:
+            await asyncio.sleep(outage.pause_s(exc))
+            continue
+        outage.over()
+        return answer
 
 
 #: The finished states retention trims, by the names of their fields in ``Trims``.
