@@ -13,7 +13,7 @@ them as one.
     cancel / retry_failed / forget ── Backend.batch_each / forget_batch
 
 The waits (as_completed, wait, results) ride out an unreachable backend as ``Job.result``
-does: each read is tried again (``patiently``) while ``finished.Outage`` allows, and the
+does: each read is tried again (``finished.patiently``) while its ``Outage`` allows, and the
 stream's cursor is kept across it. Every other call raises ``BackendUnreachable`` at once.
 
 A member's id is ``<batch id>.<index>`` (``models.member_id``), so a batch needs no list
