@@ -86,7 +86,11 @@ def overview(
             link(href(ctx.root, "/queue", name=name, state=s.value), counts[s]) for s in JobState
         ]
         cells.append(duration(max(0, ctx.now - oldest) / 1000) if oldest else "")
-        shown = f"{summary.workers}+" if summary.workers_capped else summary.workers
+        workers, capped = summary.workers, summary.workers_capped
+        if capped:  # past one read's cap: walk the registry (it forgets the dead it reads)
+            registry = backend.worker_registry()
+            workers, capped = len(registry.live), registry.capped
+        shown = f"{workers}+" if capped else workers
         cells.append(link(href(ctx.root, "/workers", queue=name), shown))
         last = [throughput.recent(name, ctx.now, m) for m in (1, 5, 15)]
         cells += [sum(c.values()) for c in last]

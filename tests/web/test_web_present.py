@@ -341,6 +341,34 @@ def test_a_padded_worker_registry_is_read_up_to_the_cap_and_says_so(
 
 
 @pytest.mark.timeout(60)
+def test_the_overview_counts_the_live_worker_of_a_registry_padded_by_hand(
+    own_redis: RedisServer,
+) -> None:
+    """100,000 names with no worker behind them, and one live worker: the overview read
+    one capped batch of the registry and showed "0+" until the workers page (or
+    ``sandboxq info``) had forgotten the junk."""
+    raw = redis.Redis.from_url(own_redis.url)
+    keys = QueueKeys("padded2")
+    try:
+        with Queue("padded2", url=own_redis.url) as q:
+            q.enqueue("x")
+        pipe = raw.pipeline(transaction=False)
+        for start in range(0, 100_000, 10_000):
+            pipe.sadd(keys.workers, *(f"gone{i}" for i in range(start, start + 10_000)))
+        pipe.set(keys.worker("live"), json.dumps({"worker_id": "live", "host": "h"}), ex=600)
+        pipe.sadd(keys.workers, "live")
+        pipe.execute()
+        app = create_app(own_redis.url, queues=["padded2"])
+        with serve(app) as base, httpx.Client(base_url=base, timeout=30) as http:
+            page = http.get("/").text
+            link = 'href="/workers?queue=padded2">'
+            assert f"{link}1</a>" in page, page[page.find(link) - 20 : page.find(link) + 60]
+            assert raw.scard(keys.workers) == 1  # the walk forgot the dead names it read
+    finally:
+        raw.close()
+
+
+@pytest.mark.timeout(60)
 def test_a_damaged_queue_costs_only_its_own_numbers_on_workers_and_events(
     own_redis: RedisServer,
 ) -> None:
