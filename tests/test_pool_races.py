@@ -224,6 +224,47 @@ def test_no_task_waits_behind_a_hung_attempt_while_a_child_is_idle(
 
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(MODE == "process_tree", reason=f"no writable control groups: {WHY}")
+def test_a_take_back_from_a_child_slow_to_stop_is_tried_again(tmp_path: Path) -> None:
+    """Taking a task back stops its child for a moment; on a loaded machine a child may not
+    stop within TAKE_BACK_STOP_S. That task was then kept behind the hung attempt for good,
+    and the tasks queued before it too, while the other child sat idle (the test above
+    failed so under load). Here the hung child is frozen (its group's freezer: SIGSTOP
+    cannot stop it) while the other one runs out of work, then thawed."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with Pool(CALL, size=2, containment="cgroup") as pool:
+        for i in range(150):  # jobs are short: tasks are queued in busy children
+            run(pool, "echo", i).result(timeout=10)
+        children = pool._supervisor._children
+        hung = run(pool, "wait_on_fifo", str(fifo))
+        busy = wait_for(
+            lambda: next((c for c in list(children) if c.running is not None), None),
+            10,
+            "the hung attempt to start",
+        )
+        assert busy.group is not None
+        busy.group._freeze(True)
+        try:
+            rest = [run(pool, "echo", i) for i in range(40)]
+            [other] = [c for c in children if c is not busy]
+            wait_for(
+                lambda: other.running is None and not other.queued and bool(busy.queued),
+                10,
+                "the other child to run out of work while the frozen one holds tasks",
+            )
+            # It tried at once to take a task back, and could not stop the frozen child; a
+            # margin for that try on a loaded machine (nothing shows it from outside).
+            time.sleep(0.3)
+        finally:
+            busy.group.thaw()
+        assert all(f.result(timeout=10).outcome is Outcome.OK for f in rest)
+        assert not hung.done()
+        wait_for(lambda: open_or_not(fifo), 10, "the hung attempt to wait on its barrier")
+        assert hung.result(timeout=10).outcome is Outcome.OK
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(MODE == "process_tree", reason=f"no writable control groups: {WHY}")
 def test_a_task_with_a_higher_memory_limit_never_starts_under_the_one_before(
     tmp_path: Path,
 ) -> None:

@@ -250,12 +250,13 @@ class Child:
         child's channel (read once the child is dead)."""
         return bool(self.shared[CHANNEL_LOST] == run.task_id)
 
-    def withdraw(self, attempt: Attempt, stop_within_s: float = 0.5) -> bool:
+    def withdraw(self, attempt: Attempt, stop_within_s: float = 0.5) -> bool | None:
         """Take a task back from the child's channel before it starts: True if it will
-        never run. The child is stopped meanwhile, so it cannot start it half-way; False
-        too if it did not stop within ``stop_within_s``."""
+        never run, False if it has started. The child is stopped meanwhile, so it cannot
+        start it half-way; None if it did not stop within ``stop_within_s`` (nothing was
+        done: a later try may do it)."""
         if not stop(self.pid, stop_within_s):
-            return False
+            return None
         try:
             if self.shared[STARTED] == attempt.task_id:
                 return False

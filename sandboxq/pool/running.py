@@ -88,6 +88,7 @@ class Attempt:
         "soft_stack",
         "started",
         "started_ms",
+        "take_back_after",
         "task",
         "task_id",
         "tree",
@@ -99,8 +100,11 @@ class Attempt:
         self.on_done = on_done
         self.live = live
         self.child: Child | None = None
-        #: Queued behind another attempt and not to be taken back (a try failed: assign.py).
+        #: Queued behind another attempt and not to be taken back (it started: assign.py).
         self.pinned = False
+        #: Not taken back before this (``time.monotonic()``): a try found its child slow
+        #: to stop.
+        self.take_back_after = 0.0
         self.started = 0.0
         self.started_ms: int | None = None
         self.soft_deadline: float | None = None
