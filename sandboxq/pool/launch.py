@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from multiprocess import resource_tracker, spawn
@@ -45,10 +46,12 @@ def start(process: Any) -> None:
         _marked.active = False
 
 
-def start_retrying(process: Any, tries: int) -> None:
+def start_retrying(
+    process: Any, tries: int, given_up: Callable[[], str | None] = lambda: None
+) -> None:
     """``start``, tried ``tries`` times: a fork server that just died refuses the first
     connections until multiprocess sees it gone and starts a fresh one. Raises
-    ``OSError`` when every try failed."""
+    ``OSError`` when every try failed, or at once when ``given_up()`` says why not."""
     for attempt in range(tries):
         try:
             # multiprocess *warns* when it relaunches a dead resource tracker; that is the
@@ -67,6 +70,8 @@ def start_retrying(process: Any, tries: int) -> None:
                 guarded_logger("sandboxq.pool").warning("starting a child: %s", warning.message)
             return
         except (OSError, EOFError) as exc:
+            if (why := given_up()) is not None:  # the fork server was killed for it
+                raise OSError(why) from exc
             # A fork server that dies while it forks this child closes the connection
             # before it sends the new pid: multiprocess raises EOFError, not OSError.
             if attempt == tries - 1:

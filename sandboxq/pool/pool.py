@@ -23,7 +23,7 @@ import multiprocess
 from multiprocess import process
 
 from sandboxq import codec
-from sandboxq.errors import PoolBroken, SerializationError
+from sandboxq.errors import PoolBroken, ProcessorError, SerializationError
 from sandboxq.models import Outcome
 from sandboxq.pool import server, tracker
 from sandboxq.pool.attempt import AttemptResult, Task
@@ -32,7 +32,7 @@ from sandboxq.pool.containment import detect
 from sandboxq.pool.limits import ChildSetup
 from sandboxq.pool.privileges import Asked, resolve_user
 from sandboxq.pool.supervisor import Supervisor
-from sandboxq.processor import resolve_within, split_path
+from sandboxq.processor import default_import_timeout_s, resolve_within, split_path
 from sandboxq.settings import (
     DEFAULT_MAX_PROCESSES,
     ChildSettings,
@@ -65,6 +65,15 @@ def _context(start_method: StartMethod, processor: str, preload: bool = True) ->
             _FORKSERVER_PRELOAD.append(module)
         ctx.set_forkserver_preload(list(_FORKSERVER_PRELOAD))
     return ctx
+
+
+def _no_preload(start_method: StartMethod, processor: str) -> None:
+    """Take ``processor``'s module off the fork server's preload list (its import hung
+    there: ``Supervisor.start``)."""
+    module = split_path(processor)[0]
+    if start_method == "forkserver" and module in _FORKSERVER_PRELOAD:
+        _FORKSERVER_PRELOAD.remove(module)
+        multiprocess.get_context("forkserver").set_forkserver_preload(list(_FORKSERVER_PRELOAD))
 
 
 class Pool:
@@ -118,11 +127,14 @@ class Pool:
         self._open(s, s.size, s.max_result_bytes, s.memory_check_interval_s)
 
     @classmethod
-    def from_settings(cls, settings: ChildSettings, size: int) -> Pool:
+    def from_settings(
+        cls, settings: ChildSettings, size: int, stop_asked: Callable[[], bool] | None = None
+    ) -> Pool:
         """A pool of ``size`` children from settings validated elsewhere, whose processor
-        the caller already imported (the worker's: nothing is checked or imported twice)."""
+        the caller already imported (the worker's: nothing is checked or imported twice).
+        ``stop_asked`` ends a start that waits for its fork server (``PoolBroken``)."""
         pool = cls.__new__(cls)
-        pool._open(settings, size, codec.DEFAULT_MAX_BYTES, DEFAULT_MEMORY_CHECK_S)
+        pool._open(settings, size, codec.DEFAULT_MAX_BYTES, DEFAULT_MEMORY_CHECK_S, stop_asked)
         return pool
 
     def _open(
@@ -131,6 +143,7 @@ class Pool:
         size: int,
         max_result_bytes: int,
         memory_check_interval_s: float,
+        stop_asked: Callable[[], bool] | None = None,
     ) -> None:
         self.settings = s = settings
         self._size = size
@@ -167,7 +180,14 @@ class Pool:
             # its children are in them and its shutdown removes them.
             self._containment.close()
             raise
-        self._supervisor.start()
+        limit = settings.import_timeout_s or default_import_timeout_s()
+        try:
+            self._supervisor.start(limit, stop_asked)
+        except ProcessorError:
+            # Its next fork server must not hang on it again, nor every other pool's here:
+            # children import it themselves.
+            _no_preload(s.start_method, s.processor)
+            raise
         _supervisors.add(self._supervisor)
         # A pool dropped unclosed (made in a function that returned, one per file in a
         # loop) stops as ProcessPoolExecutor's does: what it was given runs to its end,

@@ -18,8 +18,11 @@ What a fork server's death does to the children is the supervisor's (its
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import selectors
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -72,6 +75,17 @@ class Spawner:
         self._on_server_death = on_server_death
         self._watch = server.Watch() if ctx.get_start_method() == "forkserver" else None
         self._tracker = TrackerWatch(wake)
+        #: Why the pool's start was given up (``give_up``): no child is started after it.
+        self.given_up: str | None = None
+
+    def give_up(self, why: str) -> None:
+        """Stop a start that hangs in the fork server (its import of the processor): no
+        more tries, and the fork server killed, so that the thread waiting for it goes on
+        (and the next pool of this process starts a fresh one)."""
+        self.given_up = why
+        if (pid := server.pid()) is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def spawn(self) -> Child:
         """Start one child (not ready yet: it sends ``Ready`` once its processor is
@@ -98,7 +112,7 @@ class Spawner:
         )
         try:
             with server.spawning():
-                launch.start_retrying(process, LAUNCH_TRIES)
+                launch.start_retrying(process, LAUNCH_TRIES, lambda: self.given_up)
                 server.register(process.pid)
         except OSError:
             channel.close()

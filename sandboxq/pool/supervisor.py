@@ -43,9 +43,10 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from sandboxq.errors import PoolBroken
+from sandboxq.errors import PoolBroken, ProcessorError
 from sandboxq.models import Outcome
 from sandboxq.pool import commands, deadlines, deaths, server
 from sandboxq.pool.assign import Assigner
@@ -74,6 +75,8 @@ SERVER_DEATH_WAIT_S = 0.2
 #: How long after a child's channel ended its exit may take to be reported before the
 #: fork server, which reaps it and reports it, is looked at (``_look_at_late_exits``).
 EXIT_LATE_S = 0.1
+#: How often a start that waits for its first children looks at its deadline and at a stop.
+START_LOOK_S = 0.05
 
 
 class Supervisor:
@@ -95,6 +98,7 @@ class Supervisor:
         capture_output: bool = True,
         pool_memory_mb: float | None = None,
     ) -> None:
+        self._processor = processor
         self._size = size
         self._max_jobs_per_child = max_jobs_per_child
         self._memory_every = memory_check_interval_s
@@ -163,10 +167,35 @@ class Supervisor:
 
     # -- any thread -------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start the thread; returns once the first children have been started."""
+    def start(self, give_up_after_s: float, stop_asked: Callable[[], bool] | None = None) -> None:
+        """Start the thread; returns once the first children have been started. A start
+        that takes longer than ``give_up_after_s`` (the fork server's import of the
+        processor hangs: the caller's own import of it had finished) raises
+        ``ProcessorError``; one stopped meanwhile (``stop_asked``: a worker's SIGTERM)
+        raises ``PoolBroken``. Either way the fork server is killed, the thread ends, and
+        nothing of the pool is left."""
         self._thread.start()
-        self._spawned.wait()
+        deadline = time.monotonic() + give_up_after_s
+        # Looked at a few times a second: a fork server preloading numpy takes seconds.
+        while not self._spawned.wait(START_LOOK_S):
+            if stop_asked is not None and stop_asked():
+                error: Exception = PoolBroken("stopped before its first children started")
+            elif time.monotonic() >= deadline:
+                error = ProcessorError(
+                    f"the pool's fork server did not finish importing {self._processor!r} "
+                    f"within {give_up_after_s:g} s (import_timeout_s), although this process "
+                    "had imported it: does the module wait at import on something another "
+                    "process does not have (a lock, the network, sys.argv)?",
+                    processor=self._processor,
+                )
+            else:
+                continue
+            self._spawner.give_up(str(error))  # the fork server killed: the thread goes on
+            self._spawned.wait()
+            self.close(cancel=True)
+            self._thread.join()
+            self.close_wake_pipe()
+            raise error
 
     def new_task_id(self) -> int:
         """A task id for a later ``submit``; commands naming it before then wait for it."""
@@ -260,6 +289,8 @@ class Supervisor:
         try:
             try:
                 for _ in range(self._size):
+                    if self._closing:  # broken: no child could be started
+                        break
                     self._spawn()
             finally:
                 self._spawned.set()

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxq import tracing
 from sandboxq.backends import open_backend
-from sandboxq.errors import BackendError, ConfigError, WorkerFailed
+from sandboxq.errors import BackendError, ConfigError, PoolBroken, WorkerFailed
 from sandboxq.models import (
     DEFAULT_MAX_INFRA_DEATHS,
     FAILURE_TTL_S,
@@ -189,13 +189,18 @@ class SandboxWorker:
             self._register(raise_errors=True)
             unwatch = self.backend.watch_cancellations(self._on_cancel)
             log.info("worker %s started on queue %r: %s", self.id, s.queue, s.processor)
-            pool = self._pool = Pool.from_settings(s, s.concurrency)
+            # A stop while the pool starts ends the start: its fork server may be stuck
+            # importing the processor (cut off at import_timeout_s, ProcessorError).
+            pool = self._pool = Pool.from_settings(s, s.concurrency, self._stop.asked.is_set)
             # Once more with what the pool chose (containment, protections): the next
             # refresh is renew_every_s away, and `sandboxq info` showed them empty till then.
             self._register()
-        except BaseException:
+        except BaseException as exc:
             self._disconnect(unwatch)
             restore()
+            if isinstance(exc, PoolBroken) and self._stop.asked.is_set():
+                log.info("worker %s stopped while its pool started", self.id)
+                return
             raise
         heartbeat = self.heartbeat = Heartbeat(
             self.backend,

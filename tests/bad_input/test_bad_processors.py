@@ -8,6 +8,7 @@ fork server, so the next pool of the process still starts.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -194,6 +196,110 @@ def test_the_import_timeout_comes_from_the_environment(
         monkeypatch.setenv(IMPORT_TIMEOUT_ENV, bad)
         with pytest.raises(ConfigError, match=f"{IMPORT_TIMEOUT_ENV}={bad!r} is not a positive"):
             SandboxWorker("q", H + "no_such_handler", url="memory://")
+
+
+#: A module that imports at once in the process named by $SQ_TEST_IMPORTER, and hangs in any
+#: other (the pool's fork server, which preloads it) until ``flag`` exists: a module that
+#: reads sys.argv, a lock file or the network at import can do so.
+HANGS_ELSEWHERE = """
+    import os, time
+    while os.environ.get("SQ_TEST_IMPORTER") != str(os.getpid()):
+        if os.path.exists({flag!r}):
+            break
+        time.sleep(0.05)
+
+    def fn():
+        return os.getpid()
+"""
+
+#: Run in a process of its own, so that its fork server is fresh and preloads the module.
+FORK_SERVER_HANGS = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+os.environ["SQ_TEST_IMPORTER"] = str(os.getpid())
+from sandboxq import Pool, ProcessorError
+from sandboxq.worker import SandboxWorker
+
+path = sys.argv[2] + ":fn"
+for build in (
+    lambda: Pool(path, 1, import_timeout_s=1),
+    lambda: SandboxWorker("q", path, url="memory://", import_timeout_s=1).run(),
+):
+    started = time.monotonic()
+    try:
+        build()
+    except ProcessorError as exc:
+        print(f"refused after {time.monotonic() - started:.1f} s: {exc}", flush=True)
+open(sys.argv[3], "w").close()
+with Pool(path, 1, import_timeout_s=5) as pool:
+    print("then ran in", "another process" if pool.submit().result(30) != os.getpid() else "?")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_server_that_hangs_importing_the_processor_fails_the_start_after_the_timeout(
+    make_module: MakeModule, tmp_path: Path
+) -> None:
+    """The worker's own import of the module finished; the fork server's preload of it
+    hung. import_timeout_s did not apply there: the pool (and the worker) waited for the
+    fork server for ever, and a worker ignored SIGTERM and SIGINT until the import ended."""
+    flag = tmp_path / "release"
+    module = make_module(HANGS_ELSEWHERE.format(flag=str(flag)))
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", FORK_SERVER_HANGS, str(tmp_path), module, str(flag)],
+            capture_output=True,
+            text=True,
+            timeout=50,
+            check=False,
+        )
+    finally:
+        flag.touch()
+    assert out.returncode == 0, out.stderr[-3000:]
+    refusals = [line for line in out.stdout.splitlines() if line.startswith("refused")]
+    assert len(refusals) == 2, out.stdout + out.stderr[-3000:]
+    for line in refusals:
+        took = float(line.split()[2])
+        assert 1 <= took < 10, line
+        assert "fork server" in line and "within 1 s (import_timeout_s)" in line, line
+    assert out.stdout.splitlines()[-1] == "then ran in another process", out.stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_worker_signalled_while_its_fork_server_hangs_importing_stops(
+    make_module: MakeModule, tmp_path: Path, redis_url: str, signum: int
+) -> None:
+    flag = tmp_path / "release"
+    module = make_module(HANGS_ELSEWHERE.format(flag=str(flag)))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    worker = f"exec {sys.executable} -m sandboxq worker {module} {module}:fn --url {redis_url}"
+    proc = subprocess.Popen(
+        ["sh", "-c", f"SQ_TEST_IMPORTER=$$ {worker}"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            lambda: any(
+                "forkserver" in " ".join(c.cmdline()) and module in " ".join(c.cmdline())
+                for c in psutil.Process(proc.pid).children()
+            ),
+            20,
+            "the worker's fork server to preload the module",
+        )
+        asked = time.monotonic()
+        os.kill(proc.pid, signum)
+        proc.wait(10)
+        assert time.monotonic() - asked < 3
+    finally:
+        flag.touch()
+        if proc.poll() is None:
+            proc.kill()
+        stderr = proc.communicate(timeout=30)[1]
+    assert "Traceback" not in stderr, stderr
 
 
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), True, "5", 10**6])
