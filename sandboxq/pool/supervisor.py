@@ -356,7 +356,10 @@ class Supervisor:
         try:
             child = self._spawner.spawn()
         except OSError as exc:
-            self._break(f"no child could be started: {exc!r}")
+            if self._spawner.given_up is not None:  # start() raises it: no error to log
+                self._break(self._spawner.given_up, quiet=True)
+            else:
+                self._break(f"no child could be started: {exc!r}")
             return
         self.spawned += 1
         child.fence = self._guard.add(child.pid)
@@ -528,9 +531,10 @@ class Supervisor:
         if not self._closing and not child.retiring and self.broken is None:
             self._replace += 1
 
-    def _break(self, why: str) -> None:
+    def _break(self, why: str, *, quiet: bool = False) -> None:
         """Give up: no more children. Attempts that never started end as interrupted."""
-        log.error("the pool is broken: %s", why)
+        if not quiet:
+            log.error("the pool is broken: %s", why)
         self.broken = PoolBroken(why)
         self._closing = True
         while self._pending:
