@@ -301,6 +301,38 @@ def test_a_resume_writes_lines_cancelled_by_anyone_or_lost_as_not_run_saying_whi
 
 
 @pytest.mark.timeout(120)
+def test_a_resume_after_retry_failed_writes_the_retried_lines_as_they_end_again(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """The README's way to finish a stopped run: ``--retry-failed``, then ``--resume`` into
+    a new file. The batch's stream holds every member's end, then every retried member's
+    reopening; a batch of 1,000 is one read's worth, and the resume took the batch as done
+    after that read: it wrote the lines still waiting to run again as not_run."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(f'{{"args": [{i}]}}\n' for i in range(1000)))
+    at = ["--url", redis_url, "--queue", queue_name]
+    first_out, err = tmp_path / "first.jsonl", tmp_path / "err"
+    first = start(H + "echo", str(source), *at, "--output", str(first_out), stderr=err)
+    with Queue(queue_name, url=redis_url) as queue:
+        try:  # no worker serves the queue: the lines wait
+            wait_for(lambda: "re-attach with" in err.read_text(), 30, "the batch to be sent")
+        finally:
+            first.kill()
+            first.wait()
+        batch = queue.get_batch(batch_id_in(err))
+        assert batch.cancel() == 1000 and batch.wait(timeout_s=10).done
+        assert batch.retry_failed() == 1000
+    out = tmp_path / "out.jsonl"
+    resumed = sandboxq_run(
+        H + "echo", "--resume", batch.id, *at, "--concurrency", "1", "--output", str(out), timeout=90
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = lines_of(out)
+    assert sorted(r["line"] for r in rows) == list(range(1, 1001))
+    assert {r["outcome"] for r in rows} == {"ok"}, [r for r in rows if r["outcome"] != "ok"][:3]
+
+
+@pytest.mark.timeout(120)
 def test_a_resume_of_a_finished_batch_waits_for_no_worker_and_counts_only_its_own_rate(
     redis_url: str, queue_name: str, tmp_path: Path
 ) -> None:

@@ -340,7 +340,7 @@ def _stream(
     backend = queue.backend
     cancelled = False
     recancel_at = math.inf
-    while reader.left:
+    while True:
         if stop.requests and not cancelled:
             cancelled = True
             view.stopping(
@@ -363,7 +363,13 @@ def _stream(
             return
         if worker is not None and worker.failure:
             return
-        cursor, rows = backend.batch_finished(batch.id, reader.cursor, FOLLOW_TICK_S)
+        # Once every member read is final, only a read that brings nothing more ends it:
+        # a batch retried after it was done has every member's end, then the reopenings
+        # (StreamReader.done); a batch of 1,000 is one read's worth.
+        block_s = FOLLOW_TICK_S if reader.left else None
+        cursor, rows = backend.batch_finished(batch.id, reader.cursor, block_s)
+        if reader.done(rows):
+            return
         ids = reader.took(cursor, rows)
         if not rows:
             batch.progress()  # BatchNotFound if it was forgotten meanwhile
