@@ -324,7 +324,15 @@ def test_a_resume_after_retry_failed_writes_the_retried_lines_as_they_end_again(
         assert batch.retry_failed() == 1000
     out = tmp_path / "out.jsonl"
     resumed = sandboxq_run(
-        H + "echo", "--resume", batch.id, *at, "--concurrency", "1", "--output", str(out), timeout=90
+        H + "echo",
+        "--resume",
+        batch.id,
+        *at,
+        "--concurrency",
+        "1",
+        "--output",
+        str(out),
+        timeout=90,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rows = lines_of(out)

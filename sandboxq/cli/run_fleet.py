@@ -373,18 +373,26 @@ def _stream(
         ids = reader.took(cursor, rows)
         if not rows:
             batch.progress()  # BatchNotFound if it was forgotten meanwhile
-        todo = [i for i in ids if lines[_index(i)] not in output.written]
-        for start in range(0, len(todo), RESULTS_CHUNK):
-            chunk = todo[start : start + RESULTS_CHUNK]
-            for job_id, (info, data) in zip(chunk, backend.get_many(chunk), strict=True):
-                line = lines[_index(job_id)]
-                if info is None or not info.state.finished:
-                    continue  # retried since: it comes again when it ends again
-                if info.state is JobState.CANCELLED:  # here by Ctrl-C, or by anyone
-                    output.stopped(line, info)
-                else:
-                    output.finished(line, info, data)
-                view.finished()
+        _write_ended(
+            queue, [i for i in ids if lines[_index(i)] not in output.written], lines, output, view
+        )
+
+
+def _write_ended(
+    queue: Queue, ids: list[str], lines: list[int], output: Output, view: BatchView
+) -> None:
+    """Write the lines of members ``ids``, which the stream showed final, as each ended."""
+    for start in range(0, len(ids), RESULTS_CHUNK):
+        chunk = ids[start : start + RESULTS_CHUNK]
+        for job_id, (info, data) in zip(chunk, queue.backend.get_many(chunk), strict=True):
+            line = lines[_index(job_id)]
+            if info is None or not info.state.finished:
+                continue  # retried since: it comes again when it ends again
+            if info.state is JobState.CANCELLED:  # here by Ctrl-C, or by anyone
+                output.stopped(line, info)
+            else:
+                output.finished(line, info, data)
+            view.finished()
 
 
 def _not_run(queue: Queue, batch: Batch[Job], lines: list[int], output: Output) -> None:
