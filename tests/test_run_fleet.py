@@ -341,6 +341,34 @@ def test_a_resume_after_retry_failed_writes_the_retried_lines_as_they_end_again(
 
 
 @pytest.mark.timeout(120)
+def test_a_resume_counts_the_lines_written_before_by_the_kind_they_raised(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """The summary splits error lines by the type raised; the lines an earlier run wrote
+    into OUT were read back without their error, and a resume's summary listed them all
+    as ``other``."""
+    source = tmp_path / "in.jsonl"
+    source.write_text("{}\n{}\n")
+    at = ["--url", redis_url, "--queue", queue_name]
+    out, err = tmp_path / "out.jsonl", tmp_path / "err"
+    ran = sandboxq_run(
+        H + "raise_unpicklable", str(source), *at, "--concurrency", "1", "--output", str(out)
+    )
+    assert ran.returncode == 1, ran.stderr
+    err.write_text(ran.stderr)
+    kinds = [["error", "sandboxq.testing.handlers._Unpicklable", "2", "1-2"]]
+    assert error_rows(ran.stderr) == kinds, ran.stderr
+    again = sandboxq_run("--resume", batch_id_in(err), *at, "--output", str(out), timeout=30)
+    assert again.returncode == 1, again.stderr
+    assert error_rows(again.stderr) == kinds, again.stderr
+
+
+def error_rows(stderr: str) -> list[list[str]]:
+    """The summary's rows of error lines, by kind."""
+    return [row.split() for row in stderr.splitlines() if row.split()[:1] == ["error"]]
+
+
+@pytest.mark.timeout(120)
 def test_a_resume_of_a_finished_batch_waits_for_no_worker_and_counts_only_its_own_rate(
     redis_url: str, queue_name: str, tmp_path: Path
 ) -> None:

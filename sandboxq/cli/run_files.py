@@ -4,7 +4,7 @@ read back to resume.
     INPUT.jsonl ─► read_input ─► Item per non-blank line: its encoded call, or why not
     finished job ─► Output.write ─► one JSON line per input line, flushed as it finishes
                                     (``open_output``: the file under an exclusive lock)
-    OUT (resumed) ─► written_lines ─► (line, outcome) of each complete line; foreign_row
+    OUT (resumed) ─► written_lines ─► (line, outcome, error) of each complete line; foreign_row
                                       says when they cannot be this batch's
 
 The local mode (batch.py) and the fleet mode (run_fleet.py) share all of it, so a file
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from sandboxq import codec, text
 from sandboxq.backends.base import Backend, JobStanding
@@ -286,17 +286,30 @@ def empty_output(fd: int) -> None:
 # -- an output read back, for --resume -----------------------------------------------------
 
 
-def written_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line, outcome) of every complete line of ``path``: a last line cut short by a crash
-    (no newline) is left out, and left in the file (``cut_short_line`` cuts it off once
-    the rows are found to be the batch's: a file refused is left as it was)."""
+class WrittenRow(NamedTuple):
+    """A row an earlier run wrote: what a resume counts (its error: the summary's kind)."""
+
+    line: int
+    outcome: str
+    error: str | None
+
+
+def written_lines(path: str) -> Iterator[WrittenRow]:
+    """Every complete line of ``path``: a last line cut short by a crash (no newline) is
+    left out, and left in the file (``cut_short_line`` cuts it off once the rows are found
+    to be the batch's: a file refused is left as it was)."""
     whole = _whole_lines(path)
     rows = whole.splitlines()
     for n, row in enumerate(rows, 1):
         try:
             record = json.loads(row)
-            yield int(record["line"]), str(record["outcome"])
-        except (ValueError, KeyError, TypeError, RecursionError):
+            error = record.get("error")
+            yield WrittenRow(
+                int(record["line"]),
+                str(record["outcome"]),
+                error if isinstance(error, str) else None,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
     if not _cut_short_row(_last_line_cut_short(path, len(whole))):
         # a file of another program (its one line without a newline, as json.dump writes
@@ -347,7 +360,7 @@ def _whole_lines(path: str) -> bytes:
 
 
 def foreign_row(
-    done: list[tuple[int, str]], lines: list[int], malformed: Iterable[int], source: str
+    done: list[WrittenRow], lines: list[int], malformed: Iterable[int], source: str
 ) -> str:
     """What the first of ``done`` (an output's rows) that cannot be of ``source`` (a batch
     of ``lines`` sent, ``malformed`` not) holds, in words; "" when each can be. A row for a
@@ -355,7 +368,7 @@ def foreign_row(
     written as run: the rows name input lines, not batches, so an output of another input
     is told apart only where its lines differ from this one's."""
     sent, bad = set(lines), set(malformed)
-    for line, outcome in done:
+    for line, outcome, _error in done:
         if line in sent and outcome == MALFORMED:
             return f"holds line {line} as malformed, which {source} sent as a good line"
         if line in bad and outcome != MALFORMED:

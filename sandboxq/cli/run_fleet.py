@@ -295,9 +295,9 @@ def _follow(
         if args.resume:
             cut_short_line(args.output)
         output = Output(file, tally)
-        for line, outcome in done:  # written by an earlier run: counted, not written again
+        for line, outcome, error in done:  # written by an earlier run: counted, not again
             output.written.add(line)
-            tally.add(outcome, line)
+            tally.add(outcome, line, error)
         for line, error in malformed.items():
             output.write(line, MALFORMED, attempts=0, error=error)
         left = [line for line in lines if line not in output.written]
