@@ -217,6 +217,61 @@ def test_lines_cancelled_while_they_ran_are_written_cancelled_not_as_never_run(
 
 
 @pytest.mark.timeout(120)
+def test_a_line_claimed_ahead_and_cancelled_by_a_second_ctrl_c_is_written_as_never_run(
+    redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path
+) -> None:
+    """A worker claimed a line ahead (``--prefetch``); a second Ctrl-C cancelled it before
+    a child took it. It was written ``not_run`` with ``attempts: 1`` and "the batch stopped
+    before this line finished (last attempt: cancelled while active)": not run, yet an
+    attempt counted and "finished" half-way."""
+    log, out, err = tmp_path / "log", tmp_path / "out", tmp_path / "err"
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        "".join(json.dumps({"args": [str(log), f"k{i}", 3600]}) + "\n" for i in range(1, 4))
+    )
+    at = ["--url", redis_url, "--queue", queue_name]
+    workers.spawn(
+        queue_name,
+        H + "recorded_sleep",
+        *("--concurrency", "1", "--prefetch", "1", "--lease-s", "3"),
+        url=redis_url,
+    )
+    proc = start(H + "recorded_sleep", str(source), *at, "--output", str(out), stderr=err)
+    try:
+        wait_for(lambda: len(started_keys(log)) == 1, 60, "a line to start")
+        bid = batch_id_in(err)
+        [running] = [member_id(bid, int(key[1:]) - 1) for key in started_keys(log)]
+        with Queue(queue_name, redis_url) as q:
+            wait_for(lambda: child_pid(q, running), 30, "its pid noted")
+            wait_for(
+                lambda: (
+                    sum(j.info().state is JobState.ACTIVE for j in q.get_batch(bid).jobs()) == 2
+                ),
+                30,
+                "a second line claimed ahead",
+            )
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "stopping:" in err.read_text(), 30, "the first Ctrl-C shown")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rows = {r["line"]: r for r in lines_of(out)}
+    [ran] = [int(key[1:]) for key in started_keys(log)]
+    assert (rows[ran]["outcome"], rows[ran]["attempts"]) == ("cancelled", 1), rows[ran]
+    never = {
+        line: row["error"] for line, row in rows.items() if line != ran and row["attempts"] == 0
+    }
+    assert sorted(never.values()) == [
+        "the batch stopped before this line ran (cancelled while waiting)",
+        "the batch stopped before this line ran (claimed ahead by a worker, never started)",
+    ], rows
+    assert all(row["outcome"] == "not_run" for line, row in rows.items() if line != ran), rows
+
+
+@pytest.mark.timeout(120)
 def test_resume_after_the_first_run_was_killed_writes_each_line_once(
     redis_url: str, queue_name: str, workers: BackgroundWorkers, tmp_path: Path
 ) -> None:

@@ -163,14 +163,28 @@ class Output:
             why = "its job's record is gone (deleted by hand?): whether it ran is not known"
             self.write(line, NOT_RUN, attempts=0, error=why)
             return
-        if job.attempts:
-            last = getattr(job, "error", None) or (job.outcome.value if job.outcome else None)
+        ahead = claimed_ahead(job)
+        # A line a worker claimed ahead, which a cancel ended before a child took it, was
+        # charged an attempt that never ran (a local stop hands it back uncharged).
+        charged = ahead is not None and ahead.action is not Action.RETRY_UNCHARGED
+        ran = job.attempts - charged
+        if ran:
+            history = job.history if isinstance(job, JobInfo) else []
+            before = history[-2] if ahead is not None and len(history) > 1 else None
+            last = (
+                before.error or before.outcome.value
+                if before is not None
+                else getattr(job, "error", None) or (job.outcome.value if job.outcome else None)
+            )
             why = "the batch stopped before this line finished"
             why += f" (last attempt: {last})" if last else ""
         else:
             why = "the batch stopped before this line ran"
-            why += " (cancelled while waiting)" if job.state is JobState.CANCELLED else ""
-        self.write(line, NOT_RUN, attempts=job.attempts, error=why)
+            if charged:
+                why += " (claimed ahead by a worker, never started)"
+            elif job.state is JobState.CANCELLED:
+                why += " (cancelled while waiting)"
+        self.write(line, NOT_RUN, attempts=ran, error=why)
 
     def _stopped_running(self, line: int, job: JobInfo, last: AttemptRecord) -> None:
         """Write ``line`` as its attempt ``last`` ended, killed running by a stop or a
@@ -197,6 +211,15 @@ def stopped_while_running(job: JobInfo) -> AttemptRecord | None:
     start: one claimed ahead and ended before a child took it never started); else None."""
     last = job.history[-1] if job.history else None
     if last is None or last.started_ms is None or last.outcome.value not in STOPPED_RUNNING:
+        return None
+    return last
+
+
+def claimed_ahead(job: JobInfo | JobStanding) -> AttemptRecord | None:
+    """``job``'s last attempt when a stop or a cancel ended it claimed ahead by a worker,
+    before a child took it (it has no start); else None."""
+    last = job.history[-1] if isinstance(job, JobInfo) and job.history else None
+    if last is None or last.started_ms is not None or last.outcome.value not in STOPPED_RUNNING:
         return None
     return last
 
