@@ -280,18 +280,26 @@ def follow(
 
     The events are read every ``FOLLOW_LOOK_S`` (and once the worker is done), not as each
     comes: a wake-up per job cost this thread more than the line it writes, on cores the
-    children need. ``wait_done(s)`` waits up to ``s`` for the worker to be done."""
+    children need. The lines that ended since the last look are read back together
+    (``Output.jobs``: two calls for them all, not two a line and a whole record each) and
+    the bar moves once for them. ``wait_done(s)`` waits up to ``s`` for the worker to be
+    done."""
     by_id = {item.job_id: item for item in items}
     since: str | None = None
     shown = 0  # stop requests already shown
     finished = False
     while True:
+        ended: dict[str, Item] = {}  # the lines to write now, read back in one go
         for event in backend.events(since):  # all there is now
             since = event.id
             item = by_id.get(event.job_id)
-            if item is not None and event.kind in FINISHED_EVENTS and output.job(backend, item):
-                del by_id[event.job_id]  # written: each line once
-                view.finished()
+            if item is not None and event.kind in FINISHED_EVENTS:
+                ended[event.job_id] = item
+        written = output.jobs(backend, list(ended.values()))
+        for item in written:
+            del by_id[item.job_id]  # written: each line once
+        if written:
+            view.finished(len(written))
         if stop.requests != shown:
             shown = stop.requests
             view.stopping(now=shown > 1)

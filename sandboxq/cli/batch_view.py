@@ -146,11 +146,11 @@ class BatchView:
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
-    def finished(self) -> None:
-        """Redraw after a line finished (the tally has it already)."""
+    def finished(self, lines: int = 1) -> None:
+        """Redraw after ``lines`` line(s) finished (the tally has them already)."""
         t = self.tally
         self._progress.update(
-            self._task, advance=1, ok=t.ok, failed=t.failed, timed_out=t.timed_out
+            self._task, advance=lines, ok=t.ok, failed=t.failed, timed_out=t.timed_out
         )
 
     def stopping(self, now: bool, text: str | None = None) -> None:

@@ -134,6 +134,41 @@ class Output:
         self.finished(item.line, info, data)
         return True
 
+    def jobs(self, backend: Backend, items: list[Item]) -> list[Item]:
+        """``job`` for each of ``items``, read in two calls for them all: where each stands,
+        then the results of those completed. A job that is not completed (failed, or changed
+        since) is read whole, as ``job`` reads it. Returns the items written."""
+        standings = backend.outcomes([item.job_id for item in items]) if items else []
+        done = [
+            item
+            for item, at in zip(items, standings, strict=True)
+            if at is not None and at.state is JobState.COMPLETED
+        ]
+        found = backend.completed_results([item.job_id for item in done]) if done else []
+        results = dict(zip([item.job_id for item in done], found, strict=True))
+        written = []
+        for item, at in zip(items, standings, strict=True):
+            got = results.get(item.job_id)
+            if at is None or got is None:  # not completed (or not since): read whole
+                if self.job(backend, item):
+                    written.append(item)
+                continue
+            self._completed(item.line, item.job_id, at, *got)
+            written.append(item)
+        return written
+
+    def _completed(
+        self, line: int, job_id: str, at: JobStanding, codec_name: str, data: bytes | None
+    ) -> None:
+        """Write input line ``line`` of completed job ``job_id``, as ``finished`` does."""
+        outcome = at.outcome.value if at.outcome else at.state.value
+        result = (
+            None
+            if data is None
+            else codec.decode_stored(data, codec_name, allowed={"json"}, job_id=job_id)
+        )
+        self.write(line, outcome, attempts=at.attempts, result=result)
+
     def finished(self, line: int, info: JobInfo, data: bytes | None) -> None:
         """Write input line ``line`` from its finished job's record and stored result."""
         outcome = info.outcome.value if info.outcome else info.state.value
