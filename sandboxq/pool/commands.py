@@ -104,11 +104,22 @@ class Mailbox:
         os.set_blocking(self.fd, False)
         self._woken = False
         self._shut = False
+        #: Set by the supervisor thread before it waits: tasks are left pending after its
+        #: last assignment, so one more at their end could not start before its next wake.
+        self.surplus = False
 
-    def put(self, command: Command) -> None:
-        """Queue ``command`` and wake the supervisor (any thread)."""
+    def put(self, command: Command, lazy: bool = False) -> None:
+        """Queue ``command`` and wake the supervisor (any thread). ``lazy`` (a submit
+        whose start nothing times): no wake while the supervisor has ``surplus``; it
+        takes the command at its next wake, before it assigns (a wake byte per job cost
+        the supervisor a turn of its loop each).
+
+        The append comes before the read of ``surplus``, and the supervisor writes
+        ``surplus`` before it reads the deque: a put that saw a stale True was appended
+        before that read, so the supervisor takes it instead of waiting."""
         self.queue.append(command)
-        self.wake()
+        if not (lazy and self.surplus):
+            self.wake()
 
     def wake(self) -> None:
         """Wake the supervisor (any thread), with or without a command queued."""

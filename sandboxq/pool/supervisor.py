@@ -219,7 +219,9 @@ class Supervisor:
             task_id = next(self._task_ids)
         if not self._timed and (task.deadline_at is not None or task.start_by is not None):
             self._timed = True  # before the Submit: the loop reads it once the task is in
-        self._mail.put(Submit(Attempt(task_id, task, on_done, self._live)))
+        # A deadline_s or max_queue_s is watched from pending, so such a task always wakes.
+        lazy = task.deadline_at is None and task.start_by is None
+        self._mail.put(Submit(Attempt(task_id, task, on_done, self._live)), lazy=lazy)
         return task_id
 
     def running_pids(self) -> dict[int, int]:
@@ -303,12 +305,19 @@ class Supervisor:
                 while self._replace > 0 and not self._closing:
                     self._replace -= 1
                     self._spawn()
+                if self._mail.queue:  # submits put without a wake byte (Mailbox.put)
+                    self._run_commands()
                 timed = self._timed and bool(self._pending)
                 if timed:  # deadline_s, max_queue_s
                     deadlines.end_overdue(self._pending, time.monotonic())
                 if self._pending or self._idle:
                     self._assigner.assign(self._pending, self._idle, self._children)
-                for key, _ in self._selector.select(self._select_timeout(timed)):
+                # Written before the deque is read (Mailbox.put says why).
+                self._mail.surplus = surplus = bool(self._pending)
+                timeout = self._select_timeout(timed)
+                if self._mail.queue and not surplus:
+                    timeout = 0.0  # a lazy submit came in meanwhile: take it now
+                for key, _ in self._selector.select(timeout):
                     key.data(key.fileobj)
                 deadlines.enforce(self._children, time.monotonic(), collect, memory_every)
                 if self.budget is not None:
@@ -344,7 +353,11 @@ class Supervisor:
         return any(c.running is not None or c.queued for c in self._children)
 
     def _on_wake(self, _fd: Any) -> None:
-        queue, live, pending, collect = self._mail.take(), self._live, self._pending, self._collect
+        self._mail.take()
+        self._run_commands()
+
+    def _run_commands(self) -> None:
+        queue, live, pending, collect = self._mail.queue, self._live, self._pending, self._collect
         while queue:
             commands.run(queue.popleft(), live, pending, self._children, collect, self._reserved)
         # Commands come with every lease renewal while jobs run: the guard's beat is
