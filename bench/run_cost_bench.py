@@ -39,6 +39,18 @@ editable checkout under PYTHONDONTWRITEBYTECODE); with bytecode cached for every
 an installed package has it, a 2-job run starts in 0.50-0.52 s instead of 0.58-0.60 s, and
 2,000 jobs took 1.08-1.09x the faster peer (3 rounds; parent CPU beyond start-up 375-496
 us a job, Pool 147-175, pebble 100-173).
+
+Later, on the same 2 cores shared with far more load (load average 3.5-3.8; every side's
+parent CPU two to six times the figures above, Pool's 451-2,242 us a job): the lines
+that ended since the last look read back together (the main thread's read-back of 2,000
+completed lines 51 -> 28 us a line, alone), and a submit that cannot start before the
+supervisor's next wake no longer wakes it (wake-pipe writes 1,783 -> 81 a run; the
+supervisor thread 547 -> 478 us a job, medians of 8 alternated pairs, lower in each).
+The sandboxq side alone, 5 alternated pairs against the code before both: parent CPU
+beyond start-up 1,402 -> 1,310 us a job (medians; supervisor 569 -> 523, main thread
+232 -> 159). The whole bench, 3 rounds before and 6 after: 1,327 (1,154-1,644) against
+1,262 (1,075-1,332) us a job; wall time 1.17x (1.04-1.35) against 1.24x (1.03-2.27) the
+faster peer, within the load's spread (targets missed either way).
 """
 
 from __future__ import annotations
