@@ -30,11 +30,14 @@ from sandboxq.backends.base import Backend, JobStanding
 from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, STOPPED_RUNNING, Tally
 from sandboxq.cli.options import json_type
 from sandboxq.errors import ConfigError, SerializationError
+from sandboxq.finished import result_value
 from sandboxq.models import Action, AttemptRecord, JobInfo, JobState
 
 #: What an input line may hold, and an example of one for the errors that say so.
 _KEYS = ("args", "kwargs")
 EXAMPLE = '{"args": [1, 2], "kwargs": {"size": 256}}'
+#: The codecs a run decodes results with: it sends JSON, and takes nothing else back.
+RUN_CODECS = frozenset({"json"})
 
 
 # -- input --------------------------------------------------------------------------------
@@ -162,22 +165,14 @@ class Output:
     ) -> None:
         """Write input line ``line`` of completed job ``job_id``, as ``finished`` does."""
         outcome = at.outcome.value if at.outcome else at.state.value
-        result = (
-            None
-            if data is None
-            else codec.decode_stored(data, codec_name, allowed={"json"}, job_id=job_id)
-        )
+        result = result_value(job_id, codec_name, data, RUN_CODECS)
         self.write(line, outcome, attempts=at.attempts, result=result)
 
     def finished(self, line: int, info: JobInfo, data: bytes | None) -> None:
         """Write input line ``line`` from its finished job's record and stored result."""
         outcome = info.outcome.value if info.outcome else info.state.value
         if info.state is JobState.COMPLETED:
-            result = (
-                None
-                if data is None
-                else codec.decode_stored(data, info.codec, allowed={"json"}, job_id=info.id)
-            )
+            result = result_value(info.id, info.codec, data, RUN_CODECS)
             self.write(line, outcome, attempts=info.attempts, result=result)
         else:
             self.write(line, outcome, attempts=info.attempts, error=info.error, **_where(info))
