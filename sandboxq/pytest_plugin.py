@@ -183,7 +183,10 @@ def sandboxq_worker(
     ``sandboxq_memory_queue`` when the test uses only that one (``url=`` picks another
     backend for the test's queue name). ``options`` are
     ``SandboxWorker`` keywords (``hard_timeout_s``, ``soft_timeout_s``, ``retries``...);
-    tests default to ``concurrency=2``. Every worker is stopped (running jobs interrupted)
+    tests default to ``concurrency=2``. It returns once the worker claims jobs (with
+    ``burst``, at once); a start that fails (an unknown ``user``, an unreachable Redis)
+    raises there, naming why.
+    Every worker is stopped (running jobs interrupted)
     and joined at teardown, whether the test passed or not; teardown errors if one would
     not stop or its ``run()`` raised.
     """
@@ -198,12 +201,16 @@ def sandboxq_worker(
     def start(
         processor: str, *, queue: Queue | None = None, burst: bool = False, **options: Any
     ) -> SandboxWorker:
+        # A burst worker returns at once, as it did: it runs what the queue holds once up.
+        wait = not burst
         if queue is not None:
-            return workers.start(queue, processor, burst=burst, **options)
+            return workers.start(queue, processor, burst=burst, wait_started=wait, **options)
         url = options.pop("url", None) or (
             "memory://" if memory_only else request.getfixturevalue("sandboxq_redis_url")
         )
-        return workers.start(sandboxq_queue_name, processor, url=url, burst=burst, **options)
+        return workers.start(
+            sandboxq_queue_name, processor, url=url, burst=burst, wait_started=wait, **options
+        )
 
     try:
         yield start

@@ -9,12 +9,13 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
-from sandboxq import JobFailed
+from sandboxq import ConfigError, JobFailed
 from sandboxq.client import Job, Queue
 from sandboxq.models import JobState, Outcome
 from sandboxq.pool.kill import ended
@@ -109,6 +110,21 @@ def test_worker_serves_the_redis_queue_and_an_explicit_one(
     on_memory = sandboxq_worker(H + "echo", queue=sandboxq_memory_queue, burst=True)
     assert on_memory.settings.url == "memory://"
     assert sandboxq_memory_queue.enqueue("m").result(timeout_s=20) == "m"
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_that_cannot_start_fails_the_fixture_call_naming_why(
+    sandboxq_memory_queue: Queue, sandboxq_worker: StartWorker
+) -> None:
+    """The fixture returned before the worker had started: a test then waited out its
+    own result's timeout ("did not finish within 5 s"), and the cause came at teardown."""
+    asked = time.monotonic()
+    with pytest.raises(ConfigError, match="no such user on this machine"):
+        sandboxq_worker(H + "echo", queue=sandboxq_memory_queue, user="sq-no-such-user")
+    assert time.monotonic() - asked < 10
+    # the one that starts is running once the call returns: its pool is up
+    worker = sandboxq_worker(H + "echo", queue=sandboxq_memory_queue)
+    assert worker.started.is_set()
 
 
 # -- whole pytest runs in a subprocess ----------------------------------------------------

@@ -66,6 +66,10 @@ def child_pid(queue: Queue, job_id: str) -> int | None:
     return None
 
 
+#: How often ``start(wait_started=True)`` looks whether the worker's thread ended.
+START_LOOK_S = 0.05
+
+
 class WorkerDidNotStop(SandboxqError):
     """A background worker was still running when it had to be stopped."""
 
@@ -125,13 +129,23 @@ class BackgroundWorkers:
         *,
         url: str | None = None,
         burst: bool = False,
+        wait_started: bool = False,
         **options: Any,
     ) -> SandboxWorker:
         """Start a worker (see ``make``) on a thread of its own. With ``burst`` it stops by
-        itself once the queue is empty (``join`` waits for that)."""
+        itself once the queue is empty (``join`` waits for that). With ``wait_started``,
+        return once it claims jobs (``SandboxWorker.started``), or raise at once what its
+        start raised (an unknown ``user``, an unreachable backend)."""
         running = _Running(self.make(queue, processor, url=url, **options), burst)
         self._running.append(running)
         running.thread.start()
+        if wait_started:
+            while not running.worker.started.wait(START_LOOK_S):
+                if not running.thread.is_alive():
+                    self._running.remove(running)
+                    raise running.error or WorkerDied(
+                        f"worker {running.worker.id} stopped before it started"
+                    )
         return running.worker
 
     def burst(

@@ -156,6 +156,9 @@ class SandboxWorker:
         #: The stop signals received while ``run()`` ran, in order (``sandboxq worker``
         #: exits 130 when one was SIGINT: stopped by Ctrl-C).
         self.signals: list[signal.Signals] = []
+        #: Set once ``run()`` has its pool up and claims jobs (a start that fails raises
+        #: from ``run()`` instead): what a caller that runs it on a thread waits for.
+        self.started = threading.Event()
         self._stop = StopRequest(s.stop_timeout_s)
         self._inflight = InFlight(s.concurrency, s.prefetch, self._stop.asked)
         self._pool: Pool | None = None
@@ -235,6 +238,7 @@ class SandboxWorker:
             for part in parts:
                 part.start()
             dispatcher.start_fetcher(burst)
+            self.started.set()
             dispatcher.run()
         finally:
             self.stop()
