@@ -293,8 +293,12 @@ def sandboxq_hostile_handler(request: pytest.FixtureRequest) -> HandlerCase:
 
 
 def _snapshot() -> dict[int, str]:
+    from sandboxq.pool.linux import become_subreaper
     from sandboxq.testing.processes import descendants
 
+    # Until the check: what the test double-forks (a daemon, setsid) is re-parented here,
+    # not to init, so it still descends from this process and is found.
+    become_subreaper()
     return descendants()
 
 
@@ -332,14 +336,15 @@ def _orphans(item: pytest.Item) -> str | None:
         return None
     del item.stash[_SNAPSHOT]
     from sandboxq.pool.kill import kill_tree
-    from sandboxq.testing.processes import describe, survivors
+    from sandboxq.testing.processes import describe, reap_adopted, survivors
 
     grace_s = float(item.config.getini("sandboxq_orphan_grace_s"))
     leaked = survivors(before, grace_s)
-    if not leaked:
-        return None
     for pid in leaked:
         kill_tree(pid)
+    reap_adopted(before)
+    if not leaked:
+        return None
     return (
         f"sandboxq_no_orphans: {len(leaked)} process(es) started by the test were still "
         f"alive {grace_s:g} s after its teardown (now killed):\n{describe(leaked)}"

@@ -248,6 +248,16 @@ def test_orphan_check_catches_leaked_processes(
             assert sandboxq_queue.enqueue(pid_file).result(timeout_s=20) == "started"
 
         @pytest.mark.sandboxq_no_orphans
+        def test_leaks_a_daemon_of_its_own():
+            # setsid, then its parent exits: re-parented away from the test's process
+            subprocess.run(["setsid", "sh", "-c", " ".join(SLEEPER[:2]) + " 'import time; "
+                            "time.sleep(60)' marker-daemon & exit 0"], check=True)
+
+        @pytest.mark.sandboxq_no_orphans
+        def test_leaks_a_process_named_like_redis():
+            subprocess.Popen(SLEEPER + ["marker-redis-server-lookalike"])
+
+        @pytest.mark.sandboxq_no_orphans
         def test_clean_with_a_hung_job(sandboxq_worker, sandboxq_queue):
             sandboxq_worker("sandboxq.testing.handlers:setsid_grandchild_hang")
             pid_file = {str(tmp_path / "grandchild")!r}
@@ -257,15 +267,19 @@ def test_orphan_check_catches_leaked_processes(
         """
     )
     result = run(pytester, f"--sandboxq-redis-url={redis_url}", "-o", "sandboxq_orphan_grace_s=1")
-    result.assert_outcomes(passed=3, errors=1)
+    result.assert_outcomes(passed=5, errors=3)
     out = result.stdout.str()
-    result.stdout.fnmatch_lines(
-        [
-            "*ERROR at teardown of test_leaks_a_subprocess*",
-            "*sandboxq_no_orphans: 1 process(es) started by the test were still alive 1 s after*",
-            "*marker-popen*",
-        ]
-    )
+    for test, marker in [
+        ("test_leaks_a_subprocess", "marker-popen"),
+        # a daemon double-forked by the test itself, and a process whose command line
+        # names redis-server, got past the check: the first was re-parented to init, and
+        # anything named so was taken for the suite's own server
+        ("test_leaks_a_daemon_of_its_own", "marker-daemon"),
+        ("test_leaks_a_process_named_like_redis", "marker-redis-server-lookalike"),
+    ]:
+        section = out.split(f"ERROR at teardown of {test}")[1].split(" ERROR at ")[0]
+        assert "1 process(es) started by the test were still alive 1 s after" in section, out
+        assert marker in section, section
     summary = out.split("short test summary")[1]
     assert "test_clean_with_a_hung_job" not in summary
     # The attempt boundary killed the daemon when its job returned: no orphan to report.

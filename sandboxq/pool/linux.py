@@ -35,6 +35,7 @@ def die_with_parent(signum: int) -> bool:
     return os.getppid() == parent
 
 
-def become_subreaper() -> None:
-    """Orphaned descendants are re-parented to us instead of to init, so we can find them."""
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+def become_subreaper(on: bool = True) -> None:
+    """Orphaned descendants are re-parented to us instead of to init, so we can find them
+    (``on=False``: no longer; those already re-parented stay our children)."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, int(on))

@@ -6,9 +6,11 @@
 
 Shared helpers that outlive every test on purpose are not counted: the fork server (one
 per process, started by the first pool; the children it forks *are* counted), the
-resource tracker, and redis-server. Orphaned grandchildren stay visible: the fork server
+resource tracker, and the redis-servers ``RedisServer`` started (by pid: a process that
+only names redis-server is counted). Orphaned grandchildren stay visible: the fork server
 is a child subreaper (see ``sandboxq.pool.forkserver_hooks``), so a grandchild whose
-parent died is re-parented to it and still descends from this process.
+parent died is re-parented to it and still descends from this process; the plugin makes
+this process one too while it checks a test (a daemon the test itself double-forked).
 """
 
 from __future__ import annotations
@@ -22,15 +24,15 @@ import psutil
 
 from sandboxq.pool.kill import descendants as _tree
 from sandboxq.pool.kill import ended
+from sandboxq.pool.linux import become_subreaper
+from sandboxq.testing import redis_server
 
 #: Long-lived helpers started by the test process itself (directly, not by a child).
 _SHARED_DIRECT = ("multiprocess.forkserver", "multiprocessing.forkserver", "resource_tracker")
-#: Servers a test suite keeps for the whole session, wherever they hang in the tree.
-_SHARED_ANYWHERE = ("redis-server",)
 
 
-def _is_shared(cmdline: str, ppid: int) -> bool:
-    if any(name in cmdline for name in _SHARED_ANYWHERE):
+def _is_shared(pid: int, cmdline: str, ppid: int) -> bool:
+    if pid in redis_server.started_pids():  # a server the suite keeps for the session
         return True
     # A pool child forked by the fork server carries the fork server's command line, so
     # only the fork server itself, a direct child of ours, is shared.
@@ -48,7 +50,7 @@ def descendants() -> dict[int, str]:
             ppid = proc.ppid()
         except Exception:  # it ended while we looked: not a survivor
             continue
-        if not _is_shared(cmdline, ppid):
+        if not _is_shared(proc.pid, cmdline, ppid):
             found[proc.pid] = cmdline
     return found
 
@@ -73,6 +75,25 @@ def survivors(
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
+
+
+def reap_adopted(before: dict[int, str] | set[int]) -> None:
+    """After a check: reap the children of this process that ended and were not there
+    ``before`` (daemons re-parented here while it was a subreaper, killed or exited), and
+    stop being a subreaper."""
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        children = []
+    for child in children:
+        if child.pid in before:
+            continue
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            pass
+    become_subreaper(on=False)
 
 
 def still_running(pids: Iterable[int]) -> list[int]:

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,16 @@ def _die_with_parent() -> None:
     linux.die_with_parent(signal.SIGKILL)
 
 
+#: Every RedisServer of this process (``started_pids``).
+_servers: weakref.WeakSet[RedisServer] = weakref.WeakSet()
+
+
+def started_pids() -> set[int]:
+    """The pids of the redis-servers running that a ``RedisServer`` of this process
+    started: the orphan check (testing/processes.py) counts them as the suite's own."""
+    return {s.process.pid for s in list(_servers) if s.process is not None}
+
+
 class RedisServer:
     """Start with ``start()`` (or use as a context manager); ``url`` points at it.
 
@@ -141,6 +152,7 @@ class RedisServer:
         self.appendonly = appendonly
         self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
+        _servers.add(self)
 
     @property
     def url(self) -> str:
