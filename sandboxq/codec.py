@@ -261,8 +261,12 @@ def _scalar_problem(value: Any) -> str | None:
         if kind.__module__ == "builtins"
         else f"{kind.__module__}.{kind.__qualname__}"
     )
-    article = "an" if name[:1].lower() in "aeiou" else "a"  # "an object", "a set"
-    return f"is {article} {name} ({_short(value)}): JSON carries only {_JSON_TYPES}"
+    return f"is {with_article(name)} ({_short(value)}): JSON carries only {_JSON_TYPES}"
+
+
+def with_article(name: str) -> str:
+    """A type's name with its article: "an object", "a set", "an int"."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _short(value: Any) -> str:

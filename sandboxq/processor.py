@@ -32,6 +32,7 @@ from pathlib import PurePosixPath
 from types import ModuleType
 from typing import Any
 
+from sandboxq.codec import with_article
 from sandboxq.errors import ConfigError, ProcessorError
 
 #: How long the parent lets a processor module import before giving up on it.
@@ -161,15 +162,18 @@ def _file_path_hint(module_name: str, path: str) -> str:
 
 def _lookup(path: str, module: ModuleType, module_name: str, attr: str) -> Callable[..., Any]:
     obj: Any = module
+    found = module_name  # what the next part is looked up on: 'pkg.mod', 'pkg.mod:add'
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise ProcessorError(
-                f"processor {path!r}: {module_name!r} has no attribute {attr!r}", processor=path
+                f"processor {path!r}: {found!r} has no attribute {part!r}", processor=path
             ) from None
+        found = f"{found}.{part}" if ":" in found else f"{found}:{part}"
     if not callable(obj):
         raise ProcessorError(
-            f"processor {path!r} is a {type(obj).__name__}, not a callable", processor=path
+            f"processor {path!r} is {with_article(type(obj).__name__)}, not a callable",
+            processor=path,
         )
     return obj  # type: ignore[no-any-return]

@@ -69,8 +69,8 @@ BUILDERS = pytest.mark.parametrize("build", [build_pool, build_worker], ids=["po
     [
         (None, "fn", "cannot import module 'sq_no_such_module': ModuleNotFoundError: No module"),
         ("def fn(): pass\n", "nope", "has no attribute 'nope'"),
-        ("def fn(): pass\n", "fn.inner", "has no attribute 'fn.inner'"),
-        ("fn = 42\n", "fn", "is a int, not a callable"),
+        ("def fn(): pass\n", "fn.inner", ":fn' has no attribute 'inner'"),
+        ("fn = 42\n", "fn", "is an int, not a callable"),
         ("import os\n", "os", "is a module, not a callable"),
         ("def fn(:\n", "fn", "SyntaxError"),
         ("raise RuntimeError('boom at import')\n", "fn", "RuntimeError: boom at import"),
