@@ -499,7 +499,8 @@ class WorkerSettings(ChildSettings):
     )
     stop_timeout_s: Number = setting_field(
         30.0,
-        "how long a drain (SIGTERM, Ctrl-C) lets running jobs finish before they are killed",
+        "how long a drain (SIGTERM, Ctrl-C) lets running jobs finish before they are "
+        "killed; their soft signal comes half of it (at most 5 s) before",
         ge=0,
         le=MAX_SECONDS,
         allow_inf_nan=False,
