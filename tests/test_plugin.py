@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -204,6 +205,47 @@ def test_worker_is_stopped_at_teardown_even_when_the_test_fails(
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*the test fails with its job running*"])
     assert "process(es) started by the test were still alive" not in result.stdout.str()
+
+
+CTRL_C = """
+import os, time
+
+def test_waits_for_a_ctrl_c(sandboxq_queue, sandboxq_worker):
+    sandboxq_worker("sandboxq.testing.handlers:echo")
+    assert sandboxq_queue.enqueue(1).result(timeout_s=20) == 1
+    open(os.environ["SQ_TEST_READY"], "w").close()
+    time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_ctrl_c_at_the_terminal_leaves_the_throwaway_redis_to_the_teardown(
+    tmp_path: Path, no_env_url: None
+) -> None:
+    """The throwaway redis-server was in the terminal's process group: a Ctrl-C meant for
+    pytest killed it first, and the workers' teardown then logged "claim failed (Redis
+    ... is unreachable" and the like."""
+    (tmp_path / "test_ctrl_c.py").write_text(CTRL_C)
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", *_ARGS, "test_ctrl_c.py"],
+        cwd=tmp_path,
+        env={**os.environ, "SQ_TEST_READY": str(ready)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal gives
+    )
+    try:
+        wait_for(ready.exists, 60, "the test to run")
+        os.killpg(proc.pid, signal.SIGINT)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "KeyboardInterrupt" in out, out
+    assert "unreachable" not in out and "Connection refused" not in out, out
 
 
 LEAKY = """

@@ -229,6 +229,9 @@ class RedisServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 preexec_fn=ends_with_this_process(),
+                # Out of the terminal's process group: a Ctrl-C meant for pytest killed the
+                # server first, and every teardown then logged Redis errors.
+                start_new_session=True,
             )
         while not (self.ping() and self._listening()):
             if (code := self.process.poll()) is not None:
