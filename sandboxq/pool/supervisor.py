@@ -77,6 +77,9 @@ SERVER_DEATH_WAIT_S = 0.2
 EXIT_LATE_S = 0.1
 #: How often a start that waits for its first children looks at its deadline and at a stop.
 START_LOOK_S = 0.05
+#: How long a start given up waits for the supervisor thread to end once the fork server
+#: it waited for is killed (it ends within milliseconds then).
+GIVE_UP_WAIT_S = 5.0
 
 
 class Supervisor:
@@ -191,10 +194,13 @@ class Supervisor:
             else:
                 continue
             self._spawner.give_up(str(error))  # the fork server killed: the thread goes on
-            self._spawned.wait()
-            self.close(cancel=True)
-            self._thread.join()
-            self.close_wake_pipe()
+            # Bounded: a start stuck before the fork server (none to kill) is left to
+            # end on its own, a daemon thread; the caller gets its answer now.
+            if self._spawned.wait(GIVE_UP_WAIT_S):
+                self.close(cancel=True)
+                self._thread.join(GIVE_UP_WAIT_S)
+                if not self._thread.is_alive():
+                    self.close_wake_pipe()
             raise error
 
     def new_task_id(self) -> int:
