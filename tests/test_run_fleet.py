@@ -47,6 +47,18 @@ def lines_of(path: Path) -> list[dict[str, Any]]:
     return [json.loads(row) for row in path.read_text().splitlines()]
 
 
+def sent_then_killed(source: Path, at: list[str], out: Path, err: Path) -> str:
+    """Run ``source`` with no worker serving the queue, and SIGKILL the run once its batch
+    is sent: the batch's id; its lines wait, none written."""
+    first = start(H + "echo", str(source), *at, "--output", str(out), stderr=err)
+    try:
+        wait_for(lambda: "re-attach with" in err.read_text(), 30, "the batch to be sent")
+    finally:
+        first.kill()
+        first.wait()
+    return batch_id_in(err)
+
+
 def batch_id_in(stderr: Path) -> str:
     for row in stderr.read_text().splitlines():
         if row.startswith("sandboxq: batch "):
@@ -331,16 +343,10 @@ def test_a_resume_writes_lines_cancelled_by_anyone_or_lost_as_not_run_saying_whi
     source.write_text("".join(f'{{"args": [{i}]}}\n' for i in range(3)))
     at = ["--url", redis_url, "--queue", queue_name]
     out, err = tmp_path / "out.jsonl", tmp_path / "err"
-    first = start(H + "echo", str(source), *at, "--output", str(out), stderr=err)
+    bid = sent_then_killed(source, at, out, err)
+    # the command it prints names the file it writes, not a placeholder
+    assert f"--queue {queue_name} --output {out}\n" in err.read_text()
     with Queue(queue_name, url=redis_url) as queue:
-        try:  # no worker serves the queue: the lines wait
-            wait_for(lambda: "re-attach with" in err.read_text(), 30, "the batch to be sent")
-        finally:
-            first.kill()
-            first.wait()
-        # the command it prints names the file it writes, not a placeholder
-        assert f"--queue {queue_name} --output {out}\n" in err.read_text()
-        bid = batch_id_in(err)
         assert queue.get_batch(bid).cancel() == 3
     raw = redis.Redis.from_url(redis_url)
     try:
@@ -366,15 +372,9 @@ def test_a_resume_after_retry_failed_writes_the_retried_lines_as_they_end_again(
     source = tmp_path / "in.jsonl"
     source.write_text("".join(f'{{"args": [{i}]}}\n' for i in range(1000)))
     at = ["--url", redis_url, "--queue", queue_name]
-    first_out, err = tmp_path / "first.jsonl", tmp_path / "err"
-    first = start(H + "echo", str(source), *at, "--output", str(first_out), stderr=err)
+    bid = sent_then_killed(source, at, tmp_path / "first.jsonl", tmp_path / "err")
     with Queue(queue_name, url=redis_url) as queue:
-        try:  # no worker serves the queue: the lines wait
-            wait_for(lambda: "re-attach with" in err.read_text(), 30, "the batch to be sent")
-        finally:
-            first.kill()
-            first.wait()
-        batch = queue.get_batch(batch_id_in(err))
+        batch = queue.get_batch(bid)
         assert batch.cancel() == 1000 and batch.wait(timeout_s=10).done
         assert batch.retry_failed() == 1000
     out = tmp_path / "out.jsonl"
