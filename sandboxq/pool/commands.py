@@ -15,8 +15,9 @@ attempt wherever it is: pending (not yet sent), queued in a busy child's channel
                                 ends as ``interrupted``
 
 Any thread puts a command in the supervisor's ``Mailbox`` (a deque, and one byte on a
-wake pipe the supervisor's select watches); the supervisor thread runs them in order
-(``run``). A command finds its attempt by task id in the supervisor's index of attempts
+wake pipe the supervisor's select watches; not for a submit that could not start before
+the supervisor's next wake anyway: ``Mailbox.put``); the supervisor thread runs them in
+order (``run``). A command finds its attempt by task id in the supervisor's index of attempts
 not yet settled; an id that is not there has ended already, and the command does nothing,
 unless it was given out (``Pool.new_task_id``) and not submitted yet: a cancel or a lost
 lease can name an attempt before its ``Submit`` comes, and is then done as it comes
