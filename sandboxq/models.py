@@ -407,6 +407,7 @@ class WorkerJobRecord(_Frozen):
     id: str
     attempt: int
     pid: int | None  # the child running it (None: not started yet)
+    started_ms: int | None = None  # when that child took it (a job claimed ahead waits)
     rss_mb: float | None  # the child's process tree, for the dashboard's workers page
     lease_renewed_s_ago: float  # counted from the record's ``registered_ms``
 

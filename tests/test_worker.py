@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,6 +104,27 @@ def test_cancel_kills_the_running_child(queue: Queue, start_worker: StartWorker)
         job.result(timeout_s=1)
     assert queue.enqueue().cancel()  # a waiting job, taken by the worker or not
     assert not job.cancel()  # already finished
+
+
+@pytest.mark.timeout(60)
+def test_a_cancelled_attempt_starts_when_its_child_took_it_not_at_its_claim(
+    queue: Queue, start_worker: StartWorker, tmp_path: Path
+) -> None:
+    """A job claimed ahead (``prefetch``) waits in its worker for a child. Cancelled once
+    it ran, its attempt's start was its claim: ``sandboxq run`` wrote ``ran_s`` 2.7 for a
+    line that had run 1.2 s, the rest spent waiting behind another job."""
+    log = str(tmp_path / "log")
+    start_worker("recorded_sleep", concurrency=1, prefetch=1)
+    first = queue.enqueue(log, "first", 1.5)
+    second = queue.enqueue(log, "second", 3600)  # claimed with the first, run after it
+    assert first.result(timeout_s=30) == "first"
+    wait_for(lambda: child_pid(queue, second.id), 20, "the second job's child published")
+    assert second.cancel()
+    [attempt] = second.info().history
+    ended = first.info().history[-1].ended_ms
+    assert attempt.started_ms is not None and ended is not None
+    # the clocks: both the worker's; its child took the second job once the first ended
+    assert attempt.started_ms >= ended - 50, (attempt.started_ms, ended)
 
 
 @pytest.mark.timeout(30)

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 from sandboxq.backends.base import FinishAction, NewJob
 from sandboxq.errors import BatchNotFound, ConfigError, JobNotFound
@@ -230,12 +230,13 @@ def budget_passed(
     return None
 
 
-def child_pids(info: dict[str, Any]) -> list[tuple[str, int, int]]:
-    """(job id, attempt number, child pid) of each job a worker's registry record says a
-    child runs: what ``register_worker`` notes on those jobs (child_pids.lua), so an
-    attempt that ends without its worker keeps its pid after the record is gone."""
+def child_pids(info: dict[str, Any]) -> list[tuple[str, int, int, int | None]]:
+    """(job id, attempt number, child pid, when the child took it or None) of each job a
+    worker's registry record says a child runs: what ``register_worker`` notes on those
+    jobs (child_pids.lua), so an attempt that ends without its worker keeps its pid and
+    start after the record is gone."""
     return [
-        (held["id"], held["attempt"], held["pid"])
+        (held["id"], held["attempt"], held["pid"], running_child(info, held["id"]).started_ms)
         for held in info.get("jobs") or ()
         if isinstance(held, dict)
         and isinstance(held.get("id"), str)
@@ -244,12 +245,35 @@ def child_pids(info: dict[str, Any]) -> list[tuple[str, int, int]]:
     ]
 
 
-def attempt_start(claimed_ms: int | None, pid: int | None) -> int | None:
-    """When an attempt that ends without its worker (cancelled, lease lost) started: its
-    claim, once a child ran it (its ``pid`` is known); else None. A job claimed ahead
-    (``prefetch``) waits in its worker for a child it may never get: its claim was no
-    start (common.lua's running_attempt)."""
-    return claimed_ms if pid is not None else None
+class RunningChild(NamedTuple):
+    """The child running a job's attempt, as its worker's registry record says: its pid,
+    and when it took the job (None where the record does not say)."""
+
+    pid: int | None
+    started_ms: int | None = None
+
+
+def running_child(info: dict[str, Any], job_id: str) -> RunningChild:
+    """The child a worker's registry record (``info``) says runs ``job_id``."""
+    for held in info.get("jobs") or ():
+        if isinstance(held, dict) and held.get("id") == job_id:
+            pid, started = held.get("pid"), held.get("started_ms")
+            return RunningChild(
+                pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                started if isinstance(started, int) and not isinstance(started, bool) else None,
+            )
+    return RunningChild(None)
+
+
+def attempt_start(claimed_ms: int | None, child: RunningChild) -> int | None:
+    """When an attempt that ends without its worker (cancelled, lease lost) started: when
+    its child took it, once a child ran it (its pid is known); its claim where the record
+    does not say when; else None. A job claimed ahead (``prefetch``) waits in its worker
+    for a child it may never get: its claim was no start, and its wait no run
+    (common.lua's running_attempt)."""
+    if child.pid is None:
+        return None
+    return child.started_ms if child.started_ms is not None else claimed_ms
 
 
 # -- checks and texts ---------------------------------------------------------------------

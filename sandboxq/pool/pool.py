@@ -313,6 +313,10 @@ class Pool:
         """Task id → pid of the child running it, right now."""
         return self._supervisor.running_pids()
 
+    def running_starts(self) -> dict[int, tuple[int, int | None]]:
+        """Task id → (pid of the child running it, when it started it: ms), right now."""
+        return self._supervisor.running_starts()
+
     def shutdown(self, wait: bool = True, *, cancel: bool = False) -> None:
         """Stop the pool. ``cancel`` ends queued and running attempts as ``interrupted``.
         In a process forked from the pool's, nothing: the pool is the parent's."""

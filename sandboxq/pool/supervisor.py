@@ -234,6 +234,14 @@ class Supervisor:
         """Task id → child pid for what runs now (a snapshot, for status displays)."""
         return {c.running.task_id: c.pid for c in list(self._children) if c.running is not None}
 
+    def running_starts(self) -> dict[int, tuple[int, int | None]]:
+        """Task id → (child pid, when it started, ms) for what runs now (a snapshot)."""
+        return {
+            run.task_id: (c.pid, run.started_ms)
+            for c in list(self._children)
+            if (run := c.running) is not None
+        }
+
     def child_states(self) -> dict[str, list[int]]:
         """Child pids by state: starting (not ready yet), busy, idle (a snapshot, for metrics)."""
         states: dict[str, list[int]] = {"starting": [], "busy": [], "idle": []}

@@ -341,16 +341,18 @@ class SandboxWorker:
     def _register(self, raise_errors: bool = False) -> None:
         """Publish this worker and its current jobs (``sandboxq info``); refreshed by the
         heartbeat, gone ``lease_s`` after the last refresh."""
-        pids = self._pool.running_pids() if self._pool is not None else {}
+        running = self._pool.running_starts() if self._pool is not None else {}
         now = time.monotonic()
         jobs = []
         for held in self._inflight.snapshot():
-            pid = pids.get(held.lease.task_id)
+            # a job claimed ahead waits for a child: its attempt starts when one takes it
+            pid, started_ms = running.get(held.lease.task_id, (None, None))
             jobs.append(
                 WorkerJobRecord(
                     id=held.job.id,
                     attempt=held.job.number or held.job.attempt,
                     pid=pid,
+                    started_ms=started_ms,
                     rss_mb=round(tree_rss(pid)[0] / 2**20, 1) if pid else None,
                     lease_renewed_s_ago=round(now - held.lease.renewed_at, 3),
                 )

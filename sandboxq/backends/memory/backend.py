@@ -235,35 +235,34 @@ class MemoryBackend(Management, Reads, Waits, Batches, Backend):
             record = {**info, "worker_id": worker_id, "ttl_ms": ttl_ms}
             self._workers[worker_id] = (record, now_ms() + ttl_ms)
             # its children's pids on the jobs it still holds in those attempts (child_pids.lua)
-            for job_id, number, pid in rules.child_pids(info):
+            for job_id, number, pid, started_ms in rules.child_pids(info):
                 job = self._store.jobs.get(job_id)
                 running = None if job is None else (job.state, job.owner, job.attempts)
                 if job is not None and running == (JobState.ACTIVE, worker_id, number):
-                    job.child_pid = pid
+                    job.child_pid, job.child_started_ms = pid, started_ms
 
     def unregister_worker(self, worker_id: str) -> None:
         with self._store.cond:
             self._workers.pop(worker_id, None)
             self._not_waiting.discard(worker_id)
 
-    def running_pid(self, job_id: str, worker_id: str | None) -> int | None:
-        """The pid of the child running ``job_id``, from its worker's registry record
-        (records.running_attempt); the caller holds the store's lock."""
+    def running_child(self, job_id: str, worker_id: str | None) -> rules.RunningChild:
+        """The child running ``job_id`` (its pid, when it took the job), from its worker's
+        registry record (records.running_attempt); the caller holds the store's lock."""
         entry = self._workers.get(worker_id) if worker_id is not None else None
-        for held in entry[0].get("jobs", ()) if entry is not None else ():
-            if isinstance(held, dict) and held.get("id") == job_id:
-                pid = held.get("pid")
-                return pid if isinstance(pid, int) else None
-        return None
+        return (
+            rules.running_child(entry[0], job_id) if entry is not None else rules.RunningChild(None)
+        )
 
-    def attempt_pid(self, job: Job) -> int | None:
-        """The pid of the child running active ``job``'s attempt, for the record of an
-        attempt that ends without its worker (common.lua's running_attempt): from its
-        owner's registry record, else as that record last noted it on the job (a dead
-        owner's record is gone by the time its lease is found lost). The caller holds the
-        store's lock."""
-        pid = self.running_pid(job.id, job.owner)
-        return pid if pid is not None else job.child_pid
+    def attempt_child(self, job: Job) -> rules.RunningChild:
+        """The child running active ``job``'s attempt, for the record of an attempt that
+        ends without its worker (common.lua's running_attempt): from its owner's registry
+        record, else the pid that record last noted on the job (a dead owner's record is
+        gone by the time its lease is found lost). The caller holds the store's lock."""
+        child = self.running_child(job.id, job.owner)
+        if child.pid is not None:
+            return child
+        return rules.RunningChild(job.child_pid, job.child_started_ms)
 
     def workers(self) -> list[dict[str, Any]]:
         with self._store.cond:

@@ -40,7 +40,7 @@ class Management:
 
         def send_follow_ups(self) -> None: ...  # Batches'
 
-        def attempt_pid(self, job: Job) -> int | None: ...  # backend
+        def attempt_child(self, job: Job) -> rules.RunningChild: ...  # backend
 
     def recover_stalled(
         self, max_infra_deaths: int = DEFAULT_MAX_INFRA_DEATHS
@@ -77,14 +77,14 @@ class Management:
             cause = rules.STALL_RETRY_TEXT % (job.stalls, limit)
         # The owner is gone and its late finish will be rejected: this is the only
         # record of the attempt, so "why did my job die" still has an answer.
-        pid = self.attempt_pid(job)
+        child = self.attempt_child(job)
         attempt = AttemptRecord(
             attempt=job.attempts,
             outcome=outcome,
             action=Action.FAIL if state is FAILED else Action.RETRY,
             worker_id=job.owner,
-            pid=pid,
-            started_ms=rules.attempt_start(job.claimed_ms, pid),
+            pid=child.pid,
+            started_ms=rules.attempt_start(job.claimed_ms, child),
             ended_ms=now,
             error=cause,
         )
@@ -114,8 +114,8 @@ class Management:
                 job = store.jobs.get(job_id)
                 if job is None or job.state.finished or (not running and job.state is ACTIVE):
                     continue
-                pid = self.attempt_pid(job) if job.state is ACTIVE else None
-                token = store.cancel(job, now, pid)
+                child = self.attempt_child(job) if job.state is ACTIVE else None
+                token = store.cancel(job, now, child)
                 cancelled += 1
                 if token is not None:
                     revoked.append((job_id, token))

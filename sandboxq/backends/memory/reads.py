@@ -36,7 +36,9 @@ class Reads:
 
     if TYPE_CHECKING:
 
-        def running_pid(self, job_id: str, worker_id: str | None) -> int | None: ...  # backend
+        def running_child(  # backend
+            self, job_id: str, worker_id: str | None
+        ) -> rules.RunningChild: ...
 
     def get(self, job_id: str) -> JobInfo | None:
         with self._store.cond:
@@ -64,11 +66,12 @@ class Reads:
     def _running(self, job: Job) -> RunningAttempt | None:
         if job.state is not ACTIVE:
             return None
+        child = self.running_child(job.id, job.owner)
         return RunningAttempt(
             attempt=job.attempts,
             worker_id=job.owner,
-            pid=self.running_pid(job.id, job.owner),
-            started_ms=job.claimed_ms,
+            pid=child.pid,
+            started_ms=child.started_ms if child.started_ms is not None else job.claimed_ms,
             lease_expires_ms=job.lease_ms,
         )
 

@@ -51,6 +51,7 @@ class Job:
     uncharged: int = 0  # of those, the ones the retry budget does not count (common.lua)
     claimed_ms: int | None = None  # when the attempt it is active for was claimed
     child_pid: int | None = None  # that attempt's child, as its owner's record last said
+    child_started_ms: int | None = None  # when that child took it, as the record said
     stalls: int = 0
     infra_deaths: int = 0  # helper or worker deaths while it ran (poison at the limit)
     owner: str | None = None
@@ -145,7 +146,7 @@ class Store:
             job.ready_ms = now
         job.state = state
         if state is not ACTIVE:
-            job.owner = job.token = job.claimed_ms = job.child_pid = None
+            job.owner = job.token = job.claimed_ms = job.child_pid = job.child_started_ms = None
         finished = state in FINISHED
         job.finished_ms = now if finished else None
         job.expires_ms = None
@@ -268,9 +269,10 @@ class Store:
         batch.cancelling += 1
         return True
 
-    def cancel(self, job: Job, now: int, pid: int | None = None) -> str | None:
-        """Cancel ``job`` (not finished; ``pid``: its child's, if it runs); the lease token
-        it revoked (cancel.lua)."""
+    def cancel(self, job: Job, now: int, child: rules.RunningChild | None = None) -> str | None:
+        """Cancel ``job`` (not finished; ``child``: the one running it, if it runs); the
+        lease token it revoked (cancel.lua)."""
+        child = child or rules.RunningChild(None)
         was, token = job.state.value, job.token
         cause = rules.CANCELLED_TEXT % was
         if job.state is ACTIVE:
@@ -282,8 +284,8 @@ class Store:
                 attempt=job.attempts,
                 outcome=Outcome.CANCELLED,
                 worker_id=job.owner,
-                pid=pid,
-                started_ms=rules.attempt_start(job.claimed_ms, pid),
+                pid=child.pid,
+                started_ms=rules.attempt_start(job.claimed_ms, child),
                 ended_ms=now,
                 error=cause,
             )

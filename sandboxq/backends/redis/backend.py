@@ -340,8 +340,8 @@ class RedisBackend(Reads, Batches, Backend):
             # The pids on the jobs first: whoever reads one in the record finds it there too.
             if held := rules.child_pids(info):
                 args: list[Arg] = [worker_id]
-                for job_id, number, pid in held:
-                    args += (job_id, number, pid)
+                for job_id, number, pid, started_ms in held:
+                    args += (job_id, number, pid, "" if started_ms is None else started_ms)
                 self._scripts.child_pids(args)
             pipe = self._conns.main.pipeline(transaction=False)
             pipe.set(self.keys.worker(worker_id), data, px=ttl_ms)

@@ -3,7 +3,7 @@ so all of a queue's keys live on one Redis Cluster slot and every Lua script can
 any of them atomically.
 
     sq:{q}:job:<id>            HASH   one job (payload, codec, opts, state, attempts, ...,
-                               child_pid while active: child_pids.lua);
+                               child_pid, child_started_ms while active: child_pids.lua);
                                a completed job's sole attempt as worker_id, pid,
                                started_ms, ended_ms and its memory figures
                                (common.lua: sole_attempt)

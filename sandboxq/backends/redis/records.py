@@ -332,16 +332,16 @@ def running_attempt(
     ``claimed_ms``), its lease's expiry and its owner's registry record (the child's pid,
     once the owner's heartbeat published it)."""
     owner = text(fields[b"owner"]) if b"owner" in fields else None
-    pid = None
+    child = rules.RunningChild(None)
     if owner is not None and owner_record is not None:
-        for held in worker_record(owner, owner_record).get("jobs") or ():
-            if held.get("id") == job_id and isinstance(held.get("pid"), int):
-                pid = held["pid"]
+        child = rules.running_child(worker_record(owner, owner_record), job_id)
+    claimed_ms = _count_or_none(fields.get(b"claimed_ms"))
     return RunningAttempt(
         attempt=_count_or_zero(fields.get(b"attempts")),
         worker_id=owner,
-        pid=pid,
-        started_ms=_count_or_none(fields.get(b"claimed_ms")),
+        pid=child.pid,
+        # when its child took it; a job claimed ahead waited in its worker before that
+        started_ms=child.started_ms if child.started_ms is not None else claimed_ms,
         lease_expires_ms=_score_ms(lease_expiry_ms),
     )
 
@@ -447,6 +447,7 @@ _WORKER_JOB_FIELDS: dict[str, _Kinds] = {
     "id": _STR,
     "attempt": _INT,
     "pid": _INT,
+    "started_ms": _INT,
     "lease_renewed_s_ago": _NUMBER,
 }
 

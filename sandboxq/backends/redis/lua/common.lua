@@ -772,7 +772,7 @@ local function fail_malformed(id, reason, now, bad_field)
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', DELAYED, id)
   redis.call('ZREM', ACTIVE, id)
-  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid')
+  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid', 'child_started_ms')
   redis.call('HSET', key, 'state', 'failed', 'outcome', 'error', 'error', err,
     'finished_ms', int(now))
   redis.call('ZADD', FAILED, int(now), id)
@@ -859,16 +859,17 @@ local function promote_due(now)
   end
 end
 
--- When the attempt a job's owner holds started (its claim) and the pid of its child, from
--- the owner's registry record (absent until its heartbeat published it), else as that
--- record last noted it on the job (child_pids.lua): a dead owner's record expires with its
--- lease, before the lease is found lost. For the record of an attempt that ends without
+-- When the attempt a job's owner holds started (when its child took it, as the owner's
+-- registry record says; else its claim) and the pid of its child, from the owner's
+-- registry record (absent until its heartbeat published it), else as that record last
+-- noted it on the job (child_pids.lua): a dead owner's record expires with its lease,
+-- before the lease is found lost. For the record of an attempt that ends without
 -- its worker (cancelled, lease lost). A record that does not decode is skipped: it is
 -- another process's word. No pid, no start (nil, nil): a job claimed ahead (prefetch) waits
 -- in its worker, lease running, for a child it may never get, and its claim was no start.
 local function running_attempt(key, id, owner)
-  local f = redis.call('HMGET', key, 'claimed_ms', 'child_pid')
-  local started, pid = tonumber(f[1]), count_or(f[2], nil)
+  local f = redis.call('HMGET', key, 'claimed_ms', 'child_pid', 'child_started_ms')
+  local started, pid = count_or(f[3], nil) or tonumber(f[1]), count_or(f[2], nil)
   local wkey = owner and QUEUE_BASE .. 'worker:' .. owner
   if wkey and redis.call('TYPE', wkey)['ok'] == 'string'
       and redis.call('STRLEN', wkey) <= MAX_FIELD_BYTES then
@@ -879,6 +880,8 @@ local function running_attempt(key, id, owner)
         for _, job in ipairs(rec.jobs) do
           if type(job) == 'table' and job.id == id and type(job.pid) == 'number' then
             pid = job.pid
+            -- when its child took it: a job claimed ahead waited in its worker before
+            if type(job.started_ms) == 'number' then started = job.started_ms end
           end
         end
       end
@@ -915,7 +918,7 @@ local function cancel_move(id, channel, now)
   redis.call('ZREM', WAITING, id)
   redis.call('ZREM', DELAYED, id)
   redis.call('ZREM', ACTIVE, id)
-  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid')
+  redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid', 'child_started_ms')
   redis.call('HSET', key, 'state', 'cancelled', 'finished_ms', int(now), 'outcome', 'cancelled',
     'error', err)
   redis.call('ZADD', CANCELLED, int(now), id)

@@ -45,7 +45,7 @@ local function finish_one(base)
   local sole = action == 'complete' and sole_attempt(record, worker, outcome)
   if not sole then append_history(id, record) end
   -- one HDEL and one HSET per branch: every call inside a script costs a few microseconds
-  local gone = {'owner', 'token', 'claimed_ms', 'child_pid'}
+  local gone = {'owner', 'token', 'claimed_ms', 'child_pid', 'child_started_ms'}
   if err == '' then gone[5] = 'error' end -- else the new error replaces it below
   if action == 'complete' or action == 'fail' then
     -- its place in line is no use once finished (a manual retry sets both again:

@@ -46,7 +46,7 @@ for _, id in ipairs(expired) do
     if f[2] then record.worker_id = f[2] end
     record.started_ms, record.pid = running_attempt(key, id, f[2])
     local state, err
-    redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid')
+    redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid', 'child_started_ms')
     local poison = stalls <= max_stalls and deaths >= max_infra -- rules.poisoned
     if stalls > max_stalls or poison then
       state = 'failed'

@@ -13,7 +13,7 @@ for id, token in lease_pairs(6) do
   local key = PREFIX .. id
   if owns(key, worker, token) then
     redis.call('ZREM', ACTIVE, id)
-    redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid')
+    redis.call('HDEL', key, 'owner', 'token', 'claimed_ms', 'child_pid', 'child_started_ms')
     redis.call('HSET', key, back_in_line(key, id, false))
     emit('released', id)
     batch_after(id, 'active', 0) -- batches (common.lua): back to waiting, never done here
