@@ -13,6 +13,7 @@ import math
 import os
 import re
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -155,6 +156,48 @@ def test_the_count_cap_trims_the_oldest_and_logs_and_counts_it(
     wait_until(lambda: worker.stats.completed == 13)
     wait_until(lambda: f"{counted} 9.0" in scrape(address))
     assert sum("count cap" in r.getMessage() for r in caplog.records) == 1
+
+
+class _HeldLine(logging.Handler):
+    """Holds the first count-cap line in its logger's own handler (before the root's, where
+    caplog reads) until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived, self.let_go = threading.Event(), threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "count cap" in record.getMessage() and not self.arrived.is_set():
+            self.arrived.set()
+            self.let_go.wait(20)
+
+
+@pytest.mark.timeout(60)
+def test_a_cap_trim_is_counted_only_once_its_line_is_logged(
+    opened: Callable[..., Queue], workers: BackgroundWorkers
+) -> None:
+    """The count came before the line: a scrape read 6 trims and the log had no line yet
+    (the test above failed so in a full run). Held inside the logging call, the reaper has
+    counted nothing."""
+    q = opened()
+    q.enqueue_many(([i], {}) for i in range(10))
+    held = _HeldLine()
+    retention_log = logging.getLogger("sandboxq.retention")
+    retention_log.addHandler(held)
+    try:
+        worker = workers.start(
+            q, ECHO, retain_completed=4, stall_check_s=0.05, metrics_port=0, **TREE
+        )
+        assert held.arrived.wait(20), "no count-cap line"
+        assert worker.metrics_address is not None
+        counted = f'sandboxq_jobs_trimmed_total{{queue="{q.name}",reason="cap"}}'
+        scraped = scrape(worker.metrics_address)
+        assert f"{counted} 0.0" in scraped or counted not in scraped, scraped
+        held.let_go.set()
+        wait_until(lambda: f"{counted} 6.0" in scrape(worker.metrics_address))
+    finally:
+        held.let_go.set()
+        retention_log.removeHandler(held)
 
 
 def test_job_not_found_says_when_retention_removed_nothing(

@@ -52,12 +52,20 @@ class TrimWatch:
         seen, self._seen = self._seen, now
         if seen is None:
             return
+        capped = 0
         for state, n in now.capped.items():
             new = n - seen.capped.get(state, 0)
             if new > 0:
-                self.trimmed["cap"] += new
+                capped += new
                 self._unlogged[state] = self._unlogged.get(state, 0) + new
+        self._log_due(now)
+        # Counted after the line: whoever sees the count finds the line written (a scrape
+        # once read the count, and the log had no line yet).
+        self.trimmed["cap"] += capped
         self.trimmed["age"] += max(0, now.expired - seen.expired)
+
+    def _log_due(self, now: Trims) -> None:
+        """Log the cap trims not logged yet, unless a line was logged within log_every_s."""
         if self._unlogged and time.monotonic() - self._last_log >= self._log_every_s:
             self._last_log = time.monotonic()
             told = Trims(
