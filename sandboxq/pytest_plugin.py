@@ -248,10 +248,12 @@ def _handler_case(request: pytest.FixtureRequest, fixture: str) -> HandlerCase:
     param = getattr(request, "param", None)
     if isinstance(param, cases.HandlerCase):
         return param
-    if isinstance(param, str) and param in cases.CASES_BY_ID:
-        return cases.CASES_BY_ID[param]
+    own: list[HandlerCase] = getattr(cases, _HANDLER_FIXTURES[fixture])
+    by_id = {case.id: case for case in own}  # a hung handler is a hang, not any case
+    if isinstance(param, str) and param in by_id:
+        return by_id[param]
     pytest.fail(
-        f"{fixture}: unknown handler case {param!r}; known: {', '.join(cases.CASES_BY_ID)}",
+        f"{fixture}: unknown handler case {param!r}; known: {', '.join(by_id)}",
         pytrace=False,
     )
 

@@ -98,6 +98,28 @@ def test_cases_can_be_chosen_by_id(
     case.check(job.info().history[-1])
 
 
+@pytest.mark.timeout(60)
+def test_a_case_id_of_another_catalogue_is_refused_naming_the_fixtures_own(
+    pytester: pytest.Pytester,
+) -> None:
+    """``sandboxq_hung_handler`` took any case id: "segfault" gave a crash, not a hang, and
+    an unknown id listed the whole catalogue's 40 ids."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.parametrize("sandboxq_hung_handler", ["segfault"], indirect=True)
+        def test_chooses_a_crash(sandboxq_hung_handler):
+            pass
+        """
+    )
+    result = run_inline(pytester)
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    assert "sandboxq_hung_handler: unknown handler case 'segfault'; known: " in out, out
+    assert "sleep_forever-soft" in out and "segfault," not in out, out
+
+
 @pytest.mark.timeout(30)
 def test_worker_serves_the_redis_queue_and_an_explicit_one(
     sandboxq_queue: Queue,
