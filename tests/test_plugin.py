@@ -98,28 +98,6 @@ def test_cases_can_be_chosen_by_id(
     case.check(job.info().history[-1])
 
 
-@pytest.mark.timeout(60)
-def test_a_case_id_of_another_catalogue_is_refused_naming_the_fixtures_own(
-    pytester: pytest.Pytester,
-) -> None:
-    """``sandboxq_hung_handler`` took any case id: "segfault" gave a crash, not a hang, and
-    an unknown id listed the whole catalogue's 40 ids."""
-    pytester.makepyfile(
-        """
-        import pytest
-
-        @pytest.mark.parametrize("sandboxq_hung_handler", ["segfault"], indirect=True)
-        def test_chooses_a_crash(sandboxq_hung_handler):
-            pass
-        """
-    )
-    result = run_inline(pytester)
-    result.assert_outcomes(errors=1)
-    out = result.stdout.str()
-    assert "sandboxq_hung_handler: unknown handler case 'segfault'; known: " in out, out
-    assert "sleep_forever-soft" in out and "segfault," not in out, out
-
-
 @pytest.mark.timeout(30)
 def test_worker_serves_the_redis_queue_and_an_explicit_one(
     sandboxq_queue: Queue,
@@ -510,23 +488,33 @@ def test_a_server_that_cannot_start_says_what_it_said_and_what_was_tried(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("fixture", "case"),
+    [
+        ("sandboxq_misbehaving_handler", "hang_forever"),
+        # sandboxq_hung_handler took any case id: "segfault" gave a crash, not a hang,
+        # and an unknown id listed every catalogue's 40 ids
+        ("sandboxq_hung_handler", "segfault"),
+    ],
+)
 def test_an_unknown_case_id_fails_naming_the_known_ones(
-    pytester: pytest.Pytester, no_env_url: None
+    pytester: pytest.Pytester, no_env_url: None, fixture: str, case: str
 ) -> None:
     pytester.makepyfile(
-        """
+        f"""
         import pytest
 
-        @pytest.mark.parametrize("sandboxq_misbehaving_handler", ["hang_forever"], indirect=True)
-        def test_case(sandboxq_misbehaving_handler):
+        @pytest.mark.parametrize("{fixture}", ["{case}"], indirect=True)
+        def test_case({fixture}):
             pass
         """
     )
     result = run_inline(pytester)
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
-        ["*unknown handler case 'hang_forever'; known: sleep_forever-soft*"]
+        [f"*{fixture}: unknown handler case '{case}'; known: sleep_forever-soft*"]
     )
+    assert f"{case}," not in result.stdout.str()  # only the fixture's own cases are listed
 
 
 @pytest.mark.timeout(60)
