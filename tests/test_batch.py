@@ -347,6 +347,134 @@ def test_a_second_run_on_the_same_output_is_refused_and_leaves_it_alone(tmp_path
     assert sorted(results(out)) == [1, 2, 3, 4]
 
 
+@pytest.mark.timeout(90)
+def test_running_again_onto_an_output_that_holds_lines_is_refused_unless_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same command run again (a night's batch, rerun by hand the next morning)
+    emptied the first run's results without a word. It is refused, naming the file and
+    what keeps or replaces them, and the file is left as it was; --overwrite replaces it."""
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}', '{"args": [2]}')
+    out = tmp_path / "out.jsonl"
+    earlier = '{"line": 1, "outcome": "ok", "attempts": 1, "result": "from last night"}\n'
+    out.write_text(earlier)
+    assert main(["run", H + "echo", str(source), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} already holds 1 line(s)" in err
+    assert "--skip-done runs only the lines it does not hold as finished" in err
+    assert "--overwrite replaces them" in err
+    assert out.read_text() == earlier
+    assert main(["run", H + "echo", str(source), "--output", str(out), "--overwrite"]) == 0
+    assert {n: row["result"] for n, row in results(out).items()} == {1: 1, 2: 2}
+
+
+@pytest.mark.timeout(90)
+def test_skip_done_runs_only_the_lines_a_stopped_run_did_not_finish(tmp_path: Path) -> None:
+    """A local run stopped part-way (Ctrl-C, a reboot) could only be run again whole: a
+    night of work lost for the lines it had left. --skip-done keeps the rows of the lines
+    that finished, byte for byte, and runs the others: those not run, and a line added
+    since. The file ends with one row per line."""
+    code, _, _, _ = interrupt_a_batch(tmp_path, 5, 1.5, [signal.SIGINT])
+    assert code == 130
+    out, log = tmp_path / "out.jsonl", tmp_path / "runs"
+    first = results(out)
+    finished = {n for n, row in first.items() if row["outcome"] == "ok"}
+    assert len(finished) == 2 and len(first) == 5
+    kept = [row for row in out.read_text().splitlines() if json.loads(row)["line"] in finished]
+    with open(tmp_path / "in.jsonl", "a") as f:  # a line added since
+        f.write(json.dumps({"args": [str(log), "k6", 0]}) + "\n")
+    log.unlink()
+    argv = [H + "recorded_sleep", "in.jsonl", "--output", "out.jsonl", "--skip-done"]
+    again = subprocess.run(
+        [*CLI, "run", *argv, "--concurrency", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0, again.stderr
+    assert {int(key[1:]) for _, key in started(log)} == {1, 2, 3, 4, 5, 6} - finished
+    rows = results(out)
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    assert {row["outcome"] for row in rows.values()} == {"ok"}
+    assert out.read_text().splitlines()[: len(kept)] == kept
+    assert "6 line(s) of in.jsonl: 2 written before, 4 in" in again.stderr
+
+
+@pytest.mark.timeout(60)
+def test_skip_done_runs_again_lines_cut_short_stopped_running_or_malformed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = (json.dumps({"args": [n]}) for n in (1, 2, 3, 4))
+    source = write_lines(tmp_path / "in.jsonl", *calls)  # line 4 fixed since
+    out = tmp_path / "out.jsonl"
+    out.write_text(
+        '{"line": 1, "outcome": "ok", "attempts": 1, "result": 1}\n'
+        '{"line": 4, "outcome": "malformed", "attempts": 0, "error": "not JSON"}\n'
+        '{"line": 2, "outcome": "interrupted", "attempts": 1, "error": "stopped", "ran_s": 9}\n'
+        '{"line": 3, "outc'  # the run was killed while it wrote this row
+    )
+    assert main(["run", H + "echo", str(source), "--output", str(out), "--skip-done"]) == 0
+    rows = results(out)
+    assert {n: (row["outcome"], row["result"]) for n, row in rows.items()} == {
+        n: ("ok", n) for n in (1, 2, 3, 4)
+    }
+    assert "4 line(s) of" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (
+            '{"line": 9, "outcome": "ok", "attempts": 1, "result": 1}\n',
+            "holds line 9, which {source} never had",
+        ),
+        (
+            '{"line": 2, "outcome": "ok", "attempts": 1, "result": 1}\n',
+            "holds line 2 as ok, which {source} had as malformed",
+        ),
+        ('{"results": [1, 2]}', "line 1 is not a line sandboxq run wrote"),
+    ],
+    ids=["a-line-the-input-lacks", "a-line-now-malformed", "another-programs-file"],
+)
+def test_skip_done_refuses_an_output_of_another_input_and_leaves_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, needle: str
+) -> None:
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}', "not json")
+    out = tmp_path / "out.jsonl"
+    out.write_text(content)
+    assert main(["run", H + "echo", str(source), "--output", str(out), "--skip-done"]) == 2
+    assert needle.format(source=source) in capsys.readouterr().err
+    assert out.read_text() == content
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--skip-done"], "--skip-done needs --output OUT.jsonl"),
+        (["--output", "o.jsonl", "--skip-done", "--overwrite"], "--overwrite replaces it: one"),
+        (["--output", "o.jsonl", "--skip-done", "--queue", "q"], "--skip-done is for a run here"),
+        (["--output", "o.jsonl", "--resume", "b", "--overwrite"], "no --overwrite"),
+        (["--output", "/dev/null", "--skip-done"], "/dev/null is not a file"),
+    ],
+)
+def test_the_output_flags_that_cannot_go_together_are_refused(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    needle: str,
+) -> None:
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}')
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", H + "echo", str(source), *flags]) == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 # -- a terminal: the live bar, and Ctrl-C -------------------------------------------------
 
 

@@ -634,7 +634,7 @@ def test_a_refused_setting_or_processor_sends_nothing_and_writes_nothing(
         (["nosuchmod:h", "--concurrency", "1"], "nosuchmod"),
     ]
     for (processor, *flags), needle in cases:
-        proc = sandboxq_run(processor, str(source), *at, *flags)
+        proc = sandboxq_run(processor, str(source), *at, *flags, "--overwrite")
         assert proc.returncode == 2, (flags, proc.stderr)
         assert "sandboxq: error:" in proc.stderr and needle in proc.stderr, proc.stderr
         assert "sending" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
@@ -710,9 +710,31 @@ def test_an_unreachable_redis_leaves_the_output_as_it_was(tmp_path: Path) -> Non
     out = tmp_path / "out.jsonl"
     out.write_text("kept\n")
     at = ["--url", "redis://127.0.0.1:1/0", "--queue", "q", "--output", str(out)]
-    proc = sandboxq_run(H + "echo", str(source), *at, timeout=30)
+    proc = sandboxq_run(H + "echo", str(source), *at, "--overwrite", timeout=30)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "127.0.0.1:1" in proc.stderr, proc.stderr
     assert out.read_text() == "kept\n"
+
+
+@pytest.mark.timeout(60)
+def test_an_output_that_holds_lines_is_refused_before_anything_is_sent(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """A new fleet run emptied an output that held an earlier run's lines without a word.
+    It is refused before its batch is sent, and the file is left as it was."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n')
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"line": 1, "outcome": "ok", "attempts": 1, "result": 1}\n')
+    at = ["--url", redis_url, "--queue", queue_name, "--output", str(out)]
+    proc = sandboxq_run(H + "echo", str(source), *at, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{out} already holds 1 line(s)" in proc.stderr
+    assert "--overwrite replaces them" in proc.stderr and "--skip-done" not in proc.stderr
+    assert "sending" not in proc.stderr
+    assert out.read_text().count("\n") == 1
+    with Queue(queue_name, redis_url) as q:
+        assert sum(q.counts().values()) == 0
 
 
 @pytest.mark.timeout(60)

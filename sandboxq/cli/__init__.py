@@ -11,7 +11,8 @@
     batch.py    run                           a JSONL file through the pool, locally
     run_fleet.py run --url --queue [--resume] the same file as a batch over a fleet
     run_files.py, run_label.py                 the input and output files both share; the
-                                               fleet batch's label, read back to resume
+    run_readback.py                            fleet batch's label; an output read back
+                                               (a fleet --resume, a local --skip-done)
     batches.py  batch                         one batch: progress, failures; retry, cancel
     dashboard.py dashboard                    the web dashboard (sandboxq[web])
     exporter.py exporter                      queue gauges from Redis for Prometheus

@@ -18,6 +18,9 @@ pool took), and lines that never started as ``not_run``; both are listed, so not
 silently lost; the exit status is then a shell's for the first signal (130 for Ctrl-C,
 143 for SIGTERM).
 
+An ``--output`` that holds lines already is refused unless ``--overwrite``; with
+``--skip-done`` its finished rows are kept and only the other lines run (run_readback.py).
+
 Malformed lines are reported (with their line numbers) before anything runs and then
 written as ``malformed``, and the rest of the batch runs: one bad line among thousands
 should not cost the others, and the user learns of it at once instead of at the end.
@@ -33,12 +36,13 @@ import argparse
 import logging
 import os
 import signal
+import stat
 import sys
 import threading
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
+from typing import IO, Any
 
 from sandboxq.backends.base import Backend, NewJob
 from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
@@ -57,10 +61,13 @@ from sandboxq.cli.run_files import (
     EXAMPLE,
     Item,
     Output,
+    empty_output,
     open_output,
     read_input,
+    refuse_earlier_lines,
     stdout_for_results,
 )
+from sandboxq.cli.run_readback import WrittenRow, finished_rows, foreign_row, keep_only
 from sandboxq.cli.worker import FLAG_FORMS, POOL_FLAGS, settings
 from sandboxq.errors import ConfigError
 from sandboxq.settings import WorkerSettings
@@ -90,6 +97,18 @@ def add_parser(verbs: Any) -> None:
     r.add_argument("processor", nargs="?", help="the handler, as package.module:function")
     r.add_argument("input", nargs="?", metavar="INPUT.jsonl")
     r.add_argument("--output", metavar="OUT.jsonl", help="write results here (default: stdout)")
+    r.add_argument(
+        "--skip-done",
+        action="store_true",
+        help="run only the lines --output does not hold as finished (an earlier run's file, "
+        "stopped or crashed): its lines that did not run, were stopped or were malformed run "
+        "again, and the file ends with one row per line",
+    )
+    r.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace what --output holds (without it, a file that holds lines is refused)",
+    )
     add_setting_flags(r, WorkerSettings, POOL_FLAGS, FLAG_FORMS)
     r.add_argument("--strict", action="store_true", help="run nothing if any line is malformed")
     fleet = r.add_argument_group(
@@ -117,17 +136,34 @@ def run(args: argparse.Namespace) -> int:
             f"--output {args.output} is the input file: writing it would lose the input's "
             "lines; write the results to another file"
         )
+    fleet = bool(args.queue or args.url or args.resume)
+    _check_output_flags(args, fleet)
     with ExitStack() as stack:
         if not args.output:
             stack.enter_context(stdout_for_results())
         try:
-            if args.queue or args.url or args.resume:
+            if fleet:
                 from sandboxq.cli import run_fleet
 
                 return run_fleet.run(args)
             return _run_here(args)
         except BrokenPipeError:
             return _results_unread(args)
+
+
+def _check_output_flags(args: argparse.Namespace, fleet: bool) -> None:
+    """--skip-done and --overwrite: what each needs, and what each cannot go with."""
+    if args.skip_done and args.overwrite:
+        raise ConfigError("--skip-done keeps what --output holds, --overwrite replaces it: one")
+    if args.skip_done and not args.output:
+        raise ConfigError("--skip-done needs --output OUT.jsonl: the file an earlier run wrote")
+    if args.skip_done and fleet:
+        raise ConfigError(
+            "--skip-done is for a run here; over a fleet, --resume BATCH_ID --output OUT "
+            "writes what the batch an earlier run sent did not write yet"
+        )
+    if args.overwrite and args.resume:
+        raise ConfigError("--resume appends to the file its batch's run wrote: no --overwrite")
 
 
 def _results_unread(args: argparse.Namespace) -> int:
@@ -170,8 +206,10 @@ def _run_here(args: argparse.Namespace) -> int:
     backend = worker.backend
     tally = Tally()
     with ExitStack() as files:
-        file = files.enter_context(open_output(args.output)) if args.output else None
+        file, done = _open_output(args, files, good, bad)
         output = Output(file, tally)
+        output.written_before(done)
+        good = [item for item in good if item.line not in output.written]
         for item in bad:
             output.write(item.line, MALFORMED, attempts=0, error=item.error)
         backend.enqueue([NewJob(item.payload or b"", job_id=item.job_id) for item in good])
@@ -191,6 +229,32 @@ def _run_here(args: argparse.Namespace) -> int:
     if stop.requests:
         return stop.exit_status()
     return EXIT_OK if tally.all_ok else EXIT_FAILED
+
+
+def _open_output(
+    args: argparse.Namespace, files: ExitStack, good: list[Item], bad: list[Item]
+) -> tuple[IO[str] | None, list[WrittenRow]]:
+    """The output a run here writes (None: stdout), and the rows it keeps: with
+    --skip-done, those of the lines an earlier run finished, checked to be this input's
+    before the file is cut down to them; else none, the file emptied (refused when it
+    holds lines, unless --overwrite)."""
+    if not args.output:
+        return None, []
+    file = files.enter_context(open_output(args.output))
+    if not args.skip_done:
+        refuse_earlier_lines(file.fileno(), args.output, overwrite=args.overwrite, skip_done=True)
+        empty_output(file.fileno())
+        return file, []
+    if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):  # a terminal, a pipe: no rows
+        raise ConfigError(f"--skip-done reads --output back: {args.output} is not a file")
+    done = finished_rows(args.output)
+    good_lines, bad_lines = [i.line for i in good], [i.line for i in bad]
+    if why := foreign_row(done, good_lines, bad_lines, args.input):
+        raise ConfigError(
+            f"{args.output} {why}: it was written for another input; --skip-done needs the "
+            "output of a run of this file"
+        )
+    return files.enter_context(keep_only(file, args.output, done)), done
 
 
 def checked_worker_settings(args: argparse.Namespace, queue: str, url: str) -> WorkerSettings:

@@ -1,11 +1,10 @@
-"""The files of ``sandboxq run``: its JSONL input, the output it writes, and an output
-read back to resume.
+"""The files of ``sandboxq run``: its JSONL input and the output it writes (an output
+read back is run_readback.py's).
 
     INPUT.jsonl ─► read_input ─► Item per non-blank line: its encoded call, or why not
     finished job ─► Output.write ─► one JSON line per input line, flushed as it finishes
-                                    (``open_output``: the file under an exclusive lock)
-    OUT (resumed) ─► written_lines ─► (line, outcome, error) of each complete line; foreign_row
-                                      says when they cannot be this batch's
+                                    (``open_output``: the file under an exclusive lock;
+                                    one that holds lines is refused unless --overwrite)
 
 The local mode (batch.py) and the fleet mode (run_fleet.py) share all of it, so a file
 gives the same lines either way.
@@ -22,13 +21,13 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
-from sandboxq import codec, text
+from sandboxq import codec
 from sandboxq.backends.base import Backend, JobStanding
-from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, STOPPED_RUNNING, Tally
+from sandboxq.cli.batch_view import NOT_RUN, STOPPED_RUNNING, Tally
 from sandboxq.cli.options import json_type
+from sandboxq.cli.run_readback import WrittenRow
 from sandboxq.errors import ConfigError, SerializationError
 from sandboxq.finished import result_value
 from sandboxq.models import Action, AttemptRecord, JobInfo, JobState
@@ -127,6 +126,12 @@ class Output:
                 os.dup2(null, out.fileno())
                 os.close(null)
             raise
+
+    def written_before(self, rows: Iterable[WrittenRow]) -> None:
+        """Count ``rows``, which an earlier run wrote: in the summary, and not written again."""
+        for line, outcome, error, _row in rows:
+            self.written.add(line)
+            self.tally.add(outcome, line, error)
 
     def job(self, backend: Backend, item: Item) -> bool:
         """Write ``item``'s result if its job has finished; False if it has not."""
@@ -305,13 +310,14 @@ def stdout_for_results() -> Iterator[None]:
             results.close()
 
 
-def open_output(path: str, *, append: bool = False) -> IO[str]:
-    """``path`` opened for a run's lines (appended to, or emptied first), under an
-    exclusive lock for as long as it is open: a second ``sandboxq run`` on the same file
-    (another terminal, a ``--resume`` while the first still runs) is refused and leaves
-    the file as it was, rather than emptying it or writing among the first one's lines."""
+def open_output(path: str) -> IO[str]:
+    """``path`` opened to append a run's lines, under an exclusive lock for as long as it
+    is open: a second ``sandboxq run`` on the same file (another terminal, a ``--resume``
+    while the first still runs) is refused and leaves the file as it was, rather than
+    emptying it or writing among the first one's lines. A new run then empties it
+    (``refuse_earlier_lines``, ``empty_output``) once nothing refuses it any more."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0), 0o666)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
     try:
@@ -323,110 +329,41 @@ def open_output(path: str, *, append: bool = False) -> IO[str]:
         ) from None
     except OSError:  # a file system without locks: written unguarded
         pass
-    if not append:
-        empty_output(fd)  # once it is ours: emptied before the lock, it was the other's
-    return open(fd, "a" if append else "w", encoding="utf-8")
+    return open(fd, "a", encoding="utf-8")
+
+
+def refuse_earlier_lines(fd: int, path: str, *, overwrite: bool, skip_done: bool = False) -> None:
+    """Refuse to empty an output that holds lines (an earlier run's results, most often),
+    unless ``overwrite``: running a command again replaced a night's results without a
+    word. The error says what keeps them: ``--skip-done`` where the run offers it."""
+    if overwrite:
+        return
+    held = os.fstat(fd)
+    if not stat.S_ISREG(held.st_mode) or held.st_size == 0:
+        return
+    try:
+        held_lines = f"{_count_lines(path)} line(s)"
+    except OSError:  # opened to write, yet not readable: its size says enough
+        held_lines = f"{held.st_size} bytes"
+    keep = "--skip-done runs only the lines it does not hold as finished, " if skip_done else ""
+    raise ConfigError(
+        f"{path} already holds {held_lines} (an earlier run's results?): "
+        f"{keep}--overwrite replaces them; or write to another file"
+    )
 
 
 def empty_output(fd: int) -> None:
     """Empty an output ``open_output`` gave, when it is a regular file (not /dev/stdout, a
-    pipe...). A run that must hold the file before it can still be refused opens it to
-    append, and empties it only once nothing refuses it any more."""
+    pipe...)."""
     if stat.S_ISREG(os.fstat(fd).st_mode):
         os.ftruncate(fd, 0)
 
 
-# -- an output read back, for --resume -----------------------------------------------------
-
-
-class WrittenRow(NamedTuple):
-    """A row an earlier run wrote: what a resume counts (its error: the summary's kind)."""
-
-    line: int
-    outcome: str
-    error: str | None
-
-
-def written_lines(path: str) -> Iterator[WrittenRow]:
-    """Every complete line of ``path``: a last line cut short by a crash (no newline) is
-    left out, and left in the file (``cut_short_line`` cuts it off once the rows are found
-    to be the batch's: a file refused is left as it was)."""
-    whole = _whole_lines(path)
-    rows = whole.splitlines()
-    for n, row in enumerate(rows, 1):
-        try:
-            record = json.loads(row)
-            error = record.get("error")
-            yield WrittenRow(
-                int(record["line"]),
-                str(record["outcome"]),
-                error if isinstance(error, str) else None,
-            )
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
-    if not _cut_short_row(_last_line_cut_short(path, len(whole))):
-        # a file of another program (its one line without a newline, as json.dump writes
-        # it) would otherwise pass for a crash's remains and be emptied
-        raise ConfigError(f"{path} line {len(rows) + 1} is not a line sandboxq run wrote")
-
-
-#: How every row Output writes begins: a line a crash cut short begins so too, or is a
-#: start of it.
-_ROW_START = b'{"line": '
-
-
-def _cut_short_row(tail: bytes) -> bool:
-    """Whether ``tail`` (what follows an output's last newline) can be a row cut short."""
-    return tail.startswith(_ROW_START) or _ROW_START.startswith(tail)
-
-
-def _last_line_cut_short(path: str, whole: int) -> bytes:
-    """What follows the first ``whole`` bytes of ``path`` (its last newline)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(whole)
-            return f.read()
-    except FileNotFoundError:
-        return b""
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
-def cut_short_line(path: str) -> None:
-    """Cut a last line a crash cut short off ``path``, so appending starts on a line of
-    its own."""
-    whole = len(_whole_lines(path))
-    if whole != Path(path).stat().st_size:
-        with open(path, "r+b") as f:
-            f.truncate(whole)
-
-
-def _whole_lines(path: str) -> bytes:
-    """``path`` up to its last newline (nothing when it does not exist)."""
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        return b""
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return raw[: raw.rfind(b"\n") + 1]
-
-
-def foreign_row(
-    done: list[WrittenRow], lines: list[int], malformed: Iterable[int], source: str
-) -> str:
-    """What the first of ``done`` (an output's rows) that cannot be of ``source`` (a batch
-    of ``lines`` sent, ``malformed`` not) holds, in words; "" when each can be. A row for a
-    line the batch never had, a line it sent written as malformed, or a malformed one
-    written as run: the rows name input lines, not batches, so an output of another input
-    is told apart only where its lines differ from this one's."""
-    sent, bad = set(lines), set(malformed)
-    for line, outcome, _error in done:
-        if line in sent and outcome == MALFORMED:
-            return f"holds line {line} as malformed, which {source} sent as a good line"
-        if line in bad and outcome != MALFORMED:
-            shown = text.clip(outcome, 40)  # read from the file: any text
-            return f"holds line {line} as {shown}, which {source} had as malformed (never sent)"
-        if line not in sent and line not in bad:
-            return f"holds line {line}, which {source} never had"
-    return ""
+def _count_lines(path: str) -> int:
+    """How many lines ``path`` holds (a last one without its newline counts)."""
+    count = ends_open = 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            count += chunk.count(b"\n")
+            ends_open = not chunk.endswith(b"\n")
+    return count + ends_open

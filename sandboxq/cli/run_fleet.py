@@ -72,14 +72,13 @@ from sandboxq.cli.options import (
 from sandboxq.cli.run_files import (
     Item,
     Output,
-    cut_short_line,
     empty_output,
-    foreign_row,
     open_output,
     read_input,
-    written_lines,
+    refuse_earlier_lines,
 )
 from sandboxq.cli.run_label import make_label, read_label
+from sandboxq.cli.run_readback import cut_short_line, foreign_row, written_lines
 from sandboxq.cli.worker import FLAG_FORMS, POOL_FLAGS
 from sandboxq.client import Job, JobMaker, Queue
 from sandboxq.errors import BatchNotFound, ConfigError
@@ -133,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         if args.resume:
             batch, lines, malformed = _reattach(queue, args.resume)
             # ours before its lines are read: no other run writes it meanwhile
-            appended = stack.enter_context(open_output(args.output, append=True))
+            appended = stack.enter_context(open_output(args.output))
             source = f"batch {batch.id}"
             stack.enter_context(_signals_to(stop))
             return _follow(queue, batch, lines, malformed, source, here, appended, args, stop)
@@ -145,10 +144,13 @@ def run(args: argparse.Namespace) -> int:
                 f"{text.clip(queue.name, 200)} that takes it",
                 file=sys.stderr,
             )
-        # Ours before anything is sent: a run refused here (another run writes the file)
-        # leaves no lines in the queue behind it, waiting for a run that is gone. Emptied
-        # once the batch went: a send refused (Redis unreachable) leaves it as it was.
-        file = stack.enter_context(open_output(args.output, append=True)) if args.output else None
+        # Ours before anything is sent: a run refused here (another run writes the file,
+        # or it holds an earlier run's lines) leaves no lines in the queue behind it,
+        # waiting for a run that is gone. Emptied once the batch went: a send refused
+        # (Redis unreachable) leaves it as it was.
+        file = stack.enter_context(open_output(args.output)) if args.output else None
+        if file is not None:
+            refuse_earlier_lines(file.fileno(), args.output, overwrite=args.overwrite)
         # From the first line sent, a Ctrl-C is the follower's (it cancels what has not
         # run): one that ended the send part-way left its lines waiting for any worker.
         stack.enter_context(_signals_to(stop))
@@ -295,9 +297,7 @@ def _follow(
         if args.resume:
             cut_short_line(args.output)
         output = Output(file, tally)
-        for line, outcome, error in done:  # written by an earlier run: counted, not again
-            output.written.add(line)
-            tally.add(outcome, line, error)
+        output.written_before(done)
         for line, error in malformed.items():
             output.write(line, MALFORMED, attempts=0, error=error)
         left = [line for line in lines if line not in output.written]

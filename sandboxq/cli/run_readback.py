@@ -1,0 +1,166 @@
+"""An output of ``sandboxq run`` read back: by a fleet run's ``--resume``, and by a local
+run's ``--skip-done``.
+
+    OUT ─► written_lines ─► WrittenRow (line, outcome, error, row) per complete line; a
+                            last line a crash cut short is left out
+        ├─ --resume BATCH_ID (run_fleet.py): every row counts as written; foreign_row
+        │  refuses rows that cannot be the batch's; cut_short_line; the rest is appended
+        └─ --skip-done (batch.py): finished_rows keeps the rows of lines that finished;
+           foreign_row refuses rows that cannot be this input's; keep_only puts a file
+           of those rows alone in OUT's place; the other lines run and are appended
+
+A file refused is left as it was: nothing is cut or rewritten before every row is known
+to be the batch's (or the input's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, NamedTuple
+
+from sandboxq import text
+from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, STOPPED_RUNNING
+from sandboxq.errors import ConfigError
+
+#: The rows ``--skip-done`` writes anew: lines that did not run, were stopped while they
+#: ran, or could not be read (the input may have been fixed since).
+RUN_AGAIN = frozenset((MALFORMED, NOT_RUN, *STOPPED_RUNNING))
+
+
+class WrittenRow(NamedTuple):
+    """A row an earlier run wrote: what a resume counts (its error: the summary's kind),
+    and the row as it is in the file (kept byte for byte by ``keep_only``)."""
+
+    line: int
+    outcome: str
+    error: str | None
+    row: bytes
+
+
+def written_lines(path: str) -> Iterator[WrittenRow]:
+    """Every complete line of ``path``: a last line cut short by a crash (no newline) is
+    left out, and left in the file (``cut_short_line`` cuts it off once the rows are found
+    to be the batch's: a file refused is left as it was)."""
+    whole = _whole_lines(path)
+    rows = whole.splitlines()
+    for n, row in enumerate(rows, 1):
+        try:
+            record = json.loads(row)
+            error = record.get("error")
+            yield WrittenRow(
+                int(record["line"]),
+                str(record["outcome"]),
+                error if isinstance(error, str) else None,
+                row,
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
+    if not _cut_short_row(_last_line_cut_short(path, len(whole))):
+        # a file of another program (its one line without a newline, as json.dump writes
+        # it) would otherwise pass for a crash's remains and be emptied
+        raise ConfigError(f"{path} line {len(rows) + 1} is not a line sandboxq run wrote")
+
+
+def finished_rows(path: str) -> list[WrittenRow]:
+    """The rows of ``path`` whose lines finished (any outcome but ``RUN_AGAIN``'s), the
+    first of each line: what ``--skip-done`` keeps and does not run again."""
+    kept: dict[int, WrittenRow] = {}
+    for row in written_lines(path):
+        if row.outcome not in RUN_AGAIN:
+            kept.setdefault(row.line, row)
+    return list(kept.values())
+
+
+def keep_only(held: IO[str], path: str, rows: list[WrittenRow]) -> IO[str]:
+    """Put a file holding ``rows`` alone (each as it was written) in the place of
+    ``path``, which ``held`` holds locked, and return it open to append, locked.
+
+    The new file is written whole, then renamed over the old one: a crash or a full disk
+    leaves the old file or the new, never a part of either. Its lock is taken before the
+    rename, so a run that opens ``path`` at any moment finds it locked."""
+    real = os.path.realpath(path)
+    before = os.fstat(held.fileno())
+    fd, scratch = tempfile.mkstemp(dir=os.path.dirname(real), prefix=".sandboxq-run-")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no one else knows its name
+        os.write(fd, b"".join(row.row + b"\n" for row in rows))
+        os.fsync(fd)
+        os.fchmod(fd, stat.S_IMODE(before.st_mode))
+        with contextlib.suppress(PermissionError):  # the owner is kept where we may
+            os.fchown(fd, before.st_uid, before.st_gid)
+        os.replace(scratch, real)
+    except OSError as exc:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
+        raise ConfigError(f"cannot rewrite {path}: {exc.strerror or exc}") from None
+    return open(fd, "a", encoding="utf-8")
+
+
+#: How every row Output writes begins: a line a crash cut short begins so too, or is a
+#: start of it.
+_ROW_START = b'{"line": '
+
+
+def _cut_short_row(tail: bytes) -> bool:
+    """Whether ``tail`` (what follows an output's last newline) can be a row cut short."""
+    return tail.startswith(_ROW_START) or _ROW_START.startswith(tail)
+
+
+def _last_line_cut_short(path: str, whole: int) -> bytes:
+    """What follows the first ``whole`` bytes of ``path`` (its last newline)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(whole)
+            return f.read()
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def cut_short_line(path: str) -> None:
+    """Cut a last line a crash cut short off ``path``, so appending starts on a line of
+    its own."""
+    whole = len(_whole_lines(path))
+    if whole != Path(path).stat().st_size:
+        with open(path, "r+b") as f:
+            f.truncate(whole)
+
+
+def _whole_lines(path: str) -> bytes:
+    """``path`` up to its last newline (nothing when it does not exist)."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return b""
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return raw[: raw.rfind(b"\n") + 1]
+
+
+def foreign_row(
+    done: list[WrittenRow], lines: list[int], malformed: Iterable[int], source: str
+) -> str:
+    """What the first of ``done`` (an output's rows) that cannot be of ``source`` (a batch
+    of ``lines`` sent, ``malformed`` not) holds, in words; "" when each can be. A row for a
+    line the batch never had, a line it sent written as malformed, or a malformed one
+    written as run: the rows name input lines, not batches, so an output of another input
+    is told apart only where its lines differ from this one's."""
+    sent, bad = set(lines), set(malformed)
+    for line, outcome, _error, _row in done:
+        if line in sent and outcome == MALFORMED:
+            return f"holds line {line} as malformed, which {source} sent as a good line"
+        if line in bad and outcome != MALFORMED:
+            shown = text.clip(outcome, 40)  # read from the file: any text
+            return f"holds line {line} as {shown}, which {source} had as malformed (never sent)"
+        if line not in sent and line not in bad:
+            return f"holds line {line}, which {source} never had"
+    return ""
