@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -145,6 +146,46 @@ def test_ctrl_c_cancels_what_has_not_run_and_exits_130(
         assert (progress.cancelled, progress.completed, progress.done) == (2, 1, True)
         assert q.counts()[JobState.ACTIVE] == 0
     assert log.read_text().count("start") == 1  # the other two never started
+
+
+@pytest.mark.timeout(120)
+def test_the_bar_counts_only_the_lines_that_ran_not_those_ctrl_c_wrote_not_run(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """Two Ctrl-C on a run of lines of 0.2 s each: the bar read "299/300 19 ok ... 85.7
+    jobs/s" while the summary said 5.4 jobs/s, the lines cancelled before they ran counted
+    as done. It counts the lines that ran, as the summary does."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [0.2]}\n' * 200)
+    out, err = tmp_path / "out.jsonl", tmp_path / "err"
+    proc = start(
+        H + "succeed_after", str(source), "--url", redis_url, "--queue", queue_name,
+        "--concurrency", "1", "--output", str(out), stderr=err,
+    )  # fmt: skip
+
+    def outcomes() -> list[str]:
+        return [row["outcome"] for row in lines_of(out)] if out.exists() else []
+
+    try:
+        wait_for(lambda: len(outcomes()) >= 3, 60, "three lines to end")
+        proc.send_signal(signal.SIGINT)
+        # The batch's stream brings the cancelled lines, written not_run as they come.
+        wait_for(lambda: outcomes().count("not_run") >= 100, 30, "the cancelled lines")
+        proc.send_signal(signal.SIGINT)  # a no-op if the run has ended meanwhile
+        assert proc.wait(60) == 130, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ended = outcomes()
+    ran = len(ended) - ended.count("not_run")
+    assert len(ended) == 200 and 3 <= ran < 100, ended
+    text = err.read_text()
+    # Not on a terminal, rich draws the bar once, as it was at the end.
+    assert re.findall(r" (\d+)/200 (\d+) ok ", text) == [(str(ran), str(ended.count("ok")))]
+    rates = [float(rate) for rate in re.findall(r"([\d.]+) jobs/s", text)]
+    assert len(rates) == 2, text  # the bar's and the summary's, over about the same time
+    assert rates[0] <= rates[1] * 1.5 + 0.1, text
 
 
 def started_keys(log: Path) -> list[str]:

@@ -363,7 +363,7 @@ def follow(
         for item in written:
             del by_id[item.job_id]  # written: each line once
         if written:
-            view.finished(len(written))
+            view.finished()
         if stop.requests != shown:
             shown = stop.requests
             view.stopping(now=shown > 1)

@@ -1,7 +1,7 @@
 """What ``sandboxq run`` shows a person, on stderr: a live progress bar, then a summary.
 
     Tally (outcome -> input line numbers) ◄── one call per finished line
-      ├─► progress bar: done/total, ok, failed, timed out, rate, ETA (redrawn by rich)
+      ├─► progress bar: ran/total, ok, failed, timed out, rate, ETA (redrawn by rich)
       └─► summary table: lines per outcome, with their line numbers
 
 On a terminal the bar redraws in place and log lines print above it; elsewhere (a pipe,
@@ -94,7 +94,7 @@ RATE_AFTER_S = 1.0
 
 
 class _Rate(ProgressColumn):
-    """Lines this run finished over the time it has run, as the summary counts them
+    """Lines this run ran over the time it has run, as the summary counts them
     (rich's own speed, over its last few updates, followed each burst of lines)."""
 
     def render(self, task: Task) -> Text:
@@ -146,11 +146,13 @@ class BatchView:
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
-    def finished(self, lines: int = 1) -> None:
-        """Redraw after ``lines`` line(s) finished (the tally has them already)."""
+    def finished(self) -> None:
+        """Redraw after lines finished (the tally has them already). Done is the lines that
+        ran, as the summary counts them: the lines a stop wrote ``not_run`` as they came
+        (a fleet run's cancelled members) read 299/300 at 85.7 jobs/s for 19 that ran."""
         t = self.tally
         self._progress.update(
-            self._task, advance=lines, ok=t.ok, failed=t.failed, timed_out=t.timed_out
+            self._task, completed=t.ran, ok=t.ok, failed=t.failed, timed_out=t.timed_out
         )
 
     def stopping(self, now: bool, text: str | None = None) -> None:
