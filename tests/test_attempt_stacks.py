@@ -159,6 +159,24 @@ def test_a_hard_killed_handler_names_the_function_it_was_stuck_in(
 
 
 @pytest.mark.timeout(30)
+def test_a_child_stopped_when_killed_says_why_it_has_no_stack(containment: str) -> None:
+    """A handler that SIGSTOPped its own process, killed at its hard deadline: a stopped
+    process takes no signal but SIGKILL, so it dumped no stack, and its traceback was
+    empty, as if the pool had lost it. It says the child was stopped."""
+    with Pool(W + "stop_itself", size=1, hard_timeout_s=HARD, containment=containment) as pool:
+        result = attempt(pool)
+        _killed_on_time(result)
+        assert result.traceback is not None, result
+        assert "stopped (SIGSTOP" in result.traceback and "state T" in result.traceback
+        assert "no stack" in result.traceback, result.traceback
+        # The next attempt, on a fresh child, spins: its own stack, no word of a stop.
+        again = attempt(pool, False)
+        _killed_on_time(again)
+        assert again.pid != result.pid and again.traceback is not None
+        assert "in spin_in_pure_python" in again.traceback and "no stack" not in again.traceback
+
+
+@pytest.mark.timeout(30)
 def test_the_libc_call_really_holds_the_gil() -> None:
     """What makes ``sleep_in_libc`` the GIL-holding case: no other thread ran during it."""
     with Pool(W + "gil_is_held_in_libc_sleep", size=1, containment=TREE) as pool:

@@ -220,8 +220,11 @@ class Child:
 
     def stack_at_death(self, run: Attempt) -> str | None:
         """Once the child is dead: the stack it dumped last (asked before the hard kill,
-        or written as it crashed), then the one of its soft signal."""
+        or written as it crashed), then the one of its soft signal. Asked, but stopped
+        when killed: why it dumped none, in the stack's place."""
         stack = self.stacks.take() if self.stacks is not None else None
+        if stack is None and self.stacks is not None and run.stopped_at_kill is not None:
+            stack = stacks.stopped_note(run.stopped_at_kill)
         return stacks.with_soft_stack(stack, run.soft_stack)
 
     def check_after(self, run: Attempt, max_growth_mb: float | None) -> None:

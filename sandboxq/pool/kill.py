@@ -150,6 +150,13 @@ def state(pid: int) -> bytes:
     return fields[0] if fields else b""
 
 
+def stopped_state(pid: int) -> str | None:
+    """``"T"`` if the process is stopped by a signal (SIGSTOP, SIGTSTP...), ``"t"`` if by a
+    tracer, else None (running, sleeping, or gone)."""
+    now = state(pid)
+    return now.decode() if now in (b"T", b"t") else None
+
+
 def parent(pid: int) -> int | None:
     """The process's parent pid from /proc (None when it is gone)."""
     fields = _stat(pid)

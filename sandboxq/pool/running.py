@@ -88,6 +88,7 @@ class Attempt:
         "soft_stack",
         "started",
         "started_ms",
+        "stopped_at_kill",
         "take_back_after",
         "task",
         "task_id",
@@ -114,6 +115,9 @@ class Attempt:
         self.soft_sent = False
         self.soft_stack: str | None = None  # dumped at the soft signal (stacks.py)
         self.hard_stack_asked = False  # asked for its stack just before the hard kill
+        #: The child's state letter when that kill came, if it was stopped (T, t): then it
+        #: could not dump the stack asked (stacks.stopped_note).
+        self.stopped_at_kill: str | None = None
         self.soft_outcome = Outcome.SOFT_TIMEOUT  # what ending after the soft signal means
         self.kill_outcome: Outcome | None = None
         self.kill_detail: str | None = None

@@ -23,7 +23,10 @@ signal, replaced its handler, or closed the file gets no stack, and is killed on
 A requested dump that came back empty means the child's dumping was broken by its
 handler: the parent replaces that child once its attempt ends. A handler that reset the
 signal to its default action dies of it: the parent reads that death as the kill it was
-about to make.
+about to make. A child that was stopped (SIGSTOP, or by a tracer) when it was killed
+could not dump at all: a stopped process runs no signal handler, and SIGKILL is the one
+signal that reaches it. Its traceback says so (``stopped_note``) instead of being empty,
+as if the stack were lost.
 
 Why a real-time signal: nothing the system or common libraries send, and it is queued,
 never merged with the soft-timeout signal.
@@ -118,6 +121,16 @@ def with_soft_stack(last: str | None, at_soft: str | None) -> str | None:
         bounded_traceback(last, _HALF_BYTES)
         + SOFT_STACK_HEADER
         + bounded_traceback(at_soft, _HALF_BYTES)
+    )
+
+
+def stopped_note(state: str) -> str:
+    """The traceback of an attempt whose child was in ``state`` (``T``, ``t``: stopped)
+    when it was killed, and dumped no stack: where it was cannot be known, and why not."""
+    how = "by a tracer: state t" if state == "t" else "SIGSTOP or another stop signal: state T"
+    return (
+        f"no stack: the child was stopped ({how}) when it was killed; a stopped process "
+        "runs no signal handler, so it could not dump its stack\n"
     )
 
 

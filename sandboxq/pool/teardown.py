@@ -29,7 +29,7 @@ from collections import deque
 from sandboxq.models import Outcome
 from sandboxq.pool import deaths, server
 from sandboxq.pool.handles import Child
-from sandboxq.pool.kill import kill_stopped
+from sandboxq.pool.kill import kill_stopped, stopped_state
 from sandboxq.pool.running import Attempt
 
 #: How long a v1 kill waits for its group to read FROZEN before it falls back.
@@ -41,6 +41,11 @@ def kill_at_deadline(child: Child, outcome: Outcome, detail: str) -> None:
     run = child.running
     assert run is not None
     run.kill_outcome, run.kill_detail = outcome, detail
+    if run.hard_stack_asked:
+        # Read before the kill, which stops the tree itself: a child stopped already ran
+        # no handler for the dump signal (a stopped process takes none but SIGKILL), and
+        # its empty traceback says why (stacks.stopped_note).
+        run.stopped_at_kill = stopped_state(child.pid)
     group = child.group
     if group is not None:
         stopped = group.kill_pending(FREEZE_WAIT_S)

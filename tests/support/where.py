@@ -149,6 +149,14 @@ def print_and_return(text: str, repeat: int = 1, err_text: str = "") -> str:
     return "done"
 
 
+def stop_itself(stop: bool = True) -> None:
+    """Stops its own process (SIGSTOP, state T): nothing of it runs until a SIGCONT or
+    a SIGKILL, its stack dump neither. ``stop=False``: it only spins."""
+    if stop:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    spin_in_pure_python()
+
+
 def print_then_spin(text: str) -> None:
     print(text, flush=True)
     spin_in_pure_python()
