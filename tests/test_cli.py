@@ -516,6 +516,16 @@ def test_jobs_lists_outcome_and_error_by_state(
     assert code == 0 and "no waiting jobs" in out
 
 
+@pytest.mark.timeout(30)
+def test_jobs_keeps_an_id_with_a_newline_on_its_own_row_escaped(
+    sq: Run, at: str, queue: Queue
+) -> None:
+    queue.options(job_id="a\nb").enqueue()
+    code, out, _ = sq(f"jobs {at}")
+    rows = [line.split() for line in out.splitlines() if "waiting" in line]
+    assert code == 0 and rows == [["a\\nb", "waiting", "0"]], out
+
+
 @pytest.mark.timeout(60)
 def test_job_shows_the_full_attempt_history_and_the_result(
     sq: Run, at: str, finished_jobs: tuple[str, str, str]

@@ -61,8 +61,13 @@ def table(
 ) -> Table:
     """A compact table that never crops: when the width runs short, cells fold onto more
     lines, the ``wrap`` column (errors) first, except in the ``keep`` columns (ids, which
-    must stay whole to be copied)."""
-    cells = [[plain(cell) for cell in row] for row in rows]
+    must stay whole to be copied, and on one line: a newline in an id is escaped, so its
+    row stays one row)."""
+    ids = {i for i, column in enumerate(columns) if column in keep}
+    cells = [
+        [Text(visible(cell)) if i in ids else plain(cell) for i, cell in enumerate(row)]
+        for row in rows
+    ]
     out = Table(
         title=None if title is None else plain(title),
         title_justify="left",
@@ -72,7 +77,7 @@ def table(
         pad_edge=False,
     )
     for i, column in enumerate(columns):
-        if column in keep:
+        if i in ids:
             width = max([len(column), *(row[i].cell_len for row in cells)])
             out.add_column(column, no_wrap=True, min_width=width)
         else:
