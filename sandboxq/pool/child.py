@@ -50,6 +50,7 @@ its parent are doing.
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]
+import dataclasses
 import math
 import numbers
 import os
@@ -63,7 +64,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from sandboxq import codec, tracing
-from sandboxq.errors import SandboxqError, SoftTimeout
+from sandboxq.errors import SandboxqError, SerializationError, SoftTimeout
 from sandboxq.pool import (
     baseline,
     descriptors,
@@ -273,8 +274,7 @@ def run_one(
             limits.leave_if_a_copy()
             job.armed = False
             tracing.leave_attempt(traced)
-        result = codec.encode(run.codec, value, what="result", max_bytes=run.max_result_bytes)
-        reply = Finished(run.task_id, result, tracing.attempt_peak(run.trace))
+        reply = _returned(run, value)
     except SystemExit as exc:
         if not _is_exit_status(exc.code):
             reply = Failed(
@@ -306,6 +306,20 @@ def run_one(
         raise
     if shared is not None:
         _after_reply(shared, run.task_id, keep_strays)
+
+
+def _returned(run: Run, value: Any) -> Finished | Failed:
+    """The reply for a handler that returned ``value``: Failed when the job's codec cannot
+    encode it (or it is over ``max_result_bytes``), with the error alone. The handler
+    raised nothing: a traceback would show only the encoder's frames (codec.py, json),
+    and the worker would log them as if they were the handler's; the error's one line
+    names what could not be encoded and where it sits."""
+    try:
+        result = codec.encode(run.codec, value, what="result", max_bytes=run.max_result_bytes)
+    except SerializationError as exc:
+        error = dataclasses.replace(describe(exc), traceback="")
+        return Failed(run.task_id, error, tracing.attempt_peak(run.trace))
+    return Finished(run.task_id, result, tracing.attempt_peak(run.trace))
 
 
 def _arm_signals(stack_fd: int | None) -> None:

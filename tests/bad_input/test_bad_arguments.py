@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import logging
 import math
 import threading
 from typing import Any
@@ -244,3 +245,36 @@ def test_a_result_json_cannot_carry_fails_that_job_with_the_cause(
         assert info.history[-1].error is not None and cause in info.history[-1].error
     # counted once the finish is acknowledged, which can be after the waiter woke
     wait_for(lambda: worker.stats["failed"] == 2, 10, "both failures to be counted")
+
+
+@pytest.mark.parametrize(
+    ("handler", "codec", "cause"),
+    [
+        ("return_unserializable", "json", "result cannot be encoded as json: result is a _"),
+        ("return_unserializable", "pickle", "result cannot be encoded as pickle: "),
+    ],
+)
+def test_a_result_that_cannot_be_encoded_is_logged_in_one_line_without_sandboxq_frames(
+    url: str,
+    queue_name: str,
+    start_worker: StartWorker,
+    caplog: pytest.LogCaptureFixture,
+    handler: str,
+    codec: str,
+    cause: str,
+) -> None:
+    """The handler returned: the encoder's frames (codec.py, json) say nothing about its
+    code, so the attempt keeps no traceback and the worker logs its one line only."""
+    queue = Queue(queue_name, url=url, codec=codec)
+    with caplog.at_level(logging.INFO, logger="sandboxq.worker"):
+        start_worker(handler, allow_pickle=codec == "pickle")
+        job = queue.enqueue()
+        with pytest.raises(JobFailed, match=cause):
+            job.result(timeout_s=30)
+        info = job.info()
+        assert info.state is JobState.FAILED and info.history[-1].traceback is None
+        wait_for(lambda: job.id in caplog.text, 10, "the attempt's line to be logged")
+    queue.close()
+    said = [r.getMessage() for r in caplog.records if job.id in r.getMessage()]
+    assert len(said) == 1 and cause in said[0], said
+    assert "\n" not in said[0] and "Traceback" not in said[0], said[0]
