@@ -34,11 +34,20 @@ from typing import Any
 
 from sandboxq.codec import with_article
 from sandboxq.errors import ConfigError, ProcessorError
+from sandboxq.text import clip
 
 #: How long the parent lets a processor module import before giving up on it.
 DEFAULT_IMPORT_TIMEOUT_S = 60.0
 #: Overrides DEFAULT_IMPORT_TIMEOUT_S wherever no ``import_timeout_s`` is given.
 IMPORT_TIMEOUT_ENV = "SANDBOXQ_IMPORT_TIMEOUT_S"
+
+
+def shown(path: str) -> str:
+    """``path`` as an error names it, once: quoted, on one line, clipped (a caller may
+    pass anything: a 100 KB path was echoed whole, three times in one error). Whole when
+    it fits: ``clip`` would also fold the runs of spaces a bad path may be made of."""
+    quoted = repr(path)
+    return quoted if len(quoted) <= 80 else clip(quoted, 80)
 
 
 def split_path(path: str) -> tuple[str, str]:
@@ -47,7 +56,7 @@ def split_path(path: str) -> tuple[str, str]:
     names = [*module.split("."), *attr.split(".")]  # "pkg.mod:Class.method" is a path too
     if not sep or not all(name.isidentifier() for name in names):
         raise ProcessorError(
-            f"processor {path!r} is not of the form 'package.module:function'"
+            f"processor {shown(path)} is not of the form 'package.module:function'"
             f"{_file_path_hint(module, path)}",
             processor=path,
         )
@@ -127,7 +136,7 @@ def _import_on_thread(path: str, module_name: str, timeout_s: float) -> ModuleTy
             running = _imports[module_name] = _Import(module_name)
     if not running.done.wait(timeout_s):
         raise ProcessorError(
-            f"processor {path!r}: importing module {module_name!r} did not finish within "
+            f"processor {shown(path)}: importing its module did not finish within "
             f"{timeout_s:g} s: does its top level wait for something (a lock, the network, "
             f"input())? A slow import can be given longer with import_timeout_s or "
             f"${IMPORT_TIMEOUT_ENV}",
@@ -140,9 +149,13 @@ def _import_on_thread(path: str, module_name: str, timeout_s: float) -> ModuleTy
 
 
 def _import_error(path: str, module_name: str, exc: BaseException) -> ProcessorError:
-    detail = "".join(traceback.format_exception_only(exc)).strip()
+    if isinstance(exc, ModuleNotFoundError) and exc.name == module_name:
+        # its message would name the module, which the path named already
+        detail = "ModuleNotFoundError: there is no module of that name"
+    else:  # what the module's own import raised: a SyntaxError, a missing dependency
+        detail = clip("".join(traceback.format_exception_only(exc)), 300)
     return ProcessorError(
-        f"processor {path!r}: cannot import module {module_name!r}: {detail}"
+        f"processor {shown(path)}: cannot import its module: {detail}"
         f"{_file_path_hint(module_name, path)}",
         processor=path,
     )
@@ -153,27 +166,32 @@ def _file_path_hint(module_name: str, path: str) -> str:
     if "/" not in module_name and not module_name.endswith(".py"):
         return ""
     parts = PurePosixPath(module_name.removesuffix(".py")).parts
-    if module_name.startswith("/") or ".." in parts:  # where it imports from is unknown
-        return " (a module is named as Python imports it, with dots: 'package.module')"
     dotted = ".".join(part for part in parts if part != ".")
-    function = path.partition(":")[2]
-    return f" (a module is named as Python imports it, with dots: '{dotted}:{function}')"
+    suggested = f"{dotted}:{path.partition(':')[2]}"
+    # Where it imports from is unknown; or the suggestion is too long to show whole (a
+    # clipped one would be the value the error named already, a second time).
+    if module_name.startswith("/") or ".." in parts or shown(suggested) != repr(suggested):
+        suggested = "package.module"
+    return f" (a module is named as Python imports it, with dots: {suggested!r})"
 
 
 def _lookup(path: str, module: ModuleType, module_name: str, attr: str) -> Callable[..., Any]:
     obj: Any = module
-    found = module_name  # what the next part is looked up on: 'pkg.mod', 'pkg.mod:add'
+    walked: list[str] = []  # what the next part is looked up on: the module, 'Cls', ...
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
+            # named within the path the error names already, not as a second copy of it
+            on = shown(".".join(walked)) if walked else "its module"
             raise ProcessorError(
-                f"processor {path!r}: {found!r} has no attribute {part!r}", processor=path
+                f"processor {shown(path)}: {on} has no attribute {shown(part)}",
+                processor=path,
             ) from None
-        found = f"{found}.{part}" if ":" in found else f"{found}:{part}"
+        walked.append(part)
     if not callable(obj):
         raise ProcessorError(
-            f"processor {path!r} is {with_article(type(obj).__name__)}, not a callable",
+            f"processor {shown(path)} is {with_article(type(obj).__name__)}, not a callable",
             processor=path,
         )
     return obj  # type: ignore[no-any-return]

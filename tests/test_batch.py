@@ -217,7 +217,7 @@ def test_strict_stops_before_anything_runs(
 @pytest.mark.parametrize(
     ("args", "env", "needle"),
     [
-        (["no.such.module:fn", "IN"], {}, "cannot import module 'no.such.module'"),
+        (["no.such.module:fn", "IN"], {}, "cannot import its module: ModuleNotFoundError"),
         ([H + "echo", "missing.jsonl"], {}, "cannot read missing.jsonl: No such file"),
         ([H + "echo", "IN", "--output", "/no/such/dir/out.jsonl"], {}, "cannot write /no/such"),
         ([H + "echo", "IN", "--concurrency", "0"], {}, "concurrency"),

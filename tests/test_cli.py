@@ -132,7 +132,7 @@ def test_a_worker_fails_fast_and_starts_nothing_when_its_backend_is_unreachable(
     ("args", "needles"),
     [
         ((H + "no_such_handler",), ("no_such_handler",)),
-        (("no.such.module:fn",), ("cannot import module 'no.such.module'",)),
+        (("no.such.module:fn",), ("cannot import its module", "No module named 'no'")),
         (("not-a-path",), ("package.module:function",)),
         ((H + "echo", "--concurrency", "0"), ("concurrency",)),
         ((H + "echo", "--soft-timeout-s", "5", "--hard-timeout-s", "2"), ("soft_timeout_s",)),

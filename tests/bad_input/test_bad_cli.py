@@ -104,7 +104,7 @@ ECHO = H + "echo"
         (["q", ECHO, "--url", "http://x"], "unsupported backend URL 'http://x'"),
         (["q", ECHO, "--url", "redis://h:notaport/0"], "invalid Redis URL"),
         (["q", ECHO, "--url", "redis://h:6379/zero"], "the database must be a number"),
-        (["q", "nope_not_a_module:fn"], "No module named 'nope_not_a_module'"),
+        (["q", "nope_not_a_module:fn"], "there is no module of that name"),
         (["q", H + "nope"], "has no attribute 'nope'"),
         (["q", "sandboxq.testing.handlers"], "is not of the form 'package.module:function'"),
         (["q", ":f"], "processor ':f' is not of the form 'package.module:function'"),
@@ -170,7 +170,7 @@ def test_a_processor_that_hangs_at_import_exits_2_after_the_import_timeout(tmp_p
     env = {"PYTHONPATH": str(tmp_path), "SANDBOXQ_IMPORT_TIMEOUT_S": "1"}
     started = time.monotonic()
     status, stderr = run_cli("q", f"{module}:fn", env=env)
-    assert_one_line_error(status, stderr, f"importing module {module!r} did not finish within 1 s")
+    assert_one_line_error(status, stderr, "importing its module did not finish within 1 s")
     assert time.monotonic() - started < 30  # the hung import thread does not hold up the exit
     status, stderr = run_cli("q", ECHO, env={"SANDBOXQ_IMPORT_TIMEOUT_S": "soon"})
     assert_one_line_error(status, stderr, "SANDBOXQ_IMPORT_TIMEOUT_S='soon'")

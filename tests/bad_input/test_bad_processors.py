@@ -67,14 +67,14 @@ BUILDERS = pytest.mark.parametrize("build", [build_pool, build_worker], ids=["po
 @pytest.mark.parametrize(
     ("source", "attr", "needle"),
     [
-        (None, "fn", "cannot import module 'sq_no_such_module': ModuleNotFoundError: No module"),
+        (None, "fn", "cannot import its module: ModuleNotFoundError: there is no module of"),
         ("def fn(): pass\n", "nope", "has no attribute 'nope'"),
-        ("def fn(): pass\n", "fn.inner", ":fn' has no attribute 'inner'"),
+        ("def fn(): pass\n", "fn.inner", "'fn' has no attribute 'inner'"),
         ("fn = 42\n", "fn", "is an int, not a callable"),
         ("import os\n", "os", "is a module, not a callable"),
         ("def fn(:\n", "fn", "SyntaxError"),
         ("raise RuntimeError('boom at import')\n", "fn", "RuntimeError: boom at import"),
-        ("import sys\nsys.exit(3)\n", "fn", "cannot import module"),
+        ("import sys\nsys.exit(3)\n", "fn", "cannot import its module"),
         ("raise KeyboardInterrupt\n", "fn", "KeyboardInterrupt"),
         ("import no_such_dependency_xyz\n", "fn", "No module named 'no_such_dependency_xyz'"),
     ],
@@ -88,6 +88,25 @@ def test_a_processor_that_cannot_be_used_fails_at_start_naming_why(
         build(path)
     assert f"processor {path!r}" in str(refused.value)
     assert needle in str(refused.value)
+    assert refused.value.processor == path
+
+
+@BUILDERS
+@pytest.mark.parametrize(
+    "path",
+    [
+        "a" * 100_000 + ":f",  # no such module
+        "a" * 100_000 + "/x.py:f",  # not a path, with a hint how to write it
+        H + "b" * 100_000,  # no such attribute
+    ],
+    ids=["module", "file", "attribute"],
+)
+def test_a_100_kb_processor_path_is_named_once_clipped(build: Build, path: str) -> None:
+    with pytest.raises(ProcessorError) as refused:
+        build(path)
+    message = str(refused.value)
+    assert message.startswith(f"processor {path[:40]!r}"[:-1]), message[:200]
+    assert len(message) < 600 and message.count("a" * 40 + "…") <= 1, message
     assert refused.value.processor == path
 
 
@@ -169,7 +188,7 @@ def test_a_module_that_hangs_at_import_fails_after_the_import_timeout(
                 build()
             took = time.monotonic() - started
             assert 1 <= took < 10, took
-            assert f"importing module {module!r} did not finish within 1 s" in str(refused.value)
+            assert "importing its module did not finish within 1 s" in str(refused.value)
         # the second attempt waited on the first import; it did not start another
         assert len(_import_threads(module)) == 1
     finally:
