@@ -28,6 +28,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Collection, Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
@@ -175,8 +176,12 @@ def from_env(
         return model(**{k: _seconds(v) for k, v in merged.items()})
     except ValidationError as exc:
         error = invalid(model, exc, names)
-        if names and any(not e["loc"] for e in exc.errors()):  # a cross-field check
-            error = ConfigError(f"{error} (from the environment: {', '.join(names.values())})")
+        # A check of two settings together names its settings in its message: of the
+        # variables set, those are the ones it is about (any other is beside the point).
+        checks = " ".join(e["msg"] for e in exc.errors() if not e["loc"])
+        named = [var for name, var in names.items() if re.search(rf"\b{name}\b", checks)]
+        if named:
+            error = ConfigError(f"{error} (from the environment: {', '.join(named)})")
         raise error from None
 
 

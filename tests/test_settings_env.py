@@ -69,6 +69,16 @@ def test_from_env_errors_name_the_variable(env: dict[str, str], needle: str) -> 
     assert needle in str(info.value)
 
 
+@pytest.mark.timeout(30)
+def test_a_check_of_two_settings_names_only_the_variables_it_is_about() -> None:
+    env = {"SANDBOXQ_RENEW_INTERVAL_S": "100", "SANDBOXQ_CONCURRENCY": "2", "SANDBOXQ_RETRIES": "1"}
+    with pytest.raises(ConfigError) as info:
+        from_env(WorkerSettings, env, queue="q", processor="a.b:c", lease_s=30)
+    message = str(info.value)
+    assert "renew_interval_s (100.0) must be at most lease_s / 3 (10)" in message
+    assert message.endswith("(from the environment: SANDBOXQ_RENEW_INTERVAL_S='100')"), message
+
+
 def test_from_env_warns_about_a_near_miss(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="sandboxq.settings"):
         s = from_env(
