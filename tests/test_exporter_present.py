@@ -280,7 +280,7 @@ def test_queues_verb_lists_every_queue_from_the_index(
         out = capsys.readouterr()
         assert "thumbs" in out.out and "idle-fleet" in out.out and "junk" not in out.out
         assert "ghost" not in out.out
-        assert "1 names with no queue behind them were ignored" in out.err
+        assert "1 names with no queue behind them were removed from the index" in out.err
         # a damaged queue: its counts unread, shown as such (they read as all zeros)
         raw.sadd(INDEX, "damaged1")
         raw.set("sq:{damaged1}:workers", "x")
@@ -292,6 +292,44 @@ def test_queues_verb_lists_every_queue_from_the_index(
         assert "sandboxq queues: queue damaged1: damaged, its counts unread (" in out.err
     finally:
         worker_only.close()
+        raw.close()
+
+
+def test_queues_says_once_it_removed_a_name_no_queue_is_behind_or_what_would(
+    own_redis: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name added to the index by hand was said to be ignored at every look: said once,
+    by the look that removes it; a user who may not remove it is told what would."""
+    from sandboxq.cli import main
+
+    raw = redis.Redis.from_url(own_redis.url)
+    try:
+        with Queue("thumbs", url=own_redis.url) as q:
+            q.enqueue()
+        raw.sadd(INDEX, "ghost")  # well-formed, no queue behind it
+        # a reader that may not write (stats.lua runs, as the exporter's user does)
+        rights = ["~*", "+@read", "+@connection", "+evalsha", "+eval", "+script", "+time"]
+        raw.execute_command("ACL", "SETUSER", "reader", "on", ">pw", *rights)
+        reader = own_redis.url.replace("redis://", "redis://reader:pw@")
+        for _ in range(2):
+            assert main(["queues", "--url", reader]) == 0
+            out = capsys.readouterr()
+            assert "thumbs" in out.out and "ghost" not in out.out
+            said = "1 names with no queue behind them were ignored; they stay in the index, as"
+            assert f"{said} this user may not remove them (" in out.err, out.err
+            assert "'srem'" in out.err, out.err
+            assert "a look by a user who may (sandboxq queues, the dashboard)" in out.err
+        assert raw.sismember(INDEX, "ghost")
+        looks = []
+        for _ in range(2):
+            assert main(["queues", "--url", own_redis.url]) == 0
+            looks.append(capsys.readouterr().err)
+        assert looks == [
+            "sandboxq queues: 1 names with no queue behind them were removed from the index\n",
+            "",
+        ]
+        assert raw.smembers(INDEX) == {b"thumbs"}
+    finally:
         raw.close()
 
 

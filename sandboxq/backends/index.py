@@ -42,6 +42,11 @@ class QueueIndex:
     total: int  # entries the index holds
     ignored: int  # entries read that are not queue names
     unbacked: int = 0  # well-formed names with no key behind them (added by hand)
+    #: The look removed the entries it read that are no queue's (``ignored``, ``unbacked``).
+    pruned: bool = False
+    #: Why those entries were left in the index: this client may not write it (an ACL
+    #: user who may only read, a replica). "" when they were removed, or were not to be.
+    left: str = ""
 
     @property
     def read(self) -> int:
@@ -60,10 +65,18 @@ class QueueIndex:
                 f"the queue index holds {self.total} entries; only {self.read} were read "
                 "(the cap of one look)"
             )
+        # Removed: said by the look that removed them, and then never again. Left in the
+        # index: said at every look, so it says what would remove them.
+        done = "removed from the index" if self.pruned and not self.left else "ignored"
         if self.ignored:
-            parts.append(f"{self.ignored} entries that are not queue names were ignored")
+            parts.append(f"{self.ignored} entries that are not queue names were {done}")
         if self.unbacked:
-            parts.append(f"{self.unbacked} names with no queue behind them were ignored")
+            parts.append(f"{self.unbacked} names with no queue behind them were {done}")
+        if self.left and (self.ignored or self.unbacked):
+            parts.append(
+                f"they stay in the index, as this user may not remove them ({self.left}): a "
+                "look by a user who may (sandboxq queues, the dashboard) removes them"
+            )
         return "; ".join(parts)
 
 

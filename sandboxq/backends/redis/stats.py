@@ -46,6 +46,7 @@ from sandboxq.backends.redis.keys import INDEX, QueueKeys, cluster_index, slot_t
 from sandboxq.backends.redis.scripts import pack_command, raise_errors
 from sandboxq.errors import DamagedRecord
 from sandboxq.models import JobState, stored_int
+from sandboxq.text import clip
 
 log = logging.getLogger(__name__)
 
@@ -115,19 +116,19 @@ def read_index(conns: Connections, limit: int = QUEUES_READ_CAP, prune: bool = T
             keys = QueueKeys(name)
             pipe.exists(keys.seq, keys.workers)
         backed = [name for name, n in zip(names, pipe.execute(), strict=True) if int(n)]
-    _forget(conns, {INDEX: entries[:limit]}, set(backed))
-    return QueueIndex(backed, total, ignored, len(names) - len(backed))
+    refused = _forget(conns, {INDEX: entries[:limit]}, set(backed))
+    return QueueIndex(backed, total, ignored, len(names) - len(backed), True, refused)
 
 
-def _forget(conns: Connections, read: dict[str, Sequence[bytes | str]], keep: set[str]) -> None:
+def _forget(conns: Connections, read: dict[str, Sequence[bytes | str]], keep: set[str]) -> str:
     """Remove the index entries read (by the index set each was read from) that are not
     ``keep``'s; best effort: a reader whose ACL may not write the index leaves them (and
-    still ignores them). On a Cluster each slot's set is its node's: one SREM per set,
-    each node's in one write (a refused one, or one whose slot moved, is left for the
-    next look)."""
+    still ignores them), and gets why ("" when they were removed). On a Cluster each
+    slot's set is its node's: one SREM per set, each node's in one write (a refused one,
+    or one whose slot moved, is left for the next look)."""
     junk = {key: gone for key, found in read.items() if (gone := _junk(found, keep))}
     if not junk:
-        return
+        return ""
     problem: Exception | None = None
     try:
         if conns.cluster:
@@ -142,9 +143,11 @@ def _forget(conns: Connections, read: dict[str, Sequence[bytes | str]], keep: se
             conns.main.srem(INDEX, *junk[INDEX])
     except redis.RedisError as exc:
         problem = exc
-    if problem is not None:
-        n = sum(map(len, junk.values()))
-        log.debug("could not remove %d junk entries from the queue index: %s", n, problem)
+    if problem is None:
+        return ""
+    n = sum(map(len, junk.values()))
+    log.debug("could not remove %d junk entries from the queue index: %s", n, problem)
+    return clip(str(problem), 120)
 
 
 def _junk(entries: Sequence[bytes | str], keep: set[str]) -> list[bytes | str]:
@@ -175,8 +178,8 @@ def _read_cluster_index(conns: Connections, limit: int, prune: bool) -> QueueInd
     if not prune:
         return QueueIndex(names, total, ignored)
     backed = _cluster_backed(conns, names)
-    _forget(conns, read, set(backed))
-    return QueueIndex(backed, total, ignored, len(names) - len(backed))
+    refused = _forget(conns, read, set(backed))
+    return QueueIndex(backed, total, ignored, len(names) - len(backed), True, refused)
 
 
 def _cluster_backed(conns: Connections, names: Sequence[str]) -> list[str]:
