@@ -253,12 +253,26 @@ def test_corrupt_records_fail_that_job_with_a_cause_and_the_worker_goes_on(
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_drains_and_a_second_signal_stops_now(
-    redis_url: str, queue: Queue, queue_name: str, tmp_path: Path, workers: BackgroundWorkers
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["sigterm", "sighup"])
+def test_sigterm_or_sighup_drains_and_a_second_signal_stops_now(
+    redis_url: str,
+    queue: Queue,
+    queue_name: str,
+    tmp_path: Path,
+    workers: BackgroundWorkers,
+    sig: signal.Signals,
 ) -> None:
     """Design invariant 9 through a real process and real signals: SIGTERM lets a running job
-    finish and exits 0; on a long job, a second SIGTERM requeues it uncharged at once."""
+    finish and exits 0; on a long job, a second SIGTERM requeues it uncharged at once.
+    SIGHUP the same, sent as a closed terminal sends it: to the worker's whole process
+    group, its fork server and resource tracker too (it ended the worker at once)."""
     runs = tmp_path / "runs"
+
+    def send(proc: subprocess.Popen[bytes]) -> None:
+        if sig is signal.SIGHUP:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
 
     def running(key: str, seconds: float) -> tuple[subprocess.Popen[bytes], Path, Job]:
         """A new worker process (and its log), once it runs job ``key``, ``seconds`` long."""
@@ -269,22 +283,23 @@ def test_sigterm_drains_and_a_second_signal_stops_now(
             *("--concurrency", "1", "--lease-s", "5", "--stop-timeout-s", "30"),
             url=redis_url,
             log=log,
+            new_session=True,  # it leads its process group, as when started from a shell
         )
         job = queue.enqueue(str(runs), key, seconds)
         wait_for(lambda: key in executions(runs), 20, f"the {key} job to start")
         return proc, log, job
 
     w, _, short = running("short", 1.0)
-    w.send_signal(signal.SIGTERM)
+    send(w)
     assert w.wait(20) == 0
     assert short.state() is JobState.COMPLETED
     w, log, long = running("long", 60.0)
-    w.send_signal(signal.SIGTERM)
-    wait_for(lambda: "received SIGTERM: draining" in log.read_text(), 10, "the drain")
+    send(w)
+    wait_for(lambda: f"received {sig.name}: draining" in log.read_text(), 10, "the drain")
     time.sleep(0.5)  # the subject: a while into the drain, the worker must still be up
     assert w.poll() is None  # still draining: the job may take its 30 s
     t0 = time.monotonic()
-    w.send_signal(signal.SIGTERM)
+    send(w)
     assert w.wait(10) == 0
     assert time.monotonic() - t0 < 5
     info = long.info()

@@ -72,8 +72,8 @@ def add_parser(verbs: Any) -> None:
         "worker",
         help="run a worker for QUEUE with PROCESSOR (pkg.mod:fn)",
         description="Run a worker: claim jobs of QUEUE from Redis and run PROCESSOR on them "
-        "in sandboxed children. SIGTERM or Ctrl-C drains; a second one stops now. Every "
-        "setting can also come from SANDBOXQ_<SETTING> (e.g. SANDBOXQ_CONCURRENCY=4); "
+        "in sandboxed children. SIGTERM, Ctrl-C or SIGHUP drains; a second one stops now. "
+        "Every setting can also come from SANDBOXQ_<SETTING> (e.g. SANDBOXQ_CONCURRENCY=4); "
         "a flag wins over its variable.",
     )
     w.add_argument("queue")

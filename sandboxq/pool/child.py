@@ -394,9 +394,10 @@ def child_main(
     if not linux.die_with_parent(signal.SIGSTOP):
         os._exit(1)
     # The fork server's parent-death handler is inherited: a child must not run it. Nor
-    # its blocked SIGINT (supervisor.py): a handler's KeyboardInterrupt is its own.
+    # its blocked SIGINT and SIGHUP (supervisor.py): a handler's KeyboardInterrupt is its
+    # own, and so is a hangup (this child has a session of its own, no terminal's).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})
     _arm_signals(None)  # the dump signal is armed above, with the file
     processor = limits.wrap(resolve(processor_path), setup, sweep=not keep_strays)
     # imports done: as every attempt finds the child

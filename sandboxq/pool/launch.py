@@ -58,13 +58,13 @@ def start_retrying(
             # recovery working, logged here, never an error of the calling thread.
             with warnings.catch_warnings(record=True) as said:
                 warnings.simplefilter("always")
-                # The supervisor thread keeps SIGINT blocked (supervisor.py), so that a
-                # fork server this start makes inherits it: a Ctrl-C meant for the run
-                # broke its import of the processor with a traceback. multiprocess
-                # unblocks it in this thread when it starts a resource tracker: the
-                # tracker first, then the block again.
+                # The supervisor thread keeps SIGINT and SIGHUP blocked (supervisor.py),
+                # so that a fork server this start makes inherits them: a Ctrl-C meant
+                # for the run broke its import of the processor with a traceback, a
+                # hangup killed it. multiprocess unblocks SIGINT in this thread when it
+                # starts a resource tracker: the tracker first, then the block again.
                 resource_tracker.ensure_running()
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGHUP})
                 start(process)
             for warning in said:
                 guarded_logger("sandboxq.pool").warning("starting a child: %s", warning.message)

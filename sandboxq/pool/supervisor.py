@@ -297,9 +297,11 @@ class Supervisor:
         # What this thread starts inherits its signal mask: the fork server, importing
         # the processor (seconds, for numpy and friends), printed a KeyboardInterrupt
         # traceback at a Ctrl-C meant for the run; it ignores SIGINT once it serves, and
-        # the guard never wants it. The children unblock it (child.py). Signals still
-        # reach this process: its other threads take them.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        # the guard never wants it. A hangup (the terminal closed: sent to the worker's
+        # whole process group) killed the fork server and the resource tracker, and the
+        # running jobs with them, while the worker drained on it. The children unblock
+        # both (child.py). Signals still reach this process: its other threads take them.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGHUP})
         self._selector.register(self._mail.fd, selectors.EVENT_READ, self._on_wake)
         self._start_guard()
         try:

@@ -4,8 +4,8 @@
           ─► until a grace before stop_timeout_s: running jobs may finish normally
           ─► then: each gets its soft signal (SoftTimeout raised in the handler)
           ─► at stop_timeout_s: killed (the grace: half of it, at most MAX_SOFT_GRACE_S)
-    stop(now=True), or a second SIGTERM/SIGINT, at any point: killed at once (asked for
-          its stack first, killed 50 ms later: pool.kill's stack_first).
+    stop(now=True), or a second SIGTERM/SIGINT/SIGHUP, at any point: killed at once
+          (asked for its stack first, killed 50 ms later: pool.kill's stack_first).
 
 Every attempt that ends `interrupted` is requeued without charging an attempt
 (outcomes.py). ``StopRequest`` is what every part of the worker reads of the stop: whether

@@ -81,12 +81,12 @@ log = guarded_logger("sandboxq.worker")
 class SandboxWorker:
     """Runs ``processor`` for jobs of ``queue``; ``run()`` blocks until stopped.
 
-    SIGTERM / SIGINT (or ``stop()``) drain: stop claiming, keep renewing, let running jobs
-    finish; a grace before ``stop_timeout_s`` they get the soft signal, at it they are
-    killed; interrupted jobs go back to the queue without being charged an attempt, and
-    ``run()`` returns within a second more. A second signal stops at once (within a
-    second); ``signals`` lists those received. If a part of the worker dies, ``run()``
-    raises ``WorkerFailed``.
+    SIGTERM / SIGINT / SIGHUP (or ``stop()``) drain: stop claiming, keep renewing, let
+    running jobs finish; a grace before ``stop_timeout_s`` they get the soft signal, at it
+    they are killed; interrupted jobs go back to the queue without being charged an
+    attempt, and ``run()`` returns within a second more. A second signal stops at once
+    (within a second); ``signals`` lists those received. If a part of the worker dies,
+    ``run()`` raises ``WorkerFailed``.
 
     ``metrics_port`` serves Prometheus metrics (sandboxq/observe/metrics.py) on ``metrics_host``
     (127.0.0.1 by default) while ``run()`` runs; 0 picks a free port, logged and kept in
@@ -264,8 +264,10 @@ class SandboxWorker:
         self._inflight.wake()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
-        """SIGTERM / SIGINT drain; a second one stops at once. Returns a function that puts
-        the previous handlers back. Only the main thread can install handlers."""
+        """SIGTERM / SIGINT / SIGHUP drain; a second one stops at once. Returns a function
+        that puts the previous handlers back. Only the main thread can install handlers.
+        SIGHUP is what closing the terminal sends: it ended the worker at once, its
+        running jobs cut off with no drain."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
 
@@ -278,7 +280,8 @@ class SandboxWorker:
             )
             self.stop(now=self._stop.asked.is_set())
 
-        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        drains = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        old = {sig: signal.signal(sig, handler) for sig in drains}
 
         def restore() -> None:
             for sig, previous in old.items():
