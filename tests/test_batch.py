@@ -5,6 +5,7 @@ the whole process group, as a terminal sends it."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
@@ -12,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -660,6 +662,48 @@ def test_on_a_terminal_the_progress_bar_redraws_live(tmp_path: Path) -> None:
     assert text.count("\r") > 2 or text.count("\x1b[") > 10  # redrawn in place, not printed once
     assert "8/8" in text and "8 ok" in text and "jobs/s" in text and "ETA" in text
     assert len(results(tmp_path / "o.jsonl")) == 8
+
+
+def _own_terminal() -> None:
+    """In the child: a session of its own, whose controlling terminal is its stdin."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@pytest.mark.timeout(60)
+def test_closing_the_terminal_drains_the_run_and_writes_every_line(tmp_path: Path) -> None:
+    """Closing the window a run shows its bar in: the hangup killed the run at once, and
+    the lines running and waiting were never written. Once the hangup was a stop, the
+    next redraw on the closed terminal (EIO) ended it with exit 1 and no line written.
+    It drains as the first Ctrl-C does: every line is written, and the status is 129."""
+    log = tmp_path / "runs"
+    jobs = [json.dumps({"args": [str(log), f"k{i}", 1.0]}) for i in range(1, 6)]
+    write_lines(tmp_path / "in.jsonl", *jobs)
+    leader, follower = pty.openpty()
+    argv = [H + "recorded_sleep", "in.jsonl", "--output", "out.jsonl", "--concurrency", "2"]
+    try:
+        proc = subprocess.Popen(
+            [*CLI, "run", *argv],
+            cwd=tmp_path,
+            stdin=follower,
+            stdout=follower,
+            stderr=follower,
+            preexec_fn=_own_terminal,
+        )
+        os.close(follower)
+        wait_for(lambda: len(started(log)) == 2, 30, "two lines to start")
+    finally:
+        os.close(leader)  # the window closes: the terminal hangs up
+    try:
+        assert proc.wait(30) == 128 + signal.SIGHUP
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rows = results(tmp_path / "out.jsonl")
+    ran = {int(key[1:]) for _, key in started(log)}
+    assert {n for n, row in rows.items() if row["outcome"] == "ok"} == ran
+    assert {n for n, row in rows.items() if row["outcome"] == "not_run"} == {1, 2, 3, 4, 5} - ran
 
 
 @pytest.mark.timeout(60)

@@ -39,7 +39,7 @@ from sandboxq.errors import SandboxqError
 EPILOG = """\
 exit status: 0 done; 1 a job failed (or nothing to retry/cancel); 2 bad input or
 settings, unreachable Redis, unimportable processor; 3 `enqueue --wait --timeout-s`
-ran out; 130 stopped by Ctrl-C (`run`: 143 by SIGTERM).
+ran out; 130 stopped by Ctrl-C (`run`: 143 by SIGTERM, 129 by a hangup).
 environment: SANDBOXQ_URL (the Redis URL), and SANDBOXQ_<SETTING> for every worker
 setting (SANDBOXQ_CONCURRENCY, SANDBOXQ_LEASE_S, SANDBOXQ_HARD_TIMEOUT_S, ...);
 a flag wins over its variable."""

@@ -11,12 +11,12 @@
                      └────► BatchView: progress bar, then the summary (stderr)
 
 The worker is the production one (leases, exit policy, retries, timeouts, kills), on the
-in-memory backend. The main thread keeps the signals: the first Ctrl-C (or SIGTERM)
-drains, letting running jobs finish; a second one kills them. A line killed while it ran
-is written as that attempt ended (``interrupted``, with how long it ran and any stack the
-pool took), and lines that never started as ``not_run``; both are listed, so nothing is
-silently lost; the exit status is then a shell's for the first signal (130 for Ctrl-C,
-143 for SIGTERM).
+in-memory backend. The main thread keeps the signals: the first Ctrl-C (or SIGTERM, or
+the terminal's hangup) drains, letting running jobs finish; a second one kills them. A
+line killed while it ran is written as that attempt ended (``interrupted``, with how long
+it ran and any stack the pool took), and lines that never started as ``not_run``; both
+are listed, so nothing is silently lost; the exit status is then a shell's for the first
+signal (130 for Ctrl-C, 143 for SIGTERM, 129 for a hangup).
 
 An ``--output`` that holds lines already is refused unless ``--overwrite``; with
 ``--skip-done`` its finished rows are kept and only the other lines run (run_readback.py).
@@ -45,6 +45,7 @@ from contextlib import ExitStack
 from typing import IO, Any
 
 from sandboxq.backends.base import Backend, NewJob
+from sandboxq.cli import render
 from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
 from sandboxq.cli.options import (
     EXIT_ERROR,
@@ -274,7 +275,8 @@ def checked_worker_settings(args: argparse.Namespace, queue: str, url: str) -> W
 
 
 class StopRequests:
-    """A run's SIGINT / SIGTERM handler: the first request drains, the next stops now.
+    """A run's SIGINT / SIGTERM (and, here, SIGHUP) handler: the first request drains, the
+    next stops now.
 
     Only a count, the first signal and a wake-up happen here: the main thread may be
     mid-write when a signal lands, so it shows the message itself. ``on_request(now)``
@@ -286,6 +288,8 @@ class StopRequests:
         self.first_signal: int | None = None
 
     def __call__(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGHUP:
+            render.leave_a_closed_terminal()  # before anything shows the stop on it
         self.requests += 1
         if self.first_signal is None:
             self.first_signal = signum
@@ -294,7 +298,7 @@ class StopRequests:
 
     def exit_status(self) -> int:
         """128 + the first signal, as a shell reports a process that signal ended (130
-        for Ctrl-C, 143 for SIGTERM)."""
+        for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP)."""
         return EXIT_INTERRUPTED if self.first_signal is None else 128 + self.first_signal
 
 
@@ -312,7 +316,10 @@ def _run_worker(
             failure.append(exc)
 
     thread = threading.Thread(target=work, name="sandboxq-batch-worker", daemon=True)
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # A hangup (the terminal closed) too: it killed the run, leaving the lines that had
+    # not finished unwritten. Over a fleet it still ends the run alone: the batch goes on.
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, stop) for sig in stops}
 
     def wait_done(timeout_s: float) -> bool:
         thread.join(timeout_s)

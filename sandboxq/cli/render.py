@@ -7,9 +7,13 @@ the batch view) only: a producer importing ``sandboxq`` never loads it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import re
 import sys
+import termios
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -48,6 +52,29 @@ def stdout() -> Console:
 
 #: Line width when the output is not a terminal.
 WIDE = 200
+
+
+def leave_a_closed_terminal() -> None:
+    """Point this process's outputs that are a terminal which has hung up (closed: its
+    window, its SSH session) at /dev/null. Every write to it failed with EIO: the first
+    progress redraw after a hangup ended ``sandboxq run`` with its lines unwritten."""
+    fds = {1, 2}
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            fds.add(stream.fileno())
+    for fd in sorted(fds):
+        try:
+            termios.tcgetattr(fd)
+        except termios.error as exc:  # ENOTTY: not a terminal; EIO: hung up
+            if exc.args[0] != errno.EIO:
+                continue
+        except OSError:  # closed
+            continue
+        else:
+            continue  # a terminal still there
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
 
 
 def table(
