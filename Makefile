@@ -46,13 +46,14 @@ demo: $(STAMP)
 # package anew: 0.1 s a start, 17 % of the command-line tests' time. An installed package
 # has its bytecode from pip; an editable checkout gets it here (stale files are ignored).
 #
-# Then two pytest processes share the suite, each taking whole files (pytest-xdist): its
-# tests mostly wait on leases, timeouts and processes, so even two side by side leave 2
-# cores half idle (506 s of CPU in a 555 s run). Tests marked `alone` (a latency bound, a burst, every core held) run after them,
-# with nothing beside them.
+# Then three pytest processes share the suite, each taking whole files (pytest-xdist): its
+# tests mostly wait on leases, timeouts and processes, so two side by side left 2 cores
+# half idle (506 s of CPU in a 555 s run); three took the part 449 s where two took 579 s
+# on the same 2 cores. Tests marked `alone` (a latency bound, a burst, every core held)
+# run after them, with nothing beside them.
 test: $(STAMP) servers
 	$(PY) -m compileall -q sandboxq examples
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not alone"
+	$(PY) -m pytest -q -n 3 --dist loadfile -m "not alone"
 	$(PY) -m pytest -q -m alone
 
 # ruff (with its complexity rule), ruff format, mypy --strict, and the one-way import
