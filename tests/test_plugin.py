@@ -434,6 +434,35 @@ def test_hangs(sandboxq_redis_url):
 
 
 @pytest.mark.timeout(90)
+def test_the_directory_a_killed_run_left_is_removed_by_the_next_start_and_no_live_one(
+    pytester: pytest.Pytester, no_env_url: None, tmp_path: Path
+) -> None:
+    """A run that ends with os._exit (pytest-timeout, CI's kill -9) removes nothing: each
+    left its server's directory in the temp directory for good. The next server started
+    anywhere removes it, and leaves the directory of every server still running."""
+    dir_file = tmp_path / "server.dir"
+    pytester.makepyfile(
+        f"""
+import time
+import redis
+
+def test_hangs(sandboxq_redis_url):
+    with redis.Redis.from_url(sandboxq_redis_url) as r:
+        open({str(dir_file)!r}, "w").write(r.config_get("dir")["dir"])
+    time.sleep(600)
+"""
+    )
+    run(pytester, "-p", "timeout", "--timeout=1", "--timeout-method=thread")
+    left = Path(dir_file.read_text())
+    assert left.is_dir()  # nothing cleaned it up
+    start_one = "from sandboxq.testing.redis_server import RedisServer; RedisServer().close()"
+    with RedisServer() as live:
+        subprocess.run([sys.executable, "-c", start_one], check=True, timeout=30)
+        assert not left.exists()
+        assert live.data_dir.is_dir()
+
+
+@pytest.mark.timeout(90)
 def test_own_server_on_a_unix_socket_is_stopped_after_the_session(
     pytester: pytest.Pytester, no_env_url: None
 ) -> None:

@@ -8,6 +8,7 @@
     waiting        wait_for: poll a condition against a deadline that names what it waits for
     processes      which processes a test left behind
     redis_server   a throwaway redis-server on a free port or a Unix socket
+    scratch        its temporary directory, swept by a later start once its owner is dead
 
 The project's own test bench (the backend contract suite, the network proxy, throwaway
 Cluster and Sentinel servers, the execution ledger) is in the repository's tests/support/,

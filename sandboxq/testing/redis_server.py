@@ -1,8 +1,9 @@
 """A throwaway ``redis-server`` for tests and benchmarks: on a free loopback port, or on a
 Unix socket in a private directory, with its data in a temporary directory removed on
-``close()``. With ``tls=TlsFiles(...)`` it speaks TLS only (``rediss://``), optionally
-requiring client certificates (mutual TLS). ``free_port()``, ``terminate(proc, grace_s)``
-and ``ends_with_this_process()`` serve every throwaway server of ``sandboxq.testing``."""
+``close()`` (or, when this process is killed, by the next server's start: scratch.py).
+With ``tls=TlsFiles(...)`` it speaks TLS only (``rediss://``), optionally requiring
+client certificates (mutual TLS). ``free_port()``, ``terminate(proc, grace_s)`` and
+``ends_with_this_process()`` serve every throwaway server of ``sandboxq.testing``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import tempfile
 import threading
 import time
 import weakref
@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 
 from sandboxq.pool import linux
+from sandboxq.testing.scratch import ScratchDir
 
 #: The binary looked up on PATH when none is named.
 BINARY = "redis-server"
@@ -131,7 +132,8 @@ class RedisServer:
             raise ValueError("a RedisServer on a Unix socket has no port and no TLS")
         self.binary = find_binary(binary)
         self.extra_args = list(extra_args)  # more redis-server options, e.g. for a Cluster node
-        self._dir = tempfile.TemporaryDirectory(prefix="sandboxq-redis-")
+        # swept by a later start once this process is dead, however it died
+        self._dir = ScratchDir("sandboxq-redis-")
         #: What the server writes (its log): the last line says why it could not start.
         self._log = Path(self._dir.name) / "redis-server.log"
         self.socket_path: Path | None = None
