@@ -437,8 +437,23 @@ def test_skip_done_runs_again_lines_cut_short_stopped_running_or_malformed(
             "holds line 2 as ok, which {source} had as malformed",
         ),
         ('{"results": [1, 2]}', "line 1 is not a line sandboxq run wrote"),
+        # a line 3.9, "1" or true passed for a line, and kept; Infinity raised
+        *(
+            (f'{{"line": {line}, "outcome": "ok", "result": 1}}\n', "line 1 is not a line")
+            for line in ("1.9", '"1"', "true", "Infinity")
+        ),
+        ('{"line": 1, "outcome": null, "result": 1}\n', "line 1 is not a line sandboxq"),
     ],
-    ids=["a-line-the-input-lacks", "a-line-now-malformed", "another-programs-file"],
+    ids=[
+        "a-line-the-input-lacks",
+        "a-line-now-malformed",
+        "another-programs-file",
+        "line-a-float",
+        "line-a-string",
+        "line-a-bool",
+        "line-infinity",
+        "outcome-null",
+    ],
 )
 def test_skip_done_refuses_an_output_of_another_input_and_leaves_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, needle: str
@@ -450,6 +465,115 @@ def test_skip_done_refuses_an_output_of_another_input_and_leaves_it(
     assert needle.format(source=source) in capsys.readouterr().err
     assert out.read_text() == content
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.timeout(60)
+def test_skip_done_keeps_a_whole_last_row_without_its_newline_and_the_files_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crash between a row and its newline left a whole row: it was taken for one cut
+    short, and its line ran again. The rewrite dropped a setuid bit (chmod, then chown)."""
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}', '{"args": [2]}')
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"line": 1, "outcome": "ok", "attempts": 1, "result": "from before"}')
+    out.chmod(0o4755)
+    assert main(["run", H + "echo", str(source), "--output", str(out), "--skip-done"]) == 0
+    assert {n: row["result"] for n, row in results(out).items()} == {1: "from before", 2: 2}
+    assert "2 line(s) of" in capsys.readouterr().err
+    assert out.stat().st_mode & 0o7777 == 0o4755
+
+
+@pytest.mark.timeout(60)
+def test_skip_done_on_a_full_disk_refuses_and_leaves_the_output_whole(tmp_path: Path) -> None:
+    """The rewrite wrote what one write took and went on: on a full disk the output was
+    cut to 171 of its 2,000 rows, and the run said all 2,000 were written before."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode:
+        pytest.skip(f"a small tmpfs cannot be mounted here: {mounted.stderr.strip()}")
+    try:
+        rows = [
+            json.dumps({"line": n, "outcome": "ok", "result": "x" * 60}) for n in range(1, 2001)
+        ]
+        out = write_lines(disk / "out.jsonl", *rows)
+        before = out.read_bytes()
+        source = write_lines(tmp_path / "in.jsonl", *(['{"args": [1]}'] * 2000))
+        argv = ["run", H + "echo", str(source), "--output", str(out), "--skip-done"]
+        done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert f"cannot rewrite {out}: No space left on device" in done.stderr
+        assert out.read_bytes() == before
+        assert sorted(p.name for p in disk.iterdir()) == ["out.jsonl"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.timeout(60)
+def test_skip_done_replaces_what_a_killed_rewrite_left_and_says_when_it_cannot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rewrite killed part-way (SIGTERM, a hangup, SIGKILL) left its scratch file, up to
+    the output's size, under a name no later run knew. It has one name per output, which
+    the next run replaces; where it cannot be made, one line says why (a traceback did)."""
+    source = write_lines(tmp_path / "in.jsonl", '{"args": [1]}')
+    out = tmp_path / "out.jsonl"
+    scratch = tmp_path / ".out.jsonl.sandboxq-rewrite"
+    scratch.write_text("what a killed rewrite left")
+    assert main(["run", H + "echo", str(source), "--output", str(out), "--skip-done"]) == 0
+    assert not scratch.exists() and results(out)[1]["result"] == 1
+    capsys.readouterr()
+    out.write_text('{"line": 1, "outcome": "interrupted", "attempts": 1}\n')
+    scratch.mkdir()  # cannot be opened as a file: as a directory that is not writable
+    assert main(["run", H + "echo", str(source), "--output", str(out), "--skip-done"]) == 2
+    err = capsys.readouterr().err
+    assert f"sandboxq: error: cannot rewrite {out}: cannot create {scratch} beside it" in err
+    assert "Traceback" not in err
+    assert out.read_text() == '{"line": 1, "outcome": "interrupted", "attempts": 1}\n'
+
+
+@pytest.mark.timeout(60)
+def test_a_run_whose_pool_cannot_start_still_writes_every_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's start failed (here: its fork server's import of the processor hangs):
+    the output was left with no row for the lines it had, and a --skip-done had already
+    dropped the earlier run's rows of the lines it was to run again."""
+    (tmp_path / "hangs_elsewhere.py").write_text(
+        "import os, time\n"
+        "while os.environ.get('SQ_TEST_IMPORTER') != str(os.getpid()):\n"
+        "    time.sleep(0.05)\n"
+        "def fn(n):\n"
+        "    return n\n"
+    )
+    source = write_lines(tmp_path / "in.jsonl", *(json.dumps({"args": [n]}) for n in (1, 2, 3)))
+    out = tmp_path / "out.jsonl"
+    out.write_text(
+        '{"line": 1, "outcome": "ok", "attempts": 1, "result": 1}\n'
+        '{"line": 2, "outcome": "interrupted", "attempts": 1, "error": "stopped"}\n'
+    )
+    code = (
+        "import os, sys; os.environ['SQ_TEST_IMPORTER'] = str(os.getpid()); "
+        "from sandboxq.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    env = {**ENV, "SANDBOXQ_IMPORT_TIMEOUT_S": "1"}
+    argv = ["run", "hangs_elsewhere:fn", str(source), "--output", str(out), "--skip-done"]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "fork server" in done.stderr, done.stderr
+    rows = results(out)
+    assert {n: row["outcome"] for n, row in rows.items()} == {1: "ok", 2: "not_run", 3: "not_run"}
 
 
 @pytest.mark.timeout(30)

@@ -216,20 +216,32 @@ def _run_here(args: argparse.Namespace) -> int:
         backend.enqueue([NewJob(item.payload or b"", job_id=item.job_id) for item in good])
         stop = StopRequests(lambda now: worker.stop(now=now))
         redirect = file is None and sys.stdout.isatty()
-        with BatchView(len(good), tally, redirect_stdout=redirect) as view:
-            if good:  # else there is nothing to start a pool for
-                _run_worker(
-                    worker,
-                    stop,
-                    lambda wait_done: follow(backend, good, output, view, stop, wait_done),
-                )
-        for item in good:  # what the events did not deliver, and what never ran
-            if item.line not in output.written and not output.job(backend, item):
-                output.not_run(backend, item)
+        try:
+            with BatchView(len(good), tally, redirect_stdout=redirect) as view:
+                if good:  # else there is nothing to start a pool for
+                    _run_worker(
+                        worker,
+                        stop,
+                        lambda wait_done: follow(backend, good, output, view, stop, wait_done),
+                    )
+        except BaseException as exc:
+            # A pool that could not start (or broke) wrote nothing for the lines it had:
+            # each is still written, as it ended or as not run. Not to a reader who left.
+            if not isinstance(exc, BrokenPipeError):
+                _write_the_rest(backend, good, output)
+            raise
+        _write_the_rest(backend, good, output)
     view.summary(args.input, interrupted=stop.requests > 0)
     if stop.requests:
         return stop.exit_status()
     return EXIT_OK if tally.all_ok else EXIT_FAILED
+
+
+def _write_the_rest(backend: Backend, good: list[Item], output: Output) -> None:
+    """Write what the events did not deliver, and the lines that never ran."""
+    for item in good:
+        if item.line not in output.written and not output.job(backend, item):
+            output.not_run(backend, item)
 
 
 def _open_output(

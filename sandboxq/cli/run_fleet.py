@@ -35,7 +35,7 @@ leave its part waiting for any worker, with no one to write it).
 
 ``--resume BATCH_ID --output OUT`` re-attaches from any process: the line number of each
 member comes from the batch's label, and what is written already from OUT itself: every
-complete line of OUT is a line written (its ``line`` and ``outcome`` count in the summary),
+whole row of OUT is a line written (its ``line`` and ``outcome`` count in the summary),
 a last line cut short by a crash is dropped, and the rest is appended as it finishes. An
 OUT whose rows cannot be the batch's (a line it never had, a line it sent written as
 malformed, a malformed one written as run: written for another input) is refused and
@@ -78,7 +78,7 @@ from sandboxq.cli.run_files import (
     refuse_earlier_lines,
 )
 from sandboxq.cli.run_label import make_label, read_label
-from sandboxq.cli.run_readback import cut_short_line, foreign_row, written_lines
+from sandboxq.cli.run_readback import end_on_a_whole_row, foreign_row, written_lines
 from sandboxq.cli.worker import FLAG_FORMS, POOL_FLAGS
 from sandboxq.client import Job, JobMaker, Queue
 from sandboxq.errors import BatchNotFound, ConfigError
@@ -295,7 +295,7 @@ def _follow(
                 "resume into the file this batch's run wrote"
             )
         if args.resume:
-            cut_short_line(args.output)
+            end_on_a_whole_row(args.output)
         output = Output(file, tally)
         output.written_before(done)
         for line, error in malformed.items():

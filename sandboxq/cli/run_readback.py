@@ -4,7 +4,8 @@ run's ``--skip-done``.
     OUT ─► written_lines ─► WrittenRow (line, outcome, error, row) per complete line; a
                             last line a crash cut short is left out
         ├─ --resume BATCH_ID (run_fleet.py): every row counts as written; foreign_row
-        │  refuses rows that cannot be the batch's; cut_short_line; the rest is appended
+        │  refuses rows that cannot be the batch's; end_on_a_whole_row; the rest is
+        │  appended
         └─ --skip-done (batch.py): finished_rows keeps the rows of lines that finished;
            foreign_row refuses rows that cannot be this input's; keep_only puts a file
            of those rows alone in OUT's place; the other lines run and are appended
@@ -20,7 +21,6 @@ import fcntl
 import json
 import os
 import stat
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, NamedTuple
@@ -45,27 +45,39 @@ class WrittenRow(NamedTuple):
 
 
 def written_lines(path: str) -> Iterator[WrittenRow]:
-    """Every complete line of ``path``: a last line cut short by a crash (no newline) is
-    left out, and left in the file (``cut_short_line`` cuts it off once the rows are found
-    to be the batch's: a file refused is left as it was)."""
+    """Every row of ``path``. A last line without its newline is a row when it is whole (a
+    crash between a row and its newline), else one a crash cut short: left out, and left
+    in the file (``end_on_a_whole_row`` mends it once the rows are found to be the
+    batch's: a file refused is left as it was)."""
     whole = _whole_lines(path)
     rows = whole.splitlines()
-    for n, row in enumerate(rows, 1):
-        try:
-            record = json.loads(row)
-            error = record.get("error")
-            yield WrittenRow(
-                int(record["line"]),
-                str(record["outcome"]),
-                error if isinstance(error, str) else None,
-                row,
-            )
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote") from None
-    if not _cut_short_row(_last_line_cut_short(path, len(whole))):
+    for n, raw in enumerate(rows, 1):
+        if (row := _parsed(raw)) is None:
+            raise ConfigError(f"{path} line {n} is not a line sandboxq run wrote")
+        yield row
+    tail = _after_last_newline(path, len(whole))
+    if tail and (row := _parsed(tail)) is not None:
+        yield row
+    elif not _cut_short_row(tail):
         # a file of another program (its one line without a newline, as json.dump writes
         # it) would otherwise pass for a crash's remains and be emptied
         raise ConfigError(f"{path} line {len(rows) + 1} is not a line sandboxq run wrote")
+
+
+def _parsed(raw: bytes) -> WrittenRow | None:
+    """``raw`` as a row ``Output`` writes (a JSON object with an integer ``line`` and a
+    text ``outcome``), or None: a ``line`` of 3.9, "3" or true passed for line 3, and
+    Infinity raised."""
+    try:
+        record = json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(record, dict):
+        return None
+    line, outcome, error = record.get("line"), record.get("outcome"), record.get("error")
+    if type(line) is not int or not isinstance(outcome, str):
+        return None
+    return WrittenRow(line, outcome, error if isinstance(error, str) else None, raw)
 
 
 def finished_rows(path: str) -> list[WrittenRow]:
@@ -79,29 +91,50 @@ def finished_rows(path: str) -> list[WrittenRow]:
 
 
 def keep_only(held: IO[str], path: str, rows: list[WrittenRow]) -> IO[str]:
-    """Put a file holding ``rows`` alone (each as it was written) in the place of
-    ``path``, which ``held`` holds locked, and return it open to append, locked.
+    """Put a file holding ``rows`` alone (each as it was written, on a line of its own) in
+    the place of ``path``, which ``held`` holds locked, and return it open to append,
+    locked.
 
     The new file is written whole, then renamed over the old one: a crash or a full disk
     leaves the old file or the new, never a part of either. Its lock is taken before the
-    rename, so a run that opens ``path`` at any moment finds it locked."""
+    rename, so a run that opens ``path`` at any moment finds it locked. It is written
+    under one name per output (``.OUT.sandboxq-rewrite``, beside it): what a run killed
+    while it wrote left there is replaced by the next (the output's lock says no live run
+    writes it), not left in the directory for good."""
     real = os.path.realpath(path)
+    folder, name = os.path.split(real)
+    scratch = os.path.join(folder, f".{name}.sandboxq-rewrite")
     before = os.fstat(held.fileno())
-    fd, scratch = tempfile.mkstemp(dir=os.path.dirname(real), prefix=".sandboxq-run-")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no one else knows its name
-        os.write(fd, b"".join(row.row + b"\n" for row in rows))
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot rewrite {path}: cannot create {scratch} beside it: {exc.strerror or exc}"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _write_all(fd, b"".join(row.row + b"\n" for row in rows))
         os.fsync(fd)
-        os.fchmod(fd, stat.S_IMODE(before.st_mode))
         with contextlib.suppress(PermissionError):  # the owner is kept where we may
             os.fchown(fd, before.st_uid, before.st_gid)
+        os.fchmod(fd, stat.S_IMODE(before.st_mode))  # after: a chown clears setuid bits
         os.replace(scratch, real)
-    except OSError as exc:
+    except BaseException as exc:  # a full disk, and a Ctrl-C: the scratch file goes
         os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(scratch)
-        raise ConfigError(f"cannot rewrite {path}: {exc.strerror or exc}") from None
+        if isinstance(exc, OSError):
+            raise ConfigError(f"cannot rewrite {path}: {exc.strerror or exc}") from None
+        raise
     return open(fd, "a", encoding="utf-8")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data``: one write may write less (Linux writes at most 2 GiB at a
+    time); a full disk raises."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 #: How every row Output writes begins: a line a crash cut short begins so too, or is a
@@ -114,7 +147,7 @@ def _cut_short_row(tail: bytes) -> bool:
     return tail.startswith(_ROW_START) or _ROW_START.startswith(tail)
 
 
-def _last_line_cut_short(path: str, whole: int) -> bytes:
+def _after_last_newline(path: str, whole: int) -> bytes:
     """What follows the first ``whole`` bytes of ``path`` (its last newline)."""
     try:
         with open(path, "rb") as f:
@@ -126,13 +159,18 @@ def _last_line_cut_short(path: str, whole: int) -> bytes:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def cut_short_line(path: str) -> None:
-    """Cut a last line a crash cut short off ``path``, so appending starts on a line of
-    its own."""
+def end_on_a_whole_row(path: str) -> None:
+    """End ``path`` on a whole row, so appending starts on a line of its own: a last line a
+    crash cut short is cut off, a whole row missing its newline gets it."""
     whole = len(_whole_lines(path))
-    if whole != Path(path).stat().st_size:
-        with open(path, "r+b") as f:
-            f.truncate(whole)
+    if whole == Path(path).stat().st_size:
+        return
+    if _parsed(_after_last_newline(path, whole)) is not None:
+        with open(path, "ab") as f:
+            f.write(b"\n")
+        return
+    with open(path, "r+b") as f:
+        f.truncate(whole)
 
 
 def _whole_lines(path: str) -> bytes:
