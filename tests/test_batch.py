@@ -430,11 +430,11 @@ def test_skip_done_runs_again_lines_cut_short_stopped_running_or_malformed(
     [
         (
             '{"line": 9, "outcome": "ok", "attempts": 1, "result": 1}\n',
-            "holds line 9, which {source} never had",
+            "holds line 9, which {source} has not (past its end, or blank)",
         ),
         (
             '{"line": 2, "outcome": "ok", "attempts": 1, "result": 1}\n',
-            "holds line 2 as ok, which {source} had as malformed",
+            "holds line 2 as ok, which {source} has as malformed",
         ),
         ('{"results": [1, 2]}', "line 1 is not a line sandboxq run wrote"),
         # a line 3.9, "1" or true passed for a line, and kept; Infinity raised
@@ -581,7 +581,7 @@ def test_a_run_whose_pool_cannot_start_still_writes_every_line(
     ("flags", "needle"),
     [
         (["--skip-done"], "--skip-done needs --output OUT.jsonl"),
-        (["--output", "o.jsonl", "--skip-done", "--overwrite"], "--overwrite replaces it: one"),
+        (["--output", "o.jsonl", "--skip-done", "--overwrite"], "replaces it: give one"),
         (["--output", "o.jsonl", "--skip-done", "--queue", "q"], "--skip-done is for a run here"),
         (["--output", "o.jsonl", "--resume", "b", "--overwrite"], "no --overwrite"),
         (["--output", "/dev/null", "--skip-done"], "/dev/null is not a file"),

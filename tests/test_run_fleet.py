@@ -61,10 +61,14 @@ def sent_then_killed(source: Path, at: list[str], out: Path, err: Path) -> str:
 
 
 def batch_id_in(stderr: Path) -> str:
-    for row in stderr.read_text().splitlines():
+    return batch_id_in_text(stderr.read_text())
+
+
+def batch_id_in_text(said: str) -> str:
+    for row in said.splitlines():
         if row.startswith("sandboxq: batch "):
             return row.split()[2].rstrip(":")
-    raise AssertionError(f"no batch id in: {stderr.read_text()}")
+    raise AssertionError(f"no batch id in: {said}")
 
 
 @pytest.mark.timeout(120)
@@ -86,13 +90,15 @@ def test_the_fleet_writes_what_the_local_mode_writes(
     )
     assert (run_local.returncode, run_fleet.returncode) == (1, 1), run_fleet.stderr
     by_line = sorted(lines_of(local), key=lambda r: r["line"])
-    assert sorted(lines_of(fleet), key=lambda r: r["line"]) == by_line
+    bid = next(w for w in run_fleet.stderr.split() if len(w) == 17 and w.endswith(":"))[:-1]
+    fleet_rows = sorted(lines_of(fleet), key=lambda r: r["line"])
+    assert {r.pop("batch") for r in fleet_rows} == {bid}  # each row names its batch
+    assert fleet_rows == by_line
     assert [r["line"] for r in by_line] == [1, 3, 4, 5, *range(6, 30)]
     assert {r["outcome"] for r in by_line} == {"ok", "error", "malformed"}
     for proc in (run_local, run_fleet):  # the same summary
         assert "28 line(s) of" in proc.stderr and "malformed" in proc.stderr
     # the workers took part: every member ran on one of them
-    bid = next(w for w in run_fleet.stderr.split() if len(w) == 17 and w.endswith(":"))[:-1]
     with Queue(queue_name, redis_url) as q:
         ran_on = {job.info().history[0].worker_id for job in q.get_batch(bid).jobs()}
     assert len(ran_on) == 2
@@ -103,7 +109,8 @@ def test_the_fleet_writes_what_the_local_mode_writes(
         "--concurrency", "2", "--output", str(here),
     )  # fmt: skip
     assert alone.returncode == 1, alone.stderr
-    assert sorted(lines_of(here), key=lambda r: r["line"]) == by_line
+    assert [{k: v for k, v in r.items() if k != "batch"} for r in
+            sorted(lines_of(here), key=lambda r: r["line"])] == by_line  # fmt: skip
 
 
 @pytest.mark.timeout(120)
@@ -140,9 +147,17 @@ def test_ctrl_c_cancels_what_has_not_run_and_exits_130(
     rows = sorted(lines_of(out), key=lambda r: r["line"])
     assert [r["line"] for r in rows] == [1, 2, 3]
     assert sorted(r["outcome"] for r in rows) == ["not_run", "not_run", "ok"], rows
-    assert "did not run:" in err.read_text()
+    said, bid = err.read_text(), batch_id_in(err)
+    assert "did not run:" in said
+    # what runs them, the processor and the children here included: no worker serves
+    # the queue, and a resume without them would wait on lines no one runs
+    reattach = f"sandboxq run {GATES}run_then_wait --concurrency 1 --resume {bid} "
+    assert f"re-attach with: {reattach}" in said
+    assert (
+        f"to run them: sandboxq batch {queue_name} {bid} --retry-failed, then {reattach}" in said
+    ) and said.rstrip().endswith("--output NEW.jsonl"), said
     with Queue(queue_name, redis_url) as q:
-        progress = q.get_batch(batch_id_in(err)).progress()
+        progress = q.get_batch(bid).progress()
         assert (progress.cancelled, progress.completed, progress.done) == (2, 1, True)
         assert q.counts()[JobState.ACTIVE] == 0
     assert log.read_text().count("start") == 1  # the other two never started
@@ -263,6 +278,7 @@ def test_lines_cancelled_while_they_ran_are_written_cancelled_not_as_never_run(
             "outcome": "not_run",
             "attempts": 0,
             "error": "the batch stopped before this line ran (cancelled while waiting)",
+            "batch": batch_id_in(err),
         }
     text = err.read_text()
     assert f"2 line(s) did not run: {number_ranges(waited)}" in text, text
@@ -603,6 +619,30 @@ def test_a_resume_into_another_inputs_output_is_refused(
     )
     assert proc.returncode == 2, proc.stderr
     assert "holds line 2, which batch" in proc.stderr and "Traceback" not in proc.stderr
+    assert out.read_text() == written
+
+
+@pytest.mark.timeout(90)
+def test_a_resume_into_another_batchs_output_is_refused(
+    redis_url: str, queue_name: str, tmp_path: Path
+) -> None:
+    """A resume into the output of another batch of a shorter input (or of the same
+    input, sent again) took its rows as its own: the file mixed two batches, and the lines
+    the other had left not run were never written. Each row names its batch."""
+    from sandboxq.cli.run_label import make_label
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"args": [1]}\n{"args": [2]}\n')
+    out = tmp_path / "out.jsonl"
+    at = ["--url", redis_url, "--queue", queue_name, "--output", str(out)]
+    first = sandboxq_run(H + "echo", str(source), *at, "--concurrency", "1")
+    assert first.returncode == 0, first.stderr
+    written = out.read_text()
+    with Queue(queue_name, redis_url) as q:
+        other = q.batch([([n], {}) for n in (1, 2, 3)], label=make_label("in.jsonl", [1, 2, 3], {}))
+    proc = sandboxq_run("--resume", other.id, *at)
+    assert proc.returncode == 2, proc.stderr
+    assert f"holds line 1 of batch {batch_id_in_text(first.stderr)}" in proc.stderr
     assert out.read_text() == written
 
 

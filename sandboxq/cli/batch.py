@@ -155,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
 def _check_output_flags(args: argparse.Namespace, fleet: bool) -> None:
     """--skip-done and --overwrite: what each needs, and what each cannot go with."""
     if args.skip_done and args.overwrite:
-        raise ConfigError("--skip-done keeps what --output holds, --overwrite replaces it: one")
+        raise ConfigError(
+            "--skip-done keeps what --output holds and --overwrite replaces it: give one"
+        )
     if args.skip_done and not args.output:
         raise ConfigError("--skip-done needs --output OUT.jsonl: the file an earlier run wrote")
     if args.skip_done and fleet:

@@ -7,7 +7,7 @@ read back is run_readback.py's).
                                     one that holds lines is refused unless --overwrite)
 
 The local mode (batch.py) and the fleet mode (run_fleet.py) share all of it, so a file
-gives the same lines either way.
+gives the same lines either way (a fleet's rows also name their batch).
 """
 
 from __future__ import annotations
@@ -100,13 +100,16 @@ class Output:
     """Writes one JSON line per input line, as each finishes, and tallies the outcomes.
 
     Lines are written in the order they finish (each names its input line), and flushed
-    one by one: what finished is on disk even if the batch is killed.
+    one by one: what finished is on disk even if the batch is killed. Over a fleet each
+    row also names its batch (``batch_id``), so that a resume can tell another batch's
+    output from its own where the lines alone cannot.
     """
 
-    def __init__(self, file: IO[str] | None, tally: Tally) -> None:
+    def __init__(self, file: IO[str] | None, tally: Tally, batch_id: str | None = None) -> None:
         self._file = file  # None: stdout, looked up per write (a live display may proxy it)
         self.tally = tally
         self.written: set[int] = set()
+        self._batch = {} if batch_id is None else {"batch": batch_id}
 
     def write(self, line: int, outcome: str, **fields: Any) -> None:
         if line in self.written:
@@ -115,7 +118,9 @@ class Output:
         self.tally.add(outcome, line, fields.get("error"))
         out = self._file or sys.stdout
         try:
-            out.write(json.dumps({"line": line, "outcome": outcome, **fields}) + "\n")
+            out.write(
+                json.dumps({"line": line, "outcome": outcome, **fields, **self._batch}) + "\n"
+            )
             out.flush()
         except BrokenPipeError:
             if out is sys.stdout:
@@ -129,9 +134,9 @@ class Output:
 
     def written_before(self, rows: Iterable[WrittenRow]) -> None:
         """Count ``rows``, which an earlier run wrote: in the summary, and not written again."""
-        for line, outcome, error, _row in rows:
-            self.written.add(line)
-            self.tally.add(outcome, line, error)
+        for row in rows:
+            self.written.add(row.line)
+            self.tally.add(row.outcome, row.line, row.error)
 
     def job(self, backend: Backend, item: Item) -> bool:
         """Write ``item``'s result if its job has finished; False if it has not."""

@@ -61,7 +61,7 @@ from sandboxq import text, tracing
 from sandboxq.backends.base import JobStanding, NewJob
 from sandboxq.batch import RESULTS_CHUNK, Batch, StreamReader, check_batch_calls, new_batch_id
 from sandboxq.cli.batch import FOLLOW_TICK_S, StopRequests, checked_worker_settings
-from sandboxq.cli.batch_view import MALFORMED, BatchView, Tally
+from sandboxq.cli.batch_view import MALFORMED, NOT_RUN, BatchView, Tally
 from sandboxq.cli.options import (
     EXIT_FAILED,
     EXIT_OK,
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         # From the first line sent, a Ctrl-C is the follower's (it cancels what has not
         # run): one that ended the send part-way left its lines waiting for any worker.
         stack.enter_context(_signals_to(stop))
-        batch = _send(queue, outgoing, url, args.output)
+        batch = _send(queue, outgoing, args)
         if file is not None:
             empty_output(file.fileno())
         lines, malformed = outgoing.lines, outgoing.malformed
@@ -218,7 +218,21 @@ def _prepare(maker: JobMaker, args: argparse.Namespace) -> _Outgoing:
     return _Outgoing(batch_id, jobs, label, lines, bad)
 
 
-def _send(queue: Queue, outgoing: _Outgoing, url: str, output: str | None) -> Batch[Job]:
+def _reattach_command(args: argparse.Namespace, batch_id: str, output: str | None) -> str:
+    """The command that re-attaches to batch ``batch_id``, writing to ``output``: with the
+    processor and the children this run had here, if any. Without them a run whose batch
+    no worker serves re-attached to lines no one would ever run."""
+    here = ""
+    if args.concurrency:
+        here = f"{shlex.quote(args.processor)} --concurrency {args.concurrency} "
+    where = shlex.quote(redact_url(shared_url(args.url)))
+    return (
+        f"sandboxq run {here}--resume {batch_id} --url {where} --queue "
+        f"{shlex.quote(args.queue)} --output {shlex.quote(output) if output else 'OUT.jsonl'}"
+    )
+
+
+def _send(queue: Queue, outgoing: _Outgoing, args: argparse.Namespace) -> Batch[Job]:
     batch_id, jobs = outgoing.id, outgoing.jobs
     if not jobs:
         return Batch(queue, "", 0)
@@ -231,11 +245,9 @@ def _send(queue: Queue, outgoing: _Outgoing, url: str, output: str | None) -> Ba
     )
     with tracing.enqueue_span(queue.name, jobs, batch_id):  # a no-op without a provider
         queue.backend.enqueue_batch(batch_id, jobs, label=outgoing.label)
-    where = redact_url(url)
     print(
         f"sandboxq: batch {batch_id}: {len(jobs)} line(s) sent to queue {queue.name}; "
-        f"re-attach with: sandboxq run --resume {batch_id} --url {shlex.quote(where)} "
-        f"--queue {queue.name} --output {shlex.quote(output) if output else 'OUT.jsonl'}",
+        f"re-attach with: {_reattach_command(args, batch_id, args.output)}",
         file=sys.stderr,
         flush=True,
     )
@@ -289,14 +301,14 @@ def _follow(
     tally = Tally()
     with ExitStack() as stack:
         done = list(written_lines(args.output)) if args.resume else []
-        if why := foreign_row(done, lines, malformed, source):
+        if why := foreign_row(done, lines, malformed, source, batch.id):
             raise ConfigError(
                 f"{args.output} {why}: it was written for another input; "
                 "resume into the file this batch's run wrote"
             )
         if args.resume:
             end_on_a_whole_row(args.output)
-        output = Output(file, tally)
+        output = Output(file, tally, batch.id or None)
         output.written_before(done)
         for line, error in malformed.items():
             output.write(line, MALFORMED, attempts=0, error=error)
@@ -319,6 +331,14 @@ def _follow(
                 worker.thread.join()
         _not_run(queue, batch, lines, output)
     view.summary(source, interrupted=stop.requests > 0)
+    if tally.lines.get(NOT_RUN) and batch.id:
+        # what the summary's "did not run" leads to: the lines the stop cancelled wait
+        # for a retry, and a resume writes them, into another file (this one has them)
+        print(
+            f"sandboxq: to run them: sandboxq batch {shlex.quote(queue.name)} {batch.id} "
+            f"--retry-failed, then {_reattach_command(args, batch.id, 'NEW.jsonl')}",
+            file=sys.stderr,
+        )
     if worker is not None and worker.failure:
         raise worker.failure[0]
     if stop.requests:
@@ -358,7 +378,9 @@ def _stream(
             draining = worker is not None and worker.thread.is_alive()
             recancel_at = time.monotonic() + RECANCEL_S if draining else math.inf
         if stop.requests > 1:
-            view.stopping(now=True, text="stopping now: unfinished lines are written as not_run")
+            view.stopping(
+                now=True, text="stopping now: running lines are cancelled, the others not run"
+            )
             batch.cancel()  # the running ones too: nothing of the run goes on without it
             return
         if worker is not None and worker.failure:

@@ -42,6 +42,7 @@ class WrittenRow(NamedTuple):
     outcome: str
     error: str | None
     row: bytes
+    batch: str | None = None  # the batch it was written for, over a fleet
 
 
 def written_lines(path: str) -> Iterator[WrittenRow]:
@@ -75,9 +76,12 @@ def _parsed(raw: bytes) -> WrittenRow | None:
     if not isinstance(record, dict):
         return None
     line, outcome, error = record.get("line"), record.get("outcome"), record.get("error")
+    batch = record.get("batch")
     if type(line) is not int or not isinstance(outcome, str):
         return None
-    return WrittenRow(line, outcome, error if isinstance(error, str) else None, raw)
+    if not isinstance(batch, str | None):
+        return None
+    return WrittenRow(line, outcome, error if isinstance(error, str) else None, raw, batch)
 
 
 def finished_rows(path: str) -> list[WrittenRow]:
@@ -185,20 +189,28 @@ def _whole_lines(path: str) -> bytes:
 
 
 def foreign_row(
-    done: list[WrittenRow], lines: list[int], malformed: Iterable[int], source: str
+    done: list[WrittenRow],
+    lines: list[int],
+    malformed: Iterable[int],
+    source: str,
+    batch_id: str | None = None,
 ) -> str:
     """What the first of ``done`` (an output's rows) that cannot be of ``source`` (a batch
-    of ``lines`` sent, ``malformed`` not) holds, in words; "" when each can be. A row for a
-    line the batch never had, a line it sent written as malformed, or a malformed one
-    written as run: the rows name input lines, not batches, so an output of another input
-    is told apart only where its lines differ from this one's."""
+    ``batch_id`` of ``lines`` sent, ``malformed`` not; a local run's input, with no batch)
+    holds, in words; "" when each can be. A row of another batch, a row for a line the
+    input does not have, a good line written as malformed, or a malformed one written as
+    run. A row with no batch (a local run's, or one written before rows named their
+    batch) is told apart only where its lines differ from this input's."""
     sent, bad = set(lines), set(malformed)
-    for line, outcome, _error, _row in done:
+    for row in done:
+        line, outcome = row.line, row.outcome
+        if batch_id is not None and row.batch not in (None, batch_id):
+            return f"holds line {line} of batch {text.clip(row.batch, 40)}"
         if line in sent and outcome == MALFORMED:
-            return f"holds line {line} as malformed, which {source} sent as a good line"
+            return f"holds line {line} as malformed, which {source} has as a good line"
         if line in bad and outcome != MALFORMED:
             shown = text.clip(outcome, 40)  # read from the file: any text
-            return f"holds line {line} as {shown}, which {source} had as malformed (never sent)"
+            return f"holds line {line} as {shown}, which {source} has as malformed"
         if line not in sent and line not in bad:
-            return f"holds line {line}, which {source} never had"
+            return f"holds line {line}, which {source} has not (past its end, or blank)"
     return ""
