@@ -501,6 +501,47 @@ def test_a_ctrl_c_while_the_fork_server_imports_breaks_nothing(tmp_path: Path) -
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
 
 
+#: Children started while Ctrl-Cs (SIGINT to the process group) come every half
+#: millisecond: the process handles them, and its pool must not hear them.
+CTRL_C_STORM = """
+import os, signal, threading, time
+from sandboxq import Pool
+signal.signal(signal.SIGINT, lambda *_: None)
+stop = threading.Event()
+
+def storm():
+    while not stop.is_set():
+        os.killpg(os.getpgrp(), signal.SIGINT)
+        time.sleep(0.0005)
+
+thread = threading.Thread(target=storm)
+thread.start()
+try:
+    with Pool("sandboxq.testing.handlers:echo", 2, max_jobs_per_child=1) as pool:
+        print(sum(pool.submit(n).result(30) for n in range(40)))
+finally:
+    stop.set()
+    thread.join()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_while_a_child_starts_is_not_the_childs() -> None:
+    """A Ctrl-C sent to the terminal's process group while a child was still in it (from
+    its fork to its own session) waited, blocked, and ended the child's start with a
+    KeyboardInterrupt traceback once it unblocked SIGINT: the pool gave up on children
+    that 'exit before they are ready'. The child discards what waited for it."""
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_STORM],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        start_new_session=True,
+    )
+    assert (done.returncode, done.stdout.split()) == (0, [str(sum(range(40)))]), done.stderr
+    assert "KeyboardInterrupt" not in done.stderr, done.stderr
+
+
 @pytest.mark.timeout(60)
 def test_a_stopped_resource_tracker_does_not_outlive_the_process(tmp_path: Path) -> None:
     """Stopped, the tracker never saw its pipe end when the worker exited: it stayed

@@ -397,6 +397,13 @@ def child_main(
     # its blocked SIGINT and SIGHUP (supervisor.py): a handler's KeyboardInterrupt is its
     # own, and so is a hangup (this child has a session of its own, no terminal's).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A Ctrl-C or hangup sent to the terminal's process group while this child was still
+    # in it (from its fork to setsid above) waits, blocked: it was the run's, and once
+    # unblocked it ended the child's start with a KeyboardInterrupt traceback. Ignoring a
+    # signal discards it where it waits; then its usual handling comes back.
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        usual = signal.signal(signum, signal.SIG_IGN)
+        signal.signal(signum, signal.SIG_DFL if usual is None else usual)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})
     _arm_signals(None)  # the dump signal is armed above, with the file
     processor = limits.wrap(resolve(processor_path), setup, sweep=not keep_strays)
