@@ -1,8 +1,8 @@
 """An output of ``sandboxq run`` read back: by a fleet run's ``--resume``, and by a local
 run's ``--skip-done``.
 
-    OUT ─► written_lines ─► WrittenRow (line, outcome, error, row) per complete line; a
-                            last line a crash cut short is left out
+    OUT ─► written_lines ─► WrittenRow (line, outcome, error, row, batch) per whole row;
+                            a last line a crash cut short is left out
         ├─ --resume BATCH_ID (run_fleet.py): every row counts as written; foreign_row
         │  refuses rows that cannot be the batch's; end_on_a_whole_row; the rest is
         │  appended
