@@ -14,6 +14,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sandboxq import Pool
@@ -51,6 +52,15 @@ def _pool_groups() -> set[Path]:
     return found
 
 
+def _procs(group: Path) -> set[int]:
+    """The processes in ``group``'s child groups (none once it is gone)."""
+    found: set[int] = set()
+    for child in group.glob("child-*"):
+        with contextlib.suppress(OSError):
+            found |= {int(p) for p in (child / "cgroup.procs").read_text().split()}
+    return found
+
+
 @pytest.fixture
 def other_namespace_pool(tmp_path: Path) -> Iterator[tuple[set[Path], list[int]]]:
     """A live pool in another PID namespace, its job running: (its groups, the pids of
@@ -70,16 +80,16 @@ def other_namespace_pool(tmp_path: Path) -> Iterator[tuple[set[Path], list[int]]
         assert owner.stdout is not None
         assert owner.stdout.readline().strip() == b"ready"
         # The daemon's pid as recorded is the namespace's: find it here by its groups.
-        # Its pid there is 1 (other pools may start beside this test: not theirs).
-        groups = {g for g in _pool_groups() - before if g.name.startswith(f"{cgroups.PREFIX}1.")}
+        # Its pid there is 1, as is that of any pool another test starts in a namespace
+        # beside this one: its groups are those whose processes run below ``owner``.
+        below = {p.pid for p in psutil.Process(owner.pid).children(recursive=True)}
+        groups = {
+            g
+            for g in _pool_groups() - before
+            if g.name.startswith(f"{cgroups.PREFIX}1.") and _procs(g) & below
+        }
         assert groups, "the other pool made no groups"
-        inside = [
-            int(p)
-            for g in groups
-            if "pids" in g.parts
-            for child in g.glob("child-*")
-            for p in (child / "cgroup.procs").read_text().split()
-        ]
+        inside = [p for g in groups if "pids" in g.parts for p in _procs(g)]
         assert len(inside) >= 2, "expected the child and its daemon in the other pool's group"
         yield groups, inside
     finally:
