@@ -132,7 +132,7 @@ def _escaped() -> list[int]:
     subreaper flag off). The common case costs one read of the fork server's children
     list, from a descriptor held open, the same bytes as at the last look that found only
     pool children (about 2 us; opening the file each time cost 8, and parsing it each
-    time lowered the pool's no-op throughput by 8 %)."""
+    time lowered the pool's no-op throughput by 8 %); a list that changed is read twice."""
     global _clean_list
     server = pid()
     if server is None:
@@ -140,12 +140,18 @@ def _escaped() -> list[int]:
     listed = _children_list(server)
     if listed is not None and listed == _clean_list:
         return []  # nobody came or went since the last look found no one of the kind
+    # A list read while it changes can skip an entry: the kernel's children lists hold
+    # only for stopped children, and one reaped as the list is read (the child a deadline
+    # kill just killed) can hide the next, the very process that escaped. So a changed
+    # list is read twice, and what either read holds is looked at.
+    again = _children_list(server)
     with _lock:  # a child being forked is registered before this can look
         own = _own.get(server, set())
-        whole = listed is not None and len(listed) < _LIST_MAX  # else a page of it, or none
-        found = [int(p) for p in listed.split()] if whole and listed else children_of(server)
-        escaped = [p for p in found if p not in _pool_children and p not in own]
-        if not escaped and whole:
+        reads = (listed, again)
+        whole = all(r is not None and len(r) < _LIST_MAX for r in reads)  # else a page, or none
+        found = {int(p) for r in reads if r for p in r.split()} if whole else children_of(server)
+        escaped = sorted(p for p in found if p not in _pool_children and p not in own)
+        if not escaped and whole and listed == again:
             _clean_list = listed
     return escaped
 
